@@ -1,0 +1,180 @@
+"""``isan-serve``: HTTP and WebSocket scoring on FastAPI + uvicorn (the ``serve`` extra).
+
+Endpoints (DESIGN.md section 3):
+
+* ``GET /healthz`` -> ``{"status": "ok", "model": {...}}``
+* ``POST /v1/score`` with ``{"text": str, "per_char": bool, "unknown": "error"|"skip"|"replace",
+  "replacement": str}`` -> ``{"chars", "bits", "bpc"}`` (+ ``"per_char_bits"``), the same
+  numbers as ``isan score --json``.
+* WebSocket ``/v1/stream``: each client frame is a JSON object ``{"text": chunk}`` (optionally
+  ``"per_char": true``, or ``{"reset": true}``); each answer gives the chunk's ``chars``, ``bits``,
+  ``bpc`` (and ``per_char_bits``) plus the running ``total_chars``, ``total_bits``,
+  ``total_bpc``. The state is carried across chunks, so chunking never changes the bits. A bad
+  frame gets ``{"error": ..., "status": 4xx}`` and leaves the stream's state unchanged.
+
+Errors are JSON ``{"error": message}`` with a 4xx status; no traceback reaches a client.
+"""
+
+
+import asyncio
+import json
+import logging
+
+import click
+
+from isan.errors import AlphabetError, IsanError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_CHARS = 1_000_000
+
+
+class RequestError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _parse_request(raw: bytes | str, max_chars: int) -> dict:
+    """Validate a score request body; returns keyword arguments for Engine.score."""
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RequestError(400, f"the body is not valid JSON ({e}); send {{\"text\": \"...\"}}") from None
+    if not isinstance(body, dict):
+        raise RequestError(400, 'the body must be a JSON object like {"text": "..."}')
+    unknown_keys = set(body) - {"text", "per_char", "unknown", "replacement", "reset"}
+    if unknown_keys:
+        raise RequestError(400, f"unknown fields {sorted(unknown_keys)}; allowed: text, per_char, unknown, replacement")
+    text = body.get("text")
+    if not isinstance(text, str):
+        raise RequestError(400, 'the field "text" is required and must be a string')
+    if len(text) > max_chars:
+        raise RequestError(413, f"the text has {len(text):,} characters; the limit is {max_chars:,} (split it, or use /v1/stream)")
+    per_char = body.get("per_char", False)
+    if not isinstance(per_char, bool):
+        raise RequestError(400, '"per_char" must be true or false')
+    unknown = body.get("unknown", "error")
+    if unknown not in ("error", "skip", "replace"):
+        raise RequestError(400, '"unknown" must be "error", "skip" or "replace"')
+    replacement = body.get("replacement")
+    if replacement is not None and not isinstance(replacement, str):
+        raise RequestError(400, '"replacement" must be a one-character string')
+    return {"text": text, "per_char": per_char, "unknown": unknown, "replacement": replacement}
+
+
+def _status(e: IsanError) -> int:
+    """422 for text the model cannot read (characters outside its alphabet), 400 otherwise."""
+    return 422 if isinstance(e, AlphabetError) else 400
+
+
+def create_app(engine, max_chars: int = DEFAULT_MAX_CHARS):
+    """The ASGI app serving ``engine`` (an :class:`isan.engine.Engine`)."""
+    from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
+    from fastapi.responses import JSONResponse
+    from starlette.concurrency import run_in_threadpool
+
+    app = FastAPI(title="isan-serve", version="1", docs_url="/docs")
+    max_body = 4 * max_chars + 4096  # UTF-8 is at most 4 bytes a character, plus the JSON around it
+
+    def error(status: int, message: str) -> JSONResponse:
+        return JSONResponse({"error": message}, status_code=status)
+
+    def score(req: dict, state=None):
+        return engine.score(req["text"], state=state, per_char=req["per_char"], unknown=req["unknown"],
+                            replacement=req["replacement"])
+
+    @app.exception_handler(Exception)
+    async def _unhandled(request, exc):  # pragma: no cover - last line of defence
+        log.exception("unhandled error")
+        return error(500, "internal error; the server log has the details")
+
+    @app.get("/healthz")
+    async def healthz():
+        return {"status": "ok", "model": engine.describe()}
+
+    @app.post("/v1/score")
+    async def v1_score(request: Request):
+        try:
+            declared = request.headers.get("content-length")
+            if declared is not None and declared.isdigit() and int(declared) > max_body:
+                raise RequestError(413, f"the body has {int(declared):,} bytes; the limit is {max_body:,}")
+            raw = b""
+            async for part in request.stream():
+                raw += part
+                if len(raw) > max_body:
+                    raise RequestError(413, f"the body exceeds {max_body:,} bytes")
+            req = _parse_request(raw, max_chars)
+            result = await run_in_threadpool(score, req)
+        except RequestError as e:
+            return error(e.status, e.message)
+        except IsanError as e:
+            return error(_status(e), str(e))
+        return result.to_json(req["per_char"])
+
+    @app.websocket("/v1/stream")
+    async def v1_stream(ws: WebSocket):
+        await ws.accept()
+        state = engine.initial_state()
+        try:
+            while True:
+                raw = await ws.receive_text()
+                try:
+                    if len(raw) > max_body:
+                        raise RequestError(413, f"the frame exceeds {max_body:,} bytes; send smaller chunks")
+                    msg = json.loads(raw) if raw.strip().startswith("{") else None
+                    if isinstance(msg, dict) and msg.get("reset") is True and "text" not in msg:
+                        state = engine.initial_state()
+                        await ws.send_json({"reset": True, "total_chars": 0, "total_bits": 0.0})
+                        continue
+                    if msg is None:
+                        raise RequestError(400, 'each frame must be a JSON object like {"text": "..."}')
+                    req = _parse_request(raw, max_chars)
+                    result = await asyncio.to_thread(score, req, state)
+                except RequestError as e:
+                    await ws.send_json({"error": e.message, "status": e.status})
+                    continue
+                except json.JSONDecodeError as e:
+                    await ws.send_json({"error": f"the frame is not valid JSON ({e})", "status": 400})
+                    continue
+                except IsanError as e:
+                    await ws.send_json({"error": str(e), "status": _status(e)})
+                    continue
+                state = result.state
+                out = result.to_json(req["per_char"])
+                out.update({"total_chars": state.chars, "total_bits": state.bits, "total_bpc": state.bpc})
+                await ws.send_json(out)
+        except WebSocketDisconnect:
+            return
+
+    return app
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
+@click.option("--path", "path_mode", type=click.Choice(["auto", "composed", "reference"]), default="auto", show_default=True)
+@click.option("--backend", type=click.Choice(["numpy", "onnx"]), default="numpy", show_default=True)
+@click.option("--max-chars", default=DEFAULT_MAX_CHARS, show_default=True, type=int, help="Largest text per request or frame.")
+@click.option("--log-level", default="info", show_default=True)
+def main(host, port, model, path_mode, backend, max_chars, log_level):
+    """Serve scoring over HTTP (POST /v1/score) and WebSocket (/v1/stream)."""
+    try:
+        import uvicorn
+
+        from isan.engine import load_engine
+
+        engine = load_engine(model, path=path_mode, backend=backend)
+        app = create_app(engine, max_chars=max_chars)
+    except ModuleNotFoundError as e:
+        raise click.ClickException(f"isan-serve needs {e.name}: pip install 'isan[serve]'") from None
+    except IsanError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"isan-serve: model {engine.source} ({engine.path} path, {engine.backend} backend) on http://{host}:{port}", err=True)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, ws_max_size=4 * max_chars + 4096)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,3 @@
+"""isan.export: trained checkpoint to runtime bundle (weights, trie table, ONNX)."""
+
+from isan.export.checkpoint import export_bundle, export_checkpoint, read_checkpoint  # noqa: F401

@@ -1,0 +1,99 @@
+"""Checkpoint directory (written by ``isan train``) to runtime bundle.
+
+Reads ``config.json`` and ``best.safetensors`` (or ``latest/weights.safetensors``) with
+safetensors only, so exporting an ISAN needs no torch.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from isan.alphabet import Alphabet
+from isan.engine.bundle import write_bundle
+from isan.errors import CheckpointError
+from isan.params import ISAN_TENSORS, load_tensors
+
+
+def read_checkpoint(ckpt_dir: str | Path, which: str = "best") -> tuple[dict, dict[str, np.ndarray]]:
+    """(config, float32 tensors by name) of a training run directory.
+
+    Args:
+        which: ``"best"`` (best validation bpc) or ``"latest"`` (the resume point).
+    Raises:
+        CheckpointError: not a checkpoint directory, or its files are missing or corrupt.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    cfg_path = ckpt_dir / "config.json"
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{ckpt_dir} is not a training run directory (no config.json); create one with `isan train --out {ckpt_dir}`")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{cfg_path} is not valid JSON: {e}") from None
+    if cfg.get("format") != "isan-checkpoint":
+        raise CheckpointError(f"{cfg_path} is not an isan checkpoint config")
+    path = ckpt_dir / "best.safetensors" if which == "best" else ckpt_dir / "latest" / "weights.safetensors"
+    if not path.is_file():
+        raise CheckpointError(f"{path} does not exist; the run has not finished an evaluation yet (try --which latest)")
+    try:
+        tensors = load_tensors(path)
+    except Exception as e:
+        raise CheckpointError(str(e)) from None
+    return cfg, {k: np.asarray(v, dtype=np.float32) for k, v in tensors.items()}
+
+
+def training_summary(ckpt_dir: Path, cfg: dict) -> dict:
+    """What the bundle records of its training: config, best valid bpc, chars seen, throughput."""
+    summary = {"model": cfg.get("model"), "corpus": cfg.get("corpus"), "config": cfg.get("train"),
+               "n_params": cfg.get("n_params")}
+    prog = ckpt_dir / "latest" / "progress.json"
+    if prog.is_file():
+        p = json.loads(prog.read_text())
+        summary.update({k: p.get(k) for k in ("best_valid_bpc", "best_epoch", "chars_seen", "step", "stop_reason")})
+        if p.get("train_seconds"):
+            summary["train_chars_per_s"] = round(p["chars_seen"] / p["train_seconds"])
+    return summary
+
+
+def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, which: str = "best", overwrite: bool = False,
+                      include_log: bool = True, hook=None) -> Path:
+    """Write the bundle for a checkpoint (DESIGN.md section 3) atomically; returns its path.
+
+    Args:
+        hook: ``hook(tmp_dir, manifest)`` called before the bundle is renamed into place
+            (tables and ONNX files are built there, so a bundle is complete or absent).
+    """
+    ckpt_dir = Path(ckpt_dir)
+    cfg, tensors = read_checkpoint(ckpt_dir, which)
+    kind = cfg["model"]["kind"]
+    alphabet = Alphabet.from_list(cfg["alphabet"])
+    files = {}
+    if include_log and (ckpt_dir / "train_log.jsonl").is_file():
+        files["train_log.jsonl"] = ckpt_dir / "train_log.jsonl"
+    training = training_summary(ckpt_dir, cfg)
+    if kind == "isan":
+        tensors = {n: tensors[n] for n in ISAN_TENSORS}
+        extra = None
+    else:
+        extra = {"model": cfg["model"], "d": int(cfg["model"].get("d", 0))}
+    return write_bundle(out_dir, tensors, alphabet, kind=kind, training=training, extra=extra, files=files,
+                        overwrite=overwrite, hook=hook)
+
+
+def export_bundle(ckpt_dir: str | Path, out_dir: str | Path, which: str = "best", overwrite: bool = False,
+                  onnx: bool = False) -> Path:
+    """``isan export``: the bundle of a checkpoint, optionally with ONNX graphs; atomic."""
+    hooks = []
+    if onnx:
+        from isan.export.onnx_export import onnx_hook
+
+        hooks.append(onnx_hook)
+
+    def hook(tmp, manifest):
+        for h in hooks:
+            h(tmp, manifest)
+
+    return export_checkpoint(ckpt_dir, out_dir, which=which, overwrite=overwrite, hook=hook)

@@ -1,0 +1,19 @@
+"""isan: inference engine and export tool for Input Switched Affine Networks.
+
+An ISAN (Foerster et al., ICML 2017, arXiv:1611.09434) is a character-level RNN
+without nonlinearity: ``h_t = W[x_t] h_{t-1} + b[x_t]``, ``logits_t = W_ro h_t + b_ro``.
+
+Subpackages: :mod:`isan.engine` (numpy inference), :mod:`isan.trie_tables`
+(composed substring tables), :mod:`isan.export` (checkpoint to bundle, ONNX),
+:mod:`isan.train` (PyTorch training; needs the ``train`` extra).
+"""
+
+__version__ = "0.1.0"
+
+from isan.errors import (  # noqa: F401
+    AlphabetError,
+    BundleFormatError,
+    EmptyTextError,
+    IsanError,
+    TableFormatError,
+)

@@ -1,0 +1,251 @@
+"""The ``isan`` command line (click). Thin: it parses options, calls library functions, formats.
+
+Every command takes ``--help``. Errors in the input (unknown characters, missing or
+corrupt files, empty text) print one ``Error:`` line and exit with status 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from isan.errors import IsanError
+
+DEFAULT_TEXT8 = "../shared/data/text8_head/text8_head.txt"
+
+
+class UserError(click.ClickException):
+    exit_code = 2
+
+
+def friendly(fn):
+    """Turn library errors into one-line CLI errors (exit 2) instead of tracebacks."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (IsanError, FileExistsError, FileNotFoundError) as e:
+            raise UserError(str(e)) from None
+        except ModuleNotFoundError as e:
+            extra = {"torch": "train", "onnx": "onnx", "onnxruntime": "onnx", "fastapi": "serve",
+                     "uvicorn": "serve", "matplotlib": "plot"}.get((e.name or "").split(".")[0])
+            if extra:
+                raise UserError(f"this command needs {e.name}: pip install 'isan[{extra}]'") from None
+            raise
+
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", is_flag=True, help="Log progress messages to stderr.")
+@click.version_option(package_name="isan")
+def main(verbose: bool) -> None:
+    """isan: score, sample, attribute, export and train Input Switched Affine Networks."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+
+# --------------------------------------------------------------------------------------- train
+@main.command()
+@click.argument("model", default="isan")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Run directory (checkpoints, log); an existing run there is resumed.")
+@click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8, text8.zip, text8_head.txt, or any text file with --dataset text.")
+@click.option("--dataset", type=click.Choice(["text8", "text"]), default="text8", show_default=True, help="text8: the text8-10M split; text: first 90% train, last 10% valid.")
+@click.option("--params", type=float, default=1.28e6, show_default=True, help="Parameter budget; the largest hidden size within it is used.")
+@click.option("--d", "d", type=int, default=None, help="Hidden size (overrides --params).")
+@click.option("--batch-size", type=int, default=256, show_default=True, help="Parallel streams B.")
+@click.option("--bptt", type=int, default=64, show_default=True, help="Truncated BPTT length T.")
+@click.option("--lr", type=float, default=2e-3, show_default=True)
+@click.option("--lr-decay", type=float, default=0.5, show_default=True, help="Rate factor when valid bpc does not improve.")
+@click.option("--weight-decay", type=float, default=0.0, show_default=True)
+@click.option("--clip", type=float, default=1.0, show_default=True, help="Gradient norm clipping.")
+@click.option("--max-epochs", type=int, default=30, show_default=True)
+@click.option("--max-chars", type=float, default=None, help="Budget in training characters seen.")
+@click.option("--max-steps", type=int, default=None, help="Stop after this many optimizer steps.")
+@click.option("--patience", type=int, default=2, show_default=True, help="Evaluations without improvement before early stopping.")
+@click.option("--eval-every", type=float, default=1.0, show_default=True, help="Epochs between validation evaluations.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
+@click.option("--threads", type=int, default=None, help="torch CPU threads.")
+@click.option("--progress/--no-progress", default=True, show_default=True)
+@friendly
+def train(model, out_dir, data, dataset, params, d, batch_size, bptt, lr, lr_decay, weight_decay, clip, max_epochs,
+          max_chars, max_steps, patience, eval_every, seed, device, threads, progress):
+    """Train MODEL (default: isan) on text8-10M or a text file; resumes a run found in --out.
+
+    Writes a checkpoint directory for `isan export`.
+    """
+    from isan.train.loop import TrainConfig, Trainer
+
+    cfg = TrainConfig(model=model, d=d, params=None if d else params, data=data, dataset=dataset,
+                      batch_size=batch_size, bptt=bptt, lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
+                      clip=clip, max_epochs=max_epochs, max_chars=int(max_chars) if max_chars else None,
+                      max_steps=max_steps, patience=patience, eval_every=eval_every, seed=seed, device=device,
+                      threads=threads)
+    overrides = {"max_epochs": max_epochs, "max_chars": cfg.max_chars, "max_steps": max_steps,
+                 "patience": patience, "threads": threads, "device": device}
+    tr = Trainer(cfg, out_dir, progress_bar=progress, overrides=overrides)
+    verb = "resuming" if tr.resumed else "training"
+    click.echo(f"{verb} {tr.cfg.model} with {tr.n_params:,} parameters ({json.dumps(tr.model.config())}) in {out_dir}", err=True)
+    p = tr.run()
+    click.echo(json.dumps({"out": str(out_dir), "n_params": tr.n_params, "best_valid_bpc": p.best_valid_bpc,
+                           "best_epoch": p.best_epoch, "steps": p.step, "chars_seen": p.chars_seen,
+                           "stop_reason": p.stop_reason}))
+
+
+# --------------------------------------------------------------------------------------- shared options
+def model_options(fn):
+    fn = click.option("--model", "model", default=None, help="Bundle directory (default: the shipped text8 model).")(fn)
+    fn = click.option("--path", "path_mode", type=click.Choice(["auto", "composed", "reference"]), default="auto",
+                      show_default=True, help="composed: trie-table jumps; reference: per-character numpy.")(fn)
+    fn = click.option("--backend", type=click.Choice(["numpy", "onnx"]), default="numpy", show_default=True,
+                      help="numpy engine, or onnxruntime over the bundle's ONNX graphs.")(fn)
+    return fn
+
+
+def unknown_options(fn):
+    fn = click.option("--unknown", type=click.Choice(["error", "skip", "replace"]), default="error", show_default=True,
+                      help="What to do with characters outside the model's alphabet.")(fn)
+    fn = click.option("--replacement", default=None, help="Symbol used with --unknown replace.")(fn)
+    return fn
+
+
+def load_engine(model, path_mode="auto", backend="numpy"):
+    from isan.engine import load_engine as _load
+
+    return _load(model, path=path_mode, backend=backend)
+
+
+def read_input(file, text8_split):
+    if text8_split:
+        from isan.alphabet import Alphabet  # noqa: F401  (text8 reading needs no torch)
+        from isan.engine.data import read_text8_split
+
+        if file in (None, "-"):
+            raise UserError("--text8-split needs the path of text8, text8.zip or text8_head.txt")
+        return read_text8_split(file, text8_split)
+    if file in (None, "-"):
+        return sys.stdin.read()
+    p = Path(file)
+    if not p.is_file():
+        raise UserError(f"{file} does not exist")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{file} is not UTF-8 text ({e})") from None
+
+
+# --------------------------------------------------------------------------------------- score
+@main.command()
+@click.argument("file", required=False, default="-")
+@model_options
+@unknown_options
+@click.option("--json", "as_json", is_flag=True, help='Print {"chars", "bits", "bpc"} as JSON.')
+@click.option("--per-char", is_flag=True, help="Also give the bits of every character.")
+@click.option("--text8-split", type=click.Choice(["train", "valid", "test"]), default=None,
+              help="Score one split of text8-10M from FILE (text8, text8.zip or text8_head.txt).")
+@friendly
+def score(file, model, path_mode, backend, unknown, replacement, as_json, per_char, text8_split):
+    """Score FILE (or stdin, '-') in bits: total bits and bits per character (bpc).
+
+    The prediction for each character comes from the state before it, starting at h0.
+    """
+    engine = load_engine(model, path_mode, backend)
+    text = read_input(file, text8_split)
+    r = engine.score(text, per_char=per_char, unknown=unknown, replacement=replacement)
+    if as_json:
+        click.echo(json.dumps(r.to_json(per_char)))
+    else:
+        click.echo(f"chars  {r.chars}\nbits   {r.bits:.3f}\nbpc    {r.bpc:.4f}")
+        if per_char:
+            for ch, b in zip(text, r.per_char_bits):
+                click.echo(f"{ch!r}\t{b:.4f}")
+
+
+# --------------------------------------------------------------------------------------- sample
+@main.command()
+@click.option("--prompt", default="", help="Text to condition on (consumed before sampling).")
+@click.option("-n", "n", type=int, default=200, show_default=True, help="Characters to generate.")
+@click.option("--temperature", type=float, default=1.0, show_default=True)
+@click.option("--top-k", type=int, default=None, help="Sample among the k most likely characters only.")
+@click.option("--seed", type=int, default=None, help="Random seed; the same seed gives the same text.")
+@click.option("--json", "as_json", is_flag=True)
+@model_options
+@friendly
+def sample(prompt, n, temperature, top_k, seed, as_json, model, path_mode, backend):
+    """Generate text after --prompt."""
+    engine = load_engine(model, path_mode, backend)
+    s = engine.sample(prompt, n=n, temperature=temperature, top_k=top_k, seed=seed)
+    if as_json:
+        click.echo(json.dumps({"prompt": s.prompt, "text": s.text, "bits": s.bits, "seed": s.seed,
+                               "temperature": s.temperature, "top_k": s.top_k}))
+    else:
+        click.echo(s.prompt + s.text)
+
+
+# --------------------------------------------------------------------------------------- attribute
+@main.command()
+@click.option("--text", required=True, help="The text to attribute.")
+@click.option("--by", type=click.Choice(["char", "word"]), default="word", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the attribution as JSON.")
+@click.option("--full", is_flag=True, help="With --json: include the whole kappa tensor (T, S, V) and the logits.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a heatmap PNG (like the paper's Figure 2).")
+@click.option("--top", type=int, default=3, show_default=True, help="Sources listed per position in the text output.")
+@click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
+@unknown_options
+@friendly
+def attribute(text, by, as_json, full, plot, top, model, unknown, replacement):
+    """Exact attribution of each prediction to the initial state and the characters or words before it.
+
+    kappa[t, s] = W_ro (W[x_t] ... W[x_{s+1}]) b[x_s] (Foerster et al. 2017, eqs. 4-6);
+    b_ro + sum_s kappa[t, s] equals the logits, and this is checked on every call.
+    """
+    engine = load_engine(model)
+    a = engine.attribute(text, by=by, unknown=unknown, replacement=replacement)
+    if plot:
+        from isan.engine.plot import plot_attribution
+
+        plot_attribution(a, plot)
+    if as_json:
+        click.echo(json.dumps(a.to_json(full=full)))
+        return
+    contrib = a.next_char_contributions()
+    click.echo(f"sources: {len(a.sources)} ({by}s and <h0>); check max |b_ro + sum kappa - logits| = {a.max_abs_error:.2e}")
+    for t, ch in enumerate(a.text):
+        nxt = a.text[t + 1] if t + 1 < len(a.text) else None
+        label = repr(nxt) if nxt is not None else f"{a.alphabet.symbols[int(a.logits[t].argmax())]!r} (predicted)"
+        order = [int(i) for i in abs(contrib[t]).argsort()[::-1][:top] if contrib[t][i] != 0]
+        parts = ", ".join(f"{a.sources[i]!r} {contrib[t][i]:+.2f}" for i in order)
+        click.echo(f"{t:4d} {ch!r} -> {label:16s} {parts}")
+    if plot:
+        click.echo(f"wrote {plot}")
+
+
+# --------------------------------------------------------------------------------------- export
+@main.command()
+@click.argument("checkpoint_dir", type=click.Path(file_okay=False))
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--which", type=click.Choice(["best", "latest"]), default="best", show_default=True)
+@click.option("--overwrite", is_flag=True, help="Replace OUT_DIR if it exists.")
+@click.option("--onnx", "with_onnx", is_flag=True, help="Also write model.onnx (one step) and sequence.onnx.")
+@friendly
+def export(checkpoint_dir, out_dir, which, overwrite, with_onnx):
+    """Write the runtime bundle of a training run: manifest.json, weights.safetensors (and ONNX graphs).
+
+    Atomic: an interrupted export leaves no directory at OUT_DIR.
+    """
+    from isan.export import export_bundle
+
+    path = export_bundle(checkpoint_dir, out_dir, which=which, overwrite=overwrite, onnx=with_onnx)
+    m = json.loads((Path(path) / "manifest.json").read_text())
+    click.echo(json.dumps({"bundle": str(path), "kind": m["kind"], "d": m["d"], "params_sha256": m["params_sha256"],
+                           "files": sorted(p.name for p in Path(path).iterdir())}))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

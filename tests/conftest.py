@@ -1,0 +1,73 @@
+"""Shared fixtures: real text from ../shared/data, small models, bundles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from isan.alphabet import Alphabet
+from isan.engine.bundle import write_bundle
+from isan.params import ISANParams
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data"
+TEXT8 = DATA / "text8_head" / "text8_head.txt"
+
+
+def need(path: Path) -> Path:
+    if not path.exists():
+        pytest.skip(f"{path} is missing (the project's shared data sits beside the repo)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def text8_path() -> Path:
+    return need(TEXT8)
+
+
+@pytest.fixture(scope="session")
+def text8_test(text8_path) -> str:
+    """The text8-10M test split (500,000 characters)."""
+    from isan.engine.data import read_text8_split
+
+    return read_text8_split(text8_path, "test")
+
+
+@pytest.fixture(scope="session")
+def text8_valid_head(text8_path) -> str:
+    """The first 20,000 characters of the text8-10M valid split."""
+    from isan.engine.data import read_text8_split
+
+    return read_text8_split(text8_path, "valid")[:20_000]
+
+
+def random_params(K=27, V=27, d=16, seed=0, scale=0.9) -> ISANParams:
+    """A random stable ISAN (orthogonal W scaled below 1)."""
+    rng = np.random.default_rng(seed)
+    W = np.stack([np.linalg.qr(rng.normal(size=(d, d)))[0] * scale for _ in range(K)])
+    return ISANParams(W=W.astype(np.float32), b=rng.normal(size=(K, d)).astype(np.float32) * 0.5,
+                      W_ro=rng.normal(size=(V, d)).astype(np.float32) * 0.5,
+                      b_ro=rng.normal(size=V).astype(np.float32) * 0.1, h0=rng.normal(size=d).astype(np.float32))
+
+
+@pytest.fixture(scope="session")
+def small_params() -> ISANParams:
+    return random_params()
+
+
+@pytest.fixture(scope="session")
+def small_bundle(tmp_path_factory, small_params) -> Path:
+    out = tmp_path_factory.mktemp("bundles") / "small"
+    write_bundle(out, small_params.as_dict(), Alphabet.text8(), kind="isan")
+    return out
+
+
+@pytest.fixture(scope="session")
+def default_engine():
+    from isan.engine import Engine, default_model_path
+
+    if not (default_model_path() / "manifest.json").exists():
+        pytest.fail("the default model is not shipped in the package (isan/models/text8-d216)")
+    return Engine.default()

@@ -1,0 +1,91 @@
+"""The `isan` CLI end to end, as a user runs it (subprocesses), on real text."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from isan.engine import Engine
+
+
+def isan(*args, input=None, check=True):
+    r = subprocess.run([sys.executable, "-m", "isan.cli", *map(str, args)], input=input, capture_output=True,
+                       text=True, timeout=300)
+    if check and r.returncode != 0:
+        raise AssertionError(f"isan {args} failed ({r.returncode}):\n{r.stderr}")
+    return r
+
+
+def test_help_for_every_command():
+    for cmd in ["score", "sample", "attribute", "export", "train"]:
+        assert "Usage" in isan(cmd, "--help").stdout
+
+
+def test_score_json_matches_library(small_bundle, text8_valid_head, tmp_path):
+    f = tmp_path / "t.txt"
+    f.write_text(text8_valid_head[:3000])
+    out = json.loads(isan("score", "--model", small_bundle, "--json", f).stdout)
+    lib = Engine.load(small_bundle).score(text8_valid_head[:3000])
+    assert out["chars"] == 3000 and set(out) == {"chars", "bits", "bpc"}
+    assert out["bits"] == pytest.approx(lib.bits, rel=1e-12)
+    per = json.loads(isan("score", "--model", small_bundle, "--json", "--per-char", "-", input=text8_valid_head[:50]).stdout)
+    assert len(per["per_char_bits"]) == 50 and np.isclose(sum(per["per_char_bits"]), per["bits"])
+
+
+def test_score_text8_split(small_bundle, text8_path, text8_test):
+    out = json.loads(isan("score", "--model", small_bundle, "--json", "--text8-split", "test", text8_path).stdout)
+    assert out["chars"] == 500_000 == len(text8_test)
+
+
+def test_bad_input_gives_one_line_errors(small_bundle, tmp_path):
+    r = isan("score", "--model", small_bundle, "-", input="Hello", check=False)
+    assert r.returncode == 2 and "'H'" in r.stderr and "offset 0" in r.stderr and "Traceback" not in r.stderr
+    r = isan("score", "--model", small_bundle, "-", input="", check=False)
+    assert r.returncode == 2 and "empty" in r.stderr and "Traceback" not in r.stderr
+    r = isan("score", "--model", tmp_path / "nope", "-", input="abc", check=False)
+    assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
+    r = isan("score", "--model", small_bundle, tmp_path / "missing.txt", check=False)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    bin_file = tmp_path / "bin"
+    bin_file.write_bytes(b"\xff\xfe\x00abc")
+    r = isan("score", "--model", small_bundle, bin_file, check=False)
+    assert r.returncode == 2 and "UTF-8" in r.stderr
+    r = isan("score", "--model", small_bundle, "--unknown", "skip", "-", input="Hello world")
+    assert "chars  10" in r.stdout  # "ello world"
+
+
+def test_sample_is_reproducible(small_bundle):
+    a = isan("sample", "--model", small_bundle, "--prompt", "annual reve", "-n", 40, "--seed", 3).stdout
+    b = isan("sample", "--model", small_bundle, "--prompt", "annual reve", "-n", 40, "--seed", 3).stdout
+    assert a == b and a.startswith("annual reve") and len(a.strip("\n")) == 51
+    j = json.loads(isan("sample", "--model", small_bundle, "-n", 10, "--seed", 1, "--json", "--top-k", 3).stdout)
+    assert len(j["text"]) == 10
+
+
+def test_attribute_json_and_plot(small_bundle, tmp_path):
+    png = tmp_path / "fig.png"
+    j = json.loads(isan("attribute", "--model", small_bundle, "--text", "the cat sat", "--by", "word", "--json",
+                        "--plot", png).stdout)
+    assert j["sources"] == ["<h0>", "the", " ", "cat", " ", "sat"]
+    assert len(j["next_char_kappa"]) == 11 and j["check_max_abs_error"] < 1e-9
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    txt = isan("attribute", "--model", small_bundle, "--text", "ab ab", "--by", "char").stdout
+    assert "check max" in txt
+    r = isan("attribute", "--model", small_bundle, "--text", "", check=False)
+    assert r.returncode == 2 and "empty" in r.stderr
+
+
+def test_train_and_export_cli(tmp_path, text8_path):
+    pytest.importorskip("torch")
+    run = tmp_path / "run"
+    out = json.loads(isan("train", "--out", run, "--data", text8_path, "--d", 8, "--batch-size", 16, "--bptt", 16,
+                          "--max-steps", 20, "--eval-every", 0.001, "--no-progress").stdout)
+    assert out["steps"] == 20 and out["n_params"] == 27 * 64 + 27 * 8 * 2 + 27 + 8
+    b = json.loads(isan("export", run, tmp_path / "bundle").stdout)
+    assert b["kind"] == "isan" and "weights.safetensors" in b["files"]
+    r = isan("export", run, tmp_path / "bundle", check=False)
+    assert r.returncode == 2 and "--overwrite" in r.stderr
+    r = isan("export", tmp_path / "nothing", tmp_path / "b2", check=False)
+    assert r.returncode == 2 and "isan train" in r.stderr

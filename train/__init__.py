@@ -1,0 +1,1 @@
+"""PyTorch training of the ISAN (and baselines). Needs the ``train`` extra (torch)."""

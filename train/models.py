@@ -1,0 +1,82 @@
+"""PyTorch models. The ISAN exactly as in the paper (Foerster et al. 2017, eqs. 1-3).
+
+Every model maps a chunk of ids ``x`` (T, B) and a state to per-step logits and a new
+state, where the logits at step t predict ``x[t]`` from the state *before* it (DESIGN.md
+section 2: ``bits_t = -log2 softmax(W_ro h_{t-1} + b_ro)[x_t]``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from isan.params import isan_param_count, largest_isan_d
+from isan.train.scan import isan_scan
+
+
+class ISAN(nn.Module):
+    """Input Switched Affine Network: ``h_t = W[x_t] h_{t-1} + b[x_t]``, ``l_t = W_ro h_t + b_ro``.
+
+    Parameters (column-vector convention): W (K, d, d), b (K, d), W_ro (V, d), b_ro (V,), h0 (d,).
+    """
+
+    kind = "isan"
+
+    def __init__(self, K: int, V: int, d: int, init_scale: float = 0.95, seed: int | None = None):
+        super().__init__()
+        self.K, self.V, self.d = K, V, d
+        g = torch.Generator().manual_seed(seed) if seed is not None else None
+        W = torch.empty(K, d, d)
+        for k in range(K):  # orthogonal init scaled below 1 (DESIGN.md section 6)
+            q, r = torch.linalg.qr(torch.randn(d, d, generator=g))
+            W[k] = q * torch.sign(torch.diagonal(r)).unsqueeze(0) * init_scale
+        self.W = nn.Parameter(W)
+        self.b = nn.Parameter(torch.zeros(K, d))
+        bound = 1 / math.sqrt(d)
+        self.W_ro = nn.Parameter(torch.empty(V, d).uniform_(-bound, bound, generator=g))
+        self.b_ro = nn.Parameter(torch.zeros(V))
+        self.h0 = nn.Parameter(torch.zeros(d))
+
+    @classmethod
+    def for_budget(cls, K: int, V: int, params: float, **kw) -> "ISAN":
+        return cls(K, V, largest_isan_d(K, V, params), **kw)
+
+    @staticmethod
+    def param_count(K: int, V: int, d: int) -> int:
+        return isan_param_count(K, V, d)
+
+    def config(self) -> dict:
+        return {"kind": self.kind, "K": self.K, "V": self.V, "d": self.d}
+
+    def initial_state(self, B: int) -> torch.Tensor:
+        return self.h0.unsqueeze(0).expand(B, self.d)
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor):
+        """x: (T, B) int64; h: (B, d) state before x[0].
+
+        Returns (logits (T, B, V) predicting x[t] from the state before it, H[-1] (B, d)).
+        """
+        H = isan_scan(self.W, self.b, h, x)  # (T, B, d)
+        S = torch.cat([h.unsqueeze(0), H[:-1]], 0)  # states before each x[t]
+        logits = torch.matmul(S, self.W_ro.T) + self.b_ro
+        return logits, H[-1]
+
+    def numpy_params(self) -> dict:
+        return {n: getattr(self, n).detach().cpu().float().numpy() for n in ("W", "b", "W_ro", "b_ro", "h0")}
+
+
+MODELS = {"isan": ISAN}
+
+
+def build_model(kind: str, K: int, V: int, d: int | None = None, params: float | None = None, seed: int | None = None):
+    """Construct a model by name, sized by ``d`` or by a parameter budget (largest fitting d)."""
+    if kind not in MODELS:
+        raise ValueError(f"unknown model {kind!r}; choose one of {', '.join(sorted(MODELS))}")
+    cls = MODELS[kind]
+    if d is None:
+        if params is None:
+            raise ValueError("give the hidden size d or a parameter budget")
+        return cls.for_budget(K, V, params, seed=seed)
+    return cls(K, V, d, seed=seed)

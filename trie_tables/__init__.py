@@ -1,0 +1,1 @@
+"""isan.trie_tables."""
