@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from isan.alphabet import Alphabet
-from isan.errors import AttributionCheckError, EmptyTextError, IsanError, TextTooLongError
+from isan.errors import AttributionCheckError, EmptyTextError, IsanError, TableFormatError, TextTooLongError
 from isan.params import ISANParams
 from isan.engine.bundle import load_isan_bundle
 from isan.engine.reference import LOG2E, kappa_ref, log_softmax, score_ref, segment_kappa_ref, states_ref
@@ -142,7 +142,7 @@ class Engine:
     """
 
     def __init__(self, params: ISANParams, alphabet: Alphabet, manifest: dict | None = None,
-                 source: str | None = None):
+                 source: str | None = None, table=None, path: str | None = None):
         if params.K != len(alphabet) or params.V != len(alphabet):
             raise IsanError(f"params have K={params.K}, V={params.V} but the alphabet has {len(alphabet)} symbols")
         self.params32 = params.astype(np.float32)
@@ -150,24 +150,50 @@ class Engine:
         self.alphabet = alphabet
         self.manifest = dict(manifest or {})
         self.source = source
-        self.path = "reference"
+        self.table = table
+        self._composed = None
+        if table is not None:
+            from isan.engine.composed import ComposedPath
+
+            self._composed = ComposedPath(table, self.params32)
+        self.path = path or ("composed" if table is not None else "reference")
+        if self.path not in ("composed", "reference"):
+            raise IsanError(f"path must be composed or reference; got {self.path!r}")
+        if self.path == "composed" and table is None:
+            raise TableFormatError(f"{source or 'this model'} has no trie table for the composed path; "
+                                   "build one with `isan export CHECKPOINT_DIR BUNDLE` (tables are on by default)")
         self.backend = "numpy"
 
     # ---- construction -----------------------------------------------------------------
     @classmethod
-    def load(cls, path: str | Path) -> "Engine":
+    def load(cls, path: str | Path, path_mode: str = "auto", progress_bar: bool = True) -> "Engine":
         """Load a bundle directory written by ``isan export``.
 
+        Args:
+            path_mode: ``"auto"`` (composed when the bundle has a table or a table recipe, else
+                reference), ``"composed"`` (error without a table) or ``"reference"``.
+            progress_bar: show a progress bar if a table recipe must be composed on first use.
         Raises:
             BundleFormatError: missing, corrupt or mismatched files (the message says how to rebuild).
+            TableFormatError: the bundle's table is corrupt or belongs to another model.
         """
+        if path_mode not in ("auto", "composed", "reference"):
+            raise IsanError(f"path must be auto, composed or reference; got {path_mode!r}")
         manifest, params, alphabet = load_isan_bundle(path)
-        return cls(params, alphabet, manifest, source=str(path))
+        table = None
+        if path_mode != "reference":
+            table = find_table(Path(path), manifest, params, alphabet, progress_bar=progress_bar)
+        return cls(params, alphabet, manifest, source=str(path), table=table,
+                   path=None if path_mode == "auto" else path_mode)
 
     @classmethod
-    def default(cls) -> "Engine":
+    def default(cls, path_mode: str = "auto") -> "Engine":
         """The default model shipped in the package (ISAN d=216 trained on text8-10M)."""
-        return cls.load(default_model_path())
+        return cls.load(default_model_path(), path_mode=path_mode)
+
+    def with_path(self, path: str) -> "Engine":
+        """The same model on another computation path (``"composed"`` or ``"reference"``)."""
+        return Engine(self.params32, self.alphabet, self.manifest, self.source, self.table, path)
 
     # ---- basic facts --------------------------------------------------------------------
     @property
@@ -179,9 +205,12 @@ class Engine:
         return self.manifest.get("params_sha256") or self.params32.sha256()
 
     def describe(self) -> dict:
-        return {"kind": "isan", "d": self.d, "alphabet": "".join(self.alphabet.symbols),
-                "path": self.path, "backend": self.backend, "source": self.source,
-                "params_sha256": self.params_sha256}
+        out = {"kind": "isan", "d": self.d, "alphabet": "".join(self.alphabet.symbols),
+               "path": self.path, "backend": self.backend, "source": self.source,
+               "params_sha256": self.params_sha256}
+        if self.table is not None:
+            out["table"] = {"path": str(self.table.path), "entries": self.table.n_entries, "bytes": self.table.nbytes}
+        return out
 
     def initial_state(self) -> State:
         """The learned initial state h0 with zero totals."""
@@ -223,7 +252,48 @@ class Engine:
         return ScoreResult(len(ids), total, bits if per_char else None, new)
 
     def _score_ids(self, ids: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.path == "composed":
+            bits, hf = self._composed.score(ids, h.astype(np.float32))
+            return bits, hf.astype(np.float64)
         return score_ref(self.params, ids, h)
+
+    def score_batch(self, texts: Sequence[str | np.ndarray], states: Sequence[State] | None = None,
+                    per_char: bool = False, unknown: str = "error", replacement: str | None = None,
+                    group: str | None = None) -> list[ScoreResult]:
+        """Score many independent texts together (DESIGN.md section 6: group work, never gather).
+
+        Args:
+            group: ``"entry"`` (composed table jumps shared by streams needing the same entry;
+                the default with a table) or ``"symbol"`` (per-character steps grouped by symbol).
+        Returns:
+            one ScoreResult per text, equal to scoring each alone within float32 tolerance.
+        """
+        ids = [self._ids(t, unknown, replacement) for t in texts]
+        for i, x in enumerate(ids):
+            if len(x) == 0:
+                raise EmptyTextError(f"text {i} of the batch is empty")
+        states = list(states) if states is not None else [self.initial_state()] * len(ids)
+        group = group or ("entry" if self._composed is not None else "symbol")
+        if group == "entry" and self._composed is None:
+            raise TableFormatError("group='entry' needs a trie table; use group='symbol'")
+        if self._composed is not None:
+            path = self._composed
+        else:
+            from isan.engine.composed import ComposedPath
+
+            path = ComposedPath.__new__(ComposedPath)  # symbol grouping needs only the weights
+            path.K, path.V, path.d = self.params.K, self.params.V, self.d
+            p = self.params32
+            path.W_aug = np.concatenate([p.W, p.b[:, :, None]], axis=2)
+            path.Ro_aug = np.concatenate([p.W_ro, p.b_ro[:, None]], axis=1)
+        hs = np.stack([s.h for s in states]) if states else np.zeros((0, self.d))
+        bits, finals = path.score_batch(ids, hs, group=group)
+        out = []
+        for s, b, hf in zip(states, bits, finals):
+            total = float(b.sum())
+            out.append(ScoreResult(len(b), total, b if per_char else None,
+                                   State(hf.astype(np.float64), s.chars + len(b), s.bits + total)))
+        return out
 
     def advance(self, text: str | np.ndarray, state: State | None = None, unknown: str = "error",
                 replacement: str | None = None) -> State:
@@ -235,6 +305,8 @@ class Engine:
         return State(self._advance_ids(ids, state.h), state.chars, state.bits)
 
     def _advance_ids(self, ids: np.ndarray, h: np.ndarray) -> np.ndarray:
+        if self.path == "composed":
+            return self._composed.advance(ids, h.astype(np.float32)).astype(np.float64)
         return states_ref(self.params, ids, h)[-1]
 
     # ---- next-character distribution ----------------------------------------------------
@@ -333,6 +405,20 @@ class Engine:
         return Attribution(text, by, sources, [(0, 0)] + spans, kappa, logits, p.b_ro.copy(), err, self.alphabet)
 
 
+def find_table(bundle: Path, manifest: dict, params: ISANParams, alphabet: Alphabet, progress_bar: bool = True):
+    """The bundle's trie table: ``table/`` inside it, or its ``table_recipe.json`` composed into the
+    cache on first use; None if it has neither. A broken table raises, never silently falls back."""
+    from isan.trie_tables.build import RECIPE, cached_table
+    from isan.trie_tables.format import load_table
+
+    sha = manifest["params_sha256"]
+    if (bundle / "table").exists():
+        return load_table(bundle / "table", sha, alphabet, params.d)
+    if (bundle / RECIPE).exists():
+        return cached_table(bundle / RECIPE, params, alphabet, sha, progress_bar=progress_bar)
+    return None
+
+
 def load_engine(model: str | Path | None = None, path: str = "auto", backend: str = "numpy") -> Engine:
     """Load a bundle (``None``: the default model) with the chosen computation path and backend.
 
@@ -343,14 +429,9 @@ def load_engine(model: str | Path | None = None, path: str = "auto", backend: st
     Raises:
         BundleFormatError, TableFormatError, IsanError: with a message that says how to fix it.
     """
-    if path not in ("auto", "composed", "reference"):
-        raise IsanError(f"path must be auto, composed or reference; got {path!r}")
     if backend not in ("numpy", "onnx"):
         raise IsanError(f"backend must be numpy or onnx; got {backend!r}")
     src = default_model_path() if model is None else Path(model)
     if backend == "onnx":
         raise IsanError("the onnx backend is not available in this build")
-    engine = Engine.load(src)
-    if path == "composed":
-        raise IsanError(f"{src} has no trie table; build one with `isan export --table`")
-    return engine
+    return Engine.load(src, path_mode=path)

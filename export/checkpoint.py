@@ -84,9 +84,32 @@ def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, which: str = "b
 
 
 def export_bundle(ckpt_dir: str | Path, out_dir: str | Path, which: str = "best", overwrite: bool = False,
-                  onnx: bool = False) -> Path:
-    """``isan export``: the bundle of a checkpoint, optionally with ONNX graphs; atomic."""
+                  onnx: bool = False, table: bool = True, table_budget: str = "512MB", table_max_len: int = 12,
+                  table_dtype: str = "float32", table_corpus: str | None = None, table_dataset: str | None = None,
+                  table_mode: str = "full", progress_bar: bool = True) -> Path:
+    """``isan export``: the bundle of a checkpoint with its trie table (and ONNX graphs); atomic.
+
+    The table is mined from ``table_corpus`` (default: the training data named in the
+    checkpoint's config, its train split) within ``table_budget`` bytes.
+    """
     hooks = []
+    cfg, _ = read_checkpoint(ckpt_dir, which)
+    if table and cfg["model"]["kind"] == "isan":
+        from isan.export.tables import make_table, table_options_from
+        from isan.params import ISANParams
+
+        corpus, dataset = table_options_from(cfg, table_corpus, table_dataset)
+        alphabet = Alphabet.from_list(cfg["alphabet"])
+
+        def table_hook(tmp, manifest):
+            from safetensors.numpy import load_file
+
+            t = load_file(str(tmp / "weights.safetensors"))
+            make_table(tmp, manifest, ISANParams(**{n: t[n] for n in ISAN_TENSORS}), alphabet, corpus, dataset,
+                       budget=table_budget, max_len=table_max_len, dtype=table_dtype, mode=table_mode,
+                       progress_bar=progress_bar)
+
+        hooks.append(table_hook)
     if onnx:
         from isan.export.onnx_export import onnx_hook
 

@@ -227,25 +227,98 @@ def attribute(text, by, as_json, full, plot, top, model, unknown, replacement):
 
 
 # --------------------------------------------------------------------------------------- export
+def table_options(fn):
+    fn = click.option("--table-budget", default="512MB", show_default=True, help="Memory budget of the trie table (e.g. 256MB, 1GB).")(fn)
+    fn = click.option("--table-max-len", type=int, default=12, show_default=True, help="Longest substring in the table.")(fn)
+    fn = click.option("--table-dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True)(fn)
+    fn = click.option("--table-corpus", default=None, help="Text to mine (default: the model's training data, train split).")(fn)
+    fn = click.option("--table-dataset", type=click.Choice(["text8", "text"]), default=None, help="How to split --table-corpus.")(fn)
+    return fn
+
+
 @main.command()
 @click.argument("checkpoint_dir", type=click.Path(file_okay=False))
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--which", type=click.Choice(["best", "latest"]), default="best", show_default=True)
 @click.option("--overwrite", is_flag=True, help="Replace OUT_DIR if it exists.")
 @click.option("--onnx", "with_onnx", is_flag=True, help="Also write model.onnx (one step) and sequence.onnx.")
+@click.option("--table/--no-table", default=True, show_default=True, help="Build the composed trie table into OUT_DIR/table.")
+@click.option("--table-mode", type=click.Choice(["full", "recipe"]), default="full", show_default=True,
+              help="full: write table/; recipe: write only the chosen keys, composed into the cache on first use.")
+@table_options
+@click.option("--dry-run", is_flag=True, help="Only print the planned table's size and expected average match length.")
+@click.option("--progress/--no-progress", default=True, show_default=True)
 @friendly
-def export(checkpoint_dir, out_dir, which, overwrite, with_onnx):
-    """Write the runtime bundle of a training run: manifest.json, weights.safetensors (and ONNX graphs).
+def export(checkpoint_dir, out_dir, which, overwrite, with_onnx, table, table_mode, table_budget, table_max_len,
+           table_dtype, table_corpus, table_dataset, dry_run, progress):
+    """Write the runtime bundle of a training run: manifest.json, weights.safetensors, table/ (and ONNX).
 
     Atomic: an interrupted export leaves no directory at OUT_DIR.
     """
+    if dry_run:
+        from isan.export.tables import dry_run as plan
+
+        click.echo(json.dumps(plan(checkpoint_dir, table_corpus, table_dataset, table_budget, table_max_len, table_dtype)))
+        return
     from isan.export import export_bundle
 
-    path = export_bundle(checkpoint_dir, out_dir, which=which, overwrite=overwrite, onnx=with_onnx)
+    path = export_bundle(checkpoint_dir, out_dir, which=which, overwrite=overwrite, onnx=with_onnx, table=table,
+                         table_budget=table_budget, table_max_len=table_max_len, table_dtype=table_dtype,
+                         table_corpus=table_corpus, table_dataset=table_dataset, table_mode=table_mode,
+                         progress_bar=progress)
     m = json.loads((Path(path) / "manifest.json").read_text())
     click.echo(json.dumps({"bundle": str(path), "kind": m["kind"], "d": m["d"], "params_sha256": m["params_sha256"],
-                           "files": sorted(p.name for p in Path(path).iterdir())}))
+                           "table": m.get("table"), "files": sorted(p.name for p in Path(path).iterdir())}))
 
+
+# --------------------------------------------------------------------------------------- table
+@main.group()
+def table():
+    """Inspect and build composed trie tables."""
+
+
+@table.command("info")
+@click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
+@click.option("--json", "as_json", is_flag=True)
+@friendly
+def table_info(model, as_json):
+    """Entries, bytes, dtype, length histogram and expected average match length of a model's table."""
+    engine = load_engine(model, "composed")
+    info = engine.table.info()
+    if as_json:
+        click.echo(json.dumps(info))
+        return
+    click.echo(f"table        {info['path']}")
+    click.echo(f"entries      {info['entries']:,}")
+    click.echo(f"bytes        {info['bytes']:,} ({info['bytes'] / 2**20:.1f} MiB)")
+    click.echo(f"dtype        {info['dtype']}   d {info['d']}   max length {info['max_len']}")
+    click.echo(f"avg match    {info['expected_avg_match_length']} characters (expected, {info['build'].get('avg_match_length_on', '?')})")
+    click.echo("lengths      " + "  ".join(f"{k}:{v}" for k, v in info["length_histogram"].items()))
+
+
+@table.command("build")
+@click.option("--model", required=True, help="Bundle directory to add table/ to.")
+@table_options
+@click.option("--overwrite", is_flag=True, help="Replace an existing table/.")
+@click.option("--dry-run", is_flag=True)
+@friendly
+def table_build(model, table_budget, table_max_len, table_dtype, table_corpus, table_dataset, overwrite, dry_run):
+    """Mine a corpus and build MODEL/table (atomically)."""
+    from isan.engine.bundle import load_isan_bundle
+    from isan.export.tables import dry_run as plan, table_options_from
+    from isan.export.tables import corpus_ids
+    from isan.trie_tables.build import build_from_recipe, plan_table
+
+    if dry_run:
+        click.echo(json.dumps(plan(model, table_corpus, table_dataset, table_budget, table_max_len, table_dtype)))
+        return
+    m, params, alphabet = load_isan_bundle(model)
+    corpus, dataset = table_options_from(m.get("training", {}), table_corpus, table_dataset)
+    recipe = plan_table(corpus_ids(alphabet, corpus, dataset), params, alphabet, budget=table_budget,
+                        max_len=table_max_len, dtype=table_dtype)
+    out = build_from_recipe(Path(model) / "table", recipe, params, alphabet, m["params_sha256"], overwrite=overwrite,
+                            progress_bar=True)
+    click.echo(json.dumps({"table": str(out), "entries": len(recipe["keys"]), "bytes": recipe["expected_bytes"]}))
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
