@@ -23,15 +23,21 @@ LOG2E = 1.0 / np.log(2.0)
 
 
 class ComposedPath:
-    """Scoring and ingestion with a :class:`~isan.trie_tables.format.Table` (immutable, thread-safe)."""
+    """Scoring and ingestion with a :class:`~isan.trie_tables.format.Table` (immutable, thread-safe).
 
-    def __init__(self, table: Table, params: ISANParams):
+    Without a table only batched scoring grouped by symbol is available.
+    """
+
+    def __init__(self, table: Table | None, params: ISANParams):
         self.table = table
-        self.K, self.V, self.d = table.K, table.V, table.d
-        self.Ac = table.Ac.view(np.ndarray) if isinstance(table.Ac, np.memmap) else table.Ac
-        self.R = table.R.view(np.ndarray) if isinstance(table.R, np.memmap) else table.R
+        self.K, self.V, self.d = params.K, params.V, params.d
+        if table is not None:
+            self.Ac = table.Ac.view(np.ndarray) if isinstance(table.Ac, np.memmap) else table.Ac
+            self.R = table.R.view(np.ndarray) if isinstance(table.R, np.memmap) else table.R
         p = params.astype(np.float32)
         self.W_aug = np.concatenate([p.W, p.b[:, :, None]], axis=2)  # (K, d, d+1): per-symbol [W | b]
+        # (K, d+1, d) C-contiguous: OpenBLAS runs `rows @ W_augT[k]` 2-4x faster than `rows @ W_aug[k].T`
+        self.W_augT = np.ascontiguousarray(self.W_aug.transpose(0, 2, 1))
         self.Ro_aug = np.concatenate([p.W_ro, p.b_ro[:, None]], axis=1)  # (V, d+1)
 
     # ---- segmentation -------------------------------------------------------------------
@@ -67,11 +73,13 @@ class ComposedPath:
         bits = self.readout_bits(ids, starts, entries, H[:-1])
         return bits, H[-1, : self.d].copy()
 
-    def readout_bits(self, ids: np.ndarray, starts: np.ndarray, entries: np.ndarray, H: np.ndarray) -> np.ndarray:
+    def readout_bits(self, ids: np.ndarray, starts: np.ndarray, entries: np.ndarray, H: np.ndarray,
+                     rows: np.ndarray | None = None) -> np.ndarray:
         """Bits of every character from the states before each match, grouped by entry.
 
         Args:
-            ids: (N,) text; starts, entries: (n,) the matches; H: (n, d+1) states ``[h; 1]`` before them.
+            ids: (N,) text; starts, entries: (n,) the matches; H: states ``[h; 1]`` (.., d+1)
+                before them: row ``rows[j]`` of H for match j (default ``rows = arange(n)``).
         """
         V, d = self.V, self.d
         t = self.table
@@ -83,7 +91,7 @@ class ComposedPath:
             e = int(entries[grp[0]])
             k, off = int(t.lengths[e]), int(t.offsets[e])
             Rk = self.R[off : off + k].reshape(k * V, d + 1)
-            L = (H[grp] @ Rk.T).reshape(len(grp), k, V).astype(np.float64)
+            L = (H[grp if rows is None else rows[grp]] @ Rk.T).reshape(len(grp), k, V).astype(np.float64)
             pos = starts[grp][:, None] + np.arange(k)
             m = L.max(axis=-1, keepdims=True)
             lse = np.log(np.exp(L - m).sum(axis=-1)) + m[..., 0]
@@ -105,7 +113,7 @@ class ComposedPath:
         B, d = len(texts), self.d
         if group == "symbol":
             segs = [(np.arange(len(x), dtype=np.int64), np.ones(len(x), dtype=np.int64), np.asarray(x, dtype=np.int64)) for x in texts]
-            mats = self.W_aug
+            mats = None
         elif group == "entry":
             segs = [self.segment(x) for x in texts]
             mats = self.Ac
@@ -126,31 +134,38 @@ class ComposedPath:
             ents = E[:m, r]
             order = np.argsort(ents, kind="stable")
             se = ents[order]
-            cuts = np.flatnonzero(np.diff(se)) + 1
-            cur = Hs[:m, r]
-            nxt = Hs[:m, r + 1]
-            for grp in np.split(order, cuts):
-                e = int(ents[grp[0]])
-                if len(grp) == 1:
-                    np.dot(mats[e], cur[grp[0]], out=nxt[grp[0], :d])
+            bounds = [0, *(np.flatnonzero(se[1:] != se[:-1]) + 1).tolist(), m]
+            cur = Hs[order, r]  # (m, d+1), grouped so that each entry's streams are contiguous
+            out = np.empty((m, d), dtype=np.float32)
+            se_list = se.tolist()
+            for a, b in zip(bounds[:-1], bounds[1:]):
+                e = se_list[a]
+                if mats is None:  # by symbol: [W | b]^T stored transposed
+                    np.dot(cur[a:b], self.W_augT[e], out=out[a:b])
+                elif b - a == 1:
+                    np.dot(mats[e], cur[a], out=out[a])
                 else:
-                    nxt[grp, :d] = cur[grp] @ mats[e].T
+                    out[a:b] = np.dot(mats[e], cur[a:b].T).T
+            Hs[order, r + 1, :d] = out
         out_bits: list[np.ndarray] = [None] * B  # type: ignore[list-item]
         finals = np.empty((B, d), dtype=np.float32)
-        # Readouts for all streams at once, grouped by entry.
-        all_ids = np.concatenate([np.asarray(texts[j], dtype=np.int64) for j in by_len]) if B else np.zeros(0, np.int64)
+        for row, j in enumerate(by_len):
+            finals[j] = Hs[row, n[j], :d]
+        if group == "symbol":
+            for row, j in enumerate(by_len):  # one (n_j, d+1) x (d+1, V) product per stream
+                x = np.asarray(texts[j], dtype=np.int64)
+                L = (Hs[row, : n[j]] @ self.Ro_aug.T).astype(np.float64)
+                mx = L.max(axis=1, keepdims=True)
+                lse = np.log(np.exp(L - mx).sum(axis=1)) + mx[:, 0]
+                out_bits[j] = (lse - L[np.arange(len(x)), x]) * LOG2E
+            return out_bits, finals
+        # by entry: readouts for all streams at once, one GEMM per entry, states read in place
+        all_ids = np.concatenate([np.asarray(texts[j], dtype=np.int64) for j in by_len])
         base = np.concatenate([[0], np.cumsum([len(texts[j]) for j in by_len])])
         starts = np.concatenate([segs[j][0] + base[row] for row, j in enumerate(by_len)])
         ents = np.concatenate([segs[j][2] for j in by_len])
-        Hflat = np.concatenate([Hs[row, : n[j]] for row, j in enumerate(by_len)])
-        if group == "symbol":
-            L = (Hflat @ self.Ro_aug.T).astype(np.float64)
-            mx = L.max(axis=1, keepdims=True)
-            lse = np.log(np.exp(L - mx).sum(axis=1)) + mx[:, 0]
-            bits = (lse - L[np.arange(len(all_ids)), all_ids]) * LOG2E
-        else:
-            bits = self.readout_bits(all_ids, starts, ents, Hflat)
+        hrows = np.concatenate([row * (R + 1) + np.arange(n[j]) for row, j in enumerate(by_len)])
+        bits = self.readout_bits(all_ids, starts, ents, Hs.reshape(B * (R + 1), d + 1), rows=hrows)
         for row, j in enumerate(by_len):
             out_bits[j] = bits[base[row] : base[row + 1]]
-            finals[j] = Hs[row, n[j], :d]
         return out_bits, finals

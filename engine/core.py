@@ -281,11 +281,7 @@ class Engine:
         else:
             from isan.engine.composed import ComposedPath
 
-            path = ComposedPath.__new__(ComposedPath)  # symbol grouping needs only the weights
-            path.K, path.V, path.d = self.params.K, self.params.V, self.d
-            p = self.params32
-            path.W_aug = np.concatenate([p.W, p.b[:, :, None]], axis=2)
-            path.Ro_aug = np.concatenate([p.W_ro, p.b_ro[:, None]], axis=1)
+            path = ComposedPath(None, self.params32)  # symbol grouping needs only the weights
         hs = np.stack([s.h for s in states]) if states else np.zeros((0, self.d))
         bits, finals = path.score_batch(ids, hs, group=group)
         out = []
@@ -419,19 +415,36 @@ def find_table(bundle: Path, manifest: dict, params: ISANParams, alphabet: Alpha
     return None
 
 
-def load_engine(model: str | Path | None = None, path: str = "auto", backend: str = "numpy") -> Engine:
+def load_engine(model: str | Path | None = None, path: str = "auto", backend: str = "numpy", device: str = "cpu"):
     """Load a bundle (``None``: the default model) with the chosen computation path and backend.
 
     Args:
         path: ``"auto"`` (composed when the bundle has a table, else reference), ``"composed"``
             or ``"reference"``.
-        backend: ``"numpy"`` or ``"onnx"`` (onnxruntime over the bundle's ONNX graphs).
+        backend: ``"numpy"`` or ``"onnx"`` (onnxruntime over the bundle's ONNX graphs; the
+            provider that runs is reported in ``describe()``, never silently swapped).
+        device: for the onnx backend: ``"cpu"``, ``"cuda"`` or ``"auto"``.
+    Returns:
+        an :class:`Engine` for ISAN bundles on the numpy backend, else an engine with the same
+        scoring API (``score``, ``score_batch``, ``advance``, ``top_k``, ``sample``, ``describe``).
     Raises:
         BundleFormatError, TableFormatError, IsanError: with a message that says how to fix it.
     """
+    from isan.engine.bundle import read_manifest
+
     if backend not in ("numpy", "onnx"):
         raise IsanError(f"backend must be numpy or onnx; got {backend!r}")
+    if path not in ("auto", "composed", "reference"):
+        raise IsanError(f"path must be auto, composed or reference; got {path!r}")
     src = default_model_path() if model is None else Path(model)
     if backend == "onnx":
-        raise IsanError("the onnx backend is not available in this build")
+        from isan.engine.onnx_backend import load_onnx_engine
+
+        return load_onnx_engine(src, device=device, path_mode=path)
+    if read_manifest(src)["kind"] != "isan":
+        if path == "composed":
+            raise IsanError("trie tables exist only for ISAN bundles; use --path auto or reference")
+        from isan.engine.baseline_ref import load_baseline_engine
+
+        return load_baseline_engine(src)
     return Engine.load(src, path_mode=path)

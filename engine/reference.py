@@ -46,19 +46,22 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
-def score_ref(p: ISANParams, ids: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def score_ref(p: ISANParams, ids: np.ndarray, h: np.ndarray, block: int = 4096) -> tuple[np.ndarray, np.ndarray]:
     """Bits of each character and the final state.
 
     Returns (bits (T,) float64, h_final (d,)), ``bits_t = -log2 softmax(W_ro h_{t-1} + b_ro)[x_t]``.
+    Works through the text in blocks of ``block`` characters so memory stays O(block d).
     """
     ids = np.asarray(ids)
-    if len(ids) == 0:
-        return np.zeros(0), h
-    H = states_ref(p, ids, h)
-    S = np.vstack([h[None, :], H[:-1]])  # states before each character
-    lp = log_softmax(logits_ref(p, S))
-    bits = -lp[np.arange(len(ids)), ids] * LOG2E
-    return bits, H[-1]
+    bits = np.zeros(len(ids))
+    for s in range(0, len(ids), block):
+        x = ids[s : s + block]
+        H = states_ref(p, x, h)
+        S = np.vstack([h[None, :], H[:-1]])  # states before each character
+        lp = log_softmax(logits_ref(p, S))
+        bits[s : s + block] = -lp[np.arange(len(x)), x] * LOG2E
+        h = H[-1]
+    return bits, h
 
 
 def kappa_ref(p: ISANParams, ids: np.ndarray, h0: np.ndarray | None = None) -> np.ndarray:

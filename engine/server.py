@@ -157,22 +157,25 @@ def create_app(engine, max_chars: int = DEFAULT_MAX_CHARS):
 @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
 @click.option("--path", "path_mode", type=click.Choice(["auto", "composed", "reference"]), default="auto", show_default=True)
 @click.option("--backend", type=click.Choice(["numpy", "onnx"]), default="numpy", show_default=True)
+@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True)
 @click.option("--max-chars", default=DEFAULT_MAX_CHARS, show_default=True, type=int, help="Largest text per request or frame.")
 @click.option("--log-level", default="info", show_default=True)
-def main(host, port, model, path_mode, backend, max_chars, log_level):
+def main(host, port, model, path_mode, backend, device, max_chars, log_level):
     """Serve scoring over HTTP (POST /v1/score) and WebSocket (/v1/stream)."""
     try:
         import uvicorn
 
         from isan.engine import load_engine
 
-        engine = load_engine(model, path=path_mode, backend=backend)
+        engine = load_engine(model, path=path_mode, backend=backend, device=device)
         app = create_app(engine, max_chars=max_chars)
     except ModuleNotFoundError as e:
         raise click.ClickException(f"isan-serve needs {e.name}: pip install 'isan[serve]'") from None
     except IsanError as e:
         raise click.ClickException(str(e)) from None
-    click.echo(f"isan-serve: model {engine.source} ({engine.path} path, {engine.backend} backend) on http://{host}:{port}", err=True)
+    info = engine.describe()
+    click.echo(f"isan-serve: model {info.get('source')} ({info.get('path')} path, {info.get('backend')} backend) "
+               f"on http://{host}:{port}", err=True)
     uvicorn.run(app, host=host, port=port, log_level=log_level, ws_max_size=4 * max_chars + 4096)
 
 

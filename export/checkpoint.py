@@ -84,7 +84,7 @@ def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, which: str = "b
 
 
 def export_bundle(ckpt_dir: str | Path, out_dir: str | Path, which: str = "best", overwrite: bool = False,
-                  onnx: bool = False, table: bool = True, table_budget: str = "512MB", table_max_len: int = 12,
+                  onnx: bool = False, table: bool = True, table_budget: str = "128MB", table_max_len: int = 12,
                   table_dtype: str = "float32", table_corpus: str | None = None, table_dataset: str | None = None,
                   table_mode: str = "full", progress_bar: bool = True) -> Path:
     """``isan export``: the bundle of a checkpoint with its trie table (and ONNX graphs); atomic.
@@ -120,3 +120,28 @@ def export_bundle(ckpt_dir: str | Path, out_dir: str | Path, which: str = "best"
             h(tmp, manifest)
 
     return export_checkpoint(ckpt_dir, out_dir, which=which, overwrite=overwrite, hook=hook)
+
+
+def export_from_bundle(src: str | Path, out_dir: str | Path, overwrite: bool = False, onnx: bool = True) -> Path:
+    """Copy an existing bundle (e.g. the shipped default model) to ``out_dir``, adding ONNX graphs.
+
+    Used by ``isan export default OUT --onnx``: users of the shipped model have no checkpoint.
+    """
+    import shutil
+
+    from isan.atomic import atomic_directory, write_json_atomic
+    from isan.engine.bundle import read_manifest
+
+    src = Path(src)
+    manifest = read_manifest(src)
+    with atomic_directory(out_dir, overwrite=overwrite) as tmp:
+        for p in src.iterdir():
+            if p.name == "manifest.json" or p.name.startswith("."):
+                continue
+            (shutil.copytree if p.is_dir() else shutil.copyfile)(p, tmp / p.name)
+        if onnx:
+            from isan.export.onnx_export import onnx_hook
+
+            onnx_hook(tmp, manifest)
+        write_json_atomic(tmp / "manifest.json", manifest)
+    return Path(out_dir)

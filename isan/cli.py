@@ -104,7 +104,9 @@ def model_options(fn):
     fn = click.option("--path", "path_mode", type=click.Choice(["auto", "composed", "reference"]), default="auto",
                       show_default=True, help="composed: trie-table jumps; reference: per-character numpy.")(fn)
     fn = click.option("--backend", type=click.Choice(["numpy", "onnx"]), default="numpy", show_default=True,
-                      help="numpy engine, or onnxruntime over the bundle's ONNX graphs.")(fn)
+                      help="numpy engine, or onnxruntime over the bundle's ONNX graphs (isan export --onnx).")(fn)
+    fn = click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True,
+                      help="onnx backend: onnxruntime's CPU or CUDA provider (auto: CUDA when present).")(fn)
     return fn
 
 
@@ -115,10 +117,12 @@ def unknown_options(fn):
     return fn
 
 
-def load_engine(model, path_mode="auto", backend="numpy"):
+def load_engine(model, path_mode="auto", backend="numpy", device="cpu"):
     from isan.engine import load_engine as _load
 
-    return _load(model, path=path_mode, backend=backend)
+    engine = _load(model, path=path_mode, backend=backend, device=device)
+    logging.getLogger("isan").info("engine: %s", engine.describe())
+    return engine
 
 
 def read_input(file, text8_split):
@@ -150,12 +154,12 @@ def read_input(file, text8_split):
 @click.option("--text8-split", type=click.Choice(["train", "valid", "test"]), default=None,
               help="Score one split of text8-10M from FILE (text8, text8.zip or text8_head.txt).")
 @friendly
-def score(file, model, path_mode, backend, unknown, replacement, as_json, per_char, text8_split):
+def score(file, model, path_mode, backend, device, unknown, replacement, as_json, per_char, text8_split):
     """Score FILE (or stdin, '-') in bits: total bits and bits per character (bpc).
 
     The prediction for each character comes from the state before it, starting at h0.
     """
-    engine = load_engine(model, path_mode, backend)
+    engine = load_engine(model, path_mode, backend, device)
     text = read_input(file, text8_split)
     r = engine.score(text, per_char=per_char, unknown=unknown, replacement=replacement)
     if as_json:
@@ -177,9 +181,9 @@ def score(file, model, path_mode, backend, unknown, replacement, as_json, per_ch
 @click.option("--json", "as_json", is_flag=True)
 @model_options
 @friendly
-def sample(prompt, n, temperature, top_k, seed, as_json, model, path_mode, backend):
+def sample(prompt, n, temperature, top_k, seed, as_json, model, path_mode, backend, device):
     """Generate text after --prompt."""
-    engine = load_engine(model, path_mode, backend)
+    engine = load_engine(model, path_mode, backend, device)
     s = engine.sample(prompt, n=n, temperature=temperature, top_k=top_k, seed=seed)
     if as_json:
         click.echo(json.dumps({"prompt": s.prompt, "text": s.text, "bits": s.bits, "seed": s.seed,
@@ -228,7 +232,7 @@ def attribute(text, by, as_json, full, plot, top, model, unknown, replacement):
 
 # --------------------------------------------------------------------------------------- export
 def table_options(fn):
-    fn = click.option("--table-budget", default="512MB", show_default=True, help="Memory budget of the trie table (e.g. 256MB, 1GB).")(fn)
+    fn = click.option("--table-budget", default="128MB", show_default=True, help="Memory budget of the trie table (e.g. 64MB, 1GB); see `isan bench budgets`.")(fn)
     fn = click.option("--table-max-len", type=int, default=12, show_default=True, help="Longest substring in the table.")(fn)
     fn = click.option("--table-dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True)(fn)
     fn = click.option("--table-corpus", default=None, help="Text to mine (default: the model's training data, train split).")(fn)
@@ -237,7 +241,7 @@ def table_options(fn):
 
 
 @main.command()
-@click.argument("checkpoint_dir", type=click.Path(file_okay=False))
+@click.argument("checkpoint_dir")
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--which", type=click.Choice(["best", "latest"]), default="best", show_default=True)
 @click.option("--overwrite", is_flag=True, help="Replace OUT_DIR if it exists.")
@@ -253,8 +257,24 @@ def export(checkpoint_dir, out_dir, which, overwrite, with_onnx, table, table_mo
            table_dtype, table_corpus, table_dataset, dry_run, progress):
     """Write the runtime bundle of a training run: manifest.json, weights.safetensors, table/ (and ONNX).
 
+    CHECKPOINT_DIR is a run directory of `isan train`; it may also be an existing bundle, or the
+    word `default` for the shipped model, to copy it with ONNX graphs added (`--onnx`).
     Atomic: an interrupted export leaves no directory at OUT_DIR.
     """
+    from isan.engine import default_model_path
+
+    src = default_model_path() if checkpoint_dir == "default" else Path(checkpoint_dir)
+    if (src / "manifest.json").exists() and not dry_run:
+        from isan.export.checkpoint import export_from_bundle
+
+        if not with_onnx:
+            raise UserError(f"{src} is already a bundle; add --onnx to copy it with ONNX graphs")
+        path = export_from_bundle(src, out_dir, overwrite=overwrite, onnx=True)
+        m = json.loads((Path(path) / "manifest.json").read_text())
+        click.echo(json.dumps({"bundle": str(path), "kind": m["kind"], "d": m["d"], "params_sha256": m["params_sha256"],
+                               "onnx": m.get("onnx"), "files": sorted(p.name for p in Path(path).iterdir())}))
+        return
+    checkpoint_dir = str(src)
     if dry_run:
         from isan.export.tables import dry_run as plan
 
@@ -319,6 +339,69 @@ def table_build(model, table_budget, table_max_len, table_dtype, table_corpus, t
     out = build_from_recipe(Path(model) / "table", recipe, params, alphabet, m["params_sha256"], overwrite=overwrite,
                             progress_bar=True)
     click.echo(json.dumps({"table": str(out), "entries": len(recipe["keys"]), "bytes": recipe["expected_bytes"]}))
+
+# --------------------------------------------------------------------------------------- bench
+@main.group()
+def bench():
+    """Benchmarks: medians over repeats, ratios against a baseline run in the same process."""
+
+
+@bench.command("engine")
+@click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
+@click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8 file; the text8-10M test split is used.")
+@click.option("--repeats", type=int, default=3, show_default=True)
+@click.option("--ref-chars", type=int, default=200_000, show_default=True, help="Characters for the (slow) reference path.")
+@click.option("--out", default="bench_results/engine.json", show_default=True, help="Where to write the JSON results.")
+@friendly
+def bench_engine_cmd(model, data, repeats, ref_chars, out):
+    """Single-stream scoring and ingestion (composed vs reference), batched scoring (64, 256 streams),
+    average match length, table size, build and load time, memory, and where the time goes."""
+    from isan.engine.bench import bench_engine, markdown, write_json
+    from isan.engine.data import read_text8_split
+
+    text = read_text8_split(data, "test")
+    result = bench_engine(model, text, repeats=repeats, ref_chars=ref_chars, log=lambda m: click.echo(m, err=True))
+    write_json(result, out)
+    click.echo(markdown(result))
+    click.echo(f"\nwrote {out}")
+
+
+@bench.command("budgets")
+@click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
+@click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8 file: mined on train, timed on test.")
+@click.option("--budgets", default="16MB,64MB,256MB,512MB", show_default=True)
+@click.option("--repeats", type=int, default=3, show_default=True)
+@click.option("--out", default="bench_results/budgets.json", show_default=True)
+@friendly
+def bench_budgets_cmd(model, data, budgets, repeats, out):
+    """Single-stream composed scoring against table size: match length gained vs cache misses paid."""
+    from isan.engine.bench import bench_budgets, markdown_budgets, write_json
+    from isan.engine.data import read_text8_split
+
+    result = bench_budgets(model, read_text8_split(data, "train"), read_text8_split(data, "test"),
+                           budgets.split(","), repeats=repeats, log=lambda m: click.echo(m, err=True))
+    write_json(result, out)
+    click.echo(markdown_budgets(result))
+    click.echo(f"\nwrote {out}")
+
+
+@bench.command("onnx")
+@click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8 file; the test split is used.")
+@click.option("--repeats", type=int, default=3, show_default=True)
+@click.option("--batch", type=int, default=64, show_default=True, help="Streams in the batched measurement.")
+@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True)
+@click.option("--out", default="bench_results/onnx.json", show_default=True)
+@friendly
+def bench_onnx_cmd(data, repeats, batch, device, out):
+    """onnxruntime: ISAN d=216 vs an LSTM of equal parameters (548 units): step latency, streaming, batched."""
+    from isan.engine.bench import bench_onnx, markdown_onnx, write_json
+    from isan.engine.data import read_text8_split
+
+    result = bench_onnx(read_text8_split(data, "test"), repeats=repeats, batch=batch, device=device,
+                        log=lambda m: click.echo(m, err=True))
+    write_json(result, out)
+    click.echo(markdown_onnx(result))
+    click.echo(f"\nwrote {out}")
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

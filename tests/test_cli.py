@@ -83,9 +83,49 @@ def test_train_and_export_cli(tmp_path, text8_path):
     out = json.loads(isan("train", "--out", run, "--data", text8_path, "--d", 8, "--batch-size", 16, "--bptt", 16,
                           "--max-steps", 20, "--eval-every", 0.001, "--no-progress").stdout)
     assert out["steps"] == 20 and out["n_params"] == 27 * 64 + 27 * 8 * 2 + 27 + 8
-    b = json.loads(isan("export", run, tmp_path / "bundle").stdout)
-    assert b["kind"] == "isan" and "weights.safetensors" in b["files"]
+    b = json.loads(isan("export", run, tmp_path / "bundle", "--no-table").stdout)
+    assert b["kind"] == "isan" and "weights.safetensors" in b["files"] and "table" not in b["files"]
     r = isan("export", run, tmp_path / "bundle", check=False)
     assert r.returncode == 2 and "--overwrite" in r.stderr
     r = isan("export", tmp_path / "nothing", tmp_path / "b2", check=False)
     assert r.returncode == 2 and "isan train" in r.stderr
+
+
+def test_export_builds_a_table_and_score_uses_it(tmp_path, text8_path):
+    pytest.importorskip("torch")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text8_path.read_text()[:300_000])
+    run = tmp_path / "run"
+    isan("train", "--out", run, "--data", corpus, "--dataset", "text", "--d", 8, "--batch-size", 16, "--bptt", 16,
+         "--max-steps", 10, "--eval-every", 0.01, "--no-progress")
+    plan = json.loads(isan("export", run, tmp_path / "x", "--dry-run", "--table-budget", "1MB").stdout)
+    assert plan["entries"] > 27 and plan["bytes"] <= 1 << 20 and plan["expected_avg_match_length"] > 1.2
+    assert not (tmp_path / "x").exists()
+    b = json.loads(isan("export", run, tmp_path / "bundle", "--table-budget", "1MB", "--no-progress").stdout)
+    assert "table" in b["files"] and b["table"]["entries"] == plan["entries"]
+    info = json.loads(isan("table", "info", "--model", tmp_path / "bundle", "--json").stdout)
+    assert info["entries"] == plan["entries"] and info["dtype"] == "float32"
+    assert "avg match" in isan("table", "info", "--model", tmp_path / "bundle").stdout
+    text = corpus.read_text()[-5000:]
+    comp = json.loads(isan("score", "--model", tmp_path / "bundle", "--json", "-", input=text).stdout)
+    ref = json.loads(isan("score", "--model", tmp_path / "bundle", "--json", "--path", "reference", "-", input=text).stdout)
+    assert comp["bits"] == pytest.approx(ref["bits"], rel=1e-6)
+
+
+def test_default_model_uses_its_table():
+    from isan.engine import load_engine
+
+    eng = load_engine()
+    assert eng.path == "composed" and eng.table.n_entries > 27
+
+
+def test_default_model_to_onnx_and_back(tmp_path, text8_valid_head):
+    pytest.importorskip("onnxruntime")
+    out = json.loads(isan("export", "default", tmp_path / "onnx-bundle", "--onnx").stdout)
+    assert {"model.onnx", "sequence.onnx"} <= set(out["files"])
+    text = text8_valid_head[:2000]
+    a = json.loads(isan("score", "--model", tmp_path / "onnx-bundle", "--backend", "onnx", "--json", "-", input=text).stdout)
+    b = json.loads(isan("score", "--json", "-", input=text).stdout)
+    assert a["chars"] == b["chars"] == 2000 and a["bits"] == pytest.approx(b["bits"], rel=1e-5)
+    r = isan("score", "--backend", "onnx", "--json", "-", input=text, check=False)
+    assert r.returncode == 2 and "isan export" in r.stderr and "Traceback" not in r.stderr

@@ -67,7 +67,10 @@ class ISAN(nn.Module):
         return {n: getattr(self, n).detach().cpu().float().numpy() for n in ("W", "b", "W_ro", "b_ro", "h0")}
 
 
-MODELS = {"isan": ISAN}
+from isan.train.baselines import BASELINES  # noqa: E402
+
+#: every trainable architecture by name (`isan train MODEL`)
+MODELS = {"isan": ISAN, **BASELINES}
 
 
 def build_model(kind: str, K: int, V: int, d: int | None = None, params: float | None = None, seed: int | None = None):

@@ -29,7 +29,7 @@ from isan.trie_tables.mining import parse_bytes, select_entries
 log = logging.getLogger(__name__)
 
 RECIPE = "table_recipe.json"
-DEFAULT_BUDGET = "512MB"
+DEFAULT_BUDGET = "128MB"
 
 
 def plan_table(corpus_ids: np.ndarray, params: ISANParams, alphabet: Alphabet, budget: str | int = DEFAULT_BUDGET,

@@ -1,0 +1,416 @@
+"""Numpy reference of the recurrent baselines (rnn, irnn, gru, lstm), and an engine over any runner.
+
+The twin of :mod:`isan.train.baselines` (torch) and of the baselines' ONNX graphs
+(:mod:`isan.export.onnx_export`), in float64, one character at a time, no torch:
+
+* the input term of symbol x is ``a = E[x]`` (one-hot input) or ``W_ih @ emb[x] + b_ih``
+  (embedding input), shape (G d,), with G = 1 (rnn, irnn), 3 (gru), 4 (lstm);
+* rnn ``h' = tanh(a + W_hh h)``, irnn ``h' = relu(a + W_hh h)``;
+  gru (blocks r, z, n) ``n = tanh(a_n + r * (U_n h + b_hn))``, ``h' = (1 - z) n + z h``;
+  lstm (blocks i, f, g, o) ``c' = s(f) c + s(i) tanh(g)``, ``h' = s(o) tanh(c')``;
+* ``logits = W_ro h + b_ro`` and, as for the ISAN (DESIGN.md section 2),
+  ``bits_t = -log2 softmax(W_ro h_{t-1} + b_ro)[x_t]``: the state *before* x_t predicts it.
+
+A state is one flat float64 vector: ``h`` (d,), or for the LSTM ``concat(h, c)`` (2 d,).
+
+:class:`RunnerEngine` gives any runner (this module's :class:`NumpyBaselineRunner`, or
+:class:`isan.engine.onnx_backend.OnnxRunner`) the public API of :class:`isan.engine.Engine`
+(score, score_batch, advance, logits, distribution, top_k, sample, describe), so the CLI and
+the server serve baseline bundles and the ONNX backend unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from isan.alphabet import Alphabet
+from isan.errors import BundleFormatError, EmptyTextError, IsanError
+from isan.params import load_tensors, tensors_sha256
+
+LOG2E = 1.0 / np.log(2.0)
+#: gates per kind (rows of W_hh are G blocks of d); must equal isan.train.baselines.GATES
+GATES = {"rnn": 1, "irnn": 1, "gru": 3, "lstm": 4}
+BASELINE_KINDS = tuple(GATES)
+
+
+def baseline_shapes(config: dict) -> dict[str, tuple[int, ...]]:
+    """The tensors (name -> shape) of a baseline with ``config`` (``model`` of the manifest).
+
+    Raises:
+        BundleFormatError: unknown kind, missing sizes or input mode.
+    """
+    kind = config.get("kind")
+    if kind not in GATES:
+        raise BundleFormatError(f"unknown baseline kind {kind!r}; expected one of {', '.join(GATES)}")
+    try:
+        K, V, d = int(config["K"]), int(config["V"]), int(config["d"])
+    except (KeyError, TypeError, ValueError):
+        raise BundleFormatError(f"baseline config {config!r} lacks integer K, V and d; re-run `isan export`") from None
+    G = GATES[kind]
+    mode = config.get("input", "onehot")
+    if mode == "onehot":
+        shapes = {"E": (K, G * d)}
+    elif mode == "embedding":
+        e = config.get("emb")
+        if not isinstance(e, int) or e < 1:
+            raise BundleFormatError(f"baseline config {config!r}: input='embedding' needs an integer emb")
+        shapes = {"emb": (K, e), "W_ih": (G * d, e), "b_ih": (G * d,)}
+    else:
+        raise BundleFormatError(f"baseline config {config!r}: input must be 'onehot' or 'embedding'")
+    shapes.update({"W_hh": (G * d, d), "W_ro": (V, d), "b_ro": (V,), "h0": (d,)})
+    if kind == "gru":
+        shapes["b_hn"] = (d,)
+    if kind == "lstm":
+        shapes["c0"] = (d,)
+    return shapes
+
+
+def baseline_sha256(tensors: dict[str, np.ndarray]) -> str:
+    """The ``params_sha256`` of a baseline bundle: every tensor, in sorted name order, as float32."""
+    return tensors_sha256(tensors, tuple(sorted(tensors)))
+
+
+@dataclass(frozen=True)
+class BaselineParams:
+    """Immutable baseline weights (float64 by default; arrays read-only) and their architecture.
+
+    Build with :meth:`from_tensors` (which validates names, shapes and finiteness).
+    """
+
+    kind: str
+    K: int
+    V: int
+    d: int
+    config: dict
+    tensors: dict
+
+    @classmethod
+    def from_tensors(cls, config: dict, tensors: dict[str, np.ndarray], dtype=np.float64) -> "BaselineParams":
+        """Validate and wrap. Raises BundleFormatError on missing, extra, misshaped or non-finite tensors."""
+        shapes = baseline_shapes(config)
+        missing = sorted(set(shapes) - set(tensors))
+        extra = sorted(set(tensors) - set(shapes))
+        if missing or extra:
+            raise BundleFormatError(f"{config['kind']} weights: missing tensors {missing}, unexpected {extra}; "
+                                    f"expected {sorted(shapes)}. Re-run `isan export`")
+        out = {}
+        for name, shape in shapes.items():
+            a = np.array(tensors[name], dtype=dtype, copy=True)
+            if a.shape != shape:
+                raise BundleFormatError(f"{config['kind']} tensor {name} has shape {a.shape}; expected {shape}")
+            if not np.all(np.isfinite(a)):
+                raise BundleFormatError(f"tensor {name} holds non-finite values; re-export a good checkpoint")
+            a.setflags(write=False)
+            out[name] = a
+        return cls(config["kind"], int(config["K"]), int(config["V"]), int(config["d"]), dict(config), out)
+
+    @property
+    def G(self) -> int:
+        return GATES[self.kind]
+
+    @property
+    def state_names(self) -> list[str]:
+        return ["h", "c"] if self.kind == "lstm" else ["h"]
+
+    @property
+    def state_size(self) -> int:
+        """Length of the flat state vector: d, or 2 d for the LSTM."""
+        return len(self.state_names) * self.d
+
+    def input_table(self) -> np.ndarray:
+        """The input term of every symbol, (K, G d): ``E``, or ``emb @ W_ih.T + b_ih``."""
+        t = self.tensors
+        if "E" in t:
+            return t["E"]
+        return t["emb"] @ t["W_ih"].T + t["b_ih"]
+
+    def initial_state(self) -> np.ndarray:
+        """The learned initial state as a flat vector (S,): h0, or concat(h0, c0)."""
+        t = self.tensors
+        return np.concatenate([t["h0"], t["c0"]]) if self.kind == "lstm" else t["h0"].copy()
+
+    def readout(self, state: np.ndarray) -> np.ndarray:
+        """Logits ``W_ro h + b_ro`` of a flat state (..., S) -> (..., V) (the h part only)."""
+        h = np.asarray(state)[..., : self.d]
+        return h @ self.tensors["W_ro"].T + self.tensors["b_ro"]
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * x))  # no overflow for large |x|
+
+
+def baseline_step_ref(p: BaselineParams, state: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """One step: flat state (S,) and input term a (G d,) (a row of :meth:`BaselineParams.input_table`)
+    -> the new flat state (S,)."""
+    d, W_hh = p.d, p.tensors["W_hh"]
+    h = state[:d]
+    if p.kind == "rnn":
+        return np.tanh(a + W_hh @ h)
+    if p.kind == "irnn":
+        return np.maximum(a + W_hh @ h, 0.0)
+    gh = W_hh @ h
+    if p.kind == "gru":
+        r = _sigmoid(a[:d] + gh[:d])
+        z = _sigmoid(a[d:2 * d] + gh[d:2 * d])
+        n = np.tanh(a[2 * d:] + r * (gh[2 * d:] + p.tensors["b_hn"]))
+        return (1.0 - z) * n + z * h
+    g = a + gh  # lstm: blocks i, f, g, o
+    c = _sigmoid(g[d:2 * d]) * state[d:] + _sigmoid(g[:d]) * np.tanh(g[2 * d:3 * d])
+    return np.concatenate([_sigmoid(g[3 * d:]) * np.tanh(c), c])
+
+
+def baseline_states_ref(p: BaselineParams, ids: np.ndarray, state: np.ndarray) -> np.ndarray:
+    """Flat states after each character: ids (T,) int, state (S,) before ids[0] -> (T, S)."""
+    table = p.input_table()
+    out = np.empty((len(ids), p.state_size))
+    s = np.asarray(state, dtype=np.float64)
+    for t, x in enumerate(ids):
+        s = baseline_step_ref(p, s, table[x])
+        out[t] = s
+    return out
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Natural-log softmax over the last axis."""
+    m = logits.max(axis=-1, keepdims=True)
+    z = logits - m
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def bits_from_logits(logits_before: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """bits (T,) float64 = -log2 softmax(logits_before[t])[ids[t]]; logits_before (T, V)."""
+    lp = log_softmax(np.asarray(logits_before, dtype=np.float64))
+    return -lp[np.arange(len(ids)), ids] * LOG2E
+
+
+def baseline_score_ref(p: BaselineParams, ids: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Bits of each character and the final flat state: (bits (T,) float64, state (S,) float64).
+
+    ``bits_t = -log2 softmax(W_ro h_{t-1} + b_ro)[x_t]`` (the first from ``state``).
+    """
+    ids = np.asarray(ids, dtype=np.int64)
+    state = np.asarray(state, dtype=np.float64)
+    if len(ids) == 0:
+        return np.zeros(0), state.copy()
+    S = baseline_states_ref(p, ids, state)
+    before = np.vstack([state[None, :], S[:-1]])
+    return bits_from_logits(p.readout(before), ids), S[-1]
+
+
+def load_baseline_bundle(path: str | Path) -> tuple[dict, BaselineParams, Alphabet]:
+    """(manifest, float64 BaselineParams, alphabet) of a baseline bundle directory.
+
+    Raises:
+        BundleFormatError: not a baseline bundle, missing ``model`` config, weights that do not
+            match the manifest (sizes or params_sha256).
+    """
+    from isan.engine.bundle import WEIGHTS, read_manifest
+
+    path = Path(path)
+    m = read_manifest(path)
+    if m["kind"] not in GATES:
+        raise BundleFormatError(f"{path} holds a {m['kind']!r} model, not a baseline ({', '.join(GATES)})")
+    config = m.get("model")
+    if not isinstance(config, dict):
+        raise BundleFormatError(f"{path}/manifest.json lacks the 'model' config of the baseline; re-run `isan export`")
+    t = load_tensors(path / WEIGHTS)
+    if baseline_sha256(t) != m["params_sha256"]:
+        raise BundleFormatError(f"{path}: weights do not match the manifest's params_sha256 (corrupt or edited); "
+                                "re-run `isan export`")
+    p = BaselineParams.from_tensors(config, t)
+    alphabet = Alphabet.from_list(m["alphabet"])
+    if p.K != len(alphabet) or p.V != len(alphabet) or p.d != m["d"]:
+        raise BundleFormatError(f"{path}: the model has K={p.K}, V={p.V}, d={p.d} but the manifest says "
+                                f"{len(alphabet)} symbols and d={m['d']}; re-run `isan export`")
+    return m, p, alphabet
+
+
+class NumpyBaselineRunner:
+    """The runner protocol over :class:`BaselineParams` (numpy, float64, one character at a time).
+
+    Runner protocol (also implemented by :class:`isan.engine.onnx_backend.OnnxRunner`):
+    ``kind, K, V, d, state_size, state_names, backend, provider``, ``initial_state()``,
+    ``readout(state)``, ``score_ids(ids, state)``, ``advance_ids(ids, state)``,
+    ``score_batch(ids_list, states)``; states are flat float64 vectors (S,).
+    """
+
+    backend = "numpy"
+    provider = "numpy"
+
+    def __init__(self, params: BaselineParams):
+        self.params = params
+        self.kind, self.K, self.V, self.d = params.kind, params.K, params.V, params.d
+        self.state_names = params.state_names
+        self.state_size = params.state_size
+
+    def initial_state(self) -> np.ndarray:
+        return self.params.initial_state()
+
+    def readout(self, state: np.ndarray) -> np.ndarray:
+        return self.params.readout(np.asarray(state, dtype=np.float64))
+
+    def score_ids(self, ids: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return baseline_score_ref(self.params, ids, state)
+
+    def advance_ids(self, ids: np.ndarray, state: np.ndarray) -> np.ndarray:
+        if len(ids) == 0:
+            return np.array(state, dtype=np.float64)
+        return baseline_states_ref(self.params, np.asarray(ids, dtype=np.int64), state)[-1]
+
+    def score_batch(self, ids_list: Sequence[np.ndarray], states: Sequence[np.ndarray] | None = None):
+        states = states if states is not None else [self.initial_state()] * len(ids_list)
+        return [self.score_ids(x, s) for x, s in zip(ids_list, states)]
+
+
+class RunnerEngine:
+    """The public API of :class:`isan.engine.Engine` over a runner (numpy baseline or ONNX).
+
+    Immutable and shareable; states are :class:`isan.engine.State` values whose ``h`` is the
+    runner's flat float64 state vector (the LSTM's is ``concat(h, c)``, length 2 d).
+    Attribution needs the ISAN's affine structure and the numpy engine: it raises here.
+    """
+
+    def __init__(self, runner, alphabet: Alphabet, manifest: dict | None = None, source: str | None = None,
+                 path: str = "sequence"):
+        if runner.K != len(alphabet) or runner.V != len(alphabet):
+            raise IsanError(f"the model has K={runner.K}, V={runner.V} but the alphabet has {len(alphabet)} symbols")
+        self.runner = runner
+        self.alphabet = alphabet
+        self.manifest = dict(manifest or {})
+        self.source = source
+        self.path = path
+        self.backend = runner.backend
+        self.kind = runner.kind
+        self.table = None
+
+    @property
+    def d(self) -> int:
+        return self.runner.d
+
+    @property
+    def params_sha256(self) -> str | None:
+        return self.manifest.get("params_sha256")
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "d": self.d, "alphabet": "".join(self.alphabet.symbols), "path": self.path,
+                "backend": self.backend, "provider": self.runner.provider, "source": self.source,
+                "params_sha256": self.params_sha256, "state": self.runner.state_names}
+
+    def initial_state(self):
+        from isan.engine.core import State
+
+        return State(self.runner.initial_state())
+
+    def encode(self, text: str, unknown: str = "error", replacement: str | None = None) -> np.ndarray:
+        return self.alphabet.encode(text, unknown=unknown, replacement=replacement)
+
+    def _ids(self, text, unknown: str, replacement: str | None) -> np.ndarray:
+        if isinstance(text, str):
+            return self.encode(text, unknown, replacement)
+        ids = np.asarray(text, dtype=np.int64)
+        if ids.ndim != 1 or (len(ids) and (ids.min() < 0 or ids.max() >= len(self.alphabet))):
+            raise IsanError(f"ids must be a 1-D array of values in [0, {len(self.alphabet)})")
+        return ids
+
+    def _state(self, state):
+        state = state or self.initial_state()
+        if state.h.shape != (self.runner.state_size,):
+            raise IsanError(f"this {self.kind} model's state has {self.runner.state_size} values "
+                            f"({'+'.join(self.runner.state_names)}); got one of shape {state.h.shape}")
+        return state
+
+    def score(self, text, state=None, per_char: bool = False, unknown: str = "error", replacement: str | None = None):
+        """As :meth:`isan.engine.Engine.score`. Raises EmptyTextError, AlphabetError."""
+        from isan.engine.core import ScoreResult, State
+
+        ids = self._ids(text, unknown, replacement)
+        if len(ids) == 0:
+            raise EmptyTextError("the text is empty (after removing unknown characters); give at least one character")
+        state = self._state(state)
+        bits, s = self.runner.score_ids(ids, state.h)
+        total = float(bits.sum())
+        return ScoreResult(len(ids), total, bits if per_char else None, State(s, state.chars + len(ids), state.bits + total))
+
+    def score_batch(self, texts, states=None, per_char: bool = False, unknown: str = "error",
+                    replacement: str | None = None, group: str | None = None):
+        """As :meth:`isan.engine.Engine.score_batch` (``group`` is ignored: the runner batches streams)."""
+        from isan.engine.core import ScoreResult, State
+
+        ids = [self._ids(t, unknown, replacement) for t in texts]
+        for i, x in enumerate(ids):
+            if len(x) == 0:
+                raise EmptyTextError(f"text {i} of the batch is empty")
+        states = [self._state(s) for s in states] if states is not None else [self.initial_state()] * len(ids)
+        out = []
+        for s, (b, sf) in zip(states, self.runner.score_batch(ids, [s.h for s in states])):
+            total = float(b.sum())
+            out.append(ScoreResult(len(b), total, b if per_char else None, State(sf, s.chars + len(b), s.bits + total)))
+        return out
+
+    def advance(self, text, state=None, unknown: str = "error", replacement: str | None = None):
+        """Ingest text without scoring it; totals are left unchanged."""
+        from isan.engine.core import State
+
+        ids = self._ids(text, unknown, replacement)
+        state = self._state(state)
+        if len(ids) == 0:
+            return state
+        return State(self.runner.advance_ids(ids, state.h), state.chars, state.bits)
+
+    def logits(self, state=None) -> np.ndarray:
+        """Logits (V,) float64 for the next character."""
+        return np.asarray(self.runner.readout(self._state(state).h), dtype=np.float64)
+
+    def distribution(self, state=None, temperature: float = 1.0) -> np.ndarray:
+        if not temperature > 0:
+            raise IsanError(f"temperature must be > 0; got {temperature}")
+        return np.exp(log_softmax(self.logits(state) / temperature))
+
+    def top_k(self, state=None, k: int = 5) -> list[dict]:
+        lp = log_softmax(self.logits(state))
+        order = np.argsort(-lp, kind="stable")[:k]
+        return [{"symbol": self.alphabet.symbols[i], "prob": float(np.exp(lp[i])), "bits": float(-lp[i] * LOG2E)}
+                for i in order]
+
+    def sample(self, prompt: str = "", n: int = 200, temperature: float = 1.0, top_k: int | None = None,
+               seed: int | None = None, state=None):
+        """As :meth:`isan.engine.Engine.sample` (same random draws for the same seed and logits)."""
+        from isan.engine.core import Sample
+
+        if n < 0:
+            raise IsanError(f"n must be >= 0; got {n}")
+        if top_k is not None and not 1 <= top_k <= len(self.alphabet):
+            raise IsanError(f"top_k must be in [1, {len(self.alphabet)}]; got {top_k}")
+        if not temperature > 0:
+            raise IsanError(f"temperature must be > 0; got {temperature}")
+        rng = np.random.default_rng(seed)
+        state = self.advance(prompt, state) if prompt else self._state(state)
+        s = state.h.copy()
+        out, bits = [], 0.0
+        for _ in range(n):
+            logits = np.asarray(self.runner.readout(s), dtype=np.float64)
+            lp_true = log_softmax(logits)
+            z = logits / temperature
+            if top_k is not None and top_k < len(z):
+                cut = np.partition(z, -top_k)[-top_k]
+                z = np.where(z >= cut, z, -np.inf)
+            probs = np.exp(log_softmax(z))
+            x = int(min(np.searchsorted(np.cumsum(probs), rng.random() * probs.sum(), side="right"), len(probs) - 1))
+            bits -= lp_true[x] * LOG2E
+            out.append(self.alphabet.symbols[x])
+            s = self.runner.advance_ids(np.array([x], dtype=np.int64), s)
+        return Sample(prompt, "".join(out), float(bits), seed, temperature, top_k)
+
+    def attribute(self, *args, **kwargs):
+        raise IsanError(f"attribution needs an ISAN bundle on the numpy backend; this is a {self.kind} model "
+                        f"on the {self.backend} backend")
+
+
+def load_baseline_engine(path: str | Path) -> RunnerEngine:
+    """A baseline bundle on the numpy reference backend. Raises BundleFormatError (see load_baseline_bundle)."""
+    m, p, alphabet = load_baseline_bundle(path)
+    return RunnerEngine(NumpyBaselineRunner(p), alphabet, m, source=str(path), path="reference")
