@@ -29,9 +29,8 @@ import numpy as np
 
 from isan.alphabet import Alphabet
 from isan.errors import BundleFormatError, EmptyTextError, IsanError
+from isan.engine.reference import LOG2E, log_softmax
 from isan.params import load_tensors, tensors_sha256
-
-LOG2E = 1.0 / np.log(2.0)
 #: gates per kind (rows of W_hh are G blocks of d); must equal isan.train.baselines.GATES
 GATES = {"rnn": 1, "irnn": 1, "gru": 3, "lstm": 4}
 BASELINE_KINDS = tuple(GATES)
@@ -172,13 +171,6 @@ def baseline_states_ref(p: BaselineParams, ids: np.ndarray, state: np.ndarray) -
         s = baseline_step_ref(p, s, table[x])
         out[t] = s
     return out
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Natural-log softmax over the last axis."""
-    m = logits.max(axis=-1, keepdims=True)
-    z = logits - m
-    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
 def bits_from_logits(logits_before: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -381,29 +373,14 @@ class RunnerEngine:
         """As :meth:`isan.engine.Engine.sample` (same random draws for the same seed and logits)."""
         from isan.engine.core import Sample
 
-        if n < 0:
-            raise IsanError(f"n must be >= 0; got {n}")
-        if top_k is not None and not 1 <= top_k <= len(self.alphabet):
-            raise IsanError(f"top_k must be in [1, {len(self.alphabet)}]; got {top_k}")
-        if not temperature > 0:
-            raise IsanError(f"temperature must be > 0; got {temperature}")
-        rng = np.random.default_rng(seed)
+        from isan.engine.sampling import check_sampling_args, sample_ids
+
+        check_sampling_args(n, temperature, top_k, len(self.alphabet))
         state = self.advance(prompt, state) if prompt else self._state(state)
-        s = state.h.copy()
-        out, bits = [], 0.0
-        for _ in range(n):
-            logits = np.asarray(self.runner.readout(s), dtype=np.float64)
-            lp_true = log_softmax(logits)
-            z = logits / temperature
-            if top_k is not None and top_k < len(z):
-                cut = np.partition(z, -top_k)[-top_k]
-                z = np.where(z >= cut, z, -np.inf)
-            probs = np.exp(log_softmax(z))
-            x = int(min(np.searchsorted(np.cumsum(probs), rng.random() * probs.sum(), side="right"), len(probs) - 1))
-            bits -= lp_true[x] * LOG2E
-            out.append(self.alphabet.symbols[x])
-            s = self.runner.advance_ids(np.array([x], dtype=np.int64), s)
-        return Sample(prompt, "".join(out), float(bits), seed, temperature, top_k)
+        runner = self.runner
+        ids, bits = sample_ids(runner.readout, lambda s, x: runner.advance_ids(np.array([x], dtype=np.int64), s),
+                               state.h.copy(), n, temperature, top_k, seed)
+        return Sample(prompt, self.alphabet.decode(ids), bits, seed, temperature, top_k)
 
     def attribute(self, *args, **kwargs):
         raise IsanError(f"attribution needs an ISAN bundle on the numpy backend; this is a {self.kind} model "

@@ -333,30 +333,14 @@ class Engine:
             temperature: > 0; logits are divided by it.
             top_k: sample only among the k most likely characters (None: all).
         """
-        if n < 0:
-            raise IsanError(f"n must be >= 0; got {n}")
-        if top_k is not None and not 1 <= top_k <= len(self.alphabet):
-            raise IsanError(f"top_k must be in [1, {len(self.alphabet)}]; got {top_k}")
-        if not temperature > 0:
-            raise IsanError(f"temperature must be > 0; got {temperature}")
-        rng = np.random.default_rng(seed)
+        from isan.engine.sampling import check_sampling_args, sample_ids
+
+        check_sampling_args(n, temperature, top_k, len(self.alphabet))
         state = self.advance(prompt, state) if prompt else (state or self.initial_state())
         p = self.params
-        h = state.h.copy()
-        out, bits = [], 0.0
-        for _ in range(n):
-            logits = p.W_ro @ h + p.b_ro
-            lp_true = log_softmax(logits)
-            z = logits / temperature
-            if top_k is not None and top_k < len(z):
-                cut = np.partition(z, -top_k)[-top_k]
-                z = np.where(z >= cut, z, -np.inf)
-            probs = np.exp(log_softmax(z))
-            x = int(min(np.searchsorted(np.cumsum(probs), rng.random() * probs.sum(), side="right"), len(probs) - 1))
-            bits -= lp_true[x] * LOG2E
-            out.append(self.alphabet.symbols[x])
-            h = p.W[x] @ h + p.b[x]
-        return Sample(prompt, "".join(out), float(bits), seed, temperature, top_k)
+        ids, bits = sample_ids(lambda h: p.W_ro @ h + p.b_ro, lambda h, x: p.W[x] @ h + p.b[x], state.h.copy(),
+                               n, temperature, top_k, seed)
+        return Sample(prompt, self.alphabet.decode(ids), bits, seed, temperature, top_k)
 
     # ---- attribution --------------------------------------------------------------------
     def attribute(self, text: str, by: str = "char", state: State | None = None, unknown: str = "error",

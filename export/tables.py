@@ -36,17 +36,22 @@ def table_options_from(cfg: dict, corpus: str | None, dataset: str | None) -> tu
     return corpus or train.get("data"), dataset or train.get("dataset", "text8")
 
 
-def make_table(bundle_tmp: Path, manifest: dict, params: ISANParams, alphabet: Alphabet, corpus: str, dataset: str,
-               budget: str = DEFAULT_BUDGET, max_len: int = 12, dtype: str = "float32", mode: str = "full",
-               progress_bar: bool = True) -> dict:
-    """Mine ``corpus`` and write ``table/`` (mode "full") or only ``table_recipe.json`` (mode "recipe",
-    composed into the user's cache on first use) into a bundle directory being written."""
+def _plan(alphabet: Alphabet, params: ISANParams, corpus: str, dataset: str, budget, max_len: int, dtype: str) -> dict:
+    """Mine the train split of ``corpus``; the expected match length is measured on its valid split if any."""
     train = corpus_ids(alphabet, corpus, dataset, "train")
     try:
         heldout = corpus_ids(alphabet, corpus, dataset, "valid")
     except IsanError:
         heldout = None
-    recipe = plan_table(train, params, alphabet, budget=budget, max_len=max_len, dtype=dtype, heldout_ids=heldout)
+    return plan_table(train, params, alphabet, budget=budget, max_len=max_len, dtype=dtype, heldout_ids=heldout)
+
+
+def make_table(bundle_tmp: Path, manifest: dict, params: ISANParams, alphabet: Alphabet, corpus: str, dataset: str,
+               budget: str = DEFAULT_BUDGET, max_len: int = 12, dtype: str = "float32", mode: str = "full",
+               progress_bar: bool = True) -> dict:
+    """Mine ``corpus`` and write ``table/`` (mode "full") or only ``table_recipe.json`` (mode "recipe",
+    composed into the user's cache on first use) into a bundle directory being written."""
+    recipe = _plan(alphabet, params, corpus, dataset, budget, max_len, dtype)
     recipe["corpus"] = {"path": str(corpus), "dataset": dataset, "split": "train"}
     if mode == "recipe":
         write_recipe(bundle_tmp / RECIPE, recipe)
@@ -74,12 +79,7 @@ def dry_run(ckpt_or_bundle: str | Path, corpus: str | None, dataset: str | None,
         params = ISANParams(**{n: tensors[n] for n in ("W", "b", "W_ro", "b_ro", "h0")})
         alphabet = Alphabet.from_list(cfg["alphabet"])
     corpus, dataset = table_options_from(cfg, corpus, dataset)
-    train = corpus_ids(alphabet, corpus, dataset, "train")
-    try:
-        heldout = corpus_ids(alphabet, corpus, dataset, "valid")
-    except IsanError:
-        heldout = None
-    r = plan_table(train, params, alphabet, budget=budget, max_len=max_len, dtype=dtype, heldout_ids=heldout)
+    r = _plan(alphabet, params, corpus, dataset, budget, max_len, dtype)
     return {"entries": len(r["keys"]), "bytes": r["expected_bytes"], "budget_bytes": r["budget_bytes"],
             "dtype": dtype, "max_len": r["max_len"], "expected_avg_match_length": r["avg_match_length"],
             "measured_on": r["avg_match_length_on"], "mining_seconds": r["mining"]["seconds"]}

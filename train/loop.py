@@ -258,7 +258,8 @@ class Trainer:
             p.next_eval_chars = int(cfg.eval_every * len(self.corpus.train))
             self._log({"event": "start", "model": model.config(), "n_params": self.n_params, "config": asdict(cfg)})
         else:
-            self._log({"event": "resume", "epoch": p.epoch, "chunk": p.chunk, "step": p.step})
+            self._log({"event": "resume", "epoch": p.epoch, "chunk": p.chunk, "step": p.step,
+                       "budget": {k: getattr(cfg, k) for k in self.RESUME_OVERRIDES}})
         model.train()
         while not p.done:
             if p.epoch >= cfg.max_epochs:
