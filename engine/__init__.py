@@ -13,3 +13,5 @@ from isan.engine.core import (  # noqa: F401
     default_model_path,
     load_engine,
 )
+
+__all__ = ["Attribution", "Engine", "Sample", "ScoreResult", "State", "default_model_path", "load_engine"]

@@ -7,7 +7,6 @@ and are written as JSON with the machine, the command and the raw timings.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import resource
@@ -185,7 +184,6 @@ def bench_budgets(model: str | None, train_text: str, test_text: str, budgets: l
                          "us_per_jump": jt / len(ent) * 1e6, "chars_per_s": len(ids) / med,
                          "ratio": len(ids) / med / ref_cps})
             log(f"  {b}: {rows[-1]['chars_per_s']:,.0f} chars/s")
-            del eng
     return {"benchmark": "table budgets", "machine": machine(), "command": " ".join(["isan"] + sys.argv[1:]),
             "chars": len(ids), "repeats": repeats, "rows": rows}
 
@@ -211,8 +209,6 @@ def bench_onnx(text: str, repeats: int = 3, stream_chars: int = 50_000, steps: i
     ``train`` extras (torch only to initialise the LSTM).
     """
     import tempfile
-
-    import torch
 
     from isan.alphabet import Alphabet
     from isan.engine import Engine, default_model_path

@@ -160,7 +160,7 @@ def isan_onnx_models(params: ISANParams, opset: int = DEFAULT_OPSET) -> tuple[di
     from onnx import TensorProto, helper
 
     p = params.astype(np.float32)
-    K, d, V = p.K, p.d, p.V
+    d, V = p.d, p.V
     sha = p.sha256()
     io = graph_io("isan", d, V)
     axes = [_init("axis_last", np.array([2], dtype=np.int64))]

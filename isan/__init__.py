@@ -17,3 +17,5 @@ from isan.errors import (  # noqa: F401
     IsanError,
     TableFormatError,
 )
+
+__all__ = ["AlphabetError", "BundleFormatError", "EmptyTextError", "IsanError", "TableFormatError", "__version__"]

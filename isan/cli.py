@@ -127,7 +127,6 @@ def load_engine(model, path_mode="auto", backend="numpy", device="cpu"):
 
 def read_input(file, text8_split):
     if text8_split:
-        from isan.alphabet import Alphabet  # noqa: F401  (text8 reading needs no torch)
         from isan.engine.data import read_text8_split
 
         if file in (None, "-"):

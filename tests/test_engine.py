@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from isan.alphabet import Alphabet
-from isan.engine import Engine, State
+from isan.engine import Engine
 from isan.engine.reference import kappa_ref, segment_kappa_ref, states_ref
 from isan.errors import AlphabetError, EmptyTextError, TextTooLongError
 

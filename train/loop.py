@@ -20,7 +20,6 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from isan.alphabet import Alphabet
 from isan.atomic import atomic_directory, atomic_path, write_json_atomic
 from isan.errors import CheckpointError, IsanError
 from isan.train.data import Corpus, load_corpus

@@ -199,7 +199,7 @@ def load_table(path: str | Path, params_sha256: str | None = None, alphabet: Alp
             raise TableFormatError(f"{sp} has {size:,} bytes, the header says {meta['bytes']:,} (truncated or replaced); {REBUILD}")
         if verify and _sha256(sp) != meta["sha256"]:
             raise TableFormatError(f"{sp} does not match its sha256 in the header (corrupt); {REBUILD}")
-    n, rows, K, V, dd = h["n_entries"], h["n_readout_rows"], h["K"], h["V"], h["d"]
+    n, rows, V, dd = h["n_entries"], h["n_readout_rows"], h["V"], h["d"]
     np_dtype = DTYPES[h["dtype"]]
     try:
         Ac = np.load(path / "Ac.npy", mmap_mode="r")
