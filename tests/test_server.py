@@ -117,20 +117,30 @@ def test_unknown_policy_over_http(server):
     assert r.status_code == 200 and r.json()["chars"] == 4
 
 
-def test_isan_serve_command_starts_and_answers(small_bundle):
+def test_isan_serve_with_no_arguments_matches_isan_score(text8_valid_head):
+    """`isan-serve` with the default model answers HTTP and WebSocket with the bits of `isan score`."""
+    text = text8_valid_head[:4000]
+    cli = json.loads(subprocess.run([sys.executable, "-m", "isan.cli", "score", "--json", "-"], input=text,
+                                    capture_output=True, text=True, timeout=300, check=True).stdout)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "isan.engine.server", "--model", str(small_bundle), "--port",
-                             str(port), "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, "-m", "isan.engine.server", "--port", str(port), "--log-level", "warning"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        deadline = time.time() + 60
+        deadline = time.time() + 120
         while True:
             try:
-                r = httpx.post(f"http://127.0.0.1:{port}/v1/score", json={"text": "the cat"}, timeout=5)
+                r = httpx.post(f"http://127.0.0.1:{port}/v1/score", json={"text": text}, timeout=60)
                 break
             except httpx.TransportError:
                 assert proc.poll() is None and time.time() < deadline, proc.stderr.read().decode()
                 time.sleep(0.2)
-        assert r.status_code == 200 and r.json()["chars"] == 7
+        assert r.status_code == 200 and r.json() == cli
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz").json()["model"]["path"] == "composed"
+        with connect(f"ws://127.0.0.1:{port}/v1/stream") as ws:
+            for a in range(0, len(text), 1000):
+                ws.send(json.dumps({"text": text[a : a + 1000]}))
+                msg = json.loads(ws.recv(timeout=60))
+        assert msg["total_chars"] == cli["chars"] and msg["total_bits"] == pytest.approx(cli["bits"], rel=1e-6)
     finally:
         proc.terminate()
         proc.wait(10)
