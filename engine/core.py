@@ -221,12 +221,7 @@ class Engine:
         return self.alphabet.encode(text, unknown=unknown, replacement=replacement)
 
     def _ids(self, text: str | Sequence[int] | np.ndarray, unknown: str, replacement: str | None) -> np.ndarray:
-        if isinstance(text, str):
-            return self.encode(text, unknown, replacement)
-        ids = np.asarray(text, dtype=np.int64)
-        if ids.ndim != 1 or (len(ids) and (ids.min() < 0 or ids.max() >= len(self.alphabet))):
-            raise IsanError(f"ids must be a 1-D array of values in [0, {len(self.alphabet)})")
-        return ids
+        return self.alphabet.as_ids(text, unknown, replacement)
 
     # ---- scoring ------------------------------------------------------------------------
     def score(self, text: str | np.ndarray, state: State | None = None, per_char: bool = False,

@@ -130,6 +130,20 @@ class Alphabet:
         ids[bad] = rid
         return ids
 
+    def as_ids(self, text_or_ids, unknown: str = "error", replacement: str | None = None) -> np.ndarray:
+        """Encode a string (see :meth:`encode`), or validate an id sequence: int64 (n,).
+
+        Raises:
+            AlphabetError: unknown characters (per ``unknown``), or ids that are not a 1-D
+                sequence of values in [0, len(alphabet)).
+        """
+        if isinstance(text_or_ids, str):
+            return self.encode(text_or_ids, unknown, replacement)
+        ids = np.asarray(text_or_ids, dtype=np.int64)
+        if ids.ndim != 1 or (len(ids) and (ids.min() < 0 or ids.max() >= len(self.symbols))):
+            raise AlphabetError(f"ids must be a 1-D array of values in [0, {len(self.symbols)})")
+        return ids
+
     def decode(self, ids: Iterable[int]) -> str:
         """ids back to text. Raises AlphabetError for an id out of range."""
         n = len(self.symbols)

@@ -44,3 +44,11 @@ def test_bad_alphabets():
         Alphabet(("a", "a"))
     with pytest.raises(AlphabetError):
         Alphabet(("ab",))
+
+
+def test_as_ids_validates_id_sequences():
+    a = Alphabet.text8()
+    np.testing.assert_array_equal(a.as_ids("ab"), a.as_ids([1, 2]))
+    for bad in ([27], [-1], [[1, 2]]):
+        with pytest.raises(AlphabetError, match="ids must be"):
+            a.as_ids(bad)
