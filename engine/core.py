@@ -420,9 +420,18 @@ def load_engine(model: str | Path | None = None, path: str = "auto", backend: st
         from isan.engine.onnx_backend import load_onnx_engine
 
         return load_onnx_engine(src, device=device, path_mode=path)
-    if read_manifest(src)["kind"] != "isan":
+    kind = read_manifest(src)["kind"]
+    if kind != "isan":
         if path == "composed":
             raise IsanError("trie tables exist only for ISAN bundles; use --path auto or reference")
+        if kind == "ngram":
+            from isan.engine.ngram import load_ngram_engine
+
+            return load_ngram_engine(src)
+        if kind in ("linear", "linear_nlro", "isan_nobias"):
+            from isan.engine.linear_ref import load_linear_engine
+
+            return load_linear_engine(src)
         from isan.engine.baseline_ref import load_baseline_engine
 
         return load_baseline_engine(src)

@@ -73,13 +73,23 @@ def main(verbose: bool) -> None:
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
 @click.option("--threads", type=int, default=None, help="torch CPU threads.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option("--orders", default="2,3,4,5,6,7,8", show_default=True,
+              help="ngram only: orders to try; the best on valid is kept.")
 @friendly
 def train(model, out_dir, data, dataset, params, d, batch_size, bptt, lr, lr_decay, weight_decay, clip, max_epochs,
-          max_chars, max_steps, patience, eval_every, seed, device, threads, progress):
+          max_chars, max_steps, patience, eval_every, seed, device, threads, progress, orders):
     """Train MODEL (default: isan) on text8-10M or a text file; resumes a run found in --out.
 
-    Writes a checkpoint directory for `isan export`.
+    MODEL: isan, rnn, irnn, gru, lstm, linear, linear_nlro, isan_nobias, or ngram (interpolated
+    Kneser-Ney, counted in numpy; --out is then the bundle directory). Writes a checkpoint
+    directory for `isan export`.
     """
+    if model == "ngram":
+        from isan.engine.ngram import train_ngram
+
+        info = train_ngram(data, out_dir, orders=tuple(int(o) for o in orders.split(",")), dataset=dataset)
+        click.echo(json.dumps(info))
+        return
     from isan.train.loop import TrainConfig, Trainer
 
     cfg = TrainConfig(model=model, d=d, params=None if d else params, data=data, dataset=dataset,

@@ -166,8 +166,8 @@ class Trainer:
             for name, p in self.model.named_parameters():
                 st = self.opt.state.get(p)
                 if st:
-                    opt_t[f"{name}.exp_avg"] = st["exp_avg"].cpu()
-                    opt_t[f"{name}.exp_avg_sq"] = st["exp_avg_sq"].cpu()
+                    opt_t[f"{name}.exp_avg"] = st["exp_avg"].cpu().contiguous()
+                    opt_t[f"{name}.exp_avg_sq"] = st["exp_avg_sq"].cpu().contiguous()
                     opt_t[f"{name}.step"] = torch.as_tensor(float(st["step"])).reshape(1)
             if self.carry is not None:
                 opt_t.update({k: v.cpu() for k, v in _state_tensors(self.carry).items()})

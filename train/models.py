@@ -68,9 +68,10 @@ class ISAN(nn.Module):
 
 
 from isan.train.baselines import BASELINES  # noqa: E402
+from isan.train.linear import LINEAR  # noqa: E402
 
 #: every trainable architecture by name (`isan train MODEL`)
-MODELS = {"isan": ISAN, **BASELINES}
+MODELS = {"isan": ISAN, **BASELINES, **LINEAR}
 
 
 def build_model(kind: str, K: int, V: int, d: int | None = None, params: float | None = None, seed: int | None = None):
