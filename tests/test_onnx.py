@@ -481,7 +481,10 @@ def test_any_split_gives_the_same_bits(isan_runner, text_ids):
         for a, b in zip(bounds[:-1], bounds[1:]):
             bits, state = isan_runner.score_ids(ids[a:b], state)
             parts.append(bits)
-        np.testing.assert_allclose(np.concatenate(parts), whole, atol=1e-6)
+        # The first character of each chunk is read out in float64 from the carried state, the
+        # rest inside the float32 graph: bits agree to the ONNX parity bound (1e-5), not to 1e-6
+        # (hypothesis found a split at 9 that differs by 1.5e-6).
+        np.testing.assert_allclose(np.concatenate(parts), whole, atol=TOL_BITS)
         np.testing.assert_allclose(state, s_whole, atol=1e-6)
 
     check()
