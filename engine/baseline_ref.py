@@ -73,6 +73,30 @@ def baseline_sha256(tensors: dict[str, np.ndarray]) -> str:
     return tensors_sha256(tensors, tuple(sorted(tensors)))
 
 
+def validated_tensors(kind: str, shapes: dict[str, tuple[int, ...]], tensors: dict[str, np.ndarray],
+                      dtype=np.float64) -> dict[str, np.ndarray]:
+    """Read-only copies of exactly the tensors in ``shapes``, in ``dtype``.
+
+    Raises:
+        BundleFormatError: missing, unexpected, misshaped or non-finite tensors.
+    """
+    missing = sorted(set(shapes) - set(tensors))
+    extra = sorted(set(tensors) - set(shapes))
+    if missing or extra:
+        raise BundleFormatError(f"{kind} weights: missing tensors {missing}, unexpected {extra}; "
+                                f"expected {sorted(shapes)}. Re-run `isan export`")
+    out = {}
+    for name, shape in shapes.items():
+        a = np.array(tensors[name], dtype=dtype, copy=True)
+        if a.shape != shape:
+            raise BundleFormatError(f"{kind} tensor {name} has shape {a.shape}; expected {shape}")
+        if not np.all(np.isfinite(a)):
+            raise BundleFormatError(f"tensor {name} holds non-finite values; re-export a good checkpoint")
+        a.setflags(write=False)
+        out[name] = a
+    return out
+
+
 @dataclass(frozen=True)
 class BaselineParams:
     """Immutable baseline weights (float64 by default; arrays read-only) and their architecture.
@@ -90,21 +114,7 @@ class BaselineParams:
     @classmethod
     def from_tensors(cls, config: dict, tensors: dict[str, np.ndarray], dtype=np.float64) -> "BaselineParams":
         """Validate and wrap. Raises BundleFormatError on missing, extra, misshaped or non-finite tensors."""
-        shapes = baseline_shapes(config)
-        missing = sorted(set(shapes) - set(tensors))
-        extra = sorted(set(tensors) - set(shapes))
-        if missing or extra:
-            raise BundleFormatError(f"{config['kind']} weights: missing tensors {missing}, unexpected {extra}; "
-                                    f"expected {sorted(shapes)}. Re-run `isan export`")
-        out = {}
-        for name, shape in shapes.items():
-            a = np.array(tensors[name], dtype=dtype, copy=True)
-            if a.shape != shape:
-                raise BundleFormatError(f"{config['kind']} tensor {name} has shape {a.shape}; expected {shape}")
-            if not np.all(np.isfinite(a)):
-                raise BundleFormatError(f"tensor {name} holds non-finite values; re-export a good checkpoint")
-            a.setflags(write=False)
-            out[name] = a
+        out = validated_tensors(config["kind"], baseline_shapes(config), tensors, dtype)
         return cls(config["kind"], int(config["K"]), int(config["V"]), int(config["d"]), dict(config), out)
 
     @property
@@ -200,20 +210,31 @@ def load_baseline_bundle(path: str | Path) -> tuple[dict, BaselineParams, Alphab
         BundleFormatError: not a baseline bundle, missing ``model`` config, weights that do not
             match the manifest (sizes or params_sha256).
     """
+    return load_params_bundle(path, tuple(GATES), BaselineParams)
+
+
+def load_params_bundle(path: str | Path, kinds: tuple[str, ...], params_cls):
+    """(manifest, ``params_cls.from_tensors(config, weights)``, alphabet) of a non-ISAN bundle.
+
+    Raises:
+        BundleFormatError: the kind is not in ``kinds``, the ``model`` config is missing or of
+            another kind, or the weights do not match the manifest (sizes or params_sha256).
+    """
     from isan.engine.bundle import WEIGHTS, read_manifest
 
     path = Path(path)
     m = read_manifest(path)
-    if m["kind"] not in GATES:
-        raise BundleFormatError(f"{path} holds a {m['kind']!r} model, not a baseline ({', '.join(GATES)})")
+    if m["kind"] not in kinds:
+        raise BundleFormatError(f"{path} holds a {m['kind']!r} model, not one of {', '.join(kinds)}")
     config = m.get("model")
-    if not isinstance(config, dict):
-        raise BundleFormatError(f"{path}/manifest.json lacks the 'model' config of the baseline; re-run `isan export`")
+    if not isinstance(config, dict) or config.get("kind", m["kind"]) != m["kind"]:
+        raise BundleFormatError(f"{path}/manifest.json lacks the 'model' config of its {m['kind']} model; "
+                                "re-run `isan export`")
     t = load_tensors(path / WEIGHTS)
     if baseline_sha256(t) != m["params_sha256"]:
         raise BundleFormatError(f"{path}: weights do not match the manifest's params_sha256 (corrupt or edited); "
                                 "re-run `isan export`")
-    p = BaselineParams.from_tensors(config, t)
+    p = params_cls.from_tensors(config, t)
     alphabet = Alphabet.from_list(m["alphabet"])
     if p.K != len(alphabet) or p.V != len(alphabet) or p.d != m["d"]:
         raise BundleFormatError(f"{path}: the model has K={p.K}, V={p.V}, d={p.d} but the manifest says "
@@ -245,13 +266,19 @@ class NumpyBaselineRunner:
     def readout(self, state: np.ndarray) -> np.ndarray:
         return self.params.readout(np.asarray(state, dtype=np.float64))
 
+    #: the reference functions this runner wraps (subclasses swap them for other architectures)
+    score_ref = staticmethod(baseline_score_ref)
+    states_ref = staticmethod(baseline_states_ref)
+
     def score_ids(self, ids: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return baseline_score_ref(self.params, ids, state)
+        """(bits (T,) float64, state after ids (S,) float64)."""
+        return self.score_ref(self.params, ids, state)
 
     def advance_ids(self, ids: np.ndarray, state: np.ndarray) -> np.ndarray:
+        """The state after ids (S,) float64, without readouts."""
         if len(ids) == 0:
             return np.array(state, dtype=np.float64)
-        return baseline_states_ref(self.params, np.asarray(ids, dtype=np.int64), state)[-1]
+        return self.states_ref(self.params, np.asarray(ids, dtype=np.int64), state)[-1]
 
     def score_batch(self, ids_list: Sequence[np.ndarray], states: Sequence[np.ndarray] | None = None):
         states = states if states is not None else [self.initial_state()] * len(ids_list)

@@ -21,14 +21,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
 from isan.alphabet import Alphabet
-from isan.engine.baseline_ref import RunnerEngine, baseline_sha256, bits_from_logits
+from isan.engine.baseline_ref import (
+    NumpyBaselineRunner,
+    RunnerEngine,
+    bits_from_logits,
+    load_params_bundle,
+    validated_tensors,
+)
 from isan.errors import BundleFormatError
-from isan.params import load_tensors
 
 LINEAR_KINDS = ("linear", "linear_nlro", "isan_nobias")
 
@@ -75,26 +79,16 @@ class LinearParams:
     @classmethod
     def from_tensors(cls, config: dict, tensors: dict[str, np.ndarray], dtype=np.float64) -> "LinearParams":
         """Validate and wrap. Raises BundleFormatError on missing, extra, misshaped or non-finite tensors."""
-        shapes = linear_shapes(config)
-        missing = sorted(set(shapes) - set(tensors))
-        extra = sorted(set(tensors) - set(shapes))
-        if missing or extra:
-            raise BundleFormatError(f"{config['kind']} weights: missing tensors {missing}, unexpected {extra}; "
-                                    f"expected {sorted(shapes)}. Re-run `isan export`")
-        out = {}
-        for name, shape in shapes.items():
-            a = np.array(tensors[name], dtype=dtype, copy=True)
-            if a.shape != shape:
-                raise BundleFormatError(f"{config['kind']} tensor {name} has shape {a.shape}; expected {shape}")
-            if not np.all(np.isfinite(a)):
-                raise BundleFormatError(f"tensor {name} holds non-finite values; re-export a good checkpoint")
-            a.setflags(write=False)
-            out[name] = a
+        out = validated_tensors(config["kind"], linear_shapes(config), tensors, dtype)
         return cls(config["kind"], int(config["K"]), int(config["V"]), int(config["d"]), dict(config), out)
 
     @property
     def state_size(self) -> int:
         return self.d
+
+    @property
+    def state_names(self) -> list[str]:
+        return ["h"]
 
     def initial_state(self) -> np.ndarray:
         """The learned h0 (d,) (a copy)."""
@@ -148,67 +142,15 @@ def load_linear_bundle(path: str | Path) -> tuple[dict, LinearParams, Alphabet]:
         BundleFormatError: not such a bundle, missing ``model`` config, weights that do not match
             the manifest (sizes or params_sha256), corrupt weights.
     """
-    from isan.engine.bundle import WEIGHTS, read_manifest
-
-    path = Path(path)
-    m = read_manifest(path)
-    if m["kind"] not in LINEAR_KINDS:
-        raise BundleFormatError(f"{path} holds a {m['kind']!r} model, not one of {', '.join(LINEAR_KINDS)}")
-    config = m.get("model")
-    if not isinstance(config, dict) or config.get("kind") != m["kind"]:
-        raise BundleFormatError(f"{path}/manifest.json lacks the 'model' config of its {m['kind']} model; "
-                                "re-run `isan export`")
-    t = load_tensors(path / WEIGHTS)
-    if baseline_sha256(t) != m["params_sha256"]:
-        raise BundleFormatError(f"{path}: weights do not match the manifest's params_sha256 (corrupt or edited); "
-                                "re-run `isan export`")
-    p = LinearParams.from_tensors(config, t)
-    alphabet = Alphabet.from_list(m["alphabet"])
-    if p.K != len(alphabet) or p.V != len(alphabet) or p.d != m["d"]:
-        raise BundleFormatError(f"{path}: the model has K={p.K}, V={p.V}, d={p.d} but the manifest says "
-                                f"{len(alphabet)} symbols and d={m['d']}; re-run `isan export`")
-    return m, p, alphabet
+    return load_params_bundle(path, tuple(LINEAR_KINDS), LinearParams)
 
 
-class NumpyLinearRunner:
+class NumpyLinearRunner(NumpyBaselineRunner):
     """The runner protocol of :class:`isan.engine.baseline_ref.NumpyBaselineRunner` over
-    :class:`LinearParams` (numpy, float64, one character at a time).
+    :class:`LinearParams` (numpy, float64, one character at a time); states are (d,)."""
 
-    ``kind, K, V, d, state_size, state_names, backend, provider``, ``initial_state()``,
-    ``readout(state)``, ``score_ids(ids, state)``, ``advance_ids(ids, state)``,
-    ``score_batch(ids_list, states)``; states are flat float64 vectors (d,).
-    """
-
-    backend = "numpy"
-    provider = "numpy"
-    state_names = ["h"]
-
-    def __init__(self, params: LinearParams):
-        self.params = params
-        self.kind, self.K, self.V, self.d = params.kind, params.K, params.V, params.d
-        self.state_size = params.state_size
-
-    def initial_state(self) -> np.ndarray:
-        return self.params.initial_state()
-
-    def readout(self, state: np.ndarray) -> np.ndarray:
-        """Logits (V,) float64 of a state (d,)."""
-        return self.params.readout(np.asarray(state, dtype=np.float64))
-
-    def score_ids(self, ids: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(bits (T,) float64, state after ids (d,) float64)."""
-        return linear_score_ref(self.params, ids, state)
-
-    def advance_ids(self, ids: np.ndarray, state: np.ndarray) -> np.ndarray:
-        """The state after ids (d,) float64, without readouts."""
-        if len(ids) == 0:
-            return np.array(state, dtype=np.float64)
-        return linear_states_ref(self.params, np.asarray(ids, dtype=np.int64), state)[-1]
-
-    def score_batch(self, ids_list: Sequence[np.ndarray], states: Sequence[np.ndarray] | None = None):
-        """[(bits, final state)] per stream, each as :meth:`score_ids`."""
-        states = states if states is not None else [self.initial_state()] * len(ids_list)
-        return [self.score_ids(x, s) for x, s in zip(ids_list, states)]
+    score_ref = staticmethod(linear_score_ref)
+    states_ref = staticmethod(linear_states_ref)
 
 
 def load_linear_engine(path: str | Path) -> RunnerEngine:
