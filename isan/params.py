@@ -23,14 +23,26 @@ def isan_param_count(K: int, V: int, d: int) -> int:
     return K * d * d + K * d + V * d + V + d
 
 
+def largest_d(count, budget: float, what: str = "model") -> int:
+    """The largest d >= 1 with ``count(d) <= budget``, for a parameter count increasing in d.
+
+    Raises:
+        ValueError: not even d = 1 fits (``what`` names the model in the message).
+    """
+    if count(1) > budget:
+        raise ValueError(f"a parameter budget of {budget:g} is too small for any {what}")
+    lo, hi = 1, 2
+    while count(hi) <= budget:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:  # count(lo) <= budget < count(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if count(mid) <= budget else (lo, mid)
+    return lo
+
+
 def largest_isan_d(K: int, V: int, budget: float) -> int:
     """The largest hidden size d whose ISAN has at most ``budget`` parameters."""
-    d = 1
-    while isan_param_count(K, V, d + 1) <= budget:
-        d += 1
-    if isan_param_count(K, V, d) > budget:
-        raise ValueError(f"a parameter budget of {budget:g} is too small for any ISAN with K={K}, V={V}")
-    return d
+    return largest_d(lambda d: isan_param_count(K, V, d), budget, f"ISAN with K={K}, V={V}")
 
 
 def tensors_sha256(tensors: dict[str, np.ndarray], names: tuple[str, ...] | None = None) -> str:

@@ -33,6 +33,8 @@ import math
 import torch
 from torch import nn
 
+from isan.params import largest_d
+
 INPUT_MODES = ("onehot", "embedding")
 #: gates per kind: rows of W_hh are G blocks of d
 GATES = {"rnn": 1, "irnn": 1, "gru": 3, "lstm": 4}
@@ -123,16 +125,9 @@ class RecurrentBaseline(nn.Module):
         Raises:
             ValueError: not even d = 1 fits.
         """
-        count = lambda d: cls.param_count(K, V, d, kw.get("input", "onehot"), kw.get("emb"))  # noqa: E731
-        if count(1) > params:
-            raise ValueError(f"a parameter budget of {params:g} is too small for any {cls.kind} with K={K}, V={V}")
-        lo, hi = 1, 2
-        while count(hi) <= params:
-            lo, hi = hi, hi * 2
-        while hi - lo > 1:  # count(lo) <= params < count(hi)
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if count(mid) <= params else (lo, mid)
-        return cls(K, V, lo, **kw)
+        d = largest_d(lambda d: cls.param_count(K, V, d, kw.get("input", "onehot"), kw.get("emb")), params,
+                      f"{cls.kind} with K={K}, V={V}")
+        return cls(K, V, d, **kw)
 
     def config(self) -> dict:
         """JSON-able description that rebuilds the architecture: ``type(self)(K, V, d, input=, emb=)``."""

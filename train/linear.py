@@ -42,24 +42,8 @@ import math
 import torch
 from torch import nn
 
+from isan.params import largest_d
 from isan.train.scan import isan_scan
-
-
-def _largest_d(count, params: float, kind: str, K: int, V: int) -> int:
-    """The largest d >= 1 with ``count(d) <= params`` (count increasing in d).
-
-    Raises:
-        ValueError: not even d = 1 fits.
-    """
-    if count(1) > params:
-        raise ValueError(f"a parameter budget of {params:g} is too small for any {kind} with K={K}, V={V}")
-    lo, hi = 1, 2
-    while count(hi) <= params:
-        lo, hi = hi, hi * 2
-    while hi - lo > 1:  # count(lo) <= params < count(hi)
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if count(mid) <= params else (lo, mid)
-    return lo
 
 
 def _orthogonal(d: int, scale: float, g: torch.Generator | None) -> torch.Tensor:
@@ -107,7 +91,7 @@ class LinearRNN(nn.Module):
         Raises:
             ValueError: not even d = 1 fits.
         """
-        return cls(K, V, _largest_d(lambda d: cls.param_count(K, V, d), params, cls.kind, K, V), **kw)
+        return cls(K, V, largest_d(lambda d: cls.param_count(K, V, d), params, f"{cls.kind} with K={K}, V={V}"), **kw)
 
     def config(self) -> dict:
         """JSON-able description of the architecture (the ``model`` field of checkpoints and bundles)."""
@@ -180,7 +164,7 @@ class LinearRNNNonlinearReadout(LinearRNN):
             ValueError: not even d = 1 fits.
         """
         m = kw.get("readout_hidden")
-        return cls(K, V, _largest_d(lambda d: cls.param_count(K, V, d, m), params, cls.kind, K, V), **kw)
+        return cls(K, V, largest_d(lambda d: cls.param_count(K, V, d, m), params, f"{cls.kind} with K={K}, V={V}"), **kw)
 
     def config(self) -> dict:
         return {**super().config(), "readout": "tanh", "readout_hidden": self.m}
@@ -224,7 +208,7 @@ class ISANNoBias(nn.Module):
         Raises:
             ValueError: not even d = 1 fits.
         """
-        return cls(K, V, _largest_d(lambda d: cls.param_count(K, V, d), params, cls.kind, K, V), **kw)
+        return cls(K, V, largest_d(lambda d: cls.param_count(K, V, d), params, f"{cls.kind} with K={K}, V={V}"), **kw)
 
     def config(self) -> dict:
         return {"kind": self.kind, "K": self.K, "V": self.V, "d": self.d, "state": ["h"]}
