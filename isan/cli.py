@@ -72,12 +72,14 @@ def main(verbose: bool) -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
 @click.option("--threads", type=int, default=None, help="torch CPU threads.")
+@click.option("--init-scale", type=float, default=None,
+              help="irnn only: the recurrent matrix starts at this multiple of the identity (Le et al. 2015; default 1).")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.option("--orders", default="2,3,4,5,6,7,8", show_default=True,
               help="ngram only: orders to try; the best on valid is kept.")
 @friendly
 def train(model, out_dir, data, dataset, params, d, batch_size, bptt, lr, lr_decay, weight_decay, clip, max_epochs,
-          max_chars, max_steps, patience, eval_every, seed, device, threads, progress, orders):
+          max_chars, max_steps, patience, eval_every, seed, device, threads, init_scale, progress, orders):
     """Train MODEL (default: isan) on text8-10M or a text file; resumes a run found in --out.
 
     MODEL: isan, rnn, irnn, gru, lstm, linear, linear_nlro, isan_nobias, or ngram (interpolated
@@ -90,13 +92,15 @@ def train(model, out_dir, data, dataset, params, d, batch_size, bptt, lr, lr_dec
         info = train_ngram(data, out_dir, orders=tuple(int(o) for o in orders.split(",")), dataset=dataset)
         click.echo(json.dumps(info))
         return
+    if init_scale is not None and model != "irnn":
+        raise click.UsageError("--init-scale applies to irnn only")
     from isan.train.loop import TrainConfig, Trainer
 
     cfg = TrainConfig(model=model, d=d, params=None if d else params, data=data, dataset=dataset,
                       batch_size=batch_size, bptt=bptt, lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
                       clip=clip, max_epochs=max_epochs, max_chars=int(max_chars) if max_chars else None,
                       max_steps=max_steps, patience=patience, eval_every=eval_every, seed=seed, device=device,
-                      threads=threads)
+                      threads=threads, init_scale=init_scale)
     overrides = {"max_epochs": max_epochs, "max_chars": cfg.max_chars, "max_steps": max_steps,
                  "patience": patience, "threads": threads, "device": device}
     tr = Trainer(cfg, out_dir, progress_bar=progress, overrides=overrides)

@@ -376,3 +376,32 @@ def test_table1_plot(tmp_path):
     _fake_result(root, "gru-8e4", 2.3, [{"event": "start", "n_params": 79052, "model": {"d": 145}}])
     assert table1.main(["--results", str(root), "--out", str(tmp_path / "t.md"), "--plot", str(tmp_path / "p.png")]) == 0
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_table1_tuning_step(tmp_path):
+    """The tuning step picks the setting with the lowest valid bpc per model; a diverged run (no
+    finite validation) is never picked; lr.json is what train/table1.sh reads."""
+    from isan.train import table1
+
+    root = tmp_path / "tuning"
+    root.mkdir()
+    runs = {("gru", "2e-3"): [2.61, 2.55], ("gru", "1e-3"): [2.58], ("gru", "5e-4"): [2.71],
+            ("irnn", "2e-3"): [float("nan")], ("irnn", "1e-3"): [], ("irnn@0.1", "1e-3"): [3.0],
+            ("irnn@0.1", "2e-3"): [3.1], ("lstm", "1e-3"): [2.4], ("lstm", "2.5e-4"): [2.4]}
+    for (model, rate), valid in runs.items():
+        events = [{"event": "start"}] + [{"event": "valid", "valid_bpc": v} for v in valid]
+        (root / f"{model}-lr{rate}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (root / "notes.txt").write_text("not a log")
+    chosen = table1.write_tuning(root)
+    # gru: the best of a run's evaluations; lstm: a tie goes to the larger rate; irnn: the scaled init
+    assert chosen == {"gru": {"lr": 2e-3}, "lstm": {"lr": 1e-3}, "irnn": {"lr": 1e-3, "init_scale": 0.1}}
+    assert json.loads((root / "lr.json").read_text()) == chosen
+    md = (root / "TUNING.md").read_text()
+    assert "**2.550**" in md and "2.580" in md and "diverged" in md
+    rows = {line.split(" | ")[0]: line for line in md.splitlines() if line.startswith("| ")}
+    assert "**" not in rows["| IRNN"] and "**3.000**" in rows["| IRNN (0.1·I init)"]
+    assert table1.parse_tuning_name("irnn@0.1-lr2e-3.jsonl") == ("irnn", "0.1", "2e-3")
+    assert table1.parse_tuning_name("TUNING.md") is None
+    assert table1.main(["--tuning", str(root)]) == 0
+    with pytest.raises(IsanError, match="train/tune.sh"):
+        table1.write_tuning(tmp_path / "missing")

@@ -170,6 +170,20 @@ def test_irnn_starts_at_identity():
     assert torch.equal(m.W_hh.detach(), torch.eye(6))
 
 
+def test_irnn_init_scale_reaches_the_model(tmp_path):
+    from click.testing import CliRunner
+
+    from isan.cli import main
+    from isan.train.models import build_model
+
+    m = build_model("irnn", 27, 27, params=8e4, seed=0, init_scale=0.25)
+    assert m.d == 256 and torch.equal(m.W_hh.detach(), 0.25 * torch.eye(256))
+    with pytest.raises(TypeError):
+        build_model("rnn", 27, 27, d=6, init_scale=0.25)
+    r = CliRunner().invoke(main, ["train", "rnn", "--out", str(tmp_path / "r"), "--init-scale", "0.5"])
+    assert r.exit_code == 2 and "irnn only" in r.output and not (tmp_path / "r").exists()
+
+
 # ---- three ways on real text ------------------------------------------------------------------
 def test_isan_onnx_matches_reference(isan_bundle, text_ids):
     runner = OnnxRunner.load(isan_bundle)

@@ -57,6 +57,7 @@ class TrainConfig:
     ckpt_every: int = 100  # chunks between resume checkpoints
     log_every: int = 20  # chunks between step log lines
     max_steps: int | None = None  # stop after this many optimizer steps (tests, smoke runs)
+    init_scale: float | None = None  # irnn only: W_hh starts at init_scale * I (None: the model's 1.0)
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -141,7 +142,8 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.corpus = corpus or load_corpus(cfg.data, cfg.dataset)
         K = V = len(self.corpus.alphabet)
-        self.model = build_model(cfg.model, K, V, d=cfg.d, params=cfg.params, seed=cfg.seed).to(cfg.device)
+        self.model = build_model(cfg.model, K, V, d=cfg.d, params=cfg.params, seed=cfg.seed,
+                                 **({"init_scale": cfg.init_scale} if cfg.init_scale is not None else {})).to(cfg.device)
         self.n_params = sum(p.numel() for p in self.model.parameters())
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay) \
             if cfg.weight_decay else torch.optim.Adam(self.model.parameters(), lr=cfg.lr)

@@ -74,13 +74,18 @@ from isan.train.linear import LINEAR  # noqa: E402
 MODELS = {"isan": ISAN, **BASELINES, **LINEAR}
 
 
-def build_model(kind: str, K: int, V: int, d: int | None = None, params: float | None = None, seed: int | None = None):
-    """Construct a model by name, sized by ``d`` or by a parameter budget (largest fitting d)."""
+def build_model(kind: str, K: int, V: int, d: int | None = None, params: float | None = None, seed: int | None = None,
+                **init):
+    """Construct a model by name, sized by ``d`` or by a parameter budget (largest fitting d).
+
+    ``init``: initialisation options of that model (the IRNN's ``init_scale``); another model given
+    one raises TypeError.
+    """
     if kind not in MODELS:
         raise ValueError(f"unknown model {kind!r}; choose one of {', '.join(sorted(MODELS))}")
     cls = MODELS[kind]
     if d is None:
         if params is None:
             raise ValueError("give the hidden size d or a parameter budget")
-        return cls.for_budget(K, V, params, seed=seed)
-    return cls(K, V, d, seed=seed)
+        return cls.for_budget(K, V, params, seed=seed, **init)
+    return cls(K, V, d, seed=seed, **init)

@@ -3,6 +3,7 @@
 Usage (from the repository root)::
 
     python -m isan.train.table1 [--results results/table1] [--out README-table.md] [--plot docs/table1.png]
+    python -m isan.train.table1 --tuning results/table1/tuning   # pick each model's learning rate
 
 Results layout (one directory per trained cell, written by ``train/table1.sh`` or by hand with
 the same files; nothing else is read, and no number is computed or invented here)::
@@ -14,6 +15,8 @@ the same files; nothing else is read, and no number is computed or invented here
                          its last "done" event train_chars_per_s, chars_seen, stop_reason)
         config.json      the run's config.json (optional; n_params)
         command.txt      the exact commands, one per line
+    results/table1/tuning/               the tuning step (``train/tune.sh``): MODEL-lrRATE.jsonl logs;
+                                         ``--tuning`` writes lr.json (the chosen rates) and TUNING.md
     results/table1/ngram/                the n-gram row (no parameter budget)
         score.json, command.txt, train_log.jsonl (from `isan train ngram`: one "order" event per
         order tried and a "done" event with the chosen order and train_chars_per_s)
@@ -177,6 +180,100 @@ def collect_results(results_dir: str | Path) -> dict[tuple[str, str | None], Res
     return out
 
 
+# ---- the tuning step -----------------------------------------------------------------------------
+def parse_tuning_name(name: str) -> tuple[str, str | None, str] | None:
+    """(model, init scale or None, rate) of a tuning log name, as written; None for other names.
+
+    ``gru-lr1e-3.jsonl`` -> ("gru", None, "1e-3"); ``irnn@0.1-lr2e-3.jsonl`` -> ("irnn", "0.1", "2e-3").
+    """
+    if not name.endswith(".jsonl"):
+        return None
+    spec, sep, rate = name[:-len(".jsonl")].rpartition("-lr")
+    model, _, scale = spec.partition("@")
+    try:
+        float(rate), float(scale or 0)
+    except ValueError:
+        return None
+    return (model, scale or None, rate) if sep and model else None
+
+
+def collect_tuning(tuning_dir: str | Path) -> dict[tuple[str, str | None], dict[str, float | None]]:
+    """{(model, init scale or None): {rate as written: best valid bpc, or None if the run logged no
+    finite validation (it diverged)}}.
+
+    Raises:
+        IsanError: ``tuning_dir`` is not a directory or holds no tuning log, or a log is not JSON lines.
+    """
+    root = Path(tuning_dir)
+    if not root.is_dir():
+        raise IsanError(f"{root} is not a directory of tuning logs (run `bash train/tune.sh` first)")
+    out: dict[tuple[str, str | None], dict[str, float | None]] = {}
+    for p in sorted(root.glob("*.jsonl")):
+        key = parse_tuning_name(p.name)
+        if key is None:
+            continue
+        valid = [e.get("valid_bpc") for e in _read_log(p) if e.get("event") == "valid"]
+        valid = [v for v in valid if isinstance(v, (int, float)) and math.isfinite(v)]
+        out.setdefault(key[:2], {})[key[2]] = min(valid) if valid else None
+    if not out:
+        raise IsanError(f"{root} holds no MODEL-lrRATE.jsonl tuning log (run `bash train/tune.sh` first)")
+    return out
+
+
+def choose_settings(tuning: dict[tuple[str, str | None], dict[str, float | None]]) -> dict[str, dict]:
+    """Per model, the setting with the lowest valid bpc: {"lr": rate} plus {"init_scale": s} when
+    the winner ran with one. Ties go to the larger rate; models whose runs all diverged are left out."""
+    best: dict[str, tuple] = {}
+    for (model, scale), runs in tuning.items():
+        for rate, v in runs.items():
+            if v is None:
+                continue
+            cand = (v, -float(rate), scale or "", rate)
+            if model not in best or cand < best[model]:
+                best[model] = cand
+    return {m: {"lr": float(c[3]), **({"init_scale": float(c[2])} if c[2] else {})} for m, c in best.items()}
+
+
+def _setting_label(model: str, scale: str | None) -> str:
+    return LABELS.get(model, model) + (f" ({scale}·I init)" if scale else "")
+
+
+def render_tuning(tuning: dict[tuple[str, str | None], dict[str, float | None]], chosen: dict[str, dict]) -> str:
+    """Markdown: best valid bpc of every (model, init scale, rate) run, the chosen one in bold."""
+    rates = sorted({r for runs in tuning.values() for r in runs}, key=lambda r: -float(r))
+    order = [k for k in LABELS]
+    lines = ["## Table 1 tuning step: valid bpc after 4.6M characters at the 8e4 budget", "",
+             "Written by `python -m isan.train.table1 --tuning results/table1/tuning` from the logs of "
+             "`bash train/tune.sh` (one run per cell: B=32, T=64, Adam, evaluation at half an epoch). "
+             "Bold: the setting `train/table1.sh` uses for that model at every budget.", "",
+             "| model | " + " | ".join(f"lr {r}" for r in rates) + " |", "|---|" + "---:|" * len(rates)]
+    for model, scale in sorted(tuning, key=lambda k: ((order + [k[0]]).index(k[0]), -float(k[1] or 1e9))):
+        runs, pick = tuning[(model, scale)], chosen.get(model, {})
+        cells = []
+        for r in rates:
+            if r not in runs:
+                cells.append(MISSING)
+                continue
+            v = runs[r]
+            text = "diverged" if v is None else f"{v:.3f}"
+            won = (v is not None and float(r) == pick.get("lr")
+                   and (float(scale) if scale else None) == pick.get("init_scale"))
+            cells.append(f"**{text}**" if won else text)
+        lines.append(f"| {_setting_label(model, scale)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines + [""])
+
+
+def write_tuning(tuning_dir: str | Path) -> dict[str, dict]:
+    """Write lr.json (the chosen settings, read by train/table1.sh) and TUNING.md into
+    ``tuning_dir`` atomically, and return the chosen settings."""
+    root = Path(tuning_dir)
+    tuning = collect_tuning(root)
+    chosen = choose_settings(tuning)
+    write_bytes_atomic(root / "lr.json", (json.dumps(chosen, indent=1, sort_keys=True) + "\n").encode("utf-8"))
+    write_bytes_atomic(root / "TUNING.md", render_tuning(tuning, chosen).encode("utf-8"))
+    return chosen
+
+
 # ---- Markdown ------------------------------------------------------------------------------------
 def _rel(path: Path, base: Path) -> str:
     return Path(os.path.relpath(path.resolve(), base.resolve())).as_posix()
@@ -308,7 +405,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="README-table.md", help="Markdown file to write (default: README-table.md)")
     ap.add_argument("--plot", default="docs/table1.png", help="PNG to write (default: docs/table1.png)")
     ap.add_argument("--no-plot", action="store_true", help="write only the Markdown")
+    ap.add_argument("--tuning", metavar="DIR", help="instead: pick each model's learning rate from the "
+                    "tuning logs in DIR and write DIR/lr.json and DIR/TUNING.md")
     args = ap.parse_args(argv)
+    if args.tuning:
+        try:
+            chosen = write_tuning(args.tuning)
+        except IsanError as e:
+            ap.exit(2, f"Error: {e}\n")
+        print(json.dumps(chosen, sort_keys=True))
+        return 0
     try:
         info = generate(args.results, args.out, None if args.no_plot else args.plot)
     except IsanError as e:
