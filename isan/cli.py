@@ -398,6 +398,48 @@ def bench_budgets_cmd(model, data, budgets, repeats, out):
     click.echo(f"\nwrote {out}")
 
 
+@bench.command("train")
+@click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8 file; chunks of the train split are used.")
+@click.option("--budgets", default="8e4,3.2e5,1.28e6", show_default=True, help="Comma-separated parameter budgets.")
+@click.option("--models", default="isan,rnn,irnn,gru,lstm", show_default=True)
+@click.option("--batch", type=int, default=32, show_default=True, help="Streams B (the Table 1 protocol's).")
+@click.option("--steps", type=int, default=5, show_default=True, help="Optimizer steps per timing.")
+@click.option("--repeats", type=int, default=3, show_default=True)
+@click.option("--reference/--no-reference", default=True, show_default=True,
+              help="Also time the baselines' per-step loop (forward_reference).")
+@click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's).")
+@click.option("--out", default="bench_results/train.json", show_default=True)
+@friendly
+def bench_train_cmd(data, budgets, models, batch, steps, repeats, reference, threads, out):
+    """Training throughput (chars/s of forward+backward+Adam) of each Table 1 model at each budget (needs torch)."""
+    try:
+        from isan.train.bench import bench_train, markdown_train
+    except ImportError as e:
+        raise IsanError(f"`isan bench train` needs torch ({e}); pip install torch==2.13.0 -e '.[train]'") from None
+    import numpy as np
+
+    from isan.alphabet import Alphabet
+    from isan.engine.bench import write_json
+    from isan.engine.data import read_text8_split
+    from isan.train.models import MODELS
+
+    names = tuple(m.strip() for m in models.split(",") if m.strip())
+    unknown = [m for m in names if m not in MODELS]
+    if unknown or not names:
+        raise click.BadParameter(f"unknown model(s) {unknown}; choose from {', '.join(MODELS)}", param_hint="--models")
+    try:
+        pairs = [(b.strip(), float(b)) for b in budgets.split(",") if b.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{budgets!r} is not a comma-separated list of numbers", param_hint="--budgets") from None
+    ids = Alphabet.text8().encode(read_text8_split(data, "train")[:2_000_000]).astype(np.int64)
+    result = bench_train(ids, pairs, names, batch=batch,
+                         steps=steps, repeats=repeats, reference=reference, threads=threads,
+                         log=lambda m: click.echo(m, err=True))
+    write_json(result, out)
+    click.echo(markdown_train(result))
+    click.echo(f"\nwrote {out}")
+
+
 @bench.command("onnx")
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8 file; the test split is used.")
 @click.option("--repeats", type=int, default=3, show_default=True)

@@ -72,3 +72,27 @@ def test_unknown_characters_in_training_data(tmp_path):
     assert len(c.alphabet) == len(set("hello world\nHELLO"))
     with pytest.raises(AlphabetError, match="offset 11"):
         load_corpus(f, dataset="text", alphabet=Alphabet.text8())
+
+
+def test_bench_train_rows_and_cli(tmp_path):
+    """`isan bench train` on tiny budgets: one row per (model, path), the ISAN row is the 1.0x baseline,
+    the JSON lands where asked, and a bad model name is a usage error."""
+    from click.testing import CliRunner
+
+    from isan.cli import main
+    from isan.train.bench import bench_train, markdown_train
+
+    ids = np.random.default_rng(0).integers(0, 27, 5000).astype(np.int64)
+    r = bench_train(ids, budgets=(("tiny", 3e3),), models=("isan", "gru"), batch=4, bptt=8, steps=2, repeats=2,
+                    log=lambda m: None)
+    assert [(row["model"], row["path"]) for row in r["rows"]] == [("isan", "scan"), ("gru", "fused"), ("gru", "step loop")]
+    assert r["rows"][0]["ratio_vs_isan"] == 1.0 and all(row["chars_per_s"] > 0 for row in r["rows"])
+    assert all(row["params"] <= 3e3 and len(row["times_s"]) == 2 for row in r["rows"])
+    assert "| tiny | gru | step loop |" in markdown_train(r)
+    out = tmp_path / "train.json"
+    res = CliRunner().invoke(main, ["bench", "train", "--budgets", "2e3", "--models", "isan,lstm", "--steps", "1",
+                                    "--repeats", "1", "--no-reference", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert [row["model"] for row in json.loads(out.read_text())["rows"]] == ["isan", "lstm"]
+    res = CliRunner().invoke(main, ["bench", "train", "--models", "isan,transformer", "--out", str(out)])
+    assert res.exit_code == 2 and "transformer" in res.output
