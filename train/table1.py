@@ -49,8 +49,7 @@ MAIN_ROWS = (("rnn", "RNN"), ("irnn", "IRNN"), ("gru", "GRU"), ("lstm", "LSTM"),
 VARIANT_ROWS = (("linear", "linear RNN, linear readout"), ("linear_nlro", "linear RNN, tanh-layer readout"),
                 ("isan_nobias", "ISAN without biases (h_t = W[x_t] h_{t-1})"),
                 ("ngram", "character n-gram, interpolated modified Kneser-Ney"))
-#: the paper's Table 1, test bpc on full text8 (90M train), per budget. The 8e4 column is the one
-#: quoted in README.md; check the other two against the paper before quoting them.
+#: the paper's Table 1, test bpc on full text8 (90M train), per budget (as quoted in issue #5)
 PAPER = {"rnn": (1.88, 1.69, 1.59), "irnn": (1.89, 1.71, 1.58), "gru": (1.83, 1.66, 1.59),
          "lstm": (1.85, 1.68, 1.59), "isan": (1.92, 1.71, 1.58)}
 #: numbers the paper gives in its text for the controls (no parameter count stated)
@@ -296,13 +295,17 @@ def _num(v, fmt: str = "{:,}") -> str:
     return fmt.format(v)
 
 
-def render_markdown(results: dict[tuple[str, str | None], Result], base: str | Path = ".") -> str:
+def render_markdown(results: dict[tuple[str, str | None], Result], base: str | Path = ".",
+                    tuning: Path | None = None) -> str:
     """The Markdown of the tables; links are relative to the directory ``base`` (where the
-    Markdown file lives)."""
+    Markdown file lives); ``tuning``: the tuning step's TUNING.md to link, if any."""
     base = Path(base)
     lines = ["## Table 1 on text8-10M: test bits per character", "",
              "Ours: text8-10M (train [0, 9M), valid [9M, 9.5M), test [9.5M, 10M) of text8), test split scored "
-             "once by `isan score`. Paper: Foerster et al. 2017, Table 1, full text8. "
+             "once by `isan score`. Protocol (train/table1.sh): every model sees the same number of training "
+             "characters (see `train chars seen` below) in B=32 streams of T=64, with Adam at the setting "
+             "its tuning step chose (train/tune.sh" + (f", [TUNING.md]({_rel(tuning, base)})" if tuning else "")
+             + "). Paper: Foerster et al. 2017, Table 1, full text8. "
              f"{MISSING}: no result yet.", ""]
     head = "| model | " + " | ".join(f"{b} | paper {b}" for b, _ in BUDGETS) + " |"
     lines += [head, "|---|" + "---:|" * (2 * len(BUDGETS))]
@@ -392,7 +395,8 @@ def generate(results_dir: str | Path, out: str | Path, plot: str | Path | None =
     """
     results = collect_results(results_dir)
     out = Path(out)
-    write_bytes_atomic(out, render_markdown(results, out.parent).encode("utf-8"))
+    tuning = Path(results_dir) / "tuning" / "TUNING.md"
+    write_bytes_atomic(out, render_markdown(results, out.parent, tuning if tuning.is_file() else None).encode("utf-8"))
     if plot is not None:
         write_bytes_atomic(plot, plot_png(results))
     return {"markdown": str(out), "plot": str(plot) if plot is not None else None, "cells": len(results)}
