@@ -363,6 +363,17 @@ def test_table1_generator(tmp_path):
     assert lstm_row.count(table1.MISSING) == 3 and "1.85" in lstm_row  # ours missing, the paper's shown
     assert table1.parse_result_name("linear_nlro-320000") == ("linear_nlro", "3.2e5")
     assert table1.parse_result_name("isan-1e5") is None
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\nbefore\n{table1.README_BEGIN}\nold table\n{table1.README_END}\nafter\n")
+    table1.generate(root, out, plot=None, readme=readme)
+    text = readme.read_text()
+    assert "old table" not in text and text.startswith("# x\n\nbefore\n") and text.endswith("after\n")
+    isan_row = next(line for line in text.splitlines() if line.startswith("| ISAN |"))
+    assert "[1.877](results/table1/isan-3.2e5/)" in isan_row and "1.92 / 1.71 / 1.58" in isan_row
+    assert "test [1.732](results/table1/ngram/) bpc (123,456 stored n-grams)" in text
+    readme.write_text("no markers")
+    with pytest.raises(IsanError, match="table1:begin"):
+        table1.generate(root, out, plot=None, readme=readme)
     (root / "isan-3.2e5" / "score.json").write_text("{not json")
     with pytest.raises(IsanError, match="score.json"):
         table1.generate(root, out)

@@ -3,6 +3,7 @@
 Usage (from the repository root)::
 
     python -m isan.train.table1 [--results results/table1] [--out README-table.md] [--plot docs/table1.png]
+                                [--readme README.md]
     python -m isan.train.table1 --tuning results/table1/tuning   # pick each model's learning rate
 
 Results layout (one directory per trained cell, written by ``train/table1.sh`` or by hand with
@@ -346,6 +347,50 @@ def render_markdown(results: dict[tuple[str, str | None], Result], base: str | P
     return "\n".join(lines)
 
 
+README_BEGIN = "<!-- table1:begin (written by python -m isan.train.table1 --readme README.md) -->"
+README_END = "<!-- table1:end -->"
+
+
+def render_summary(results: dict[tuple[str, str | None], Result], base: str | Path = ".") -> str:
+    """The compact table for the README: our test bpc per cell (linked to its directory) beside
+    the paper's; links are relative to ``base``."""
+    base = Path(base)
+
+    def cell(r: Result | None) -> str:
+        return MISSING if r is None else f"[{r.test_bpc:.3f}]({_rel(r.path, base)}/)"
+
+    lines = ["| test bpc | " + " | ".join(b for b, _ in BUDGETS) + " | paper (full text8) " +
+             " / ".join(b for b, _ in BUDGETS) + " |", "|---|" + "---:|" * len(BUDGETS) + "---|"]
+    for kind, label in MAIN_ROWS:
+        lines.append(f"| {label} | " + " | ".join(cell(results.get((kind, b))) for b, _ in BUDGETS)
+                     + " | " + " / ".join(f"{v:.2f}" for v in PAPER[kind]) + " |")
+    for kind, label in VARIANT_ROWS:
+        if kind != "ngram" and any((kind, b) in results for b, _ in BUDGETS):
+            lines.append(f"| {label} | " + " | ".join(cell(results.get((kind, b))) for b, _ in BUDGETS)
+                         + f" | {PAPER_TEXT[kind]} (no size given) |")
+    r = results.get(("ngram", None))
+    if r is not None:
+        order = f" of order {r.d} (chosen on valid)" if r.d else ""
+        lines += ["", f"No parameter budget: a {LABELS['ngram']}{order}, test {cell(r)} bpc "
+                      f"({_num(r.n_params)} stored n-grams)."]
+    return "\n".join(lines)
+
+
+def splice_readme(readme: str | Path, summary: str) -> None:
+    """Replace the text between README_BEGIN and README_END in ``readme`` with ``summary`` (atomically).
+
+    Raises:
+        IsanError: the file lacks the two markers, in that order.
+    """
+    path = Path(readme)
+    text = path.read_text(encoding="utf-8")
+    i, j = text.find(README_BEGIN), text.find(README_END)
+    if i < 0 or j < i:
+        raise IsanError(f"{path} lacks the lines {README_BEGIN!r} and {README_END!r} that mark where the table goes")
+    new = text[:i + len(README_BEGIN)] + "\n" + summary + "\n" + text[j:]
+    write_bytes_atomic(path, new.encode("utf-8"))
+
+
 # ---- plot ----------------------------------------------------------------------------------------
 def plot_png(results: dict[tuple[str, str | None], Result]) -> bytes:
     """PNG bytes of test bpc against parameters (log x), ours solid and the paper's dashed, like
@@ -385,8 +430,10 @@ def plot_png(results: dict[tuple[str, str | None], Result]) -> bytes:
     return buf.getvalue()
 
 
-def generate(results_dir: str | Path, out: str | Path, plot: str | Path | None = None) -> dict:
-    """Read ``results_dir``, write the Markdown to ``out`` (and the PNG to ``plot``) atomically.
+def generate(results_dir: str | Path, out: str | Path, plot: str | Path | None = None,
+             readme: str | Path | None = None) -> dict:
+    """Read ``results_dir``, write the Markdown to ``out`` (and the PNG to ``plot``, and the
+    compact table into ``readme`` between its markers) atomically.
 
     Returns:
         {"markdown": out path, "plot": plot path or None, "cells": number of results found}.
@@ -397,9 +444,12 @@ def generate(results_dir: str | Path, out: str | Path, plot: str | Path | None =
     out = Path(out)
     tuning = Path(results_dir) / "tuning" / "TUNING.md"
     write_bytes_atomic(out, render_markdown(results, out.parent, tuning if tuning.is_file() else None).encode("utf-8"))
+    if readme is not None:
+        splice_readme(readme, render_summary(results, Path(readme).parent))
     if plot is not None:
         write_bytes_atomic(plot, plot_png(results))
-    return {"markdown": str(out), "plot": str(plot) if plot is not None else None, "cells": len(results)}
+    return {"markdown": str(out), "plot": str(plot) if plot is not None else None, "cells": len(results),
+            "readme": str(readme) if readme is not None else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -409,6 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="README-table.md", help="Markdown file to write (default: README-table.md)")
     ap.add_argument("--plot", default="docs/table1.png", help="PNG to write (default: docs/table1.png)")
     ap.add_argument("--no-plot", action="store_true", help="write only the Markdown")
+    ap.add_argument("--readme", metavar="FILE", help="also write the compact table into FILE between its "
+                    "table1:begin/end markers (README.md)")
     ap.add_argument("--tuning", metavar="DIR", help="instead: pick each model's learning rate from the "
                     "tuning logs in DIR and write DIR/lr.json and DIR/TUNING.md")
     args = ap.parse_args(argv)
@@ -420,13 +472,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(chosen, sort_keys=True))
         return 0
     try:
-        info = generate(args.results, args.out, None if args.no_plot else args.plot)
+        info = generate(args.results, args.out, None if args.no_plot else args.plot, args.readme)
     except IsanError as e:
         ap.exit(2, f"Error: {e}\n")
     print(f"{info['cells']} results from {args.results}")
     print(f"wrote {info['markdown']}")
-    if info["plot"]:
-        print(f"wrote {info['plot']}")
+    for key in ("plot", "readme"):
+        if info[key]:
+            print(f"wrote {info[key]}")
     return 0
 
 
