@@ -79,7 +79,8 @@ def bench_train(ids: np.ndarray, budgets=BUDGETS, models=MODELS, batch: int = 32
         for kind in models:
             torch.manual_seed(0)
             model = build_model(kind, 27, 27, params=budget, seed=0)
-            paths = ["fused", "step loop"] if reference and kind != "isan" else ["fused" if kind != "isan" else "scan"]
+            fused = hasattr(model, "forward_reference")  # the recurrent baselines; isan has its scan
+            paths = (["fused", "step loop"] if reference else ["fused"]) if fused else ["scan" if kind == "isan" else "forward"]
             for path in paths:
                 times = _time_steps(model, ids, batch, bptt, steps, repeats, reference=path == "step loop")
                 rate = steps * batch * bptt / statistics.median(times)
