@@ -5,7 +5,8 @@ on real text8 chunks, with the protocol's shapes (B streams of T characters, the
 Every figure is the median over ``repeats`` timings of ``steps`` steps each, after one warm-up
 step; the ratio is against the ISAN of the same budget, measured in the same process. The
 baselines are timed twice: through torch's fused kernels (``forward``, what training uses) and
-through the step loop of ``forward_reference``, which shows what the fused path buys.
+through the step loop of ``forward_reference``, which shows what the fused path buys. The ISAN
+runs its scan (train/scan.py) and the linear controls their plain ``forward``.
 """
 
 from __future__ import annotations
