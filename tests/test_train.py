@@ -96,3 +96,20 @@ def test_bench_train_rows_and_cli(tmp_path):
     assert [row["model"] for row in json.loads(out.read_text())["rows"]] == ["isan", "lstm"]
     res = CliRunner().invoke(main, ["bench", "train", "--models", "isan,transformer", "--out", str(out)])
     assert res.exit_code == 2 and "transformer" in res.output
+
+
+def test_diverged_run_has_no_best_checkpoint(tmp_path, text8_path, monkeypatch):
+    """A non-finite valid bpc is never 'improved': the run keeps no best checkpoint, its log stays
+    JSON, and exporting it is a clear error rather than a NaN model."""
+    from isan.errors import IsanError
+
+    monkeypatch.setattr(Trainer, "_evaluate", lambda self: float("nan"))
+    out = tmp_path / "nan"
+    p = Trainer(small_config(text8_path, max_steps=30, eval_every=0.005), out, progress_bar=False).run()
+    assert p.best_valid_bpc is None
+    events = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    valid = [e for e in events if e["event"] == "valid"]
+    assert valid and not any(e["improved"] for e in valid) and all(e["best_valid_bpc"] is None for e in valid)
+    assert not (out / "best.safetensors").exists()
+    with pytest.raises(IsanError):
+        export_checkpoint(out, tmp_path / "bundle")

@@ -234,7 +234,8 @@ class Trainer:
     def _after_eval(self, bpc: float) -> None:
         p, cfg = self.progress, self.cfg
         epoch_f = p.chars_seen / len(self.corpus.train)
-        improved = p.best_valid_bpc is None or bpc < p.best_valid_bpc
+        # a non-finite valid bpc (a diverged model) is never the best one, so it is never exported
+        improved = math.isfinite(bpc) and (p.best_valid_bpc is None or bpc < p.best_valid_bpc)
         if improved:
             p.best_valid_bpc, p.best_epoch, p.bad_evals = bpc, round(epoch_f, 3), 0
             self._save_best()
@@ -244,9 +245,10 @@ class Trainer:
             self._set_lr(p.lr)
         p.history.append({"epoch": round(epoch_f, 3), "chars_seen": p.chars_seen, "valid_bpc": bpc})
         self._log({"event": "valid", "epoch": round(epoch_f, 3), "step": p.step, "chars_seen": p.chars_seen,
-                   "valid_bpc": round(bpc, 5), "best_valid_bpc": round(p.best_valid_bpc, 5), "lr": p.lr,
+                   "valid_bpc": round(bpc, 5),
+                   "best_valid_bpc": None if p.best_valid_bpc is None else round(p.best_valid_bpc, 5), "lr": p.lr,
                    "improved": improved})
-        log.info("valid bpc %.4f (best %.4f) at epoch %.2f", bpc, p.best_valid_bpc, epoch_f)
+        log.info("valid bpc %.4f (best %s) at epoch %.2f", bpc, p.best_valid_bpc, epoch_f)
         if p.bad_evals >= cfg.patience:
             p.done, p.stop_reason = True, f"early stop: no improvement in {cfg.patience} evaluations"
 
