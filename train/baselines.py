@@ -169,8 +169,8 @@ class RecurrentBaseline(nn.Module):
         This is the fast path: torch's fused recurrent kernels (``torch.rnn_tanh``,
         ``torch.rnn_relu``, ``torch.gru``, ``torch.lstm``: the ops behind ``nn.RNN``, ``nn.GRU``
         and ``nn.LSTM``) run the whole chunk on this module's own parameters. On CPU that is
-        3-8x faster than the step loop of :meth:`forward_reference`, which it matches to
-        rounding (tests/test_onnx.py::test_fused_forward_equals_step_loop).
+        1.5-8x faster than the step loop of :meth:`forward_reference` (``isan bench train``),
+        which it matches to rounding (tests/test_onnx.py::test_fused_forward_equals_step_loop).
         """
         if x.shape[0] == 0:
             return self.forward_reference(x, state)
