@@ -10,7 +10,7 @@
 # Environment: GRID (rates), THREADS (torch CPU threads), DATA (text8 file).
 set -euo pipefail
 data=${DATA:-../shared/data/text8_head/text8_head.txt}
-grid=${GRID:-"4e-3 2e-3 1e-3 5e-4 2.5e-4"}
+grid=${GRID:-"8e-3 4e-3 2e-3 1e-3 5e-4 2.5e-4"}
 models=${*:-isan rnn irnn irnn@0.1 gru lstm}
 threads=${THREADS:+--threads $THREADS}
 out=results/table1/tuning
