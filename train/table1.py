@@ -245,7 +245,8 @@ def render_tuning(tuning: dict[tuple[str, str | None], dict[str, float | None]],
     lines = ["## Table 1 tuning step: valid bpc after 4.6M characters at the 8e4 budget", "",
              "Written by `python -m isan.train.table1 --tuning results/table1/tuning` from the logs of "
              "`bash train/tune.sh` (one run per cell: B=32, T=64, Adam, evaluation at half an epoch). "
-             "Bold: the setting `train/table1.sh` uses for that model at every budget.", "",
+             "Bold: the setting `train/table1.sh` uses for that model at 8e4; at larger budgets it divides the "
+             "rate by the growth of the hidden size d.", "",
              "| model | " + " | ".join(f"lr {r}" for r in rates) + " |", "|---|" + "---:|" * len(rates)]
     for model, scale in sorted(tuning, key=lambda k: ((order + [k[0]]).index(k[0]), -float(k[1] or 1e9))):
         runs, pick = tuning[(model, scale)], chosen.get(model, {})

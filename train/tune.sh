@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The tuning step of the Table 1 protocol, the same for every architecture: train MODEL at the
 # 8e4 budget for half an epoch of text8-10M (4.6M characters, one validation at 0.5 epoch; B=32
-# streams, T=64, as in train/table1.sh) with each learning rate of the grid, and keep each log in results/table1/tuning/MODEL-lrRATE.jsonl.
-# `python -m isan.train.table1 --tuning results/table1/tuning` then picks the rate with the best
-# valid bpc per model (results/table1/tuning/lr.json), which train/table1.sh uses at every budget.
+# streams, T=64, as in train/table1.sh) with each learning rate of the grid, and keep each log in
+# results/table1/tuning/MODEL-lrRATE.jsonl. `python -m isan.train.table1 --tuning results/table1/tuning`
+# then picks the rate with the best valid bpc per model (results/table1/tuning/lr.json), which
+# train/table1.sh uses at 8e4 and moves to larger budgets as 1/d.
 # MODEL@S (irnn only) starts the recurrent matrix at S * I: the IRNN also tries 0.1 * I (Le et al. 2015
 # allow a scaled identity), because at 1 * I its state blows up in the first steps at every rate.
 # Usage (from the repository root): bash train/tune.sh [MODEL ...]   (default: isan rnn irnn irnn@0.1 gru lstm)
