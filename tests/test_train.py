@@ -83,10 +83,12 @@ def test_bench_train_rows_and_cli(tmp_path):
     from isan.train.bench import bench_train, markdown_train
 
     ids = np.random.default_rng(0).integers(0, 27, 5000).astype(np.int64)
-    r = bench_train(ids, budgets=(("tiny", 3e3),), models=("isan", "gru"), batch=4, bptt=8, steps=2, repeats=2,
+    r = bench_train(ids, budgets=(("tiny", 3e3),), models=("gru", "isan"), batch=4, bptt=8, steps=2, repeats=2,
                     log=lambda m: None)
-    assert [(row["model"], row["path"]) for row in r["rows"]] == [("isan", "scan"), ("gru", "fused"), ("gru", "step loop")]
-    assert r["rows"][0]["ratio_vs_isan"] == 1.0 and all(row["chars_per_s"] > 0 for row in r["rows"])
+    assert [(row["model"], row["path"]) for row in r["rows"]] == [("gru", "fused"), ("gru", "step loop"), ("isan", "scan")]
+    isan = r["rows"][2]
+    assert isan["ratio_vs_isan"] == 1.0 and all(row["chars_per_s"] > 0 for row in r["rows"])
+    assert r["rows"][0]["ratio_vs_isan"] == pytest.approx(r["rows"][0]["chars_per_s"] / isan["chars_per_s"])
     assert all(row["params"] <= 3e3 and len(row["times_s"]) == 2 for row in r["rows"])
     assert "| tiny | gru | step loop |" in markdown_train(r)
     out = tmp_path / "train.json"
