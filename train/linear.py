@@ -53,7 +53,35 @@ def _orthogonal(d: int, scale: float, g: torch.Generator | None) -> torch.Tensor
     return (q * torch.sign(torch.diagonal(r)).unsqueeze(0) * scale).contiguous()
 
 
-class LinearRNN(nn.Module):
+class _OneStateModel(nn.Module):
+    """What the linear RNN and the bias-free ISAN share: one state h (d,) with a learned ``h0``,
+    budget sizing from the subclass's ``param_count(K, V, d)``, and the export helpers."""
+
+    kind = "?"
+
+    @classmethod
+    def for_budget(cls, K: int, V: int, params: float, **kw):
+        """The model with the largest d whose :meth:`param_count` is at most ``params``.
+
+        Raises:
+            ValueError: not even d = 1 fits.
+        """
+        return cls(K, V, largest_d(lambda d: cls.param_count(K, V, d), params, f"{cls.kind} with K={K}, V={V}"), **kw)
+
+    def config(self) -> dict:
+        """JSON-able description of the architecture (the ``model`` field of checkpoints and bundles)."""
+        return {"kind": self.kind, "K": self.K, "V": self.V, "d": self.d, "state": ["h"]}
+
+    def initial_state(self, B: int) -> torch.Tensor:
+        """The learned initial state for B streams: (B, d)."""
+        return self.h0.unsqueeze(0).expand(B, self.d)
+
+    def numpy_params(self) -> dict:
+        """Every tensor of the state dict as a float32 numpy array (names as in weights.safetensors)."""
+        return {n: t.detach().cpu().float().numpy() for n, t in self.state_dict().items()}
+
+
+class LinearRNN(_OneStateModel):
     """Linear RNN without input switching: ``h_t = W h_{t-1} + E[x_t]``, ``logits_t = W_ro h_t + b_ro``.
 
     Args:
@@ -84,23 +112,6 @@ class LinearRNN(nn.Module):
         """sum(p.numel()): ``d^2 + K d + V d + V + d``."""
         return d * d + K * d + V * d + V + d
 
-    @classmethod
-    def for_budget(cls, K: int, V: int, params: float, **kw) -> "LinearRNN":
-        """The model with the largest d whose :meth:`param_count` is at most ``params``.
-
-        Raises:
-            ValueError: not even d = 1 fits.
-        """
-        return cls(K, V, largest_d(lambda d: cls.param_count(K, V, d), params, f"{cls.kind} with K={K}, V={V}"), **kw)
-
-    def config(self) -> dict:
-        """JSON-able description of the architecture (the ``model`` field of checkpoints and bundles)."""
-        return {"kind": self.kind, "K": self.K, "V": self.V, "d": self.d, "state": ["h"]}
-
-    def initial_state(self, B: int) -> torch.Tensor:
-        """The learned initial state for B streams: (B, d)."""
-        return self.h0.unsqueeze(0).expand(B, self.d)
-
     def readout(self, S: torch.Tensor) -> torch.Tensor:
         """Logits (..., V) of states S (..., d)."""
         return torch.matmul(S, self.W_ro.T) + self.b_ro
@@ -118,11 +129,6 @@ class LinearRNN(nn.Module):
             hs.append(torch.addmm(A[t], hs[-1], WT))
         S = torch.stack(hs[:-1], 0)  # (T, B, d) states before each x[t]
         return self.readout(S), hs[-1]
-
-    def numpy_params(self) -> dict:
-        """Every tensor of the state dict as a float32 numpy array (names as in weights.safetensors)."""
-        return {n: t.detach().cpu().float().numpy() for n, t in self.state_dict().items()}
-
 
 class LinearRNNNonlinearReadout(LinearRNN):
     """The linear recurrence of :class:`LinearRNN` with a tanh hidden layer in the readout:
@@ -174,7 +180,7 @@ class LinearRNNNonlinearReadout(LinearRNN):
         return torch.matmul(torch.tanh(torch.matmul(S, self.W_mlp.T) + self.b_mlp), self.W_ro.T) + self.b_ro
 
 
-class ISANNoBias(nn.Module):
+class ISANNoBias(_OneStateModel):
     """The ISAN without biases: ``h_t = W[x_t] h_{t-1}``, ``logits_t = W_ro h_t + b_ro``.
 
     Args:
@@ -201,22 +207,6 @@ class ISANNoBias(nn.Module):
         """sum(p.numel()): ``K d^2 + V d + V + d``."""
         return K * d * d + V * d + V + d
 
-    @classmethod
-    def for_budget(cls, K: int, V: int, params: float, **kw) -> "ISANNoBias":
-        """The model with the largest d whose :meth:`param_count` is at most ``params``.
-
-        Raises:
-            ValueError: not even d = 1 fits.
-        """
-        return cls(K, V, largest_d(lambda d: cls.param_count(K, V, d), params, f"{cls.kind} with K={K}, V={V}"), **kw)
-
-    def config(self) -> dict:
-        return {"kind": self.kind, "K": self.K, "V": self.V, "d": self.d, "state": ["h"]}
-
-    def initial_state(self, B: int) -> torch.Tensor:
-        """The learned initial state for B streams: (B, d)."""
-        return self.h0.unsqueeze(0).expand(B, self.d)
-
     def forward(self, x: torch.Tensor, h: torch.Tensor):
         """x: (T, B) int64; h: (B, d) state before x[0].
 
@@ -225,10 +215,6 @@ class ISANNoBias(nn.Module):
         H = isan_scan(self.W, self.zero_b.to(self.W.dtype), h, x)  # (T, B, d)
         S = torch.cat([h.unsqueeze(0), H[:-1]], 0)  # states before each x[t]
         return torch.matmul(S, self.W_ro.T) + self.b_ro, H[-1]
-
-    def numpy_params(self) -> dict:
-        """W, W_ro, b_ro, h0 as float32 numpy arrays (the state dict; the zero bias is not in it)."""
-        return {n: t.detach().cpu().float().numpy() for n, t in self.state_dict().items()}
 
 
 #: the linear controls by kind; merged into :data:`isan.train.models.MODELS`.
