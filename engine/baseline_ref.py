@@ -98,8 +98,9 @@ def validated_tensors(kind: str, shapes: dict[str, tuple[int, ...]], tensors: di
 
 
 @dataclass(frozen=True)
-class BaselineParams:
-    """Immutable baseline weights (float64 by default; arrays read-only) and their architecture.
+class RunnerParams:
+    """Immutable weights of a bundle the numpy runner plays (float64 by default; arrays read-only)
+    and their architecture. Subclasses name the expected tensors with ``shapes(config)``.
 
     Build with :meth:`from_tensors` (which validates names, shapes and finiteness).
     """
@@ -111,11 +112,22 @@ class BaselineParams:
     config: dict
     tensors: dict
 
+    @staticmethod
+    def shapes(config: dict) -> dict[str, tuple[int, ...]]:
+        raise NotImplementedError
+
     @classmethod
-    def from_tensors(cls, config: dict, tensors: dict[str, np.ndarray], dtype=np.float64) -> "BaselineParams":
+    def from_tensors(cls, config: dict, tensors: dict[str, np.ndarray], dtype=np.float64):
         """Validate and wrap. Raises BundleFormatError on missing, extra, misshaped or non-finite tensors."""
-        out = validated_tensors(config["kind"], baseline_shapes(config), tensors, dtype)
+        out = validated_tensors(config["kind"], cls.shapes(config), tensors, dtype)
         return cls(config["kind"], int(config["K"]), int(config["V"]), int(config["d"]), dict(config), out)
+
+
+@dataclass(frozen=True)
+class BaselineParams(RunnerParams):
+    """Immutable baseline weights (float64 by default; arrays read-only) and their architecture."""
+
+    shapes = staticmethod(baseline_shapes)
 
     @property
     def G(self) -> int:

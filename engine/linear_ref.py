@@ -28,9 +28,9 @@ from isan.alphabet import Alphabet
 from isan.engine.baseline_ref import (
     NumpyBaselineRunner,
     RunnerEngine,
+    RunnerParams,
     bits_from_logits,
     load_params_bundle,
-    validated_tensors,
 )
 from isan.errors import BundleFormatError
 
@@ -63,24 +63,10 @@ def linear_shapes(config: dict) -> dict[str, tuple[int, ...]]:
 
 
 @dataclass(frozen=True)
-class LinearParams:
-    """Immutable weights of a linear control (float64 by default; arrays read-only).
+class LinearParams(RunnerParams):
+    """Immutable weights of a linear control (float64 by default; arrays read-only)."""
 
-    Build with :meth:`from_tensors`, which validates names, shapes and finiteness.
-    """
-
-    kind: str
-    K: int
-    V: int
-    d: int
-    config: dict
-    tensors: dict
-
-    @classmethod
-    def from_tensors(cls, config: dict, tensors: dict[str, np.ndarray], dtype=np.float64) -> "LinearParams":
-        """Validate and wrap. Raises BundleFormatError on missing, extra, misshaped or non-finite tensors."""
-        out = validated_tensors(config["kind"], linear_shapes(config), tensors, dtype)
-        return cls(config["kind"], int(config["K"]), int(config["V"]), int(config["d"]), dict(config), out)
+    shapes = staticmethod(linear_shapes)
 
     @property
     def state_size(self) -> int:
