@@ -91,6 +91,34 @@ def test_budget_details():
         LINEAR["isan_nobias"].for_budget(27, 27, 50)
 
 
+@needs_torch
+def test_linear_nlro_spectral_norm_constraint(corpus, tmp_path):
+    """linear_nlro trains with ||W||_2 <= w_max_norm (train/linear.py says why); the trainer applies it
+    after every step. At a large rate Adam lifts ||W||_2 above 1 within a few steps when unconstrained."""
+    from isan.train.loop import TrainConfig, Trainer
+
+    m = LINEAR["linear_nlro"](27, 27, 6, seed=0)
+    with torch.no_grad():
+        m.W.mul_(3.0)
+    m.constrain_()
+    assert float(torch.linalg.matrix_norm(m.W.detach(), 2)) == pytest.approx(1.0, rel=1e-5)
+    assert m.config()["w_max_norm"] == 1.0
+    with pytest.raises(ValueError, match="w_max_norm"):
+        LINEAR["linear_nlro"](27, 27, 6, w_max_norm=0.0)
+
+    norms = {}
+    for cap in (1.0, None):
+        cfg = TrainConfig(model="linear_nlro", d=16, params=None, data=str(TEXT8), batch_size=8, bptt=16,
+                          lr=5e-2, max_steps=12, eval_every=10.0, max_valid_chars=2000, valid_streams=2,
+                          log_every=4, ckpt_every=100)
+        t = Trainer(cfg, tmp_path / f"run-{cap}", corpus=corpus, progress_bar=False)
+        t.model.w_max_norm = cap
+        t.run()
+        norms[cap] = float(torch.linalg.matrix_norm(t.model.W.detach(), 2))
+    assert norms[1.0] <= 1.0 + 1e-5
+    assert norms[None] > 1.05  # the constraint is what holds the norm down
+
+
 # ---- linear controls: train, export, score with the numpy reference -------------------------------
 @pytest.fixture(scope="module", params=LINEAR_KINDS)
 def trained(request, corpus, tmp_path_factory):

@@ -24,6 +24,15 @@ and ``export_checkpoint`` treat them like every other model. Column-vector conve
   Parameters: those of ``linear`` with ``W_ro`` (V, m) instead of (V, d), plus ``W_mlp`` (m, d)
   and ``b_mlp`` (m,): ``d^2 + K d + m d + m + V m + V + d`` (``2 d^2 + (K + V + 2) d + V`` for
   ``m = d``).
+  Training keeps ``W`` non-expansive: after each optimizer step ``W`` is scaled back onto the
+  spectral-norm ball ``||W||_2 <= w_max_norm`` (1.0 by default; :meth:`constrain_`, which the
+  trainer calls). Without it the run diverged at each rate we tried (2e-3, 1e-3 and 2.5e-4):
+  Adam lifts ``W``'s spectral radius above 1 within a few steps, the tanh readout saturates but
+  still predicts from the sign pattern of the state (the loss keeps falling while ``|h|`` passes
+  1e16), so nothing pulls ``W`` back, and the state carried along the stream overflows float32.
+  The plain ``linear`` model needs no constraint: its linear readout turns a growing state into a
+  growing loss. The constraint changes training only; the exported model is the same
+  architecture, with a ``W`` whose state stays bounded on any stream.
 * ``isan_nobias``: the ISAN without its biases, ``h_t = W[x_t] h_{t-1}`` (paper: about 4.1 bpc),
   ``logits_t = W_ro h_t + b_ro``. Parameters: ``W`` (K, d, d), ``W_ro`` (V, d), ``b_ro`` (V,),
   ``h0`` (d,): ``K d^2 + V d + V + d``. The state is a linear function of ``h0`` alone
@@ -136,17 +145,36 @@ class LinearRNNNonlinearReadout(LinearRNN):
 
     Args:
         readout_hidden: width m of the readout's hidden layer (None: m = d).
+        w_max_norm: :meth:`constrain_` keeps the spectral norm of ``W`` at most this (None: no
+            constraint; the module docstring says why it is needed).
         (others as :class:`LinearRNN`)
+
+    Raises:
+        ValueError: ``readout_hidden`` < 1 or ``w_max_norm`` <= 0.
     """
 
     kind = "linear_nlro"
 
     def __init__(self, K: int, V: int, d: int, seed: int | None = None, init_scale: float = 0.95,
-                 readout_hidden: int | None = None):
+                 readout_hidden: int | None = None, w_max_norm: float | None = 1.0):
         self.m = int(readout_hidden) if readout_hidden is not None else int(d)
         if self.m < 1:
             raise ValueError(f"readout_hidden must be >= 1; got {readout_hidden}")
+        if w_max_norm is not None and not w_max_norm > 0:
+            raise ValueError(f"w_max_norm must be > 0 or None; got {w_max_norm}")
+        self.w_max_norm = None if w_max_norm is None else float(w_max_norm)
         super().__init__(K, V, d, seed=seed, init_scale=init_scale)
+
+    @torch.no_grad()
+    def constrain_(self) -> None:
+        """Project ``W`` onto ``{||W||_2 <= w_max_norm}`` in place (scale it down when its largest
+        singular value is above the bound; the nearest point of the ball in the spectral norm's
+        direction). The trainer calls this after every optimizer step."""
+        if self.w_max_norm is None:
+            return
+        s = torch.linalg.matrix_norm(self.W, ord=2)
+        if s > self.w_max_norm:
+            self.W.mul_(self.w_max_norm / s)
 
     def _init_readout(self, g) -> None:
         d, m = self.d, self.m
@@ -173,7 +201,7 @@ class LinearRNNNonlinearReadout(LinearRNN):
         return cls(K, V, largest_d(lambda d: cls.param_count(K, V, d, m), params, f"{cls.kind} with K={K}, V={V}"), **kw)
 
     def config(self) -> dict:
-        return {**super().config(), "readout": "tanh", "readout_hidden": self.m}
+        return {**super().config(), "readout": "tanh", "readout_hidden": self.m, "w_max_norm": self.w_max_norm}
 
     def readout(self, S: torch.Tensor) -> torch.Tensor:
         """Logits (..., V) of states S (..., d) through the tanh layer."""

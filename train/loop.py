@@ -145,6 +145,7 @@ class Trainer:
         self.model = build_model(cfg.model, K, V, d=cfg.d, params=cfg.params, seed=cfg.seed,
                                  **({"init_scale": cfg.init_scale} if cfg.init_scale is not None else {})).to(cfg.device)
         self.n_params = sum(p.numel() for p in self.model.parameters())
+        self.constrain = getattr(self.model, "constrain_", None)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay) \
             if cfg.weight_decay else torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
         self.progress = Progress(lr=cfg.lr)
@@ -296,6 +297,8 @@ class Trainer:
                     p.chunk += 1
                     continue
                 self.opt.step()
+                if self.constrain is not None:
+                    self.constrain()  # a model's constraint on its weights (linear_nlro: ||W||_2 <= 1)
                 self.carry = _detach(state)
                 p.train_seconds += time.perf_counter() - t0
                 p.chunk += 1

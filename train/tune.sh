@@ -7,12 +7,13 @@
 # train/table1.sh uses at 8e4 and moves to larger budgets as 1/d.
 # MODEL@S (irnn only) starts the recurrent matrix at S * I: the IRNN also tries 0.1 * I (Le et al. 2015
 # allow a scaled identity), because at 1 * I its state blows up in the first steps at every rate.
-# Usage (from the repository root): bash train/tune.sh [MODEL ...]   (default: isan rnn irnn irnn@0.1 gru lstm)
+# Usage (from the repository root): bash train/tune.sh [MODEL ...]
+#   (default: isan rnn irnn irnn@0.1 gru lstm linear linear_nlro isan_nobias; a log already there is kept)
 # Environment: GRID (rates), THREADS (torch CPU threads), DATA (text8 file).
 set -euo pipefail
 data=${DATA:-../shared/data/text8_head/text8_head.txt}
 grid=${GRID:-"8e-3 4e-3 2e-3 1e-3 5e-4 2.5e-4"}
-models=${*:-isan rnn irnn irnn@0.1 gru lstm}
+models=${*:-isan rnn irnn irnn@0.1 gru lstm linear linear_nlro isan_nobias}
 threads=${THREADS:+--threads $THREADS}
 out=results/table1/tuning
 mkdir -p "$out"
