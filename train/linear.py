@@ -167,9 +167,10 @@ class LinearRNNNonlinearReadout(LinearRNN):
 
     @torch.no_grad()
     def constrain_(self) -> None:
-        """Project ``W`` onto ``{||W||_2 <= w_max_norm}`` in place (scale it down when its largest
-        singular value is above the bound; the nearest point of the ball in the spectral norm's
-        direction). The trainer calls this after every optimizer step."""
+        """Bring ``W`` into ``{||W||_2 <= w_max_norm}`` in place: when its largest singular value is
+        above the bound, scale the whole matrix down to it (its direction kept; the nearest point of
+        the ball would clip only the singular values above the bound). The trainer calls this after
+        every optimizer step."""
         if self.w_max_norm is None:
             return
         s = torch.linalg.matrix_norm(self.W, ord=2)
