@@ -68,14 +68,22 @@ class _OneStateModel(nn.Module):
 
     kind = "?"
 
+    @staticmethod
+    def _count_args(kw: dict) -> tuple:
+        """Constructor options that change the parameter count, as extra ``param_count`` arguments."""
+        return ()
+
     @classmethod
     def for_budget(cls, K: int, V: int, params: float, **kw):
-        """The model with the largest d whose :meth:`param_count` is at most ``params``.
+        """The model with the largest d whose :meth:`param_count` (with the size options in ``kw``)
+        is at most ``params``.
 
         Raises:
             ValueError: not even d = 1 fits.
         """
-        return cls(K, V, largest_d(lambda d: cls.param_count(K, V, d), params, f"{cls.kind} with K={K}, V={V}"), **kw)
+        extra = cls._count_args(kw)
+        return cls(K, V, largest_d(lambda d: cls.param_count(K, V, d, *extra), params, f"{cls.kind} with K={K}, V={V}"),
+                   **kw)
 
     def config(self) -> dict:
         """JSON-able description of the architecture (the ``model`` field of checkpoints and bundles)."""
@@ -190,16 +198,10 @@ class LinearRNNNonlinearReadout(LinearRNN):
         m = d if readout_hidden is None else int(readout_hidden)
         return d * d + K * d + m * d + m + V * m + V + d
 
-    @classmethod
-    def for_budget(cls, K: int, V: int, params: float, **kw) -> "LinearRNNNonlinearReadout":
-        """The model with the largest d whose :meth:`param_count` is at most ``params``
-        (with ``readout_hidden`` from ``kw``, or m = d).
-
-        Raises:
-            ValueError: not even d = 1 fits.
-        """
-        m = kw.get("readout_hidden")
-        return cls(K, V, largest_d(lambda d: cls.param_count(K, V, d, m), params, f"{cls.kind} with K={K}, V={V}"), **kw)
+    @staticmethod
+    def _count_args(kw: dict) -> tuple:
+        """``readout_hidden`` from ``kw`` (None: m = d) for :meth:`param_count`."""
+        return (kw.get("readout_hidden"),)
 
     def config(self) -> dict:
         return {**super().config(), "readout": "tanh", "readout_hidden": self.m, "w_max_norm": self.w_max_norm}
