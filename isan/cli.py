@@ -400,8 +400,8 @@ def bench_budgets_cmd(model, data, budgets, repeats, out):
 
 @bench.command("train")
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8 file; chunks of the train split are used.")
-@click.option("--budgets", default="8e4,3.2e5,1.28e6", show_default=True, help="Comma-separated parameter budgets.")
-@click.option("--models", default="isan,rnn,irnn,gru,lstm", show_default=True)
+@click.option("--budgets", default=None, help="Comma-separated parameter budgets (default: Table 1's).")
+@click.option("--models", default=None, help="Comma-separated models (default: Table 1's five, the ISAN first).")
 @click.option("--batch", type=int, default=32, show_default=True, help="Streams B (the Table 1 protocol's).")
 @click.option("--steps", type=int, default=5, show_default=True, help="Optimizer steps per timing.")
 @click.option("--repeats", type=int, default=3, show_default=True)
@@ -423,18 +423,21 @@ def bench_train_cmd(data, budgets, models, batch, steps, repeats, reference, thr
     from isan.engine.data import read_text8_split
     from isan.train.models import MODELS
 
-    names = tuple(m.strip() for m in models.split(",") if m.strip())
-    unknown = [m for m in names if m not in MODELS]
-    if unknown or not names:
-        raise click.BadParameter(f"unknown model(s) {unknown}; choose from {', '.join(MODELS)}", param_hint="--models")
-    try:
-        pairs = [(b.strip(), float(b)) for b in budgets.split(",") if b.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{budgets!r} is not a comma-separated list of numbers", param_hint="--budgets") from None
+    chosen = {}  # only what was given; bench_train's defaults are Table 1's budgets and models
+    if models is not None:
+        names = tuple(m.strip() for m in models.split(",") if m.strip())
+        unknown = [m for m in names if m not in MODELS]
+        if unknown or not names:
+            raise click.BadParameter(f"unknown model(s) {unknown}; choose from {', '.join(MODELS)}", param_hint="--models")
+        chosen["models"] = names
+    if budgets is not None:
+        try:
+            chosen["budgets"] = [(b.strip(), float(b)) for b in budgets.split(",") if b.strip()]
+        except ValueError:
+            raise click.BadParameter(f"{budgets!r} is not a comma-separated list of numbers", param_hint="--budgets") from None
     ids = Alphabet.text8().encode(read_text8_split(data, "train")[:2_000_000]).astype(np.int64)
-    result = bench_train(ids, pairs, names, batch=batch,
-                         steps=steps, repeats=repeats, reference=reference, threads=threads,
-                         log=lambda m: click.echo(m, err=True))
+    result = bench_train(ids, **chosen, batch=batch, steps=steps, repeats=repeats, reference=reference,
+                         threads=threads, log=lambda m: click.echo(m, err=True))
     write_json(result, out)
     click.echo(markdown_train(result))
     click.echo(f"\nwrote {out}")
