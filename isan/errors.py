@@ -36,3 +36,20 @@ class CheckpointError(IsanError, ValueError):
 
 class AttributionCheckError(IsanError, ArithmeticError):
     """``b_ro + sum_s kappa[t, s]`` did not reproduce the logits within tolerance."""
+
+
+class StateDivergedError(IsanError, ArithmeticError):
+    """The recurrent state left the range where scoring means anything (it overflows, or the bits
+    are not finite). Some letters' matrices have spectral radius above 1 (text8 model: 'z' 2.17),
+    so long repeats of them make the state grow without bound.
+
+    Attributes:
+        offset: index (in the scored text, after normalisation) of the first character whose
+            state is out of range, or None when it could not be located.
+        cause: a short phrase, e.g. ``"state overflow (|h| > 1e+04)"`` or ``"non-finite bits"``.
+    """
+
+    def __init__(self, message: str, offset: int | None = None, cause: str | None = None):
+        super().__init__(message)
+        self.offset = offset
+        self.cause = cause

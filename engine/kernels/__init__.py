@@ -1,0 +1,67 @@
+"""Compiled kernels of the engine and, beside each, its numpy twin with the same signature.
+
+* :mod:`~isan.engine.kernels.streams`: many state rows advanced together, grouped by symbol
+  (batches of texts; chunk-parallel scoring of one long text), ``run_streams`` /
+  ``run_streams_ref``.
+* :mod:`~isan.engine.kernels.sequential`: one stream through a composed trie table,
+  ``seq_composed`` / ``seq_composed_ref``.
+* :mod:`~isan.engine.kernels.chunked`: exact chunk-parallel scoring of long texts, built on
+  ``run_streams``.
+
+The compiled module ``_native`` is a C extension built by the package install (setup.py). Where
+it is missing or cannot load, every kernel runs its numpy twin and :func:`native_status` says why;
+the engine logs that once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+try:  # the C extension is optional: the install succeeds without a compiler
+    from isan.engine.kernels import _native  # type: ignore[attr-defined]
+
+    _NATIVE_ERROR: str | None = None
+except ImportError as e:  # pragma: no cover - depends on the install
+    _native = None
+    _NATIVE_ERROR = f"{e}"
+
+_warned = False
+
+
+def native():
+    """The compiled module, or None (then the numpy twins run). Logs the reason once."""
+    global _warned
+    if _native is None and not _warned and os.environ.get("ISAN_KERNELS", "") != "numpy":
+        _warned = True
+        log.warning("isan's compiled kernels are not available (%s); running the numpy kernels, which are "
+                    "several times slower. Reinstall with a C compiler present (pip install --force-reinstall .) "
+                    "to build them.", _NATIVE_ERROR)
+    if os.environ.get("ISAN_KERNELS", "") == "numpy":
+        return None
+    return _native
+
+
+def native_status() -> dict:
+    """{"available": bool, "isa": "avx512"|"avx2"|"generic"|None, "error": str|None, "threads": int}."""
+    mod = _native
+    return {"available": mod is not None and os.environ.get("ISAN_KERNELS", "") != "numpy",
+            "isa": mod.isa() if mod is not None else None,
+            "error": _NATIVE_ERROR if mod is None else None,
+            "threads": default_threads()}
+
+
+def default_threads() -> int:
+    """Threads for the kernels: ``$ISAN_NUM_THREADS``, else the CPUs this process may run on."""
+    env = os.environ.get("ISAN_NUM_THREADS")
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            log.warning("ISAN_NUM_THREADS=%r is not an integer; ignoring it", env)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)

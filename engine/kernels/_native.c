@@ -1,0 +1,671 @@
+/* isan.engine.kernels._native: the compiled hot loops of the engine.
+ *
+ * Two kernels, each with a numpy twin of the same signature (isan/engine/kernels/streams.py and
+ * sequential.py) that the tests hold it equal to:
+ *
+ * run_streams: many independent state rows advanced together, one step per round, the rows of
+ *   each round grouped by input symbol so that each symbol's matrix serves all its rows in one
+ *   register-blocked GEMM. Used for batches of texts and for chunk-parallel scoring of one long
+ *   text (each chunk a row). With pairs (chunk-parallel correction), rows [P, 2P) are error rows
+ *   that follow rows [0, P) through the same symbols without bias and without readout, and a pair
+ *   stops once its error is small against its state.
+ *   Threads share every round: each owns a slice of output columns of every GEMM and a slice of
+ *   the rows' readouts, with two barriers a round; no Python and no GIL inside.
+ *
+ * seq_composed: one stream through a trie table: for each match (entry e, k characters) the k
+ *   readouts [R_i | r_i] [h; 1] and the jump h <- [A | c] [h; 1] (float32 or float16 storage).
+ *
+ * Layout (row-vector convention, homogeneous coordinate): a state row is [h_0 .. h_{d-1}, 1, 0...]
+ * of dp = roundup(d + 1, 16) floats; WT[x] (dp, dp) holds [[W[x], b[x]], [0, 1]] transposed, so
+ * row @ WT[x] is the next state row (an error row carries 0 in place of 1: no bias). RoT (dp, Vp)
+ * holds [W_ro | b_ro] transposed, so row @ RoT are the logits (Vp = roundup(V, 16)).
+ *
+ * Instruction sets: the kernels are compiled for AVX-512, AVX2+FMA+F16C and a portable baseline,
+ * and the best one the CPU supports is chosen when the module loads (isa() tells which).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define ISAN_X86 1
+#include <immintrin.h>
+#define CPU_RELAX() __builtin_ia32_pause()
+#else
+#define ISAN_X86 0
+#define CPU_RELAX() ((void)0)
+#endif
+
+/* 8-wide vectors in the portable variant are emulated; GCC notes that their ABI differs. */
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+/* IEEE half to float (portable; the x86 variants use F16C instead). */
+static inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal half: normalise */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) { man <<= 1; exp--; }
+            man &= 0x3ff;
+            bits = sign | (exp << 23) | (man << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+typedef struct {
+    const char *name;
+    int vl, mr, nvm;
+    void (*gemm_rows)(int n, const float *const *A, const float *B, int kd, int j0, int j1, float *const *C);
+    double (*lse_bits)(float *l, int V, int Vp, int target);
+    void (*matvec_f32)(const float *M, int rows, int kd, const float *x, float *y);
+    void (*matvec_f16)(const uint16_t *M, int rows, int kd, const float *x, float *y);
+    int (*row_ok)(const float *h, int n, float limit);
+    float (*row_absmax)(const float *h, int n);
+} Kernels;
+
+/* ---- the portable baseline ---- */
+#define SFX(name) name##_generic
+#define VL 4
+#define MR 4
+#define NVM 2
+#define HAVE_F16C 0
+#define KERNEL_NAME "generic"
+#include "kern_impl.h"
+#undef SFX
+#undef VL
+#undef MR
+#undef NVM
+#undef HAVE_F16C
+#undef KERNEL_NAME
+
+#if ISAN_X86
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#define SFX(name) name##_avx2
+#define VL 8
+#define MR 6
+#define NVM 2
+#define HAVE_F16C 1
+#define KERNEL_NAME "avx2"
+#include "kern_impl.h"
+#undef SFX
+#undef VL
+#undef MR
+#undef NVM
+#undef HAVE_F16C
+#undef KERNEL_NAME
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx2,fma,f16c")
+#define SFX(name) name##_avx512
+#define VL 16
+#define MR 6
+#define NVM 4
+#define HAVE_F16C 1
+#define KERNEL_NAME "avx512"
+#include "kern_impl.h"
+#undef SFX
+#undef VL
+#undef MR
+#undef NVM
+#undef HAVE_F16C
+#undef KERNEL_NAME
+#pragma GCC pop_options
+#endif
+
+static const Kernels *KERN = &kernels_generic;
+
+static const Kernels *choose_kernels(const char *want) {
+    if (want && strcmp(want, "generic") == 0) return &kernels_generic;
+#if ISAN_X86
+    __builtin_cpu_init();
+    const int has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                         __builtin_cpu_supports("f16c");
+    const int has_avx512 = has_avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+    if (want && strcmp(want, "avx2") == 0) return has_avx2 ? &kernels_avx2 : NULL;
+    if (want && strcmp(want, "avx512") == 0) return has_avx512 ? &kernels_avx512 : NULL;
+    if (want && *want) return NULL;
+    if (has_avx512) return &kernels_avx512;
+    if (has_avx2) return &kernels_avx2;
+#else
+    if (want && *want) return NULL;
+#endif
+    return &kernels_generic;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Threads: a parallel region is nt threads (the caller is thread 0), joined at the end. Inside,
+ * a sense-reversing barrier that spins briefly and then yields (the machine may be shared).
+ * ------------------------------------------------------------------------------------------ */
+typedef struct {
+    atomic_int count;
+    atomic_int sense;
+    int n;
+} Barrier;
+
+static void barrier_init(Barrier *b, int n) {
+    atomic_init(&b->count, 0);
+    atomic_init(&b->sense, 0);
+    b->n = n;
+}
+
+static void barrier_wait(Barrier *b, int *local_sense) {
+    if (b->n <= 1) return;
+    const int s = !*local_sense;
+    *local_sense = s;
+    if (atomic_fetch_add_explicit(&b->count, 1, memory_order_acq_rel) == b->n - 1) {
+        atomic_store_explicit(&b->count, 0, memory_order_relaxed);
+        atomic_store_explicit(&b->sense, s, memory_order_release);
+    } else {
+        int spins = 0;
+        while (atomic_load_explicit(&b->sense, memory_order_acquire) != s) {
+            if (++spins < 20000) CPU_RELAX();
+            else sched_yield();
+        }
+    }
+}
+
+typedef void (*WorkFn)(void *arg, int tid, int nt);
+
+typedef struct {
+    WorkFn fn;
+    void *arg;
+    int tid;
+    atomic_int *go;
+    const int *nt;
+} ThreadArg;
+
+static void *thread_main(void *p) {
+    ThreadArg *t = (ThreadArg *)p;
+    int spins = 0;
+    while (!atomic_load_explicit(t->go, memory_order_acquire)) {
+        if (++spins < 20000) CPU_RELAX();
+        else sched_yield();
+    }
+    t->fn(t->arg, t->tid, *t->nt);
+    return NULL;
+}
+
+/* Run fn(arg, tid, nt) on up to nt threads (the caller is thread 0). Threads are created first
+ * and released together once their number is known, so if the system refuses a thread the work
+ * is shared among those that exist. set_nt(arg, n) is called with the final count before any
+ * work starts. Returns the count. */
+static int run_parallel(WorkFn fn, void *arg, int nt, void (*set_nt)(void *, int)) {
+    if (nt < 1) nt = 1;
+    if (nt > 64) nt = 64;
+    pthread_t th[64];
+    ThreadArg ta[64];
+    atomic_int go;
+    atomic_init(&go, 0);
+    int created = 1, final_nt = 1;
+    for (int t = 1; t < nt; t++) {
+        ta[t] = (ThreadArg){fn, arg, t, &go, &final_nt};
+        if (pthread_create(&th[t], NULL, thread_main, &ta[t]) != 0) break;
+        created++;
+    }
+    final_nt = created;
+    set_nt(arg, created);
+    atomic_store_explicit(&go, 1, memory_order_release);
+    fn(arg, 0, created);
+    for (int t = 1; t < created; t++) pthread_join(th[t], NULL);
+    return created;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * run_streams
+ *
+ * Two ways to share the work among threads:
+ *   split by columns (ROWS_SHARED): every thread schedules all rows; in each round it computes its
+ *     own slice of output columns of every symbol group and the readouts of its share of the rows;
+ *     one barrier a round. Every symbol group is as large as it can be and each thread reads only
+ *     its slice of each matrix: best when rows are few.
+ *   split by rows: each thread owns a contiguous block of rows and runs them alone, no barrier:
+ *     best when rows are many.
+ * Either way each thread builds its own copy of the round's schedule (the same one, from the
+ * same data), so no thread waits for another between rounds except at the barrier.
+ * ------------------------------------------------------------------------------------------ */
+typedef struct {
+    const Kernels *K;
+    const float *WT, *RoT;
+    int nsym, V, Vp, d, dp, kd;
+    int P;          /* true rows: 0..P-1 */
+    int pairs;      /* 1: rows P..2P-1 are error rows paired with 0..P-1 */
+    int split_cols; /* 1: split by columns, 0: by rows */
+    const int32_t *ids;
+    const int64_t *start, *len;
+    float *H, *Hb;  /* (rows, dp) state rows (in: initial, out: final) and scratch of the same shape */
+    double *bits;   /* NULL: no readout */
+    float stop_ratio; /* pairs: stop once max|e| <= stop_ratio * max(1, max|h|) */
+    int check_every;
+    float limit;
+    int64_t *steps_done; /* (P,) */
+    float *residual;     /* (P,) */
+    int64_t *diverged;   /* (P,) round t at which the state before character t is out of range; -1 */
+    int nt;
+    Barrier bar;
+    /* divergences found in a round's readouts, per round parity and thread: (row, round) pairs */
+    int64_t *div_list[2][64];
+    int div_n[2][64];
+    int64_t total_steps[64];
+    int fail; /* allocation failure in a thread */
+} StreamsJob;
+
+typedef struct { /* one thread's schedule */
+    int *active, n_active;
+    int *grp_start;
+    const float **Aptr;
+    float **Cptr;
+    char *dead;
+    int r0, r1; /* rows this thread schedules (all rows when split by columns) */
+} Sched;
+
+/* Between rounds: drop rows that diverged, finished or (pairs) converged; group the rest by
+ * symbol. Only thread 0 writes the shared outputs when split by columns (the others reach the
+ * same decisions). */
+static void sched_round(StreamsJob *J, Sched *S, int64_t t, int tid, int writes) {
+    float *cur = (t & 1) ? J->Hb : J->H;
+    float *nxt = (t & 1) ? J->H : J->Hb;
+    const int P = J->P, dp = J->dp;
+    if (t > 0) { /* divergences recorded during the previous round, by every thread */
+        const int par = (int)((t - 1) & 1);
+        for (int q = 0; q < J->nt; q++)
+            for (int k = 0; k < J->div_n[par][q]; k++) {
+                const int64_t s = J->div_list[par][q][2 * k];
+                if (s >= S->r0 && s < S->r1) {
+                    S->dead[s - S->r0] = 1;
+                    if (writes) J->diverged[s] = J->div_list[par][q][2 * k + 1];
+                }
+            }
+    }
+    int n = 0;
+    const int check = J->pairs && t > 0 && (t % J->check_every == 0);
+    for (int a = 0; a < S->n_active; a++) {
+        const int s = S->active[a];
+        int stop = 0;
+        int64_t done = t;
+        if (S->dead[s - S->r0]) stop = 1;
+        else if (t >= J->len[s]) { stop = 1; done = J->len[s]; }
+        else if (check) {
+            /* over the whole row: the homogeneous 1 floors max|h| at 1 (the error row has 0 there) */
+            const float mh = J->K->row_absmax(cur + (size_t)s * dp, dp);
+            const float me = J->K->row_absmax(cur + (size_t)(s + P) * dp, dp);
+            const float r = me / mh;
+            if (writes) J->residual[s] = r;
+            if (r <= J->stop_ratio) stop = 1;
+        }
+        if (stop) {
+            if (writes) {
+                J->steps_done[s] = done;
+                if (t & 1) { /* the final state is in Hb: bring it to H */
+                    memcpy(J->H + (size_t)s * dp, J->Hb + (size_t)s * dp, sizeof(float) * dp);
+                    if (J->pairs) memcpy(J->H + (size_t)(s + P) * dp, J->Hb + (size_t)(s + P) * dp, sizeof(float) * dp);
+                }
+            }
+            continue;
+        }
+        S->active[n++] = s;
+    }
+    S->n_active = n;
+    int *cnt = S->grp_start;
+    memset(cnt, 0, sizeof(int) * (J->nsym + 1));
+    for (int a = 0; a < n; a++) {
+        const int s = S->active[a];
+        cnt[J->ids[J->start[s] + t] + 1] += J->pairs ? 2 : 1;
+    }
+    for (int x = 0; x < J->nsym; x++) cnt[x + 1] += cnt[x];
+    for (int a = 0; a < n; a++) { /* stable fill: cnt[x] walks from group x's start to its end */
+        const int s = S->active[a];
+        const int x = J->ids[J->start[s] + t];
+        int p = cnt[x]++;
+        S->Aptr[p] = cur + (size_t)s * dp;
+        S->Cptr[p] = nxt + (size_t)s * dp;
+        if (J->pairs) {
+            p = cnt[x]++;
+            S->Aptr[p] = cur + (size_t)(s + P) * dp;
+            S->Cptr[p] = nxt + (size_t)(s + P) * dp;
+        }
+    }
+    for (int x = J->nsym; x > 0; x--) cnt[x] = cnt[x - 1]; /* back to group starts */
+    cnt[0] = 0;
+}
+
+static void streams_set_nt(void *arg, int nt) {
+    StreamsJob *J = (StreamsJob *)arg;
+    J->nt = nt;
+    barrier_init(&J->bar, J->split_cols ? nt : 1);
+}
+
+static void streams_work(void *arg, int tid, int nt) {
+    StreamsJob *J = (StreamsJob *)arg;
+    const Kernels *K = J->K;
+    int sense = 0;
+    const int dp = J->dp, kd = J->kd, Vp = J->Vp, V = J->V, P = J->P;
+    const int cols = J->split_cols;
+    Sched S;
+    S.r0 = cols ? 0 : (int)((int64_t)P * tid / nt);
+    S.r1 = cols ? P : (int)((int64_t)P * (tid + 1) / nt);
+    const int nr = S.r1 - S.r0, rows = J->pairs ? 2 * nr : nr;
+    /* this thread's output columns: slices of 16 floats (all columns when split by rows) */
+    const int blocks = dp / 16;
+    const int j0 = cols ? 16 * (blocks * tid / nt) : 0, j1 = cols ? 16 * (blocks * (tid + 1) / nt) : dp;
+    const int writes = !cols || tid == 0;
+    S.active = (int *)malloc(sizeof(int) * (nr + 1));
+    S.grp_start = (int *)malloc(sizeof(int) * (J->nsym + 1));
+    S.Aptr = (const float **)malloc(sizeof(float *) * (rows + 1));
+    S.Cptr = (float **)malloc(sizeof(float *) * (rows + 1));
+    S.dead = (char *)calloc(nr + 1, 1);
+    float *scr = (float *)aligned_alloc(64, sizeof(float) * 64 * Vp);
+    float *sp[64];
+    const float *ap[64];
+    int64_t *dl[2] = {(int64_t *)malloc(sizeof(int64_t) * 2 * (nr + 1)), (int64_t *)malloc(sizeof(int64_t) * 2 * (nr + 1))};
+    int ok = S.active && S.grp_start && S.Aptr && S.Cptr && S.dead && scr && dl[0] && dl[1];
+    if (!ok) J->fail = 1;
+    J->div_list[0][tid] = dl[0];
+    J->div_list[1][tid] = dl[1];
+    J->div_n[0][tid] = J->div_n[1][tid] = 0;
+    J->total_steps[tid] = 0;
+    barrier_wait(&J->bar, &sense); /* every thread's lists exist, and J->fail is final */
+    if (!J->fail) {
+        for (int i = 0; i < 64; i++) sp[i] = scr + (size_t)i * Vp;
+        for (int s = S.r0; s < S.r1; s++) S.active[s - S.r0] = s;
+        S.n_active = nr;
+        for (int64_t t = 0;; t++) {
+            sched_round(J, &S, t, tid, writes);
+            const int n = S.n_active;
+            if (n == 0) break;
+            const float *cur = (t & 1) ? J->Hb : J->H;
+            const int par = (int)(t & 1);
+            J->div_n[par][tid] = 0;
+            /* range check and readout of this thread's share of the active true rows */
+            const int a0 = cols ? (int)((int64_t)n * tid / nt) : 0, a1 = cols ? (int)((int64_t)n * (tid + 1) / nt) : n;
+            for (int b0 = a0; b0 < a1; b0 += 64) {
+                const int nb = a1 - b0 < 64 ? a1 - b0 : 64;
+                for (int i = 0; i < nb; i++) ap[i] = cur + (size_t)S.active[b0 + i] * dp;
+                double bl[64];
+                if (J->bits) {
+                    K->gemm_rows(nb, ap, J->RoT, kd, 0, Vp, sp);
+                    for (int i = 0; i < nb; i++) {
+                        const int64_t pos = J->start[S.active[b0 + i]] + t;
+                        bl[i] = K->lse_bits(sp[i], V, Vp, J->ids[pos]);
+                        J->bits[pos] = bl[i];
+                    }
+                }
+                for (int i = 0; i < nb; i++) {
+                    if (!K->row_ok(ap[i], dp, J->limit) || (J->bits && !isfinite(bl[i]))) {
+                        const int k = J->div_n[par][tid]++;
+                        dl[par][2 * k] = S.active[b0 + i];
+                        dl[par][2 * k + 1] = t;
+                    }
+                }
+            }
+            /* the step: this thread's columns of every symbol group */
+            if (j1 > j0) {
+                for (int x = 0; x < J->nsym; x++) {
+                    const int g0 = S.grp_start[x], g1 = S.grp_start[x + 1];
+                    if (g1 > g0)
+                        K->gemm_rows(g1 - g0, S.Aptr + g0, J->WT + (size_t)x * dp * kd, kd, j0, j1, S.Cptr + g0);
+                }
+            }
+            if (writes) J->total_steps[tid] += n;
+            barrier_wait(&J->bar, &sense);
+        }
+    }
+    barrier_wait(&J->bar, &sense); /* nobody frees a divergence list another may still read */
+    free(S.active); free(S.grp_start); free(S.Aptr); free(S.Cptr); free(S.dead); free(scr);
+    free(dl[0]); free(dl[1]);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * seq_composed: one stream through the table. Returns the index of the first jump whose
+ * resulting state is out of range (or whose bits are not finite), or -1.
+ * ------------------------------------------------------------------------------------------ */
+typedef struct {
+    const Kernels *K;
+    const void *Ac, *R;
+    int f16;
+    const int64_t *offsets, *lengths, *entries;
+    int64_t n_matches;
+    const int32_t *ids;
+    int d, V, kd, max_len;
+    float *h;     /* (kd + 8,) in/out: [h; 1; 0...] */
+    double *bits; /* NULL: ingest only */
+    float limit;
+} SeqJob;
+
+static int64_t seq_run(const SeqJob *J) {
+    const Kernels *K = J->K;
+    const int d = J->d, V = J->V, kd = J->kd;
+    const int Vp = (V + 15) & ~15;
+    size_t nbuf = sizeof(float) * (size_t)(2 * (kd + 16) + J->max_len * V + Vp + 16);
+    nbuf = (nbuf + 63) & ~(size_t)63;
+    float *buf = (float *)aligned_alloc(64, nbuf);
+    if (!buf) return -2;
+    float *h = buf, *hn = buf + kd + 16, *logits = hn + kd + 16, *l1 = logits + (size_t)J->max_len * V;
+    memcpy(h, J->h, sizeof(float) * kd);
+    for (int i = kd; i < kd + 16; i++) h[i] = hn[i] = 0.0f;
+    h[d] = 1.0f;
+    int64_t pos = 0, bad = -1;
+    for (int64_t j = 0; j < J->n_matches; j++) {
+        const int64_t e = J->entries[j];
+        const int k = (int)J->lengths[e];
+        const size_t roff = (size_t)J->offsets[e] * V * kd, aoff = (size_t)e * d * kd;
+        if (J->bits) {
+            if (J->f16) K->matvec_f16((const uint16_t *)J->R + roff, k * V, kd, h, logits);
+            else K->matvec_f32((const float *)J->R + roff, k * V, kd, h, logits);
+            for (int i = 0; i < k; i++) {
+                memcpy(l1, logits + (size_t)i * V, sizeof(float) * V);
+                const double b = K->lse_bits(l1, V, Vp, J->ids[pos + i]);
+                J->bits[pos + i] = b;
+                if (!isfinite(b) && bad < 0) bad = j;
+            }
+        }
+        if (J->f16) K->matvec_f16((const uint16_t *)J->Ac + aoff, d, kd, h, hn);
+        else K->matvec_f32((const float *)J->Ac + aoff, d, kd, h, hn);
+        hn[d] = 1.0f;
+        float *tmp = h; h = hn; hn = tmp;
+        pos += k;
+        if (!K->row_ok(h, (kd + 15) & ~15, J->limit)) { bad = j; break; }
+        if (bad >= 0) break;
+    }
+    memcpy(J->h, h, sizeof(float) * kd);
+    free(buf);
+    return bad;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Python bindings. The wrappers in streams.py / sequential.py check dtypes, shapes and
+ * contiguity; here every buffer's size is checked again against what is read or written.
+ * ------------------------------------------------------------------------------------------ */
+static int need(Py_buffer *b, Py_ssize_t bytes, const char *name) {
+    if (b->len < bytes) {
+        PyErr_Format(PyExc_ValueError, "%s has %zd bytes; the kernel needs %zd", name, b->len, bytes);
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *py_run_streams(PyObject *self, PyObject *args) {
+    Py_buffer WT, RoT, ids, start, len, H, Hb, bits, steps_done, residual, diverged;
+    int nsym, V, Vp, d, dp, P, pairs, check_every, nt, want_bits, split_cols;
+    float stop_ratio, limit;
+    if (!PyArg_ParseTuple(args, "y*y*iiiiiy*y*y*w*w*w*iiffiw*w*w*iii", &WT, &RoT, &nsym, &V, &Vp, &d, &dp, &ids,
+                          &start, &len, &H, &Hb, &bits, &P, &pairs, &stop_ratio, &limit, &check_every,
+                          &steps_done, &residual, &diverged, &nt, &want_bits, &split_cols))
+        return NULL;
+    PyObject *ret = NULL;
+    const int rows = pairs ? 2 * P : P;
+    int ok = need(&WT, (Py_ssize_t)nsym * dp * (d + 1) * 4, "WT") && need(&RoT, (Py_ssize_t)(d + 1) * Vp * 4, "RoT") &&
+             need(&start, (Py_ssize_t)P * 8, "start") && need(&len, (Py_ssize_t)P * 8, "len") &&
+             need(&H, (Py_ssize_t)rows * dp * 4, "H") && need(&Hb, (Py_ssize_t)rows * dp * 4, "Hb") &&
+             need(&steps_done, (Py_ssize_t)P * 8, "steps_done") && need(&residual, (Py_ssize_t)P * 4, "residual") &&
+             need(&diverged, (Py_ssize_t)P * 8, "diverged");
+    if (ok && (dp % 16 || dp < d + 1 || Vp % 16 || Vp < V || check_every < 1 || nsym < 1 || nsym > 65536)) {
+        PyErr_SetString(PyExc_ValueError, "run_streams: inconsistent sizes");
+        ok = 0;
+    }
+    if (ok) { /* every position read must lie inside ids and bits */
+        const int64_t *st = (const int64_t *)start.buf, *ln = (const int64_t *)len.buf;
+        const Py_ssize_t n_ids = ids.len / 4;
+        const int32_t *xi = (const int32_t *)ids.buf;
+        for (int s = 0; s < P && ok; s++) {
+            if (st[s] < 0 || ln[s] < 0 || st[s] + ln[s] > n_ids) { PyErr_SetString(PyExc_ValueError, "run_streams: a row reads outside ids"); ok = 0; }
+            if (ok && want_bits && (st[s] + ln[s]) * 8 > bits.len) { PyErr_SetString(PyExc_ValueError, "run_streams: bits is too short"); ok = 0; }
+            for (int64_t t = 0; ok && t < ln[s]; t++)
+                if (xi[st[s] + t] < 0 || xi[st[s] + t] >= nsym) { PyErr_SetString(PyExc_ValueError, "run_streams: a symbol id is out of range"); ok = 0; }
+        }
+    }
+    if (ok) {
+        StreamsJob *J = (StreamsJob *)calloc(1, sizeof(StreamsJob));
+        if (!J) {
+            PyErr_NoMemory();
+        } else {
+            J->K = KERN;
+            J->WT = (const float *)WT.buf; J->RoT = (const float *)RoT.buf;
+            J->nsym = nsym; J->V = V; J->Vp = Vp; J->d = d; J->dp = dp; J->kd = d + 1;
+            J->P = P; J->pairs = pairs; J->split_cols = split_cols; J->ids = (const int32_t *)ids.buf;
+            J->start = (const int64_t *)start.buf; J->len = (const int64_t *)len.buf;
+            J->H = (float *)H.buf; J->Hb = (float *)Hb.buf;
+            J->bits = want_bits ? (double *)bits.buf : NULL;
+            J->stop_ratio = stop_ratio; J->check_every = check_every; J->limit = limit;
+            J->steps_done = (int64_t *)steps_done.buf; J->residual = (float *)residual.buf;
+            J->diverged = (int64_t *)diverged.buf;
+            for (int s = 0; s < P; s++) {
+                J->diverged[s] = -1;
+                J->residual[s] = INFINITY;
+                J->steps_done[s] = 0;
+            }
+            if (nt < 1) nt = 1;
+            if (nt > 64) nt = 64;
+            if (!split_cols && nt > P) nt = P > 0 ? P : 1;
+            long long total = 0;
+            Py_BEGIN_ALLOW_THREADS
+            const int used = run_parallel(streams_work, J, nt, streams_set_nt);
+            for (int q = 0; q < used; q++) total += J->total_steps[q];
+            /* range check of the final states */
+            if (!J->fail)
+                for (int s = 0; s < P; s++)
+                    if (J->diverged[s] < 0 && !KERN->row_ok(J->H + (size_t)s * dp, dp, limit))
+                        J->diverged[s] = J->steps_done[s];
+            Py_END_ALLOW_THREADS
+            if (J->fail) PyErr_NoMemory();
+            else ret = Py_BuildValue("L", total);
+            free(J);
+        }
+    }
+    PyBuffer_Release(&WT); PyBuffer_Release(&RoT); PyBuffer_Release(&ids); PyBuffer_Release(&start);
+    PyBuffer_Release(&len); PyBuffer_Release(&H); PyBuffer_Release(&Hb); PyBuffer_Release(&bits);
+    PyBuffer_Release(&steps_done); PyBuffer_Release(&residual); PyBuffer_Release(&diverged);
+    return ret;
+}
+
+static PyObject *py_seq_composed(PyObject *self, PyObject *args) {
+    Py_buffer Ac, R, offsets, lengths, entries, ids, h, bits;
+    int f16, d, V, max_len, want_bits;
+    float limit;
+    if (!PyArg_ParseTuple(args, "y*y*iy*y*y*y*iiiw*w*if", &Ac, &R, &f16, &offsets, &lengths, &entries, &ids, &d, &V,
+                          &max_len, &h, &bits, &want_bits, &limit))
+        return NULL;
+    PyObject *ret = NULL;
+    const int kd = d + 1, isz = f16 ? 2 : 4;
+    const Py_ssize_t n_ent = lengths.len / 8, n_m = entries.len / 8, n_rows = R.len / ((Py_ssize_t)V * kd * isz);
+    int ok = need(&offsets, n_ent * 8, "offsets") && need(&h, (Py_ssize_t)kd * 4, "h");
+    const int64_t *ent = (const int64_t *)entries.buf, *ln = (const int64_t *)lengths.buf, *of = (const int64_t *)offsets.buf;
+    int64_t total = 0;
+    for (Py_ssize_t j = 0; ok && j < n_m; j++) {
+        const int64_t e = ent[j];
+        if (e < 0 || e >= n_ent || (e + 1) * (Py_ssize_t)d * kd * isz > Ac.len || ln[e] < 1 || ln[e] > max_len ||
+            of[e] < 0 || of[e] + ln[e] > n_rows) {
+            PyErr_SetString(PyExc_ValueError, "seq_composed: an entry is out of range of the table");
+            ok = 0;
+        }
+        total += ok ? ln[e] : 0;
+    }
+    if (ok && (total > ids.len / 4 || (want_bits && total * 8 > bits.len))) {
+        PyErr_SetString(PyExc_ValueError, "seq_composed: ids or bits shorter than the matches");
+        ok = 0;
+    }
+    if (ok) {
+        SeqJob J = {KERN, Ac.buf, R.buf, f16, of, ln, ent, (int64_t)n_m, (const int32_t *)ids.buf,
+                    d, V, kd, max_len, (float *)h.buf, want_bits ? (double *)bits.buf : NULL, limit};
+        int64_t bad;
+        Py_BEGIN_ALLOW_THREADS
+        bad = seq_run(&J);
+        Py_END_ALLOW_THREADS
+        if (bad == -2) PyErr_NoMemory();
+        else ret = Py_BuildValue("L", (long long)bad);
+    }
+    PyBuffer_Release(&Ac); PyBuffer_Release(&R); PyBuffer_Release(&offsets); PyBuffer_Release(&lengths);
+    PyBuffer_Release(&entries); PyBuffer_Release(&ids); PyBuffer_Release(&h); PyBuffer_Release(&bits);
+    return ret;
+}
+
+static PyObject *py_greedy_segment(PyObject *self, PyObject *args) {
+    Py_buffer M, starts;
+    if (!PyArg_ParseTuple(args, "y*w*", &M, &starts)) return NULL;
+    const int64_t *m = (const int64_t *)M.buf;
+    int64_t *st = (int64_t *)starts.buf;
+    const Py_ssize_t N = M.len / 8, cap = starts.len / 8;
+    Py_ssize_t i = 0, n = 0;
+    int ok = 1;
+    while (i < N) {
+        if (n >= cap || m[i] < 1) { ok = 0; break; }
+        st[n++] = i;
+        i += m[i];
+    }
+    PyBuffer_Release(&M);
+    PyBuffer_Release(&starts);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "greedy_segment: match lengths must be >= 1 and starts large enough");
+        return NULL;
+    }
+    return PyLong_FromSsize_t(n);
+}
+
+static PyObject *py_isa(PyObject *self, PyObject *noargs) { return PyUnicode_FromString(KERN->name); }
+
+static PyObject *py_set_isa(PyObject *self, PyObject *args) {
+    const char *want;
+    if (!PyArg_ParseTuple(args, "s", &want)) return NULL;
+    const Kernels *k = choose_kernels(want);
+    if (!k) {
+        PyErr_Format(PyExc_ValueError, "instruction set %s is not available on this CPU", want);
+        return NULL;
+    }
+    KERN = k;
+    return PyUnicode_FromString(KERN->name);
+}
+
+static PyMethodDef methods[] = {
+    {"run_streams", py_run_streams, METH_VARARGS, "Grouped multi-row scoring (see streams.py)."},
+    {"seq_composed", py_seq_composed, METH_VARARGS, "One stream through a trie table (see sequential.py)."},
+    {"greedy_segment", py_greedy_segment, METH_VARARGS, "Greedy longest-match starts from match lengths."},
+    {"isa", py_isa, METH_NOARGS, "The instruction set the kernels run with."},
+    {"set_isa", py_set_isa, METH_VARARGS, "Choose the instruction set: generic, avx2 or avx512 (tests)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", "isan's compiled kernels.", -1, methods,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    KERN = choose_kernels(NULL);
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,284 @@
+"""Exact chunk-parallel scoring of long texts (and batches of texts) with :func:`run_streams`.
+
+The ISAN is affine and forgets its start state fast (DESIGN.md section 6: a perturbation shrinks
+below 1e-7 of the state within about 111 characters, 228 at worst, on the text8-10M test split).
+So a text is cut into P chunks that are scored together as one batch:
+
+1. **Guess pass.** Chunk 0 starts from the true initial state; every other chunk from a guess
+   ``g`` (the model's ``h0``). All chunks run as rows of one :func:`run_streams` call, which
+   writes every character's bits and each chunk's final state ``F[p]``.
+2. **Correction pass.** Chunk p's true start is ``F[p - 1]`` (exact once chunk p - 1's own
+   correction has died out, see 3). The dynamics are affine, so the true states of chunk p are
+   the guess states plus the start error ``e = F[p - 1] - g`` carried by the matrices alone
+   (``e <- W[x] e``, no bias). Each chunk runs a pair of rows (its true state and its error)
+   from its start until ``max|e| <= rtol / margin * max(1, max|h|)`` (checked every 16
+   characters), rewriting the bits of the characters it passes; beyond that point the guess
+   pass's bits and final state are within the tolerance. ``margin`` (default 4) allows for the
+   growth of products of W before they shrink (DESIGN.md section 6: about 4x over a few characters).
+3. **Fallback.** A chunk whose error has not died out by its end (the model does not forget on
+   that text, e.g. long runs of 'h') leaves the next chunk's start inexact. Such chunks are
+   redone one after another from exact starts: the next chunk's correction is run again from its
+   exact start, and a chunk whose error does not die out is scored sequentially in float64 (on
+   such text float32 rounding errors do not die out either). A state that leaves the range (:mod:`isan.engine.guard`) raises
+   :class:`~isan.errors.StateDivergedError` naming the character.
+
+The result reports the chunk count, the extra work, the largest residual reached, and the
+chunks that fell back. :func:`score_chunked_ref` runs the same algorithm on the numpy twin.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from isan.engine.guard import MAX_STATE_ABS
+from isan.engine.kernels.streams import StreamModel, run_streams, run_streams_ref
+
+#: Defaults (DESIGN.md section 6 and ``isan bench engine``): a chunk much longer than the ~100-200
+#: characters its correction costs, and enough rows to keep the grouped GEMMs busy.
+DEFAULT_RTOL = 1e-6
+DEFAULT_MARGIN = 4.0
+MIN_CHUNK = 1024
+TARGET_ROWS = 1024
+CHECK_EVERY = 16
+
+
+@dataclass
+class ChunkedReport:
+    """How chunk-parallel scoring went (see the module docstring).
+
+    Attributes:
+        chunks: chunks scored together (over all texts).
+        chars: characters scored.
+        extra_steps: row-steps beyond one per character (correction pairs and fallbacks).
+        extra_fraction: ``extra_steps / chars``.
+        residual: the largest ``max|e| / max(1, max|h|)`` at which a correction stopped.
+        rtol, margin: the tolerance asked for (a correction stops at ``rtol / margin``).
+        fallback_chunks: chunks redone one after another because an error had not died out.
+    """
+
+    chunks: int
+    chars: int
+    extra_steps: int = 0
+    residual: float = 0.0
+    rtol: float = DEFAULT_RTOL
+    margin: float = DEFAULT_MARGIN
+    fallback_chunks: int = 0
+    corrections: list[int] = field(default_factory=list, repr=False)
+
+    @property
+    def extra_fraction(self) -> float:
+        return self.extra_steps / self.chars if self.chars else 0.0
+
+    def to_json(self) -> dict:
+        return {"path": "chunked", "chunks": self.chunks, "extra_fraction": round(self.extra_fraction, 6),
+                "residual": float(self.residual), "rtol": self.rtol, "margin": self.margin,
+                "fallback_chunks": self.fallback_chunks}
+
+
+def plan_chunks(lengths: Sequence[int], target_rows: int = TARGET_ROWS, min_chunk: int = MIN_CHUNK) -> list[int]:
+    """How many chunks to cut each text into: enough rows in all for the batched kernel, chunks no
+    shorter than ``min_chunk`` characters (so the correction of each stays a small share)."""
+    lengths = [int(n) for n in lengths]
+    total = sum(lengths)
+    if total == 0:
+        return [1] * len(lengths)
+    if len(lengths) >= target_rows:
+        return [1] * len(lengths)
+    want = target_rows - len(lengths)  # extra rows to create by cutting long texts
+    out = []
+    for n in lengths:
+        extra = int(want * n / total)
+        out.append(max(1, min(1 + extra, n // min_chunk)))
+    return out
+
+
+Runner = Callable[..., object]
+
+
+def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init: np.ndarray, *,
+                        chunks: Sequence[int] | None = None, guess: np.ndarray | None = None,
+                        rtol: float = DEFAULT_RTOL, margin: float = DEFAULT_MARGIN, check_every: int = CHECK_EVERY,
+                        threads: int = 1, limit: float = MAX_STATE_ABS, want_bits: bool = True,
+                        runner: Runner = run_streams, fallback: "Float64Fallback | None" = None) -> tuple[list[np.ndarray], np.ndarray, ChunkedReport, list]:
+    """Score B texts exactly, each cut into chunks, all chunks in one batch.
+
+    Args:
+        model: the weights (:meth:`StreamModel.from_params`).
+        texts: B int id arrays (each non-empty).
+        h_init: (B, d) the state before each text.
+        chunks: chunks per text (default :func:`plan_chunks`); 1 means no cut.
+        guess: (d,) the start state guessed for chunks after the first (default: ``h_init[0]``).
+        rtol, margin, check_every: the correction's stopping rule (module docstring).
+        threads: threads for the kernel.
+        want_bits: False to ingest only (no readout; final states only).
+        runner: :func:`run_streams` or its numpy twin :func:`run_streams_ref`.
+        fallback: how chunks whose errors do not die out are redone (default: float64 reference
+            recurrence of the model, :class:`Float64Fallback`, built from ``model``'s weights).
+    Returns:
+        (bits per text (n_i,) float64 (empty arrays if not want_bits), final states (B, d) float32,
+        report, divergences: a list of (text index, offset in text) of states out of range).
+    """
+    B = len(texts)
+    d, dp = model.d, model.dp
+    fallback = fallback or Float64Fallback(model.params())
+    lens = [len(t) for t in texts]
+    if any(n == 0 for n in lens):
+        raise ValueError("every text must have at least one character")
+    chunks = list(chunks) if chunks is not None else plan_chunks(lens)
+    ids = np.concatenate([np.asarray(t, dtype=np.int32) for t in texts]) if B else np.zeros(0, np.int32)
+    base = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    # chunk table: text, start (global), length
+    c_text, c_start, c_len = [], [], []
+    for i, (n, P) in enumerate(zip(lens, chunks)):
+        cuts = np.linspace(0, n, P + 1).round().astype(np.int64)
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            if b > a:
+                c_text.append(i)
+                c_start.append(base[i] + a)
+                c_len.append(b - a)
+    c_text = np.asarray(c_text, dtype=np.int64)
+    c_start = np.asarray(c_start, dtype=np.int64)
+    c_len = np.asarray(c_len, dtype=np.int64)
+    C = len(c_len)
+    first = np.ones(C, dtype=bool)
+    first[1:] = c_text[1:] != c_text[:-1]
+    h_init = np.asarray(h_init, dtype=np.float64).reshape(B, d)
+    g = np.asarray(guess if guess is not None else h_init[0], dtype=np.float64).reshape(d)
+    bits = np.empty(len(ids), dtype=np.float64) if want_bits else None
+    report = ChunkedReport(chunks=C, chars=len(ids), rtol=rtol, margin=margin)
+    stop = rtol / margin
+
+    # 1. guess pass
+    H = np.zeros((C, dp), dtype=np.float32)
+    H[:, :d] = g
+    H[first, :d] = h_init[c_text[first]]
+    H[:, d] = 1.0
+    r1 = runner(model, ids, c_start, c_len, H, bits, threads=threads, limit=limit)
+    F = H[:, :d].copy()  # final state of each chunk in the guess pass
+    div1 = np.asarray(r1.diverged)
+
+    # 2. correction pass: chunks after the first of their text, each from F[p - 1]
+    corr = np.flatnonzero(~first)
+    converged = np.ones(C, dtype=bool)  # the correction died out inside the chunk
+    Fx = F.copy()  # final state of chunk p given the start its correction used
+    div2 = np.full(C, -1, dtype=np.int64)
+    if len(corr):
+        P2 = len(corr)
+        H2 = np.zeros((2 * P2, dp), dtype=np.float32)
+        H2[:P2, :d] = F[corr - 1]
+        H2[:P2, d] = 1.0
+        H2[P2:, :d] = F[corr - 1] - g.astype(np.float32)
+        r2 = runner(model, ids, c_start[corr], c_len[corr], H2, bits, pairs=True, stop_ratio=stop,
+                    check_every=check_every, threads=threads, limit=limit)
+        report.extra_steps += 2 * int(r2.total_steps)
+        conv, res = _converged(H2, P2, np.asarray(r2.steps_done), c_len[corr], np.asarray(r2.residual), stop)
+        report.corrections = np.asarray(r2.steps_done).tolist()
+        converged[corr] = conv
+        Fx[corr[~conv]] = H2[:P2][~conv, :d]
+        div2[corr] = r2.diverged
+        if conv.any():
+            report.residual = float(res[conv].max())
+
+    # 3. in order along each text: keep the work done from exact starts, redo the rest
+    finals = np.empty((B, d), dtype=np.float32)
+    divergences: list[tuple[int, int, np.ndarray, int]] = []
+    exact_prev = None  # exact final state of the previous chunk
+    prev_matches = True  # F[p - 1] (the start chunk p's correction used) equals exact_prev
+    for p in range(C):
+        off = int(c_start[p] - base[c_text[p]])
+        if first[p]:
+            if div1[p] >= 0:
+                divergences.append((int(c_text[p]), off, h_init[c_text[p]].astype(np.float32), int(div1[p])))
+                break
+            exact_prev, prev_matches = F[p], True
+            redo = False
+        elif prev_matches and div1[p] < 0:
+            if div2[p] >= 0:
+                divergences.append((int(c_text[p]), off, F[p - 1], int(div2[p])))
+                break
+            # exact start: keep the correction; if its error did not die out, the chunk is redone in
+            # float64 (float32 rounding errors do not die out on such text either)
+            redo = not converged[p]
+            if not redo:
+                exact_prev, prev_matches = F[p], True
+        else:
+            # the start was not exact: correct again from the exact start, unless the guess pass
+            # left the range (then its later bits are unusable)
+            redo = div1[p] >= 0
+            if not redo:
+                Hp = np.zeros((2, dp), dtype=np.float32)
+                Hp[0, :d] = exact_prev
+                Hp[0, d] = 1.0
+                Hp[1, :d] = exact_prev - g.astype(np.float32)
+                rp = runner(model, ids, c_start[p : p + 1], c_len[p : p + 1], Hp, bits, pairs=True,
+                            stop_ratio=stop, check_every=check_every, threads=1, limit=limit)
+                report.extra_steps += 2 * int(rp.total_steps)
+                conv, res = _converged(Hp, 1, rp.steps_done, c_len[p : p + 1], rp.residual, stop)
+                if rp.diverged[0] >= 0:
+                    divergences.append((int(c_text[p]), off, np.asarray(exact_prev), int(rp.diverged[0])))
+                    break
+                if conv[0]:
+                    report.residual = max(report.residual, float(res[0]))
+                    exact_prev, prev_matches = F[p], True
+                else:
+                    redo = True
+        if redo:  # sequential scoring of the chunk from its exact start, in float64
+            report.fallback_chunks += 1
+            report.extra_steps += int(c_len[p])
+            seg = ids[c_start[p] : c_start[p] + c_len[p]]
+            t_bad = _first_bad(fallback, seg, exact_prev, limit)
+            if t_bad is not None:
+                divergences.append((int(c_text[p]), off, np.asarray(exact_prev), t_bad))
+                break
+            b64, h64 = fallback(seg, exact_prev)
+            if bits is not None:
+                bits[c_start[p] : c_start[p] + c_len[p]] = b64
+            exact_prev, prev_matches = h64.astype(np.float32), False
+        if p == C - 1 or c_text[p + 1] != c_text[p]:
+            finals[c_text[p]] = exact_prev
+    out_bits = [bits[base[i] : base[i + 1]] for i in range(B)] if want_bits else [np.zeros(0)] * B
+    return out_bits, finals, report, divergences
+
+
+def _first_bad(fallback, seg, h, limit):
+    """Where the float64 fallback's state first leaves the range (its ``first_bad`` hook), or None."""
+    fn = getattr(fallback, "first_bad", None)
+    return fn(seg, h, limit) if fn is not None else None
+
+
+class Float64Fallback:
+    """Sequential float64 scoring of a chunk (the reference recurrence, :func:`~isan.engine.reference.score_ref`)."""
+
+    def __init__(self, params):
+        self.params = params.astype(np.float64)
+
+    def __call__(self, ids: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        from isan.engine.reference import score_ref
+
+        return score_ref(self.params, np.asarray(ids, dtype=np.int64), np.asarray(h, dtype=np.float64))
+
+    def first_bad(self, ids: np.ndarray, h: np.ndarray, limit: float) -> int | None:
+        """The first t whose state before character t is out of range (kernel convention), or None."""
+        from isan.engine.guard import first_out_of_range
+
+        t = first_out_of_range(self.params.W, self.params.b, np.asarray(ids), h, limit)
+        return None if t is None else t + 1
+
+
+def _converged(Hpairs: np.ndarray, P: int, steps_done: np.ndarray, length: np.ndarray, residual: np.ndarray,
+               stop: float) -> tuple[np.ndarray, np.ndarray]:
+    """Which pairs' errors died out inside their chunk, and the residual where each stopped.
+
+    A pair that ran to its chunk's end is checked once more on its final rows."""
+    conv = steps_done < length
+    res = np.asarray(residual, dtype=np.float64).copy()
+    end = ~conv
+    if end.any():
+        mh = np.abs(Hpairs[:P][end]).max(axis=1)  # whole rows: the homogeneous 1 floors it at 1
+        me = np.abs(Hpairs[P:][end]).max(axis=1)
+        res[end] = me / mh
+        conv[end] = res[end] <= stop
+    return conv, res

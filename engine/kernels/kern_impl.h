@@ -1,0 +1,245 @@
+/* One instruction-set variant of isan's kernels; included once per target by _native.c.
+ *
+ * Before including, define:
+ *   SFX(name)  append the variant's suffix to a name (e.g. name##_avx2)
+ *   VL         floats per vector (4: SSE2 / NEON, 8: AVX2, 16: AVX-512)
+ *   MR         rows per register tile of the grouped GEMM
+ *   NVM        vectors per register tile (columns = NVM * VL)
+ *   HAVE_F16C  1 if the variant may use the F16C conversion instructions
+ * and wrap the inclusion in `#pragma GCC target(...)` for the instruction set.
+ *
+ * Everything here is plain C with GCC vector extensions; the compiler emits the variant's
+ * instructions. Shapes and meaning are documented in _native.c and in the numpy twins
+ * (streams.py, sequential.py), which compute the same thing.
+ */
+
+typedef float SFX(vf) __attribute__((vector_size(VL * 4), aligned(4)));
+typedef int32_t SFX(vi) __attribute__((vector_size(VL * 4), aligned(4)));
+typedef float SFX(vf8) __attribute__((vector_size(32), aligned(4)));
+
+/* ---- C[r][j0 : j0 + nv*VL] = sum_{i < kd} A[r][i] * B[i, j0 + ...], r < mr (one register tile).
+ * B is packed in panels of 16 columns: element (i, c) at B[(c / 16) * kd * 16 + i * 16 + c % 16], so
+ * a tile reads each of its vectors from one contiguous stream. ---- */
+static inline __attribute__((always_inline)) void SFX(tile)(const int mr, const int nv, const float *const *A,
+                                                            const float *B, const int kd,
+                                                            float *const *C, const int j0) {
+    SFX(vf) acc[MR][NVM];
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++) acc[r][v] = (SFX(vf)){0};
+    const float *a[MR];
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; r++) a[r] = A[r];
+    const float *bp[NVM];
+#pragma GCC unroll 8
+    for (int v = 0; v < nv; v++) {
+        const int c = j0 + v * VL;
+        bp[v] = B + (size_t)(c / 16) * kd * 16 + (c % 16);
+    }
+    for (int i = 0; i < kd; i++) {
+        SFX(vf) b[NVM];
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++) b[v] = *(const SFX(vf) *)(bp[v] + (size_t)i * 16);
+#pragma GCC unroll 8
+        for (int r = 0; r < mr; r++) {
+            const float s = a[r][i];
+#pragma GCC unroll 8
+            for (int v = 0; v < nv; v++) acc[r][v] += b[v] * s;
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++) *(SFX(vf) *)(C[r] + j0 + v * VL) = acc[r][v];
+}
+
+#define TILE_NV(mr_)                                                         \
+    switch (nv) {                                                            \
+    case 1: SFX(tile)(mr_, 1, A + r0, B, kd, C + r0, j); break;          \
+    case 2: if (NVM >= 2) SFX(tile)(mr_, 2 <= NVM ? 2 : NVM, A + r0, B, kd, C + r0, j); break; \
+    case 3: if (NVM >= 3) SFX(tile)(mr_, 3 <= NVM ? 3 : NVM, A + r0, B, kd, C + r0, j); break; \
+    default: if (NVM >= 4) SFX(tile)(mr_, 4 <= NVM ? 4 : NVM, A + r0, B, kd, C + r0, j); break; \
+    }
+
+/* Rows given by pointers: C[r][j0:j1] = A[r][0:kd] @ B[0:kd, j0:j1] for r < n, B packed in panels
+ * of 16 columns (see tile). j0 and j1 must be multiples of VL; rows of A need kd readable floats. */
+static void SFX(gemm_rows)(const int n, const float *const *A, const float *B, const int kd,
+                           const int j0, const int j1, float *const *C) {
+    for (int r0 = 0; r0 < n; r0 += MR) {
+        const int mr = n - r0 < MR ? n - r0 : MR;
+        for (int j = j0; j < j1; j += NVM * VL) {
+            int nv = (j1 - j) / VL;
+            if (nv > NVM) nv = NVM;
+            switch (mr) {
+            case 1: TILE_NV(1) break;
+            case 2: TILE_NV(2) break;
+            case 3: TILE_NV(3) break;
+            case 4: TILE_NV(4) break;
+            case 5: if (MR >= 5) { TILE_NV(5 <= MR ? 5 : MR) } break;
+            case 6: if (MR >= 6) { TILE_NV(6 <= MR ? 6 : MR) } break;
+            case 7: if (MR >= 7) { TILE_NV(7 <= MR ? 7 : MR) } break;
+            default: if (MR >= 8) { TILE_NV(8 <= MR ? 8 : MR) } break;
+            }
+        }
+    }
+}
+#undef TILE_NV
+
+/* ---- exp on a vector (Cephes expf: range reduction to |r| <= ln2/2 and a degree-5 polynomial;
+ * about 1 ulp). Inputs below -87 are clamped (the result is then ~1e-38, not 0). ---- */
+static inline __attribute__((always_inline)) SFX(vf) SFX(vexp)(SFX(vf) x) {
+    const SFX(vf) lo = (SFX(vf)){0} - 87.0f, hi = (SFX(vf)){0} + 88.0f;
+    SFX(vi) m = x < lo;
+    x = (SFX(vf))(((SFX(vi))x & ~m) | ((SFX(vi))lo & m));
+    m = x > hi;
+    x = (SFX(vf))(((SFX(vi))x & ~m) | ((SFX(vi))hi & m));
+    const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    SFX(vf) t = x * 1.44269504088896341f + magic;
+    SFX(vf) n = t - magic;
+    SFX(vf) r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    SFX(vf) p = (SFX(vf)){0} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    SFX(vi) ni = (SFX(vi))t - (SFX(vi))((SFX(vf)){0} + magic);
+    SFX(vf) scale = (SFX(vf))((ni + 127) << 23);
+    return p * scale;
+}
+
+/* bits = -log2 softmax(l[0:V])[target]; l has Vp >= V floats (Vp a multiple of VL); lanes >= V
+ * are overwritten. The max and the sum of exponentials are float32; the log is float64. */
+static inline double SFX(lse_bits)(float *l, const int V, const int Vp, const int target) {
+    for (int v = V; v < Vp; v++) l[v] = -1e30f;
+    SFX(vf) mv = *(const SFX(vf) *)l;
+    for (int j = VL; j < Vp; j += VL) {
+        SFX(vf) x = *(const SFX(vf) *)(l + j);
+        SFX(vi) gt = x > mv;
+        mv = (SFX(vf))(((SFX(vi))x & gt) | ((SFX(vi))mv & ~gt));
+    }
+    float m = mv[0];
+    for (int k = 1; k < VL; k++) m = mv[k] > m ? mv[k] : m;
+    SFX(vf) sv = (SFX(vf)){0};
+    for (int j = 0; j < Vp; j += VL) sv += SFX(vexp)(*(const SFX(vf) *)(l + j) - m);
+    float s = 0.0f;
+    for (int k = 0; k < VL; k++) s += sv[k];
+    return ((double)m - (double)l[target] + log((double)s)) * 1.4426950408889634;
+}
+
+/* ---- matrix-vector products for the sequential composed path: y[i] = sum_{j<kd} M[i*kd + j] x[j].
+ * M is row-major with rows of kd floats (no padding); x has kd floats. 8-wide vectors always
+ * (memory-bound: wider vectors would not help); the tail beyond a multiple of 8 is scalar. ---- */
+static inline __attribute__((always_inline)) float SFX(hsum8)(SFX(vf8) v) {
+    float s = 0.0f;
+    for (int k = 0; k < 8; k++) s += v[k];
+    return s;
+}
+
+static void SFX(matvec_f32)(const float *M, const int rows, const int kd, const float *x, float *y) {
+    const int kv = kd & ~7;
+    int i = 0;
+    for (; i + 4 <= rows; i += 4) {
+        const float *m0 = M + (size_t)i * kd, *m1 = m0 + kd, *m2 = m1 + kd, *m3 = m2 + kd;
+        SFX(vf8) a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        for (int j = 0; j < kv; j += 8) {
+            const SFX(vf8) xv = *(const SFX(vf8) *)(x + j);
+            a0 += *(const SFX(vf8) *)(m0 + j) * xv;
+            a1 += *(const SFX(vf8) *)(m1 + j) * xv;
+            a2 += *(const SFX(vf8) *)(m2 + j) * xv;
+            a3 += *(const SFX(vf8) *)(m3 + j) * xv;
+        }
+        float s0 = SFX(hsum8)(a0), s1 = SFX(hsum8)(a1), s2 = SFX(hsum8)(a2), s3 = SFX(hsum8)(a3);
+        for (int j = kv; j < kd; j++) {
+            s0 += m0[j] * x[j]; s1 += m1[j] * x[j]; s2 += m2[j] * x[j]; s3 += m3[j] * x[j];
+        }
+        y[i] = s0; y[i + 1] = s1; y[i + 2] = s2; y[i + 3] = s3;
+    }
+    for (; i < rows; i++) {
+        const float *m0 = M + (size_t)i * kd;
+        SFX(vf8) a0 = {0};
+        for (int j = 0; j < kv; j += 8) a0 += *(const SFX(vf8) *)(m0 + j) * *(const SFX(vf8) *)(x + j);
+        float s0 = SFX(hsum8)(a0);
+        for (int j = kv; j < kd; j++) s0 += m0[j] * x[j];
+        y[i] = s0;
+    }
+}
+
+static inline __attribute__((always_inline)) SFX(vf8) SFX(load_h8)(const uint16_t *p) {
+#if HAVE_F16C
+    return (SFX(vf8))_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#else
+    SFX(vf8) v;
+    for (int k = 0; k < 8; k++) v[k] = half_to_float(p[k]);
+    return v;
+#endif
+}
+
+static void SFX(matvec_f16)(const uint16_t *M, const int rows, const int kd, const float *x, float *y) {
+    const int kv = kd & ~7;
+    int i = 0;
+    for (; i + 4 <= rows; i += 4) {
+        const uint16_t *m0 = M + (size_t)i * kd, *m1 = m0 + kd, *m2 = m1 + kd, *m3 = m2 + kd;
+        SFX(vf8) a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        for (int j = 0; j < kv; j += 8) {
+            const SFX(vf8) xv = *(const SFX(vf8) *)(x + j);
+            a0 += SFX(load_h8)(m0 + j) * xv;
+            a1 += SFX(load_h8)(m1 + j) * xv;
+            a2 += SFX(load_h8)(m2 + j) * xv;
+            a3 += SFX(load_h8)(m3 + j) * xv;
+        }
+        float s0 = SFX(hsum8)(a0), s1 = SFX(hsum8)(a1), s2 = SFX(hsum8)(a2), s3 = SFX(hsum8)(a3);
+        for (int j = kv; j < kd; j++) {
+            const float xj = x[j];
+            s0 += half_to_float(m0[j]) * xj; s1 += half_to_float(m1[j]) * xj;
+            s2 += half_to_float(m2[j]) * xj; s3 += half_to_float(m3[j]) * xj;
+        }
+        y[i] = s0; y[i + 1] = s1; y[i + 2] = s2; y[i + 3] = s3;
+    }
+    for (; i < rows; i++) {
+        const uint16_t *m0 = M + (size_t)i * kd;
+        SFX(vf8) a0 = {0};
+        for (int j = 0; j < kv; j += 8) a0 += SFX(load_h8)(m0 + j) * *(const SFX(vf8) *)(x + j);
+        float s0 = SFX(hsum8)(a0);
+        for (int j = kv; j < kd; j++) s0 += half_to_float(m0[j]) * x[j];
+        y[i] = s0;
+    }
+}
+
+/* 1 if every |h[i]| <= limit for i < n (n a multiple of VL); NaN counts as out of range. */
+static int SFX(row_ok)(const float *h, const int n, const float limit) {
+    const SFX(vi) absmask = (SFX(vi)){0} + 0x7fffffff;
+    const SFX(vf) lim = (SFX(vf)){0} + limit;
+    SFX(vi) bad = (SFX(vi)){0};
+    for (int j = 0; j < n; j += VL) {
+        const SFX(vf) a = (SFX(vf))((*(const SFX(vi) *)(h + j)) & absmask);
+        bad |= ~(a <= lim);
+    }
+    int any = 0;
+    for (int k = 0; k < VL; k++) any |= bad[k];
+    return !any;
+}
+
+/* max |h[i]| for i < n (n a multiple of VL); NaN may be ignored. */
+static float SFX(row_absmax)(const float *h, const int n) {
+    const SFX(vi) absmask = (SFX(vi)){0} + 0x7fffffff;
+    SFX(vf) m = (SFX(vf)){0};
+    for (int j = 0; j < n; j += VL) {
+        const SFX(vf) a = (SFX(vf))((*(const SFX(vi) *)(h + j)) & absmask);
+        const SFX(vi) gt = a > m;
+        m = (SFX(vf))(((SFX(vi))a & gt) | ((SFX(vi))m & ~gt));
+    }
+    float r = 0.0f;
+    for (int k = 0; k < VL; k++) r = m[k] > r ? m[k] : r;
+    return r;
+}
+
+static const Kernels SFX(kernels) = {
+    .name = KERNEL_NAME, .vl = VL, .mr = MR, .nvm = NVM,
+    .gemm_rows = SFX(gemm_rows), .lse_bits = SFX(lse_bits),
+    .matvec_f32 = SFX(matvec_f32), .matvec_f16 = SFX(matvec_f16),
+    .row_ok = SFX(row_ok), .row_absmax = SFX(row_absmax),
+};

@@ -1,0 +1,104 @@
+"""One stream through a composed trie table: ``seq_composed`` (compiled) and its numpy twin
+``seq_composed_ref`` (same signature, same results within float32 rounding).
+
+For each match j of entry e (a substring of k characters starting at ``pos``; DESIGN.md
+section 2), with ``[h; 1]`` the state before the match:
+
+* readout: the k logit vectors ``[R_i | r_i] [h; 1]`` (i < k) give the bits of characters
+  ``pos .. pos + k - 1``;
+* jump: ``h <- [A | c] [h; 1]``, one (d, d + 1) matrix-vector product for the whole match.
+
+The table's matrices may be float32 or float16 (converted as they are read; products and the
+state stay float32). One stream is memory-bound: each jump reads a d x (d + 1) matrix (187 KB
+in float32 for d = 216) from the L3 cache, which is why float16 tables are faster (DESIGN.md
+section 6).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from isan.engine.guard import MAX_STATE_ABS
+
+LOG2E = 1.0 / np.log(2.0)
+
+
+def _check(Ac, R, offsets, lengths, entries, ids, h):
+    if Ac.dtype not in (np.float32, np.float16) or R.dtype != Ac.dtype:
+        raise TypeError("Ac and R must both be float32 or both float16")
+    if Ac.ndim != 3 or R.ndim != 3 or Ac.shape[2] != Ac.shape[1] + 1 or R.shape[2] != Ac.shape[2]:
+        raise ValueError(f"Ac must be (n, d, d+1) and R (rows, V, d+1); got {Ac.shape} and {R.shape}")
+    for name, a in (("Ac", Ac), ("R", R)):
+        if not a.flags.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous")
+    if offsets.dtype != np.int64 or lengths.dtype != np.int64 or entries.dtype != np.int64:
+        raise TypeError("offsets, lengths and entries must be int64")
+    if ids.dtype != np.int32:
+        raise TypeError("ids must be int32")
+    if h.shape != (Ac.shape[1],):
+        raise ValueError(f"h must have shape ({Ac.shape[1]},)")
+
+
+def seq_composed(Ac: np.ndarray, R: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, entries: np.ndarray,
+                 ids: np.ndarray, h: np.ndarray, want_bits: bool = True,
+                 limit: float = MAX_STATE_ABS) -> tuple[np.ndarray | None, np.ndarray, int]:
+    """Score (or ingest) one stream along its matches (compiled; see the module docstring).
+
+    Args:
+        Ac: (n, d, d + 1) ``[A | c]`` per entry; R: (rows, V, d + 1) stacked prefix readouts;
+            float32 or float16 (both the same).
+        offsets, lengths: (n,) int64: entry e's readouts are ``R[offsets[e] : offsets[e] + lengths[e]]``.
+        entries: (m,) int64 the matches' entries, in order; ids: (N,) int32 the text, N = the sum
+            of the matches' lengths.
+        h: (d,) the state before the text.
+        want_bits: False to ingest only (no readout).
+        limit: the largest ``|h_i|`` accepted after a jump.
+    Returns:
+        (bits (N,) float64 or None, the final state (d,) float32, the index of the first match whose
+        resulting state is out of range or whose bits are not finite, or -1). After such a match the
+        stream stops: later bits are not computed.
+    """
+    from isan.engine.kernels import native
+
+    nat = native()
+    if nat is None:
+        return seq_composed_ref(Ac, R, offsets, lengths, entries, ids, h, want_bits, limit)
+    _check(Ac, R, offsets, lengths, entries, ids, h)
+    d, V = Ac.shape[1], R.shape[1]
+    kd = d + 1
+    hb = np.zeros(kd + 16, dtype=np.float32)
+    hb[:d] = h
+    bits = np.empty(len(ids), dtype=np.float64) if want_bits else np.zeros(0, dtype=np.float64)
+    max_len = int(lengths.max()) if len(lengths) else 1
+    bad = nat.seq_composed(Ac, R, int(Ac.dtype == np.float16), offsets, lengths, entries, ids, d, V, max_len, hb,
+                           bits, int(want_bits), float(limit))
+    return (bits if want_bits else None), hb[:d].copy(), int(bad)
+
+
+def seq_composed_ref(Ac: np.ndarray, R: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, entries: np.ndarray,
+                     ids: np.ndarray, h: np.ndarray, want_bits: bool = True,
+                     limit: float = MAX_STATE_ABS) -> tuple[np.ndarray | None, np.ndarray, int]:
+    """The numpy twin of :func:`seq_composed` (log-softmax in float64)."""
+    _check(Ac, R, offsets, lengths, entries, ids, h)
+    d, V = Ac.shape[1], R.shape[1]
+    x = np.ones(d + 1, dtype=np.float32)
+    x[:d] = h
+    bits = np.empty(len(ids), dtype=np.float64) if want_bits else None
+    pos, bad = 0, -1
+    for j, e in enumerate(entries.tolist()):
+        k, off = int(lengths[e]), int(offsets[e])
+        if want_bits:
+            L = (R[off : off + k].astype(np.float32) @ x).astype(np.float64)  # (k, V)
+            m = L.max(axis=1)
+            lse = np.log(np.exp(L - m[:, None]).sum(axis=1)) + m
+            b = (lse - L[np.arange(k), ids[pos : pos + k]]) * LOG2E
+            bits[pos : pos + k] = b
+            if not np.all(np.isfinite(b)):
+                bad = j
+        x[:d] = Ac[e].astype(np.float32) @ x
+        pos += k
+        if not np.abs(x[:d]).max() <= limit:
+            bad = j
+        if bad >= 0:
+            break
+    return bits, x[:d].copy(), bad
