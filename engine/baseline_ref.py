@@ -28,7 +28,8 @@ from typing import Sequence
 import numpy as np
 
 from isan.alphabet import Alphabet
-from isan.errors import BundleFormatError, EmptyTextError, IsanError
+from isan.errors import BundleFormatError, EmptyTextError, IsanError, StateDivergedError
+from isan.engine.guard import MAX_STATE_ABS, check_bits, raise_diverged
 from isan.engine.reference import LOG2E, log_softmax
 from isan.params import load_tensors, tensors_sha256
 #: gates per kind (rows of W_hh are G blocks of d); must equal isan.train.baselines.GATES
@@ -303,20 +304,31 @@ class RunnerEngine:
     Immutable and shareable; states are :class:`isan.engine.State` values whose ``h`` is the
     runner's flat float64 state vector (the LSTM's is ``concat(h, c)``, length 2 d).
     Attribution needs the ISAN's affine structure and the numpy engine: it raises here.
+
+    Text goes through the manifest's declared normaliser as in the numpy engine (``normalize``
+    argument, :mod:`isan.engine.normalize`), and no call returns NaN or inf: non-finite bits or
+    states (and, for an ISAN, states beyond :data:`isan.engine.guard.MAX_STATE_ABS`) raise
+    :class:`~isan.errors.StateDivergedError`.
     """
 
     def __init__(self, runner, alphabet: Alphabet, manifest: dict | None = None, source: str | None = None,
                  path: str = "sequence"):
+        from isan.engine.normalize import from_manifest
+
         if runner.K != len(alphabet) or runner.V != len(alphabet):
             raise IsanError(f"the model has K={runner.K}, V={runner.V} but the alphabet has {len(alphabet)} symbols")
         self.runner = runner
         self.alphabet = alphabet
         self.manifest = dict(manifest or {})
+        self.normalizer = from_manifest({"alphabet": alphabet.to_list(), **self.manifest},
+                                        f"{source or 'the model'}/manifest.json")
         self.source = source
         self.path = path
         self.backend = runner.backend
         self.kind = runner.kind
         self.table = None
+        #: states beyond this are out of range (ISANs: the guard's bound; other models: only non-finite)
+        self.state_limit = MAX_STATE_ABS if self.kind == "isan" else np.inf
 
     @property
     def d(self) -> int:
@@ -329,7 +341,8 @@ class RunnerEngine:
     def describe(self) -> dict:
         return {"kind": self.kind, "d": self.d, "alphabet": "".join(self.alphabet.symbols), "path": self.path,
                 "backend": self.backend, "provider": self.runner.provider, "source": self.source,
-                "params_sha256": self.params_sha256, "state": self.runner.state_names}
+                "params_sha256": self.params_sha256, "state": self.runner.state_names,
+                "normalizer": self.normalizer.id}
 
     def initial_state(self):
         from isan.engine.core import State
@@ -342,50 +355,108 @@ class RunnerEngine:
     def _ids(self, text, unknown: str, replacement: str | None) -> np.ndarray:
         return self.alphabet.as_ids(text, unknown, replacement)
 
+    def prepare(self, text, normalize="auto", unknown: str = "error", replacement: str | None = None, state=None):
+        """As :meth:`isan.engine.Engine.prepare`: normalised ids, input offsets and the report."""
+        from isan.engine.normalize import prepare, resolve
+
+        return prepare(text, self.alphabet, resolve(normalize, self.normalizer), unknown, replacement,
+                       context=state.last_symbol if state is not None else "")
+
     def _state(self, state):
         state = state or self.initial_state()
         if state.h.shape != (self.runner.state_size,):
             raise IsanError(f"this {self.kind} model's state has {self.runner.state_size} values "
                             f"({'+'.join(self.runner.state_names)}); got one of shape {state.h.shape}")
+        if not (np.all(np.isfinite(state.h)) and np.abs(state.h).max(initial=0.0) <= self.state_limit):
+            raise StateDivergedError("the given state is out of range (not finite, or too large); start from "
+                                     "engine.initial_state()", offset=None, cause="state out of range")
         return state
 
-    def score(self, text, state=None, per_char: bool = False, unknown: str = "error", replacement: str | None = None):
-        """As :meth:`isan.engine.Engine.score`. Raises EmptyTextError, AlphabetError."""
-        from isan.engine.core import ScoreResult, State
+    def _check(self, ids: np.ndarray, state_h: np.ndarray, bits: np.ndarray | None, final: np.ndarray) -> None:
+        """Raise StateDivergedError if bits are not finite or the final state is out of range."""
+        bad = check_bits(bits) if bits is not None else None
+        if bad is None and np.all(np.isfinite(final)) and np.abs(final).max(initial=0.0) <= self.state_limit:
+            return
+        wb = getattr(self.runner, "isan_Wb", None)
+        if wb is not None:  # an ISAN: locate the first out-of-range state with the float64 reference
+            raise_diverged(wb[0], wb[1], ids, state_h, f"{self.backend} {self.path}", detected_at=bad,
+                           symbols=self.alphabet.symbols)
+        cause = "non-finite bits" if bad is not None else "non-finite state"
+        where = f"at character offset {bad}" if bad is not None else "by the end of the text"
+        raise StateDivergedError(f"the {self.kind} model's state diverges {where} ({cause}, {self.backend} backend); "
+                                 "the model cannot score this text meaningfully", offset=bad, cause=cause)
 
-        ids = self._ids(text, unknown, replacement)
-        if len(ids) == 0:
-            raise EmptyTextError("the text is empty (after removing unknown characters); give at least one character")
+    def score(self, text, state=None, per_char: bool = False, unknown: str = "error", replacement: str | None = None,
+              normalize: str | None = "auto"):
+        """As :meth:`isan.engine.Engine.score`. Raises EmptyTextError, AlphabetError, StateDivergedError."""
+        from isan.engine.core import ScoreResult, State, in_input_terms
+
+        streaming = state is not None
         state = self._state(state)
-        bits, s = self.runner.score_ids(ids, state.h)
+        prep = self.prepare(text, normalize, unknown, replacement, state)
+        ids = prep.ids
+        if len(ids) == 0:
+            if streaming and len(text):
+                return ScoreResult(0, 0.0, np.zeros(0) if per_char else None, state, prep.report,
+                                   np.zeros(0, dtype=np.int64) if per_char else None, "" if per_char else None)
+            raise EmptyTextError("the text is empty (after normalisation and removing unknown characters); "
+                                 "give at least one character")
+        try:
+            bits, s = self.runner.score_ids(ids, state.h)
+            self._check(ids, state.h, bits, s)
+        except StateDivergedError as e:
+            raise in_input_terms(e, prep, self.alphabet.symbols) from None
         total = float(bits.sum())
-        return ScoreResult(len(ids), total, bits if per_char else None, State(s, state.chars + len(ids), state.bits + total))
+        return ScoreResult(len(ids), total, bits if per_char else None,
+                           State(s, state.chars + len(ids), state.bits + total, prep.last_symbol), prep.report,
+                           prep.offsets if per_char else None, prep.text if per_char else None)
 
     def score_batch(self, texts, states=None, per_char: bool = False, unknown: str = "error",
-                    replacement: str | None = None, group: str | None = None):
+                    replacement: str | None = None, group: str | None = None, normalize: str | None = "auto"):
         """As :meth:`isan.engine.Engine.score_batch` (``group`` is ignored: the runner batches streams)."""
-        from isan.engine.core import ScoreResult, State
+        from isan.engine.core import ScoreResult, State, in_input_terms, with_prefix
 
-        ids = [self._ids(t, unknown, replacement) for t in texts]
+        states = [self._state(s) for s in states] if states is not None else [self.initial_state()] * len(texts)
+        if len(states) != len(texts):
+            raise IsanError(f"got {len(texts)} texts but {len(states)} states")
+        preps = []
+        for i, (t, s) in enumerate(zip(texts, states)):
+            try:
+                preps.append(self.prepare(t, normalize, unknown, replacement, s))
+            except IsanError as e:
+                raise with_prefix(e, f"text {i} of the batch: ") from None
+        ids = [p.ids for p in preps]
         for i, x in enumerate(ids):
             if len(x) == 0:
-                raise EmptyTextError(f"text {i} of the batch is empty")
-        states = [self._state(s) for s in states] if states is not None else [self.initial_state()] * len(ids)
+                raise EmptyTextError(f"text {i} of the batch is empty (after normalisation)")
         out = []
-        for s, (b, sf) in zip(states, self.runner.score_batch(ids, [s.h for s in states])):
+        results = self.runner.score_batch(ids, [s.h for s in states])
+        for i, (s, (b, sf), prep) in enumerate(zip(states, results, preps)):
+            try:
+                self._check(prep.ids, s.h, b, sf)
+            except StateDivergedError as e:
+                raise with_prefix(in_input_terms(e, prep, self.alphabet.symbols), f"text {i} of the batch: ") from None
             total = float(b.sum())
-            out.append(ScoreResult(len(b), total, b if per_char else None, State(sf, s.chars + len(b), s.bits + total)))
+            out.append(ScoreResult(len(b), total, b if per_char else None,
+                                   State(sf, s.chars + len(b), s.bits + total, prep.last_symbol), prep.report,
+                                   prep.offsets if per_char else None, prep.text if per_char else None))
         return out
 
-    def advance(self, text, state=None, unknown: str = "error", replacement: str | None = None):
+    def advance(self, text, state=None, unknown: str = "error", replacement: str | None = None,
+                normalize: str | None = "auto"):
         """Ingest text without scoring it; totals are left unchanged."""
-        from isan.engine.core import State
+        from isan.engine.core import State, in_input_terms
 
-        ids = self._ids(text, unknown, replacement)
         state = self._state(state)
-        if len(ids) == 0:
+        prep = self.prepare(text, normalize, unknown, replacement, state)
+        if len(prep.ids) == 0:
             return state
-        return State(self.runner.advance_ids(ids, state.h), state.chars, state.bits)
+        try:
+            s = self.runner.advance_ids(prep.ids, state.h)
+            self._check(prep.ids, state.h, None, s)
+        except StateDivergedError as e:
+            raise in_input_terms(e, prep, self.alphabet.symbols) from None
+        return State(s, state.chars, state.bits, prep.last_symbol)
 
     def logits(self, state=None) -> np.ndarray:
         """Logits (V,) float64 for the next character."""
@@ -403,18 +474,34 @@ class RunnerEngine:
                 for i in order]
 
     def sample(self, prompt: str = "", n: int = 200, temperature: float = 1.0, top_k: int | None = None,
-               seed: int | None = None, state=None):
+               seed: int | None = None, state=None, normalize: str | None = "auto"):
         """As :meth:`isan.engine.Engine.sample` (same random draws for the same seed and logits)."""
-        from isan.engine.core import Sample
-
+        from isan.engine.core import Sample, State, in_input_terms
         from isan.engine.sampling import check_sampling_args, sample_ids
 
         check_sampling_args(n, temperature, top_k, len(self.alphabet))
-        state = self.advance(prompt, state) if prompt else self._state(state)
-        runner = self.runner
-        ids, bits = sample_ids(runner.readout, lambda s, x: runner.advance_ids(np.array([x], dtype=np.int64), s),
-                               state.h.copy(), n, temperature, top_k, seed)
-        return Sample(prompt, self.alphabet.decode(ids), bits, seed, temperature, top_k)
+        state = self._state(state)
+        prep = self.prepare(prompt, normalize, "error", None, state)
+        if len(prep.ids):
+            try:
+                s = self.runner.advance_ids(prep.ids, state.h)
+                self._check(prep.ids, state.h, None, s)
+            except StateDivergedError as e:
+                raise in_input_terms(e, prep, self.alphabet.symbols) from None
+            state = State(s, state.chars, state.bits, prep.last_symbol)
+        runner, limit, drawn = self.runner, self.state_limit, []
+
+        def step(s, x):
+            drawn.append(x)
+            s = runner.advance_ids(np.array([x], dtype=np.int64), s)
+            if not (np.all(np.isfinite(s)) and np.abs(s).max(initial=0.0) <= limit):
+                raise StateDivergedError(f"the {self.kind} model's state diverges at generated character "
+                                         f"{len(drawn) - 1} (sampling); lower the temperature or use top_k",
+                                         offset=len(drawn) - 1, cause="state out of range")
+            return s
+
+        ids, bits = sample_ids(runner.readout, step, state.h.copy(), n, temperature, top_k, seed)
+        return Sample(prompt, self.alphabet.decode(ids), bits, seed, temperature, top_k, prep.text, prep.report)
 
     def attribute(self, *args, **kwargs):
         raise IsanError(f"attribution needs an ISAN bundle on the numpy backend; this is a {self.kind} model "

@@ -8,6 +8,11 @@ Example:
     >>> eng.top_k(r2.state, 3)                    # next-character distribution
 
 Units: bits (log base 2) everywhere; ``bpc`` is bits per character.
+
+Text goes through the model's declared normaliser first (``normalize="auto"``, see
+:mod:`isan.engine.normalize`); every result reports what it changed and maps each scored
+character back to its input offset. No call returns NaN or inf: a state that leaves the range of
+:data:`isan.engine.guard.MAX_STATE_ABS` raises :class:`~isan.errors.StateDivergedError` naming the offset.
 """
 
 from __future__ import annotations
@@ -21,10 +26,13 @@ from typing import Sequence
 import numpy as np
 
 from isan.alphabet import Alphabet
-from isan.errors import AttributionCheckError, EmptyTextError, IsanError, TableFormatError, TextTooLongError
+from isan.errors import (AttributionCheckError, EmptyTextError, IsanError, StateDivergedError, TableFormatError,
+                         TextTooLongError)
 from isan.params import ISANParams
 from isan.engine.bundle import load_isan_bundle
-from isan.engine.reference import LOG2E, kappa_ref, log_softmax, score_ref, segment_kappa_ref, states_ref
+from isan.engine.guard import MAX_STATE_ABS, check_bits, check_states, raise_diverged
+from isan.engine.normalize import Normalizer, Prepared, from_manifest, prepare, resolve
+from isan.engine.reference import LOG2E, kappa_ref, log_softmax, logits_ref, segment_kappa_ref, states_ref
 
 DEFAULT_MODEL = "text8-d216"
 MAX_ATTRIBUTION_CHARS = 2000
@@ -35,17 +43,26 @@ def default_model_path() -> Path:
     return Path(str(resources.files("isan") / "models" / DEFAULT_MODEL))
 
 
+def finite_or_none(x: float) -> float | None:
+    """``float(x)``, or None where it is NaN or infinite (JSON has no NaN)."""
+    x = float(x)
+    return x if np.isfinite(x) else None
+
+
 @dataclass(frozen=True)
 class State:
     """The recurrent state between two calls: ``h`` (d,) float64 (read-only), plus running totals.
 
     A value: every engine call returns a new State and never changes the one passed in.
-    ``chars`` and ``bits`` count what was scored since the initial state.
+    ``chars`` and ``bits`` count what was scored since the initial state; ``last_symbol`` is
+    the last symbol the state consumed ("" at the start), which a normaliser needs to treat a
+    chunk boundary as the whole text would (text8: a space after a space is squeezed).
     """
 
     h: np.ndarray
     chars: int = 0
     bits: float = 0.0
+    last_symbol: str = ""
 
     def __post_init__(self) -> None:
         h = np.array(self.h, dtype=np.float64, copy=True)
@@ -59,22 +76,36 @@ class State:
 
 @dataclass(frozen=True)
 class ScoreResult:
-    """Scoring of one text: ``chars``, total ``bits``, ``bpc`` = bits / chars, optional
-    ``per_char_bits`` (chars,) float64, and the ``state`` after the text."""
+    """Scoring of one text: ``chars`` (characters scored), total ``bits``, ``bpc`` = bits / chars,
+    optional ``per_char_bits`` (chars,) float64, and the ``state`` after the text.
+
+    ``normalization`` reports what the normaliser and the unknown-character policy did
+    (:mod:`isan.engine.normalize`); with ``per_char``, ``per_char_offsets`` (chars,) int64 gives
+    the input offset each scored character came from and ``text`` the scored characters.
+    """
 
     chars: int
     bits: float
     per_char_bits: np.ndarray | None
     state: State
+    normalization: dict | None = None
+    per_char_offsets: np.ndarray | None = None
+    text: str | None = None
 
     @property
     def bpc(self) -> float:
         return self.bits / self.chars if self.chars else float("nan")
 
     def to_json(self, per_char: bool = False) -> dict:
-        out = {"chars": self.chars, "bits": float(self.bits), "bpc": float(self.bpc)}
+        """``{"chars", "bits", "bpc", "normalization"}`` (+ ``per_char_bits``, ``per_char_offsets``);
+        never NaN (``bpc`` is null when nothing was scored)."""
+        out = {"chars": self.chars, "bits": float(self.bits), "bpc": finite_or_none(self.bpc) if self.chars else None}
+        if self.normalization is not None:
+            out["normalization"] = self.normalization
         if per_char and self.per_char_bits is not None:
             out["per_char_bits"] = [float(b) for b in self.per_char_bits]
+            if self.per_char_offsets is not None:
+                out["per_char_offsets"] = self.per_char_offsets.tolist()
         return out
 
 
@@ -86,7 +117,9 @@ class Attribution:
     character t (which predict character t+1). Sources: ``sources[0]`` is ``"<h0>"`` (the
     initial state), then characters (``by="char"``) or words and spaces (``by="word"``).
     ``logits`` (T, V) are computed independently by the reference path, and
-    ``max_abs_error`` = max |b_ro + sum_s kappa[t, s] - logits[t]|.
+    ``max_abs_error`` = max |b_ro + sum_s kappa[t, s] - logits[t]|. ``text`` is the attributed
+    (normalised) text; ``input_offsets`` (T,) maps its characters to the input, and
+    ``normalization`` reports what changed.
     """
 
     text: str
@@ -98,6 +131,8 @@ class Attribution:
     b_ro: np.ndarray
     max_abs_error: float
     alphabet: Alphabet = field(repr=False)
+    normalization: dict | None = None
+    input_offsets: np.ndarray | None = field(default=None, repr=False)
 
     def next_char_contributions(self) -> np.ndarray:
         """(T, S): contributions to the logit of the character that actually comes next
@@ -116,6 +151,10 @@ class Attribution:
             "next_char_kappa": np.round(self.next_char_contributions(), 6).tolist(),
             "check_max_abs_error": self.max_abs_error,
         }
+        if self.normalization is not None:
+            out["normalization"] = self.normalization
+        if self.input_offsets is not None:
+            out["input_offsets"] = self.input_offsets.tolist()
         if full:
             out["alphabet"] = self.alphabet.to_list()
             out["kappa"] = self.kappa.tolist()
@@ -132,6 +171,50 @@ class Sample:
     seed: int | None
     temperature: float
     top_k: int | None
+    prompt_normalized: str | None = None  # the prompt as the model read it
+    normalization: dict | None = None  # what normalising the prompt changed
+
+    def to_json(self) -> dict:
+        out = {"prompt": self.prompt, "text": self.text, "bits": float(self.bits), "seed": self.seed,
+               "temperature": self.temperature, "top_k": self.top_k}
+        if self.normalization is not None:
+            out["prompt_normalized"] = self.prompt_normalized
+            out["normalization"] = self.normalization
+        return out
+
+
+def with_prefix(e: Exception, prefix: str) -> Exception:
+    """A copy of ``e`` (same type and attributes) whose message starts with ``prefix``."""
+    import copy
+
+    new = copy.copy(e)
+    new.args = (prefix + str(e),) + tuple(e.args[1:])
+    return new
+
+
+def in_input_terms(e: StateDivergedError, prep: Prepared, symbols=None) -> StateDivergedError:
+    """The same error with the offset in the caller's input as well (``.input_offset``), and the
+    letter or pair whose repeats led there named when the path that raised did not."""
+    off = e.offset
+    if off is None or not 0 <= off < len(prep.offsets) or getattr(e, "input_offset", None) is not None:
+        return e
+    inp = int(prep.offsets[off])
+    msg = str(e)
+    if symbols is not None:  # name the repeated letter or pair (paths without the alphabet give ids)
+        from isan.engine.guard import _repeat_hint
+
+        hint = _repeat_hint(prep.ids, off, symbols)
+        if re.search(r", after \d+ characters repeating symbol id [\d+]+", msg):
+            msg = re.sub(r", after \d+ characters repeating symbol id [\d+]+", lambda _: hint, msg, count=1)
+        elif hint and "repeating" not in msg and "path)" in msg:
+            msg = msg.replace("path)", "path)" + hint, 1)
+    norm = prep.report.get("normalizer")
+    if inp != off:
+        msg = msg.replace(f"character offset {off} ", f"input offset {inp} (scored character {off}, after "
+                                                   f"{norm} normalisation) ", 1)
+    new = StateDivergedError(msg, offset=off, cause=e.cause)
+    new.input_offset = inp
+    return new
 
 
 class Engine:
@@ -149,6 +232,8 @@ class Engine:
         self.params = params.astype(np.float64)  # reference path dtype
         self.alphabet = alphabet
         self.manifest = dict(manifest or {})
+        self.normalizer: Normalizer = from_manifest({"alphabet": alphabet.to_list(), **self.manifest},
+                                                    f"{source or 'the model'}/manifest.json")
         self.source = source
         self.table = table
         self._composed = None
@@ -207,7 +292,7 @@ class Engine:
     def describe(self) -> dict:
         out = {"kind": "isan", "d": self.d, "alphabet": "".join(self.alphabet.symbols),
                "path": self.path, "backend": self.backend, "source": self.source,
-               "params_sha256": self.params_sha256}
+               "params_sha256": self.params_sha256, "normalizer": self.normalizer.id}
         if self.table is not None:
             out["table"] = {"path": str(self.table.path), "entries": self.table.n_entries, "bytes": self.table.nbytes}
         return out
@@ -223,51 +308,142 @@ class Engine:
     def _ids(self, text: str | Sequence[int] | np.ndarray, unknown: str, replacement: str | None) -> np.ndarray:
         return self.alphabet.as_ids(text, unknown, replacement)
 
+    def prepare(self, text: str | Sequence[int] | np.ndarray, normalize: str | Normalizer | None = "auto",
+                unknown: str = "error", replacement: str | None = None, state: State | None = None) -> Prepared:
+        """Normalise ``text`` and map it to ids (see :func:`isan.engine.normalize.prepare`).
+
+        Args:
+            normalize: ``"auto"`` (the model's declared normaliser), ``"none"`` (raw text) or a
+                normaliser name (``"text8"``, ``"text8-v1"``).
+            state: the state the text continues (its ``last_symbol`` matters to squeezing).
+        """
+        return prepare(text, self.alphabet, resolve(normalize, self.normalizer), unknown, replacement,
+                       context=state.last_symbol if state is not None else "")
+
+    def _state(self, state: State | None) -> State:
+        """``state`` or the initial state, checked: the right size, finite and in range."""
+        if state is None:
+            return self.initial_state()
+        h = state.h
+        if h.shape != (self.d,):
+            raise IsanError(f"the state has shape {h.shape}; this model's state is ({self.d},)")
+        if not np.abs(h).max(initial=0.0) <= MAX_STATE_ABS:
+            raise StateDivergedError(f"the given state is out of range (max |h| = {np.abs(h).max():.3g} > "
+                                     f"{MAX_STATE_ABS:g}, or not finite); start from engine.initial_state()",
+                                     offset=None, cause="state out of range")
+        return state
+
+    def _diverged(self, ids: np.ndarray, h: np.ndarray, where: str, detected_at: int | None = None,
+                  base_offset: int = 0) -> None:
+        raise_diverged(self.params.W, self.params.b, ids, h, where, detected_at=detected_at,
+                       base_offset=base_offset, symbols=self.alphabet.symbols)
+
+    def _check_output(self, ids: np.ndarray, h: np.ndarray, bits: np.ndarray | None, h_final: np.ndarray,
+                      where: str) -> None:
+        """Raise StateDivergedError (located by the float64 reference) if ``bits`` are not finite
+        or the final state is out of range."""
+        bad = check_bits(bits) if bits is not None else None
+        if bad is not None or check_states(np.asarray(h_final)[None, :]) is not None:
+            self._diverged(ids, h, where, detected_at=bad)
+
     # ---- scoring ------------------------------------------------------------------------
     def score(self, text: str | np.ndarray, state: State | None = None, per_char: bool = False,
-              unknown: str = "error", replacement: str | None = None) -> ScoreResult:
+              unknown: str = "error", replacement: str | None = None, normalize: str | None = "auto") -> ScoreResult:
         """Bits of each character of ``text`` given ``state`` (default: the initial state).
 
         ``bits_t = -log2 softmax(W_ro h_{t-1} + b_ro)[x_t]`` (DESIGN.md section 2).
 
+        Args:
+            normalize: ``"auto"`` (the model's declared normaliser), ``"none"`` (raw text) or a
+                normaliser name; the result's ``normalization`` reports what it changed.
+            unknown, replacement: characters still outside the alphabet after normalisation.
         Returns:
-            ScoreResult with chars, bits, bpc, per_char_bits (if asked) and the new state,
-            whose running totals include this text.
+            ScoreResult with chars, bits, bpc, per_char_bits and per_char_offsets (if asked),
+            the normalisation report and the new state, whose running totals include this text.
+            A non-empty chunk that normalises to nothing (a newline after a space) scores zero
+            characters when a ``state`` is given (streaming); without one it is an EmptyTextError.
         Raises:
-            EmptyTextError: nothing to score (empty, or empty after skipping unknown characters).
+            EmptyTextError: nothing to score (empty, or empty after normalisation and skipping).
             AlphabetError: a character outside the alphabet (with unknown="error").
+            StateDivergedError: the model's state leaves its range (``.offset``, ``.input_offset``).
         """
-        ids = self._ids(text, unknown, replacement)
+        streaming = state is not None
+        state = self._state(state)
+        prep = self.prepare(text, normalize, unknown, replacement, state)
+        ids = prep.ids
         if len(ids) == 0:
-            raise EmptyTextError("the text is empty (after removing unknown characters); give at least one character")
-        state = state or self.initial_state()
-        bits, h = self._score_ids(ids, state.h)
+            if streaming and len(text):
+                return ScoreResult(0, 0.0, np.zeros(0) if per_char else None, state, prep.report,
+                                   np.zeros(0, dtype=np.int64) if per_char else None, "" if per_char else None)
+            raise EmptyTextError("the text is empty (after normalisation and removing unknown characters); "
+                                 "give at least one character")
+        try:
+            bits, h = self._score_ids(ids, state.h)
+        except StateDivergedError as e:
+            raise in_input_terms(e, prep, self.alphabet.symbols) from None
         total = float(bits.sum())
-        new = State(h, state.chars + len(ids), state.bits + total)
-        return ScoreResult(len(ids), total, bits if per_char else None, new)
+        new = State(h, state.chars + len(ids), state.bits + total, prep.last_symbol)
+        return ScoreResult(len(ids), total, bits if per_char else None, new, prep.report,
+                           prep.offsets if per_char else None, prep.text if per_char else None)
 
     def _score_ids(self, ids: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(bits (T,) float64, final state (d,) float64); raises StateDivergedError."""
         if self.path == "composed":
-            bits, hf = self._composed.score(ids, h.astype(np.float32))
-            return bits, hf.astype(np.float64)
-        return score_ref(self.params, ids, h)
+            with np.errstate(over="ignore", invalid="ignore"):  # a diverging state is reported below
+                bits, hf = self._composed.score(ids, h.astype(np.float32))
+            hf = hf.astype(np.float64)
+            self._check_output(ids, h, bits, hf, "composed")
+            return bits, hf
+        return self._score_ref(ids, h)
+
+    def _score_ref(self, ids: np.ndarray, h: np.ndarray, block: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+        """The float64 reference (as :func:`isan.engine.reference.score_ref`), checking every state."""
+        p = self.params
+        ids = np.asarray(ids)
+        bits = np.empty(len(ids))
+        for s in range(0, len(ids), block):
+            x = ids[s : s + block]
+            H = states_ref(p, x, h)
+            bad = check_states(H)
+            if bad is not None:
+                self._diverged(x, h, "reference", detected_at=bad, base_offset=s)
+            S = np.vstack([h[None, :], H[:-1]])  # states before each character
+            lp = log_softmax(logits_ref(p, S))
+            bits[s : s + len(x)] = -lp[np.arange(len(x)), x] * LOG2E
+            h = H[-1]
+        bad = check_bits(bits)
+        if bad is not None:  # in-range states give finite bits; this guards the promise
+            raise StateDivergedError(f"non-finite bits at character offset {bad} (reference path)", offset=bad,
+                                     cause="non-finite bits")
+        return bits, h
 
     def score_batch(self, texts: Sequence[str | np.ndarray], states: Sequence[State] | None = None,
                     per_char: bool = False, unknown: str = "error", replacement: str | None = None,
-                    group: str | None = None) -> list[ScoreResult]:
+                    group: str | None = None, normalize: str | None = "auto") -> list[ScoreResult]:
         """Score many independent texts together (DESIGN.md section 6: group work, never gather).
 
         Args:
             group: ``"entry"`` (composed table jumps shared by streams needing the same entry;
                 the default with a table) or ``"symbol"`` (per-character steps grouped by symbol).
+            normalize, unknown, replacement: as for :meth:`score`.
         Returns:
             one ScoreResult per text, equal to scoring each alone within float32 tolerance.
+        Raises:
+            EmptyTextError, AlphabetError, StateDivergedError (naming the text of the batch).
         """
-        ids = [self._ids(t, unknown, replacement) for t in texts]
+        states = [self._state(s) for s in states] if states is not None else [self.initial_state()] * len(texts)
+        if len(states) != len(texts):
+            raise IsanError(f"got {len(texts)} texts but {len(states)} states")
+        preps = []
+        for i, (t, s) in enumerate(zip(texts, states)):
+            try:
+                preps.append(self.prepare(t, normalize, unknown, replacement, s))
+            except IsanError as e:
+                raise with_prefix(e, f"text {i} of the batch: ") from None
+        ids = [p.ids for p in preps]
         for i, x in enumerate(ids):
             if len(x) == 0:
-                raise EmptyTextError(f"text {i} of the batch is empty")
-        states = list(states) if states is not None else [self.initial_state()] * len(ids)
+                raise EmptyTextError(f"text {i} of the batch is empty (after normalisation)")
         group = group or ("entry" if self._composed is not None else "symbol")
         if group == "entry" and self._composed is None:
             raise TableFormatError("group='entry' needs a trie table; use group='symbol'")
@@ -278,32 +454,56 @@ class Engine:
 
             path = ComposedPath(None, self.params32)  # symbol grouping needs only the weights
         hs = np.stack([s.h for s in states]) if states else np.zeros((0, self.d))
-        bits, finals = path.score_batch(ids, hs, group=group)
+        with np.errstate(over="ignore", invalid="ignore"):  # a diverging state is reported below
+            bits, finals = path.score_batch(ids, hs, group=group)
         out = []
-        for s, b, hf in zip(states, bits, finals):
+        for i, (s, b, hf, prep) in enumerate(zip(states, bits, finals, preps)):
+            try:
+                self._check_output(prep.ids, s.h, b, hf, f"batched ({group})")
+            except StateDivergedError as e:
+                raise with_prefix(in_input_terms(e, prep, self.alphabet.symbols), f"text {i} of the batch: ") from None
             total = float(b.sum())
             out.append(ScoreResult(len(b), total, b if per_char else None,
-                                   State(hf.astype(np.float64), s.chars + len(b), s.bits + total)))
+                                   State(hf.astype(np.float64), s.chars + len(b), s.bits + total, prep.last_symbol),
+                                   prep.report, prep.offsets if per_char else None, prep.text if per_char else None))
         return out
 
     def advance(self, text: str | np.ndarray, state: State | None = None, unknown: str = "error",
-                replacement: str | None = None) -> State:
-        """Ingest text without scoring it (no readout); totals are left unchanged."""
-        ids = self._ids(text, unknown, replacement)
-        state = state or self.initial_state()
-        if len(ids) == 0:
-            return state
-        return State(self._advance_ids(ids, state.h), state.chars, state.bits)
+                replacement: str | None = None, normalize: str | None = "auto") -> State:
+        """Ingest text without scoring it (no readout); totals are left unchanged.
 
-    def _advance_ids(self, ids: np.ndarray, h: np.ndarray) -> np.ndarray:
+        Raises:
+            AlphabetError, StateDivergedError (as :meth:`score`).
+        """
+        state = self._state(state)
+        prep = self.prepare(text, normalize, unknown, replacement, state)
+        if len(prep.ids) == 0:
+            return state
+        try:
+            h = self._advance_ids(prep.ids, state.h)
+        except StateDivergedError as e:
+            raise in_input_terms(e, prep, self.alphabet.symbols) from None
+        return State(h, state.chars, state.bits, prep.last_symbol)
+
+    def _advance_ids(self, ids: np.ndarray, h: np.ndarray, block: int = 4096) -> np.ndarray:
         if self.path == "composed":
-            return self._composed.advance(ids, h.astype(np.float32)).astype(np.float64)
-        return states_ref(self.params, ids, h)[-1]
+            with np.errstate(over="ignore", invalid="ignore"):  # a diverging state is reported below
+                hf = self._composed.advance(ids, h.astype(np.float32)).astype(np.float64)
+            self._check_output(ids, h, None, hf, "composed")
+            return hf
+        for s in range(0, len(ids), block):  # blocks keep memory O(block d)
+            x = ids[s : s + block]
+            H = states_ref(self.params, x, h)
+            bad = check_states(H)
+            if bad is not None:
+                self._diverged(x, h, "reference", detected_at=bad, base_offset=s)
+            h = H[-1]
+        return h
 
     # ---- next-character distribution ----------------------------------------------------
     def logits(self, state: State | None = None) -> np.ndarray:
         """Logits (V,) float64 for the next character: ``W_ro h + b_ro``."""
-        h = (state or self.initial_state()).h
+        h = self._state(state).h
         return self.params.W_ro @ h + self.params.b_ro
 
     def distribution(self, state: State | None = None, temperature: float = 1.0) -> np.ndarray:
@@ -321,25 +521,47 @@ class Engine:
 
     # ---- sampling -----------------------------------------------------------------------
     def sample(self, prompt: str = "", n: int = 200, temperature: float = 1.0, top_k: int | None = None,
-               seed: int | None = None, state: State | None = None) -> Sample:
-        """Generate ``n`` characters after ``prompt``. Deterministic for a given seed.
+               seed: int | None = None, state: State | None = None, normalize: str | None = "auto") -> Sample:
+        """Generate ``n`` characters after ``prompt`` (normalised as ``normalize`` says).
+        Deterministic for a given seed.
 
         Args:
             temperature: > 0; logits are divided by it.
             top_k: sample only among the k most likely characters (None: all).
+        Raises:
+            StateDivergedError: the prompt or the generated text drives the state out of range.
         """
         from isan.engine.sampling import check_sampling_args, sample_ids
 
         check_sampling_args(n, temperature, top_k, len(self.alphabet))
-        state = self.advance(prompt, state) if prompt else (state or self.initial_state())
+        state = self._state(state)
+        prep = self.prepare(prompt, normalize, "error", None, state)
+        if len(prep.ids):
+            try:
+                state = State(self._advance_ids(prep.ids, state.h), state.chars, state.bits, prep.last_symbol)
+            except StateDivergedError as e:
+                raise in_input_terms(e, prep, self.alphabet.symbols) from None
         p = self.params
-        ids, bits = sample_ids(lambda h: p.W_ro @ h + p.b_ro, lambda h, x: p.W[x] @ h + p.b[x], state.h.copy(),
-                               n, temperature, top_k, seed)
-        return Sample(prompt, self.alphabet.decode(ids), bits, seed, temperature, top_k)
+        symbols = self.alphabet.symbols
+        drawn: list[int] = []
+
+        def step(h, x):
+            drawn.append(x)
+            h = p.W[x] @ h + p.b[x]
+            if not np.abs(h).max() <= MAX_STATE_ABS:
+                raise StateDivergedError(
+                    f"the model's state diverges at generated character {len(drawn) - 1} ({symbols[x]!r}, sampling; "
+                    f"state overflow (|h| > {MAX_STATE_ABS:g})); the generated text repeats a letter or pair whose "
+                    "repeats diverge (`isan model check` lists them): lower the temperature or use top_k",
+                    offset=len(drawn) - 1, cause=f"state overflow (|h| > {MAX_STATE_ABS:g})")
+            return h
+
+        ids, bits = sample_ids(lambda h: p.W_ro @ h + p.b_ro, step, state.h.copy(), n, temperature, top_k, seed)
+        return Sample(prompt, self.alphabet.decode(ids), bits, seed, temperature, top_k, prep.text, prep.report)
 
     # ---- attribution --------------------------------------------------------------------
     def attribute(self, text: str, by: str = "char", state: State | None = None, unknown: str = "error",
-                  replacement: str | None = None, tol: float = 1e-6) -> Attribution:
+                  replacement: str | None = None, tol: float = 1e-6, normalize: str | None = "auto") -> Attribution:
         """Exact attribution of each logit to the initial state and to each character or word.
 
         ``kappa[t, s] = W_ro (W[x_t] ... W[x_{s+1}]) b[x_s]`` with ``b[x_0] := h`` (paper eqs. 4-6).
@@ -350,34 +572,47 @@ class Engine:
             AttributionCheckError: ``b_ro + sum_s kappa[t, s]`` differs from the logits by more
                 than ``tol * max(1, max |logits|)`` (never expected; it guards the promise).
             TextTooLongError: more than MAX_ATTRIBUTION_CHARS characters (memory is O(T^2 V)).
+            StateDivergedError: the state leaves its range inside the text.
         """
         if by not in ("char", "word"):
             raise IsanError(f"by must be 'char' or 'word'; got {by!r}")
-        if unknown == "skip":
-            text = "".join(c for c in text if c in self.alphabet)
-            unknown = "error"
-        elif unknown == "replace":
-            ids0 = self.encode(text, unknown, replacement)
-            text = self.alphabet.decode(ids0)
-        ids = self.encode(text, unknown, replacement)
+        state = self._state(state)
+        prep = self.prepare(text, normalize, unknown, replacement, state)
+        ids, text = prep.ids, prep.text
         if len(ids) == 0:
-            raise EmptyTextError("the text to attribute is empty; give at least one character")
+            raise EmptyTextError("the text to attribute is empty (after normalisation); give at least one character")
         if len(ids) > MAX_ATTRIBUTION_CHARS:
             raise TextTooLongError(f"attribution of {len(ids)} characters needs O(T^2) memory; give at most {MAX_ATTRIBUTION_CHARS}")
-        h = (state or self.initial_state()).h
+        h = state.h
         p = self.params
+        H = states_ref(p, ids, h)
+        bad = check_states(H)
+        if bad is not None:
+            try:
+                self._diverged(ids, h, "attribution", detected_at=bad)
+            except StateDivergedError as e:
+                raise in_input_terms(e, prep, self.alphabet.symbols) from None
         if by == "char":
             spans = [(i, i + 1) for i in range(len(ids))]
             kappa = kappa_ref(p, ids, h)
         else:
             spans = [m.span() for m in re.finditer(r"[^ ]+| +", text)]
             kappa = segment_kappa_ref(p, ids, spans, h)
-        logits = states_ref(p, ids, h) @ p.W_ro.T + p.b_ro
+        logits = H @ p.W_ro.T + p.b_ro
         err = float(np.abs(p.b_ro + kappa.sum(axis=1) - logits).max())
         if err > tol * max(1.0, float(np.abs(logits).max())):
             raise AttributionCheckError(f"b_ro + sum kappa differs from the logits by {err:.3g}")
         sources = ["<h0>"] + [text[i:j] for i, j in spans]
-        return Attribution(text, by, sources, [(0, 0)] + spans, kappa, logits, p.b_ro.copy(), err, self.alphabet)
+        return Attribution(text, by, sources, [(0, 0)] + spans, kappa, logits, p.b_ro.copy(), err, self.alphabet,
+                           prep.report, prep.offsets)
+
+    # ---- diagnostics ----------------------------------------------------------------------
+    def check_divergence(self, max_chars: int = 2000) -> dict:
+        """Which letters, and which pairs of letters, when repeated from h0 drive the state out of
+        range, and after how many characters (see :func:`isan.engine.divergence.repeat_divergence`)."""
+        from isan.engine.divergence import repeat_divergence
+
+        return repeat_divergence(self.params, self.alphabet.symbols, max_chars=max_chars)
 
 
 def find_table(bundle: Path, manifest: dict, params: ISANParams, alphabet: Alphabet, progress_bar: bool = True):
@@ -392,6 +627,63 @@ def find_table(bundle: Path, manifest: dict, params: ISANParams, alphabet: Alpha
     if (bundle / RECIPE).exists():
         return cached_table(bundle / RECIPE, params, alphabet, sha, progress_bar=progress_bar)
     return None
+
+
+def verify_all(bundle: str | Path) -> dict:
+    """``isan verify``: :func:`isan.engine.bundle.verify_bundle` (every file hashed), plus the table
+    a recipe composes into the cache and the ONNX graphs cached for a bundle that ships none.
+
+    Returns the report of verify_bundle with ``cached_table`` and ``onnx`` ("ok", a problem, or
+    None when there is nothing to check); ``ok`` covers them all.
+    """
+    from isan.engine.bundle import verify_bundle
+
+    bundle = Path(bundle)
+    r = verify_bundle(bundle)
+    r.setdefault("cached_table", None)
+    if r["format_version"] is None:
+        return r
+    from isan.engine.bundle import read_manifest
+
+    m = read_manifest(bundle, verify="none")
+    from isan.trie_tables.build import RECIPE
+
+    if m["kind"] == "isan" and (bundle / RECIPE).is_file() and not (bundle / "table").exists():
+        import hashlib
+        import json
+
+        from isan.trie_tables.build import cache_dir, read_recipe
+        from isan.trie_tables.format import load_table
+
+        try:
+            recipe = read_recipe(bundle / RECIPE)
+            key = hashlib.sha256(json.dumps([m["params_sha256"], recipe["keys"], recipe.get("dtype")]).encode()
+                                 ).hexdigest()[:20]
+            path = cache_dir() / "tables" / key
+            if (path / "header.json").exists():
+                load_table(path, m["params_sha256"], Alphabet.from_list(m["alphabet"]), m["d"], verify=True)
+                r["cached_table"] = "ok"
+            else:
+                r["cached_table"] = None  # not composed yet: nothing to check
+        except TableFormatError as e:
+            r["cached_table"] = f"{e} (it is rebuilt on the next use)"
+            r["problems"].append(r["cached_table"])
+    files = m.get("files") or {}
+    graphs = [f for f in ("model.onnx", "sequence.onnx") if f in files]
+    if graphs:
+        bad = [f"{f}: {r['checked'][f]}" for f in graphs if r["checked"].get(f) != "ok"]
+        r["onnx"] = "ok" if not bad else "; ".join(bad)
+    elif "onnx" not in m and m["kind"] != "ngram":
+        from isan.export.onnx_export import check_cached_graphs, onnx_cache_path
+
+        path = onnx_cache_path(m)
+        if (path / "graphs.json").exists():
+            problem = check_cached_graphs(path, m["params_sha256"])
+            r["onnx"] = "ok" if problem is None else f"{problem} (rebuilt on the next use)"
+            if problem:
+                r["problems"].append(r["onnx"])
+    r["ok"] = not r["problems"]
+    return r
 
 
 def load_engine(model: str | Path | None = None, path: str = "auto", backend: str = "numpy", device: str = "cpu"):
@@ -420,7 +712,7 @@ def load_engine(model: str | Path | None = None, path: str = "auto", backend: st
         from isan.engine.onnx_backend import load_onnx_engine
 
         return load_onnx_engine(src, device=device, path_mode=path)
-    kind = read_manifest(src)["kind"]
+    kind = read_manifest(src, verify="none")["kind"]  # the loader below verifies
     if kind != "isan":
         if path == "composed":
             raise IsanError("trie tables exist only for ISAN bundles; use --path auto or reference")

@@ -15,6 +15,14 @@ A state is a flat float64 vector: ``h`` (d,), or for the LSTM ``concat(h, c)`` (
 onnxruntime the state is float32; it is returned as float64 without rounding, so carrying it
 between calls gives the same numbers as one long call.
 
+Integrity and divergence: each graph's sha256 is checked against the bundle's manifest (or the
+cache's record) after its metadata; a bundle that ships no graphs (the default model) gets them
+built into the user cache on first use (:func:`isan.export.onnx_export.cached_graphs`). Every
+chunk's logits must be finite and its final state in range (for an ISAN, the guard's
+``MAX_STATE_ABS``); otherwise :class:`~isan.errors.StateDivergedError` names the offset (an ISAN's
+first out-of-range state is located exactly with the float64 reference). A state that leaves the
+range and comes back inside one chunk without overflowing float32 is not seen on this path.
+
 Example:
     >>> runner = OnnxRunner.load("bundle/", device="cpu")
     >>> bits, state = runner.score_ids(ids, runner.initial_state())
@@ -30,8 +38,9 @@ from typing import Sequence
 
 import numpy as np
 
-from isan.errors import BundleFormatError, IsanError
+from isan.errors import BundleFormatError, IsanError, StateDivergedError
 from isan.engine.baseline_ref import LOG2E, RunnerEngine, bits_from_logits, log_softmax
+from isan.engine.guard import MAX_STATE_ABS, raise_diverged
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +125,10 @@ class OnnxRunner:
         if chunk < 1:
             raise IsanError(f"chunk must be >= 1; got {chunk}")
         self.chunk = int(chunk)
+        #: (W, b) of an ISAN, to locate a diverging state with the float64 reference (None otherwise)
+        self.isan_Wb = None
+        self.state_limit = MAX_STATE_ABS if self.kind == "isan" else np.inf
+        self.graphs_dir = path
 
     # ---- loading -----------------------------------------------------------------------------
     @classmethod
@@ -140,11 +153,13 @@ class OnnxRunner:
         providers = _providers(device)
         manifest = read_manifest(path)
         kind = manifest["kind"]
+        isan_Wb = None
         if kind == "isan":
             from isan.engine.bundle import load_isan_bundle
 
             _, p, _ = load_isan_bundle(path)  # validates shapes and params_sha256
             W_ro, b_ro, init = p.W_ro, p.b_ro, p.h0
+            isan_Wb = (p.W, p.b)
         else:
             from isan.engine.baseline_ref import BASELINE_KINDS, load_baseline_bundle
 
@@ -154,9 +169,12 @@ class OnnxRunner:
             _, p, _ = load_baseline_bundle(path)
             W_ro, b_ro, init = p.tensors["W_ro"], p.tensors["b_ro"], p.initial_state()
         io = expected_io(kind)
+        graphs_dir, expected = _graphs(path, manifest)
         sessions = {}
         for which, fname in (("step", STEP_FILE), ("sequence", SEQUENCE_FILE)):
-            sessions[which] = _open_session(path / fname, which, manifest, io[which], providers, threads)
+            _check_graph_file(graphs_dir / fname, expected.get(fname), path)  # before onnxruntime parses it
+            sessions[which] = _open_session(graphs_dir / fname, which, manifest, io[which], providers, threads,
+                                            bundle=path)
         used = {s.get_providers()[0] for s in sessions.values()}
         provider = CUDA if used == {CUDA} else CPU
         if device == "cuda" and provider != CUDA:
@@ -165,8 +183,31 @@ class OnnxRunner:
                 f"{sorted(used)}); check the CUDA/cuDNN libraries of onnxruntime-gpu, or use device 'cpu'")
         if device == "auto" and CUDA in providers and provider != CUDA:
             log.warning("CUDA provider is installed but did not start; running on CPU")
-        log.info("loaded %s ONNX graphs of %s on %s", kind, path, provider)
-        return cls(path, manifest, W_ro, b_ro, init, sessions["step"], sessions["sequence"], provider, chunk)
+        log.info("loaded %s ONNX graphs of %s (from %s) on %s", kind, path, graphs_dir, provider)
+        runner = cls(path, manifest, W_ro, b_ro, init, sessions["step"], sessions["sequence"], provider, chunk)
+        runner.isan_Wb = isan_Wb
+        runner.graphs_dir = graphs_dir
+        return runner
+
+    def _check_chunk(self, ids: np.ndarray, state: np.ndarray, L: np.ndarray, s_after: np.ndarray, base: int) -> None:
+        """Raise StateDivergedError if a chunk's logits are not finite or its final state is out of range.
+
+        Args:
+            ids: the chunk's ids (T,); state: the flat state before it; L: logits (T, V) after
+            each id; s_after: the state after the chunk; base: the chunk's offset in the text.
+        """
+        bad_rows = ~np.isfinite(L).all(axis=-1)
+        if not bad_rows.any() and np.all(np.isfinite(s_after)) and np.abs(s_after).max(initial=0.0) <= self.state_limit:
+            return
+        at = int(np.argmax(bad_rows)) if bad_rows.any() else None
+        if self.isan_Wb is not None:
+            raise_diverged(self.isan_Wb[0], self.isan_Wb[1], ids, np.asarray(state, dtype=np.float64)[: self.d],
+                           "onnx", detected_at=at, base_offset=base)
+        cause = "non-finite logits" if at is not None else "non-finite state"
+        where = f"at character offset {base + at}" if at is not None else f"in the characters from offset {base}"
+        raise StateDivergedError(f"the {self.kind} model's state diverges {where} ({cause}, onnx backend); the "
+                                 "model cannot score this text meaningfully",
+                                 offset=None if at is None else base + at, cause=cause)
 
     # ---- states and readout ------------------------------------------------------------------
     def initial_state(self) -> np.ndarray:
@@ -240,7 +281,9 @@ class OnnxRunner:
         prev = self.readout(state)  # predicts ids[0]
         for start in range(0, len(ids), self.chunk):
             x = ids[start:start + self.chunk]
+            before = s
             L, s = self.sequence(x[None, :], s)
+            self._check_chunk(x, before[0], L[0], s[0], start)
             bits[start:start + len(x)] = bits_from_logits(np.vstack([prev[None, :], L[0, :-1]]), x)
             prev = L[0, -1]
         return bits, (s[0].astype(np.float64) if len(ids) else state.copy())
@@ -252,7 +295,10 @@ class OnnxRunner:
             return np.array(state, dtype=np.float64)
         s = self._check_states(state, 1)
         for start in range(0, len(ids), self.chunk):
-            _, s = self.sequence(ids[None, start:start + self.chunk], s)
+            x = ids[start:start + self.chunk]
+            before = s
+            L, s = self.sequence(x[None, :], s)
+            self._check_chunk(x, before[0], L[0], s[0], start)
         return s[0].astype(np.float64)
 
     def score_batch(self, ids_list: Sequence[np.ndarray], states: Sequence[np.ndarray] | None = None
@@ -284,6 +330,11 @@ class OnnxRunner:
             steps = int(min(self.chunk, lens[active].min() - pos))
             X = np.stack([ids_list[i][pos:pos + steps] for i in active])  # (A, steps)
             L, S_new = self.sequence(X, S[active])
+            for j, i in enumerate(active):
+                try:
+                    self._check_chunk(X[j], S[i], L[j], S_new[j], pos)
+                except StateDivergedError as e:
+                    raise StateDivergedError(f"text {i} of the batch: {e}", offset=e.offset, cause=e.cause) from None
             before = np.concatenate([prev[active][:, None, :], L[:, :-1]], axis=1)  # (A, steps, V)
             lp = log_softmax(before.astype(np.float64))
             b = -np.take_along_axis(lp, X[:, :, None], axis=2)[:, :, 0] * LOG2E
@@ -295,11 +346,68 @@ class OnnxRunner:
         return [(bits[i], S[i].astype(np.float64) if lens[i] else init[i].copy()) for i in range(n)]
 
 
+def _check_graph_file(file: Path, want: dict | None, bundle: Path) -> None:
+    """Refuse a graph whose size or sha256 differs from its record, before any parser reads it."""
+    if want is None or not file.is_file():
+        return
+    from isan.jsonfile import file_sha256
+
+    size = file.stat().st_size
+    if want.get("bytes") is not None and size != want["bytes"]:
+        raise BundleFormatError(f"{file} has {size:,} bytes, the manifest records {want['bytes']:,} (truncated or "
+                                f"replaced); {_rebuild_hint(bundle)}")
+    if file_sha256(file) != want["sha256"]:
+        raise BundleFormatError(f"{file} does not match its sha256 in the manifest (corrupt or edited); "
+                                f"{_rebuild_hint(bundle)}")
+
+
+def _is_shipped(bundle: Path) -> bool:
+    """Whether ``bundle`` is one of the models shipped inside the package (never written to)."""
+    from isan.engine.core import default_model_path
+
+    try:
+        return bundle.resolve().parent == default_model_path().resolve().parent
+    except OSError:
+        return False
+
+
+def _graphs(bundle: Path, manifest: dict) -> tuple[Path, dict[str, dict]]:
+    """Where a bundle's graphs are and their records ({file name: {"sha256", "bytes"}}).
+
+    A bundle with graphs (or whose manifest says it has them) uses its own (a missing file is
+    then an error naming the export command); a model shipped inside the package, which has none,
+    gets them built into the user cache on first use.
+    """
+    has = (bundle / STEP_FILE).exists() or (bundle / SEQUENCE_FILE).exists() or "onnx" in manifest
+    if has or not _is_shipped(bundle):
+        expected = {}
+        files = manifest.get("files") or {}
+        info = manifest.get("onnx") or {}
+        for which, fname in (("step", STEP_FILE), ("sequence", SEQUENCE_FILE)):
+            rec = files.get(fname)
+            if isinstance(rec, dict) and isinstance(rec.get("sha256"), str):
+                expected[fname] = {"sha256": rec["sha256"], "bytes": rec.get("bytes")}
+            elif isinstance(info.get(which), dict) and isinstance(info[which].get("sha256"), str):
+                b = info[which].get("bytes")
+                expected[fname] = {"sha256": info[which]["sha256"], "bytes": b if type(b) is int else None}
+        return bundle, expected
+    try:
+        from isan.export.onnx_export import cached_graphs
+    except ModuleNotFoundError as e:  # pragma: no cover - onnx missing
+        raise BackendUnavailableError(f"{bundle} ships no ONNX graphs, and building them on first use needs the onnx "
+                                      f"package ({e.name}): pip install 'isan[onnx]'") from None
+    try:
+        return cached_graphs(bundle, manifest), {}
+    except ModuleNotFoundError as e:
+        raise BackendUnavailableError(f"{bundle} ships no ONNX graphs, and building them on first use needs the onnx "
+                                      f"package ({e.name}): pip install 'isan[onnx]'") from None
+
+
 def _open_session(file: Path, which: str, manifest: dict, names: tuple[list[str], list[str]], providers: list[str],
-                  threads: int | None):
+                  threads: int | None, bundle: Path | None = None):
     """An InferenceSession of one graph, validated against the bundle. Raises BundleFormatError."""
     ort = _ort()
-    bundle = file.parent
+    bundle = file.parent if bundle is None else bundle
     if not file.is_file():
         raise BundleFormatError(f"{bundle} has no {file.name}; {_rebuild_hint(bundle)}")
     opts = ort.SessionOptions()

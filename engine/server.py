@@ -4,15 +4,22 @@ Endpoints (DESIGN.md section 3):
 
 * ``GET /healthz`` -> ``{"status": "ok", "model": {...}}``
 * ``POST /v1/score`` with ``{"text": str, "per_char": bool, "unknown": "error"|"skip"|"replace",
-  "replacement": str}`` -> ``{"chars", "bits", "bpc"}`` (+ ``"per_char_bits"``), the same
-  numbers as ``isan score --json``.
+  "replacement": str, "normalize": "auto"|"none"|"text8"|...}`` -> ``{"chars", "bits", "bpc",
+  "normalization"}`` (+ ``"per_char_bits"``, ``"per_char_offsets"``), the same numbers as
+  ``isan score --json``. The text goes through the model's normaliser unless ``"normalize":
+  "none"``; ``normalization`` reports what it changed.
 * WebSocket ``/v1/stream``: each client frame is a JSON object ``{"text": chunk}`` (optionally
-  ``"per_char": true``, or ``{"reset": true}``); each answer gives the chunk's ``chars``, ``bits``,
-  ``bpc`` (and ``per_char_bits``) plus the running ``total_chars``, ``total_bits``,
-  ``total_bpc``. The state is carried across chunks, so chunking never changes the bits. A bad
-  frame gets ``{"error": ..., "status": 4xx}`` and leaves the stream's state unchanged.
+  ``"per_char": true``, ``"normalize"``, ``"unknown"``, or ``{"reset": true}``); each answer gives
+  the chunk's ``chars``, ``bits``, ``bpc``, ``normalization`` (and ``per_char_bits``,
+  ``per_char_offsets`` within the chunk) plus the running ``total_chars``, ``total_bits``,
+  ``total_bpc``. The state (and the last symbol, which normalisation needs at a chunk boundary)
+  is carried across chunks, so chunking never changes the bits. A bad frame gets ``{"error": ...,
+  "status": 4xx}`` and leaves the stream's state unchanged.
 
-Errors are JSON ``{"error": message}`` with a 4xx status; no traceback reaches a client.
+Errors are JSON ``{"error": message}`` with a 4xx status: 400 bad requests, 413 too large, 422
+text the model cannot score (characters outside its alphabet, or a state that diverges:
+``StateDivergedError``, with ``"offset"``). No response holds NaN or inf, and no traceback
+reaches a client.
 """
 
 
@@ -22,7 +29,7 @@ import logging
 
 import click
 
-from isan.errors import AlphabetError, IsanError
+from isan.errors import AlphabetError, IsanError, StateDivergedError
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +51,10 @@ def _parse_request(raw: bytes | str, max_chars: int) -> dict:
         raise RequestError(400, f"the body is not valid JSON ({e}); send {{\"text\": \"...\"}}") from None
     if not isinstance(body, dict):
         raise RequestError(400, 'the body must be a JSON object like {"text": "..."}')
-    unknown_keys = set(body) - {"text", "per_char", "unknown", "replacement", "reset"}
+    unknown_keys = set(body) - {"text", "per_char", "unknown", "replacement", "reset", "normalize"}
     if unknown_keys:
-        raise RequestError(400, f"unknown fields {sorted(unknown_keys)}; allowed: text, per_char, unknown, replacement")
+        raise RequestError(400, f"unknown fields {sorted(unknown_keys)}; allowed: text, per_char, unknown, replacement, "
+                                "normalize")
     text = body.get("text")
     if not isinstance(text, str):
         raise RequestError(400, 'the field "text" is required and must be a string')
@@ -61,12 +69,29 @@ def _parse_request(raw: bytes | str, max_chars: int) -> dict:
     replacement = body.get("replacement")
     if replacement is not None and not isinstance(replacement, str):
         raise RequestError(400, '"replacement" must be a one-character string')
-    return {"text": text, "per_char": per_char, "unknown": unknown, "replacement": replacement}
+    from isan.engine.normalize import choices
+
+    normalize = body.get("normalize", "auto")
+    if normalize not in choices():
+        raise RequestError(400, f'"normalize" must be one of {", ".join(choices())}')
+    return {"text": text, "per_char": per_char, "unknown": unknown, "replacement": replacement, "normalize": normalize}
 
 
 def _status(e: IsanError) -> int:
-    """422 for text the model cannot read (characters outside its alphabet), 400 otherwise."""
-    return 422 if isinstance(e, AlphabetError) else 400
+    """422 for text the model cannot score (characters outside its alphabet, a diverging state), 400 otherwise."""
+    return 422 if isinstance(e, (AlphabetError, StateDivergedError)) else 400
+
+
+def _error_body(e: IsanError) -> dict:
+    body = {"error": str(e)}
+    if isinstance(e, StateDivergedError):
+        body.update({"offset": getattr(e, "input_offset", e.offset), "cause": e.cause})
+    return body
+
+
+def _dumps(obj) -> str:
+    """JSON without NaN or inf (ValueError if a bug tried to send one)."""
+    return json.dumps(obj, allow_nan=False)
 
 
 def create_app(engine, max_chars: int = DEFAULT_MAX_CHARS):
@@ -75,15 +100,20 @@ def create_app(engine, max_chars: int = DEFAULT_MAX_CHARS):
     from fastapi.responses import JSONResponse
     from starlette.concurrency import run_in_threadpool
 
+    from fastapi.responses import Response
+
     app = FastAPI(title="isan-serve", version="1", docs_url="/docs")
     max_body = 4 * max_chars + 4096  # UTF-8 is at most 4 bytes a character, plus the JSON around it
 
-    def error(status: int, message: str) -> JSONResponse:
-        return JSONResponse({"error": message}, status_code=status)
+    def error(status: int, message: str, extra: dict | None = None) -> JSONResponse:
+        return JSONResponse({"error": message, **(extra or {})}, status_code=status)
+
+    def ok(obj: dict) -> Response:
+        return Response(_dumps(obj), media_type="application/json")
 
     def score(req: dict, state=None):
         return engine.score(req["text"], state=state, per_char=req["per_char"], unknown=req["unknown"],
-                            replacement=req["replacement"])
+                            replacement=req["replacement"], normalize=req["normalize"])
 
     @app.exception_handler(Exception)
     async def _unhandled(request, exc):  # pragma: no cover - last line of defence
@@ -110,8 +140,9 @@ def create_app(engine, max_chars: int = DEFAULT_MAX_CHARS):
         except RequestError as e:
             return error(e.status, e.message)
         except IsanError as e:
-            return error(_status(e), str(e))
-        return result.to_json(req["per_char"])
+            b = _error_body(e)
+            return error(_status(e), b.pop("error"), b)
+        return ok(result.to_json(req["per_char"]))
 
     @app.websocket("/v1/stream")
     async def v1_stream(ws: WebSocket):
@@ -126,7 +157,8 @@ def create_app(engine, max_chars: int = DEFAULT_MAX_CHARS):
                     msg = json.loads(raw) if raw.strip().startswith("{") else None
                     if isinstance(msg, dict) and msg.get("reset") is True and "text" not in msg:
                         state = engine.initial_state()
-                        await ws.send_json({"reset": True, "total_chars": 0, "total_bits": 0.0})
+                        await ws.send_text(_dumps({"reset": True, "total_chars": 0, "total_bits": 0.0,
+                                                   "total_bpc": None}))
                         continue
                     if msg is None:
                         raise RequestError(400, 'each frame must be a JSON object like {"text": "..."}')
@@ -139,12 +171,13 @@ def create_app(engine, max_chars: int = DEFAULT_MAX_CHARS):
                     await ws.send_json({"error": f"the frame is not valid JSON ({e})", "status": 400})
                     continue
                 except IsanError as e:
-                    await ws.send_json({"error": str(e), "status": _status(e)})
+                    await ws.send_text(_dumps({**_error_body(e), "status": _status(e)}))
                     continue
                 state = result.state
                 out = result.to_json(req["per_char"])
-                out.update({"total_chars": state.chars, "total_bits": state.bits, "total_bpc": state.bpc})
-                await ws.send_json(out)
+                out.update({"total_chars": state.chars, "total_bits": state.bits,
+                            "total_bpc": state.bits / state.chars if state.chars else None})
+                await ws.send_text(_dumps(out))
         except WebSocketDisconnect:
             return
 

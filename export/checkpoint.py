@@ -6,7 +6,6 @@ safetensors only, so exporting an ISAN needs no torch.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -25,16 +24,24 @@ def read_checkpoint(ckpt_dir: str | Path, which: str = "best") -> tuple[dict, di
     Raises:
         CheckpointError: not a checkpoint directory, or its files are missing or corrupt.
     """
+    from isan.jsonfile import read_json
+
     ckpt_dir = Path(ckpt_dir)
     cfg_path = ckpt_dir / "config.json"
     if not cfg_path.is_file():
         raise CheckpointError(f"{ckpt_dir} is not a training run directory (no config.json); create one with `isan train --out {ckpt_dir}`")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{cfg_path} is not valid JSON: {e}") from None
-    if cfg.get("format") != "isan-checkpoint":
-        raise CheckpointError(f"{cfg_path} is not an isan checkpoint config")
+    fix = f"it is written by `isan train --out {ckpt_dir}` (start a new run directory if it is damaged)"
+    cfg = read_json(cfg_path, CheckpointError, fix, what="checkpoint config")
+    if not isinstance(cfg, dict) or cfg.get("format") != "isan-checkpoint":
+        raise CheckpointError(f"{cfg_path} is not an isan checkpoint config; {fix}")
+    model = cfg.get("model")
+    if not isinstance(model, dict) or not isinstance(model.get("kind"), str):
+        raise CheckpointError(f"{cfg_path} lacks the 'model' config (with its 'kind'); {fix}")
+    if not isinstance(cfg.get("alphabet"), list) or not all(isinstance(a, str) for a in cfg["alphabet"]):
+        raise CheckpointError(f"{cfg_path} lacks the 'alphabet' (a list of symbols); {fix}")
+    for key in ("train", "corpus"):
+        if key in cfg and not isinstance(cfg[key], (dict, str, type(None))):
+            raise CheckpointError(f"{cfg_path}: {key!r} has the wrong type; {fix}")
     path = ckpt_dir / "best.safetensors" if which == "best" else ckpt_dir / "latest" / "weights.safetensors"
     if not path.is_file():
         raise CheckpointError(f"{path} does not exist; the run has not finished an evaluation yet (try --which latest)")
@@ -51,20 +58,34 @@ def training_summary(ckpt_dir: Path, cfg: dict) -> dict:
                "n_params": cfg.get("n_params")}
     prog = ckpt_dir / "latest" / "progress.json"
     if prog.is_file():
-        p = json.loads(prog.read_text())
+        from isan.jsonfile import read_json
+
+        p = read_json(prog, CheckpointError, f"resume the run with `isan train --out {ckpt_dir}`", what="progress file")
+        if not isinstance(p, dict):
+            raise CheckpointError(f"{prog} is not a JSON object; resume the run with `isan train --out {ckpt_dir}`")
         summary.update({k: p.get(k) for k in ("best_valid_bpc", "best_epoch", "chars_seen", "step", "stop_reason")})
         if p.get("train_seconds"):
             summary["train_chars_per_s"] = round(p["chars_seen"] / p["train_seconds"])
     return summary
 
 
+def normalizer_for(cfg: dict, alphabet: Alphabet) -> str:
+    """The normaliser a model trained with checkpoint config ``cfg`` expects: ``"text8"`` for models
+    trained on text8 (their text went through wikifil.pl), ``"none"`` for any other text."""
+    train = cfg.get("train") if isinstance(cfg.get("train"), dict) else {}
+    on_text8 = cfg.get("corpus") == "text8-10M" or train.get("dataset") == "text8"
+    return "text8" if on_text8 and alphabet == Alphabet.text8() else "none"
+
+
 def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, which: str = "best", overwrite: bool = False,
-                      include_log: bool = True, hook=None) -> Path:
+                      include_log: bool = True, hook=None, normalizer: str | None = None) -> Path:
     """Write the bundle for a checkpoint (DESIGN.md section 3) atomically; returns its path.
 
     Args:
         hook: ``hook(tmp_dir, manifest)`` called before the bundle is renamed into place
             (tables and ONNX files are built there, so a bundle is complete or absent).
+        normalizer: the normaliser the manifest declares; None: :func:`normalizer_for` the
+            checkpoint (text8 for models trained on text8).
     """
     ckpt_dir = Path(ckpt_dir)
     cfg, tensors = read_checkpoint(ckpt_dir, which)
@@ -80,13 +101,14 @@ def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, which: str = "b
     else:
         extra = {"model": cfg["model"], "d": int(cfg["model"].get("d", 0))}
     return write_bundle(out_dir, tensors, alphabet, kind=kind, training=training, extra=extra, files=files,
-                        overwrite=overwrite, hook=hook)
+                        overwrite=overwrite, hook=hook,
+                        normalizer=normalizer if normalizer is not None else normalizer_for(cfg, alphabet))
 
 
 def export_bundle(ckpt_dir: str | Path, out_dir: str | Path, which: str = "best", overwrite: bool = False,
                   onnx: bool = False, table: bool = True, table_budget: str = "128MB", table_max_len: int = 12,
                   table_dtype: str = "float32", table_corpus: str | None = None, table_dataset: str | None = None,
-                  table_mode: str = "full", progress_bar: bool = True) -> Path:
+                  table_mode: str = "full", progress_bar: bool = True, normalizer: str | None = None) -> Path:
     """``isan export``: the bundle of a checkpoint with its trie table (and ONNX graphs); atomic.
 
     The table is mined from ``table_corpus`` (default: the training data named in the
@@ -119,7 +141,7 @@ def export_bundle(ckpt_dir: str | Path, out_dir: str | Path, which: str = "best"
         for h in hooks:
             h(tmp, manifest)
 
-    return export_checkpoint(ckpt_dir, out_dir, which=which, overwrite=overwrite, hook=hook)
+    return export_checkpoint(ckpt_dir, out_dir, which=which, overwrite=overwrite, hook=hook, normalizer=normalizer)
 
 
 def export_from_bundle(src: str | Path, out_dir: str | Path, overwrite: bool = False, onnx: bool = True) -> Path:
@@ -129,11 +151,11 @@ def export_from_bundle(src: str | Path, out_dir: str | Path, overwrite: bool = F
     """
     import shutil
 
-    from isan.atomic import atomic_directory, write_json_atomic
-    from isan.engine.bundle import read_manifest
+    from isan.atomic import atomic_directory
+    from isan.engine.bundle import finalize_manifest, read_manifest
 
     src = Path(src)
-    manifest = read_manifest(src)
+    manifest = read_manifest(src, verify="full")  # copy only what is intact
     with atomic_directory(out_dir, overwrite=overwrite) as tmp:
         for p in src.iterdir():
             if p.name == "manifest.json" or p.name.startswith("."):
@@ -143,5 +165,12 @@ def export_from_bundle(src: str | Path, out_dir: str | Path, overwrite: bool = F
             from isan.export.onnx_export import onnx_hook
 
             onnx_hook(tmp, manifest)
-        write_json_atomic(tmp / "manifest.json", manifest)
+        table = manifest.get("table")
+        corpus = table.get("corpus") if isinstance(table, dict) else None
+        if isinstance(corpus, dict) and isinstance(corpus.get("path"), str) and not Path(corpus["path"]).is_absolute():
+            from isan.export.tables import corpus_record  # the same corpus, relative to the new place
+
+            manifest["table"] = {**table, "corpus": {**corpus, **corpus_record(src / corpus["path"],
+                                                                               corpus.get("dataset", "text8"), tmp)}}
+        finalize_manifest(tmp, manifest)
     return Path(out_dir)

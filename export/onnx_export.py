@@ -35,7 +35,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -123,10 +122,17 @@ def _make_model(graph, kind: str, which: str, io: dict, sha: str, opset: int):
     return model
 
 
-def _write(models: dict, out_dir: Path) -> None:
+def _write(models: dict, out_dir: Path, info: dict) -> None:
+    """Write each graph atomically and record its sha256 and size in ``info[graph]``."""
+    import hashlib
+
     out_dir.mkdir(parents=True, exist_ok=True)
+    which = {STEP_FILE: "step", SEQUENCE_FILE: "sequence"}
     for name, model in models.items():
-        write_bytes_atomic(out_dir / name, model.SerializeToString())
+        data = model.SerializeToString()
+        write_bytes_atomic(out_dir / name, data)
+        info[which[name]]["sha256"] = hashlib.sha256(data).hexdigest()
+        info[which[name]]["bytes"] = len(data)
 
 
 def _info(kind: str, io: dict, sha: str, opset: int) -> dict:
@@ -203,8 +209,8 @@ def export_isan_onnx(params: ISANParams, out_dir: str | Path, opset: int = DEFAU
         opset: ONNX opset of the default domain (>= 14).
     Returns:
         the manifest's ``"onnx"`` section: format, opset, kind, params_sha256, state names,
-        logits convention, and for ``step``/``sequence`` the file, inputs and outputs
-        (``[{"name", "dtype", "shape"}]``, symbolic dims "B" and "T").
+        logits convention, and for ``step``/``sequence`` the file, its ``sha256`` and ``bytes``,
+        inputs and outputs (``[{"name", "dtype", "shape"}]``, symbolic dims "B" and "T").
     Raises:
         onnx.checker.ValidationError: the graph fails ``check_model(full_check=True)`` (a bug).
 
@@ -215,7 +221,7 @@ def export_isan_onnx(params: ISANParams, out_dir: str | Path, opset: int = DEFAU
     """
     _check_opset(opset)
     models, info = isan_onnx_models(params, opset)
-    _write(models, Path(out_dir))
+    _write(models, Path(out_dir), info)
     log.info("wrote ISAN ONNX graphs (d=%d, opset %d) into %s", params.d, opset, out_dir)
     return info
 
@@ -346,7 +352,7 @@ def export_baseline_onnx_tensors(config: dict, tensors: dict[str, np.ndarray], o
     """As :func:`export_baseline_onnx`, from the architecture config and numpy weights (no torch)."""
     _check_opset(opset)
     models, info = baseline_onnx_models(config, tensors, opset, params_sha256)
-    _write(models, Path(out_dir))
+    _write(models, Path(out_dir), info)
     log.info("wrote %s ONNX graphs (d=%s, opset %d) into %s", config["kind"], config["d"], opset, out_dir)
     return info
 
@@ -399,16 +405,17 @@ def export_bundle_onnx(bundle_dir: str | Path, opset: int = DEFAULT_OPSET) -> di
 
     The graphs are written into a hidden temporary directory inside the bundle and renamed
     into place when both are complete; then ``manifest.json`` is rewritten atomically with the
-    ``"onnx"`` section. Returns that section.
+    ``"onnx"`` section and (format version 2) the files' hashes. Returns that section.
 
     Raises:
         BundleFormatError: not a bundle, or its weights do not match its manifest.
     """
-    from isan.engine.bundle import read_manifest
+    from isan.atomic import make_partial_dir
+    from isan.engine.bundle import finalize_manifest, read_manifest
 
     bundle_dir = Path(bundle_dir)
     manifest = read_manifest(bundle_dir)
-    tmp = Path(tempfile.mkdtemp(prefix=".onnx.partial-", dir=bundle_dir))
+    tmp = make_partial_dir(bundle_dir / "onnx")
     try:
         info = _export_for_manifest(bundle_dir, manifest, opset, out_dir=tmp)
         for name in (STEP_FILE, SEQUENCE_FILE):
@@ -416,8 +423,70 @@ def export_bundle_onnx(bundle_dir: str | Path, opset: int = DEFAULT_OPSET) -> di
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     manifest["onnx"] = info
-    write_json_atomic(bundle_dir / "manifest.json", manifest)
+    if manifest["format_version"] >= 2:
+        finalize_manifest(bundle_dir, manifest)
+    else:
+        write_json_atomic(bundle_dir / "manifest.json", manifest)
     return info
+
+
+def onnx_cache_path(manifest: dict, opset: int = DEFAULT_OPSET) -> Path:
+    """Where :func:`cached_graphs` keeps the graphs of a bundle: ``<cache>/onnx/<key>``."""
+    import hashlib
+
+    from isan.trie_tables.build import cache_dir
+
+    key = f"{manifest['params_sha256']}:{manifest['kind']}:{opset}:{ONNX_FORMAT_VERSION}"
+    return cache_dir() / "onnx" / hashlib.sha256(key.encode()).hexdigest()[:20]
+
+
+def check_cached_graphs(path: Path, params_sha256: str) -> str | None:
+    """None if the cached graphs in ``path`` match their record (``graphs.json``), else the problem."""
+    from isan.jsonfile import file_sha256, read_json
+
+    try:
+        rec = read_json(path / "graphs.json", BundleFormatError, "it is rebuilt on the next use",
+                        what="ONNX cache record")
+    except BundleFormatError as e:
+        return str(e)
+    if not isinstance(rec, dict) or rec.get("params_sha256") != params_sha256 or not isinstance(rec.get("files"), dict):
+        return f"{path / 'graphs.json'} does not describe these weights"
+    for n in (STEP_FILE, SEQUENCE_FILE):
+        want = rec["files"].get(n)
+        if not isinstance(want, str) or not (path / n).is_file() or file_sha256(path / n) != want:
+            return f"{path / n} is missing or does not match its sha256 in graphs.json"
+    return None
+
+
+def cached_graphs(bundle_dir: str | Path, manifest: dict, opset: int = DEFAULT_OPSET) -> Path:
+    """The ONNX graphs of a bundle that ships none (the default model), built on first use into
+    the user cache (``$ISAN_CACHE_DIR`` or ``~/.cache/isan``, ``onnx/<key>/``) and verified by
+    sha256 on every later use; a damaged cache is rebuilt. Returns the directory of the graphs.
+
+    Raises:
+        BundleFormatError: the bundle's weights do not match its manifest.
+        ModuleNotFoundError: the ``onnx`` package is missing (``pip install 'isan[onnx]'``).
+    """
+    from isan.atomic import atomic_directory
+    from isan.jsonfile import file_sha256
+
+    sha = manifest["params_sha256"]
+    path = onnx_cache_path(manifest, opset)
+    if (path / "graphs.json").is_file():
+        problem = check_cached_graphs(path, sha)
+        if problem is None:
+            return path
+        log.warning("cached ONNX graphs are unusable (%s); rebuilding them", problem)
+    import onnx  # noqa: F401  (a clear ModuleNotFoundError before any work)
+
+    log.info("building the ONNX graphs of %s into %s", bundle_dir, path)
+    with atomic_directory(path, overwrite=True) as tmp:
+        info = _export_for_manifest(Path(bundle_dir), manifest, opset, out_dir=tmp)
+        write_json_atomic(tmp / "graphs.json", {
+            "format": "isan-onnx-cache", "params_sha256": sha, "kind": manifest["kind"], "opset": opset,
+            "bundle": str(bundle_dir), "files": {n: file_sha256(tmp / n) for n in (STEP_FILE, SEQUENCE_FILE)},
+            "onnx": info})
+    return path
 
 
 def baseline_from_bundle(bundle_dir: str | Path):

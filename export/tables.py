@@ -1,8 +1,17 @@
-"""Trie tables for bundles: mine the model's training split, then compose into ``table/``."""
+"""Trie tables for bundles: mine the model's training split, then compose into ``table/``.
+
+Where the mining corpus is found (:func:`resolve_corpus`): a path the user gives
+(``--table-corpus``, relative to the working directory); else the corpus recorded in the
+bundle's manifest (``table.corpus.path``, relative to the bundle directory, written by
+``isan export``); else the training data of the model's training config (an absolute path as
+is; a relative one against the bundle directory). So ``isan table build --model BUNDLE`` works
+from any directory.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -32,8 +41,59 @@ def corpus_ids(alphabet: Alphabet, data: str | Path, dataset: str = "text8", spl
 
 
 def table_options_from(cfg: dict, corpus: str | None, dataset: str | None) -> tuple[str, str]:
-    train = (cfg or {}).get("config") or (cfg or {}).get("train") or {}
+    """(corpus, dataset) from a training config (checkpoint ``config.json`` or a manifest's
+    ``training``), unless given; the corpus path is as recorded (see :func:`resolve_corpus`)."""
+    cfg = cfg if isinstance(cfg, dict) else {}
+    train = cfg.get("config") or cfg.get("train") or {}
+    train = train if isinstance(train, dict) else {}
     return corpus or train.get("data"), dataset or train.get("dataset", "text8")
+
+
+def resolve_corpus(bundle: str | Path, manifest: dict, corpus: str | None = None,
+                   dataset: str | None = None) -> tuple[Path, str]:
+    """The mining corpus of a bundle and how to split it (see the module docstring).
+
+    Raises:
+        IsanError: no corpus is recorded, or the recorded one does not exist (the message says
+            to pass --table-corpus).
+    """
+    bundle = Path(bundle)
+    if corpus is not None:
+        return Path(corpus), dataset or _recorded_dataset(manifest) or "text8"
+    rec = (manifest.get("table") or {}).get("corpus") if isinstance(manifest.get("table"), dict) else None
+    if isinstance(rec, dict) and isinstance(rec.get("path"), str):
+        p = Path(rec["path"])
+        p = p if p.is_absolute() else bundle / p
+        if not p.exists():
+            raise IsanError(f"the table corpus recorded in {bundle}/manifest.json ({rec['path']}, relative to the "
+                            f"bundle) does not exist: pass --table-corpus PATH")
+        return p, dataset or rec.get("dataset") or "text8"
+    data, ds = table_options_from(manifest.get("training", {}), None, dataset)
+    if not isinstance(data, str):
+        raise IsanError(f"{bundle}/manifest.json records no training corpus: pass --table-corpus PATH")
+    p = Path(data)
+    if not p.is_absolute():
+        p = bundle / p
+    if not p.exists():
+        raise IsanError(f"the training corpus {data!r} recorded in {bundle}/manifest.json is not found relative to "
+                        f"the bundle ({p}): pass --table-corpus PATH")
+    return p, ds
+
+
+def _recorded_dataset(manifest: dict) -> str | None:
+    t = manifest.get("table") if isinstance(manifest.get("table"), dict) else {}
+    rec = t.get("corpus") if isinstance(t.get("corpus"), dict) else {}
+    return rec.get("dataset") or table_options_from(manifest.get("training", {}), None, None)[1]
+
+
+def corpus_record(corpus: str | Path, dataset: str, bundle_dir: str | Path) -> dict:
+    """The manifest's ``table.corpus``: the path relative to the bundle (absolute if on another drive)."""
+    c = Path(corpus).resolve()
+    try:
+        rel = os.path.relpath(c, Path(bundle_dir).resolve())
+    except ValueError:  # another drive (Windows)
+        rel = str(c)
+    return {"path": Path(rel).as_posix(), "dataset": dataset, "split": "train"}
 
 
 def _plan(alphabet: Alphabet, params: ISANParams, corpus: str, dataset: str, budget, max_len: int, dtype: str) -> dict:
@@ -52,7 +112,7 @@ def make_table(bundle_tmp: Path, manifest: dict, params: ISANParams, alphabet: A
     """Mine ``corpus`` and write ``table/`` (mode "full") or only ``table_recipe.json`` (mode "recipe",
     composed into the user's cache on first use) into a bundle directory being written."""
     recipe = _plan(alphabet, params, corpus, dataset, budget, max_len, dtype)
-    recipe["corpus"] = {"path": str(corpus), "dataset": dataset, "split": "train"}
+    recipe["corpus"] = corpus_record(corpus, dataset, bundle_tmp)  # bundle_tmp is a sibling of the bundle
     if mode == "recipe":
         write_recipe(bundle_tmp / RECIPE, recipe)
     elif mode == "full":
@@ -61,8 +121,41 @@ def make_table(bundle_tmp: Path, manifest: dict, params: ISANParams, alphabet: A
     else:
         raise IsanError(f"table mode must be full or recipe; got {mode!r}")
     manifest["table"] = {"mode": mode, "entries": len(recipe["keys"]), "bytes": recipe["expected_bytes"],
-                         "dtype": dtype, "max_len": recipe["max_len"], "avg_match_length": recipe["avg_match_length"]}
+                         "dtype": dtype, "max_len": recipe["max_len"], "avg_match_length": recipe["avg_match_length"],
+                         "corpus": recipe["corpus"]}
     return recipe
+
+
+def build_bundle_table(bundle: str | Path, corpus: str | None = None, dataset: str | None = None,
+                       budget: str = DEFAULT_BUDGET, max_len: int = 12, dtype: str = "float32",
+                       overwrite: bool = False, progress_bar: bool = True) -> dict:
+    """``isan table build``: mine the bundle's corpus and write ``BUNDLE/table`` atomically; the
+    manifest's ``table`` section (and, format version 2, its file records) follow.
+
+    Returns:
+        {"table", "entries", "bytes", "corpus"}.
+    Raises:
+        BundleFormatError, IsanError (no corpus), FileExistsError (a table exists, no overwrite).
+    """
+    from isan.engine.bundle import finalize_manifest
+    from isan.trie_tables.format import build_table
+
+    bundle = Path(bundle)
+    m, params, alphabet = load_isan_bundle(bundle)
+    path, ds = resolve_corpus(bundle, m, corpus, dataset)
+    if (bundle / "table").exists() and not overwrite:
+        raise FileExistsError(f"{bundle / 'table'} already exists; pass --overwrite to replace it")
+    recipe = _plan(alphabet, params, str(path), ds, budget, max_len, dtype)
+    rec = corpus_record(path, ds, bundle)
+    info = {k: recipe.get(k) for k in ("budget_bytes", "avg_match_length", "avg_match_length_on", "mining")}
+    info["corpus"] = rec
+    out = build_table(bundle / "table", params, alphabet, recipe["keys"], m["params_sha256"], dtype=dtype,
+                      max_len=recipe["max_len"], build_info=info, overwrite=overwrite, progress_bar=progress_bar)
+    m["table"] = {"mode": "full", "entries": len(recipe["keys"]), "bytes": recipe["expected_bytes"], "dtype": dtype,
+                  "max_len": recipe["max_len"], "avg_match_length": recipe["avg_match_length"], "corpus": rec}
+    if m["format_version"] >= 2:
+        finalize_manifest(bundle, m)
+    return {"table": str(out), "entries": len(recipe["keys"]), "bytes": recipe["expected_bytes"], "corpus": rec}
 
 
 def dry_run(ckpt_or_bundle: str | Path, corpus: str | None, dataset: str | None, budget: str, max_len: int,
@@ -73,12 +166,13 @@ def dry_run(ckpt_or_bundle: str | Path, corpus: str | None, dataset: str | None,
     p = Path(ckpt_or_bundle)
     if (p / "manifest.json").exists():
         m, params, alphabet = load_isan_bundle(p)
-        cfg = m.get("training", {})
+        path, dataset = resolve_corpus(p, m, corpus, dataset)
+        corpus = str(path)
     else:
         cfg, tensors = read_checkpoint(p)
         params = ISANParams(**{n: tensors[n] for n in ("W", "b", "W_ro", "b_ro", "h0")})
         alphabet = Alphabet.from_list(cfg["alphabet"])
-    corpus, dataset = table_options_from(cfg, corpus, dataset)
+        corpus, dataset = table_options_from(cfg, corpus, dataset)
     r = _plan(alphabet, params, corpus, dataset, budget, max_len, dtype)
     return {"entries": len(r["keys"]), "bytes": r["expected_bytes"], "budget_bytes": r["budget_bytes"],
             "dtype": dtype, "max_len": r["max_len"], "expected_avg_match_length": r["avg_match_length"],

@@ -77,7 +77,7 @@ class Alphabet:
         s = "".join(self.symbols)
         return repr(s if len(s) <= 80 else s[:77] + "...")
 
-    def _raw_ids(self, text: str) -> np.ndarray:
+    def raw_ids(self, text: str) -> np.ndarray:
         """ids of every character, -1 where a character is not in the alphabet. int64 (len(text),)."""
         if self._lut is not None:
             try:
@@ -88,6 +88,8 @@ class Alphabet:
                 return self._lut[np.frombuffer(raw, dtype=np.uint8)]
         get = self._index.get
         return np.fromiter((get(c, -1) for c in text), dtype=np.int64, count=len(text))
+
+    _raw_ids = raw_ids  # the former private name
 
     def encode(self, text: str, unknown: str = "error", replacement: str | None = None) -> np.ndarray:
         """Encode text to symbol ids.
@@ -107,7 +109,7 @@ class Alphabet:
         """
         if unknown not in UNKNOWN_POLICIES:
             raise AlphabetError(f"unknown={unknown!r}; choose one of {', '.join(UNKNOWN_POLICIES)}")
-        ids = self._raw_ids(text)
+        ids = self.raw_ids(text)
         bad = ids < 0
         if not bad.any():
             return ids
@@ -147,13 +149,16 @@ class Alphabet:
     def decode(self, ids: Iterable[int]) -> str:
         """ids back to text. Raises AlphabetError for an id out of range."""
         n = len(self.symbols)
-        out = []
-        for i in ids:
-            i = int(i)
-            if not 0 <= i < n:
-                raise AlphabetError(f"id {i} is out of range for an alphabet of {n} symbols")
-            out.append(self.symbols[i])
-        return "".join(out)
+        a = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids))
+        if a.size == 0:
+            return ""
+        if a.ndim != 1 or a.dtype.kind not in "iu":
+            a = np.array([int(i) for i in a.ravel()], dtype=np.int64)
+        bad = (a < 0) | (a >= n)
+        if bad.any():
+            raise AlphabetError(f"id {int(a[np.argmax(bad)])} is out of range for an alphabet of {n} symbols")
+        codes = np.array([ord(s) for s in self.symbols], dtype="<u4")
+        return codes[a].tobytes().decode("utf-32-le", "surrogatepass")
 
     def to_list(self) -> list[str]:
         return list(self.symbols)

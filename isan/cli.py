@@ -1,7 +1,8 @@
 """The ``isan`` command line (click). Thin: it parses options, calls library functions, formats.
 
 Every command takes ``--help``. Errors in the input (unknown characters, missing or
-corrupt files, empty text) print one ``Error:`` line and exit with status 2; no traceback.
+corrupt files, empty text, a diverging model state) print one ``Error:`` line and exit with
+status 2; no traceback. JSON output never holds NaN or inf.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def friendly(fn):
             return fn(*args, **kwargs)
         except (IsanError, FileExistsError, FileNotFoundError) as e:
             raise UserError(str(e)) from None
+        except PermissionError as e:
+            raise UserError(f"permission denied: {e.filename or e}") from None
         except ModuleNotFoundError as e:
             extra = {"torch": "train", "onnx": "onnx", "onnxruntime": "onnx", "fastapi": "serve",
                      "uvicorn": "serve", "matplotlib": "plot"}.get((e.name or "").split(".")[0])
@@ -124,6 +127,20 @@ def model_options(fn):
     return fn
 
 
+def emit_json(obj) -> None:
+    """Print one JSON document; NaN or inf would be a bug, so it raises instead of printing them."""
+    click.echo(json.dumps(obj, allow_nan=False))
+
+
+def normalize_option(fn):
+    from isan.engine.normalize import choices
+
+    return click.option("--normalize", "normalize", type=click.Choice(choices()), default="auto", show_default=True,
+                        help="Text normalisation: auto (the model's declared normaliser; text8 models: "
+                             "lower-case, digits spelled out, other characters to spaces), none (raw text), "
+                             "or a named normaliser.")(fn)
+
+
 def unknown_options(fn):
     fn = click.option("--unknown", type=click.Choice(["error", "skip", "replace"]), default="error", show_default=True,
                       help="What to do with characters outside the model's alphabet.")(fn)
@@ -166,22 +183,33 @@ def read_input(file, text8_split):
 @click.option("--per-char", is_flag=True, help="Also give the bits of every character.")
 @click.option("--text8-split", type=click.Choice(["train", "valid", "test"]), default=None,
               help="Score one split of text8-10M from FILE (text8, text8.zip or text8_head.txt).")
+@normalize_option
 @friendly
-def score(file, model, path_mode, backend, device, unknown, replacement, as_json, per_char, text8_split):
+def score(file, model, path_mode, backend, device, unknown, replacement, as_json, per_char, text8_split, normalize):
     """Score FILE (or stdin, '-') in bits: total bits and bits per character (bpc).
 
-    The prediction for each character comes from the state before it, starting at h0.
+    The text first goes through the model's normaliser (--normalize auto); the report says how
+    many characters were read, scored, changed and dropped. The prediction for each character
+    comes from the state before it, starting at h0. With --per-char each scored character is
+    listed with the offset of the input character it came from.
     """
     engine = load_engine(model, path_mode, backend, device)
     text = read_input(file, text8_split)
-    r = engine.score(text, per_char=per_char, unknown=unknown, replacement=replacement)
+    r = engine.score(text, per_char=per_char, unknown=unknown, replacement=replacement, normalize=normalize)
     if as_json:
-        click.echo(json.dumps(r.to_json(per_char)))
-    else:
-        click.echo(f"chars  {r.chars}\nbits   {r.bits:.3f}\nbpc    {r.bpc:.4f}")
-        if per_char:
-            for ch, b in zip(text, r.per_char_bits):
-                click.echo(f"{ch!r}\t{b:.4f}")
+        emit_json(r.to_json(per_char))
+        return
+    click.echo(f"chars  {r.chars}\nbits   {r.bits:.3f}\nbpc    {r.bpc:.4f}")
+    n = r.normalization or {}
+    if n and n.get("normalizer") != "none-v1" or n.get("skipped") or n.get("replaced"):
+        click.echo(f"normalized  {n['normalizer']}: read {n['chars_read']:,}, scored {n['chars_scored']:,}, "
+                   f"changed {n['changed']:,}, dropped {n['dropped']:,}"
+                   + (f", skipped {n['skipped']:,}" if n.get("skipped") else "")
+                   + (f", replaced {n['replaced']:,}" if n.get("replaced") else ""))
+    if per_char:
+        click.echo("offset\tinput\tscored\tbits")
+        for off, sym, b in zip(r.per_char_offsets.tolist(), r.text, r.per_char_bits):
+            click.echo(f"{off}\t{text[off]!r}\t{sym!r}\t{b:.4f}")
 
 
 # --------------------------------------------------------------------------------------- sample
@@ -193,14 +221,14 @@ def score(file, model, path_mode, backend, device, unknown, replacement, as_json
 @click.option("--seed", type=int, default=None, help="Random seed; the same seed gives the same text.")
 @click.option("--json", "as_json", is_flag=True)
 @model_options
+@normalize_option
 @friendly
-def sample(prompt, n, temperature, top_k, seed, as_json, model, path_mode, backend, device):
-    """Generate text after --prompt."""
+def sample(prompt, n, temperature, top_k, seed, as_json, model, path_mode, backend, device, normalize):
+    """Generate text after --prompt (the prompt goes through the model's normaliser first)."""
     engine = load_engine(model, path_mode, backend, device)
-    s = engine.sample(prompt, n=n, temperature=temperature, top_k=top_k, seed=seed)
+    s = engine.sample(prompt, n=n, temperature=temperature, top_k=top_k, seed=seed, normalize=normalize)
     if as_json:
-        click.echo(json.dumps({"prompt": s.prompt, "text": s.text, "bits": s.bits, "seed": s.seed,
-                               "temperature": s.temperature, "top_k": s.top_k}))
+        emit_json(s.to_json())
     else:
         click.echo(s.prompt + s.text)
 
@@ -215,24 +243,29 @@ def sample(prompt, n, temperature, top_k, seed, as_json, model, path_mode, backe
 @click.option("--top", type=int, default=3, show_default=True, help="Sources listed per position in the text output.")
 @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
 @unknown_options
+@normalize_option
 @friendly
-def attribute(text, by, as_json, full, plot, top, model, unknown, replacement):
+def attribute(text, by, as_json, full, plot, top, model, unknown, replacement, normalize):
     """Exact attribution of each prediction to the initial state and the characters or words before it.
 
     kappa[t, s] = W_ro (W[x_t] ... W[x_{s+1}]) b[x_s] (Foerster et al. 2017, eqs. 4-6);
     b_ro + sum_s kappa[t, s] equals the logits, and this is checked on every call.
     """
     engine = load_engine(model)
-    a = engine.attribute(text, by=by, unknown=unknown, replacement=replacement)
+    a = engine.attribute(text, by=by, unknown=unknown, replacement=replacement, normalize=normalize)
     if plot:
         from isan.engine.plot import plot_attribution
 
         plot_attribution(a, plot)
     if as_json:
-        click.echo(json.dumps(a.to_json(full=full)))
+        emit_json(a.to_json(full=full))
         return
     contrib = a.next_char_contributions()
     click.echo(f"sources: {len(a.sources)} ({by}s and <h0>); check max |b_ro + sum kappa - logits| = {a.max_abs_error:.2e}")
+    n = a.normalization or {}
+    if n.get("changed") or n.get("dropped") or n.get("skipped") or n.get("replaced"):
+        click.echo(f"normalized {n['normalizer']}: {n['chars_read']} characters read, {n['chars_scored']} attributed "
+                   f"({n['changed']} changed, {n['dropped']} dropped, {n['skipped']} skipped, {n['replaced']} replaced)")
     for t, ch in enumerate(a.text):
         nxt = a.text[t + 1] if t + 1 < len(a.text) else None
         label = repr(nxt) if nxt is not None else f"{a.alphabet.symbols[int(a.logits[t].argmax())]!r} (predicted)"
@@ -265,9 +298,12 @@ def table_options(fn):
 @table_options
 @click.option("--dry-run", is_flag=True, help="Only print the planned table's size and expected average match length.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option("--normalizer", "normalizer", default="auto", show_default=True,
+              help="The text normalisation the model declares: auto (text8 for models trained on text8, else none), "
+                   "none, or text8.")
 @friendly
 def export(checkpoint_dir, out_dir, which, overwrite, with_onnx, table, table_mode, table_budget, table_max_len,
-           table_dtype, table_corpus, table_dataset, dry_run, progress):
+           table_dtype, table_corpus, table_dataset, dry_run, progress, normalizer):
     """Write the runtime bundle of a training run: manifest.json, weights.safetensors, table/ (and ONNX).
 
     CHECKPOINT_DIR is a run directory of `isan train`; it may also be an existing bundle, or the
@@ -298,10 +334,11 @@ def export(checkpoint_dir, out_dir, which, overwrite, with_onnx, table, table_mo
     path = export_bundle(checkpoint_dir, out_dir, which=which, overwrite=overwrite, onnx=with_onnx, table=table,
                          table_budget=table_budget, table_max_len=table_max_len, table_dtype=table_dtype,
                          table_corpus=table_corpus, table_dataset=table_dataset, table_mode=table_mode,
-                         progress_bar=progress)
+                         progress_bar=progress, normalizer=None if normalizer == "auto" else normalizer)
     m = json.loads((Path(path) / "manifest.json").read_text())
-    click.echo(json.dumps({"bundle": str(path), "kind": m["kind"], "d": m["d"], "params_sha256": m["params_sha256"],
-                           "table": m.get("table"), "files": sorted(p.name for p in Path(path).iterdir())}))
+    emit_json({"bundle": str(path), "kind": m["kind"], "d": m["d"], "params_sha256": m["params_sha256"],
+               "normalizer": m.get("normalizer"), "table": m.get("table"),
+               "files": sorted(p.name for p in Path(path).iterdir())})
 
 
 # --------------------------------------------------------------------------------------- table
@@ -336,22 +373,87 @@ def table_info(model, as_json):
 @click.option("--dry-run", is_flag=True)
 @friendly
 def table_build(model, table_budget, table_max_len, table_dtype, table_corpus, table_dataset, overwrite, dry_run):
-    """Mine a corpus and build MODEL/table (atomically)."""
-    from isan.engine.bundle import load_isan_bundle
-    from isan.export.tables import dry_run as plan, table_options_from
-    from isan.export.tables import corpus_ids
-    from isan.trie_tables.build import build_from_recipe, plan_table
+    """Mine a corpus and build MODEL/table (atomically).
+
+    The corpus is --table-corpus (relative to the working directory), else the one recorded in
+    MODEL's manifest (relative to the bundle), so this works from any directory.
+    """
+    from isan.export.tables import build_bundle_table, dry_run as plan
 
     if dry_run:
-        click.echo(json.dumps(plan(model, table_corpus, table_dataset, table_budget, table_max_len, table_dtype)))
+        emit_json(plan(model, table_corpus, table_dataset, table_budget, table_max_len, table_dtype))
         return
-    m, params, alphabet = load_isan_bundle(model)
-    corpus, dataset = table_options_from(m.get("training", {}), table_corpus, table_dataset)
-    recipe = plan_table(corpus_ids(alphabet, corpus, dataset), params, alphabet, budget=table_budget,
-                        max_len=table_max_len, dtype=table_dtype)
-    out = build_from_recipe(Path(model) / "table", recipe, params, alphabet, m["params_sha256"], overwrite=overwrite,
-                            progress_bar=True)
-    click.echo(json.dumps({"table": str(out), "entries": len(recipe["keys"]), "bytes": recipe["expected_bytes"]}))
+    emit_json(build_bundle_table(model, table_corpus, table_dataset, budget=table_budget, max_len=table_max_len,
+                                 dtype=table_dtype, overwrite=overwrite, progress_bar=True))
+
+
+# --------------------------------------------------------------------------------------- model
+@main.group("model")
+def model_group():
+    """Diagnose a model."""
+
+
+@model_group.command("check")
+@click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
+@click.option("--max-chars", type=int, default=2000, show_default=True, help="Characters per repeated run.")
+@click.option("--json", "as_json", is_flag=True)
+@friendly
+def model_check(model, max_chars, as_json):
+    """Which letters, and which pairs of letters, when repeated make the model's state diverge.
+
+    Each symbol x and each pair xy is repeated from h0 (float64) for up to --max-chars
+    characters; a run diverges when max |h| exceeds the engine's limit, the point where scoring
+    stops with exit status 2. Text that repeats one of these for that long cannot be scored.
+    """
+    engine = load_engine(model, "reference")
+    if not hasattr(engine, "check_divergence"):
+        raise UserError(f"`isan model check` needs an ISAN bundle; this is a {engine.describe().get('kind')} model")
+    r = engine.check_divergence(max_chars=max_chars)
+    if as_json:
+        emit_json(r)
+        return
+    click.echo(f"repeats from h0, up to {r['max_chars']:,} characters; diverging = max |h| > {r['limit']:g}")
+    letters = ", ".join(f"{x['symbol']!r} {x['after_chars']}" for x in r["letters"]) or "none"
+    click.echo(f"letters that diverge ({len(r['letters'])} of {r['n_letters_checked']}; characters until then): {letters}")
+    pairs = r["pairs"]
+    shown = ", ".join(f"{x['pair']!r} {x['after_chars']}" for x in pairs[:20])
+    more = f", ... ({len(pairs) - 20} more; --json lists all)" if len(pairs) > 20 else ""
+    click.echo(f"pairs that diverge ({len(pairs)} of {r['n_pairs_checked']}): {shown or 'none'}{more}")
+    click.echo(f"converged: {r['converged']}, undecided after {r['max_chars']:,} characters: {r['undecided']} "
+               f"({r['seconds']:.1f} s)")
+
+
+# --------------------------------------------------------------------------------------- verify
+@main.command("verify")
+@click.argument("bundle", required=False, default=None)
+@click.option("--json", "as_json", is_flag=True)
+@friendly
+def verify(bundle, as_json):
+    """Check every file of BUNDLE (default: the shipped model) against the sha256 its manifest records.
+
+    Also checks the manifest's own hash, the trie table (every section, and the cached table of
+    a recipe), and the ONNX graphs (in the bundle, or cached on first use). Exit status 2 if
+    anything is damaged.
+    """
+    from isan.engine.core import default_model_path, verify_all
+
+    r = verify_all(Path(bundle) if bundle else default_model_path())
+    if as_json:
+        emit_json(r)
+    else:
+        for name, status in r["checked"].items():
+            click.echo(f"{status if status == 'ok' else 'BAD'}\t{name}" + ("" if status == "ok" else f"\t{status}"))
+        for key in ("table", "cached_table", "onnx"):
+            if r.get(key) is not None:
+                click.echo(f"{'ok' if r[key] == 'ok' else 'BAD'}\t{key}" + ("" if r[key] == "ok" else f"\t{r[key]}"))
+        for name in r["unlisted"]:
+            click.echo(f"note\t{name}\tnot listed in the manifest")
+        if r.get("warning"):
+            click.echo(f"warning: {r['warning']}")
+    if not r["ok"]:
+        raise UserError(f"{len(r['problems'])} problem(s); first: {r['problems'][0]}")
+    if not as_json:
+        click.echo(f"{r['bundle']}: ok")
 
 # --------------------------------------------------------------------------------------- bench
 @main.group()

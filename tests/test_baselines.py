@@ -177,6 +177,7 @@ def test_trained_bundle_matches_torch(trained, corpus):
 def test_linear_bundle_errors(trained, tmp_path):
     import shutil
 
+    from isan.engine.bundle import manifest_sha256
     from isan.engine.linear_ref import load_linear_engine
 
     kind, run, bundle, _ = trained
@@ -185,9 +186,14 @@ def test_linear_bundle_errors(trained, tmp_path):
     m = json.loads((bad / "manifest.json").read_text())
     m["params_sha256"] = "0" * 64
     (bad / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(BundleFormatError, match="manifest_sha256"):  # an edited manifest is refused as such
+        load_linear_engine(bad)
+    m["manifest_sha256"] = manifest_sha256(m)  # re-sealed: the weights' check refuses it
+    (bad / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(BundleFormatError, match="params_sha256"):
         load_linear_engine(bad)
     m["kind"] = "rnn"
+    m["manifest_sha256"] = manifest_sha256(m)
     (bad / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(BundleFormatError, match="not one of"):
         load_linear_engine(bad)

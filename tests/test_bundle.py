@@ -8,7 +8,7 @@ import pytest
 
 from isan.alphabet import Alphabet
 from isan.engine import Engine
-from isan.engine.bundle import read_manifest, write_bundle
+from isan.engine.bundle import manifest_sha256, read_manifest, write_bundle
 from isan.errors import BundleFormatError
 
 from conftest import random_params
@@ -16,7 +16,9 @@ from conftest import random_params
 
 def test_round_trip(small_bundle, small_params):
     m = read_manifest(small_bundle)
-    assert m["format"] == "isan-bundle" and m["format_version"] == 1 and m["kind"] == "isan"
+    assert m["format"] == "isan-bundle" and m["format_version"] == 2 and m["kind"] == "isan"
+    assert m["normalizer"] == {"name": "none", "version": 1} and m["manifest_sha256"] == manifest_sha256(m)
+    assert set(m["files"]) == {"weights.safetensors"}
     assert m["alphabet"] == list(" abcdefghijklmnopqrstuvwxyz") and m["d"] == 16
     assert m["params_sha256"] == small_params.sha256()
     eng = Engine.load(small_bundle)
@@ -44,22 +46,29 @@ def test_corrupt_bundles_are_refused(small_bundle, tmp_path, damage, message):
     assert "isan export" in str(e.value)
 
 
-def edit_manifest(b, **changes):
+def edit_manifest(b, reseal=True, **changes):
+    """Edit manifest fields; with ``reseal`` its manifest_sha256 is recomputed, so the deeper
+    checks are what refuses the bundle (without it, the manifest's own hash does)."""
     m = json.loads((b / "manifest.json").read_text())
     m.update(changes)
+    if reseal:
+        m["manifest_sha256"] = manifest_sha256(m)
     (b / "manifest.json").write_text(json.dumps(m))
 
 
 def test_version_and_mismatch(small_bundle, tmp_path):
     b = copy_bundle(small_bundle, tmp_path)
-    edit_manifest(b, format_version=2)
+    edit_manifest(b, format_version=3)
     with pytest.raises(BundleFormatError, match="format_version"):
         Engine.load(b)
-    edit_manifest(b, format_version=1, params_sha256="0" * 64)
+    edit_manifest(b, format_version=2, params_sha256="0" * 64)
     with pytest.raises(BundleFormatError, match="params_sha256"):
         Engine.load(b)
     edit_manifest(b, params_sha256=random_params().sha256(), d=17)
     with pytest.raises(BundleFormatError, match="d=17"):
+        Engine.load(b)
+    edit_manifest(b, reseal=False, d=16)
+    with pytest.raises(BundleFormatError, match="manifest_sha256"):
         Engine.load(b)
 
 
@@ -68,7 +77,7 @@ def test_weights_of_another_model_are_refused(small_bundle, tmp_path):
     write_bundle(other, random_params(seed=9).as_dict(), Alphabet.text8())
     b = copy_bundle(small_bundle, tmp_path)
     shutil.copyfile(other / "weights.safetensors", b / "weights.safetensors")
-    with pytest.raises(BundleFormatError, match="params_sha256"):
+    with pytest.raises(BundleFormatError, match="weights.safetensors does not match its sha256"):
         Engine.load(b)
 
 

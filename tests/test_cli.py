@@ -28,7 +28,8 @@ def test_score_json_matches_library(small_bundle, text8_valid_head, tmp_path):
     f.write_text(text8_valid_head[:3000])
     out = json.loads(isan("score", "--model", small_bundle, "--json", f).stdout)
     lib = Engine.load(small_bundle).score(text8_valid_head[:3000])
-    assert out["chars"] == 3000 and set(out) == {"chars", "bits", "bpc"}
+    assert out["chars"] == 3000 and set(out) == {"chars", "bits", "bpc", "normalization"}
+    assert out["normalization"]["normalizer"] == "none-v1" and out["normalization"]["chars_read"] == 3000
     assert out["bits"] == pytest.approx(lib.bits, rel=1e-12)
     per = json.loads(isan("score", "--model", small_bundle, "--json", "--per-char", "-", input=text8_valid_head[:50]).stdout)
     assert len(per["per_char_bits"]) == 50 and np.isclose(sum(per["per_char_bits"]), per["bits"])
@@ -127,5 +128,6 @@ def test_default_model_to_onnx_and_back(tmp_path, text8_valid_head):
     a = json.loads(isan("score", "--model", tmp_path / "onnx-bundle", "--backend", "onnx", "--json", "-", input=text).stdout)
     b = json.loads(isan("score", "--json", "-", input=text).stdout)
     assert a["chars"] == b["chars"] == 2000 and a["bits"] == pytest.approx(b["bits"], rel=1e-5)
-    r = isan("score", "--backend", "onnx", "--json", "-", input=text, check=False)
-    assert r.returncode == 2 and "isan export" in r.stderr and "Traceback" not in r.stderr
+    # the shipped model has no graphs in the package: they are built into the user cache on first use
+    c = json.loads(isan("score", "--backend", "onnx", "--json", "-", input=text).stdout)
+    assert c["chars"] == 2000 and c["bits"] == pytest.approx(b["bits"], rel=1e-5)

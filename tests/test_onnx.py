@@ -408,9 +408,22 @@ def test_truncated_onnx_is_a_clear_error(isan_bundle, tmp_path, fname):
     assert fname in msg and "isan export" in msg and "--onnx" in msg
 
 
+def reseal(bundle):
+    """Record the bundle's current files in its manifest, as if a tool had rewritten it consistently:
+    the checks behind the hashes (graph metadata) are then what refuses a swapped graph."""
+    from isan.engine.bundle import finalize_manifest
+
+    m = read_manifest(bundle, verify="none")
+    m.pop("onnx", None)  # its per-graph hashes describe the original graphs
+    finalize_manifest(bundle, m)
+
+
 def test_garbage_onnx_is_a_clear_error(isan_bundle, tmp_path):
     bundle = copy_bundle(isan_bundle, tmp_path / "b")
     (bundle / "sequence.onnx").write_bytes(b"\x00not an onnx model\xff" * 10)
+    with pytest.raises(BundleFormatError, match=r"sequence\.onnx has 190 bytes.*--onnx"):
+        OnnxRunner.load(bundle)  # refused by its record before onnxruntime parses it
+    reseal(bundle)
     with pytest.raises(BundleFormatError, match=r"sequence\.onnx.*(not a valid ONNX|not an isan ONNX)"):
         OnnxRunner.load(bundle)
 
@@ -419,6 +432,9 @@ def test_onnx_of_other_weights_is_refused(isan_bundle, tmp_path):
     bundle = copy_bundle(isan_bundle, tmp_path / "b")
     export_isan_onnx(random_params(d=16, seed=99), tmp_path / "other")
     shutil.copyfile(tmp_path / "other" / "model.onnx", bundle / "model.onnx")
+    with pytest.raises(BundleFormatError, match=r"model\.onnx does not match its sha256.*isan export"):
+        OnnxRunner.load(bundle)
+    reseal(bundle)
     with pytest.raises(BundleFormatError, match=r"model\.onnx belongs to other weights.*isan export"):
         OnnxRunner.load(bundle)
 
@@ -426,6 +442,9 @@ def test_onnx_of_other_weights_is_refused(isan_bundle, tmp_path):
 def test_onnx_of_another_kind_is_refused(isan_bundle, baseline, tmp_path):
     bundle = copy_bundle(isan_bundle, tmp_path / "b")
     shutil.copyfile(baseline("rnn")[1] / "sequence.onnx", bundle / "sequence.onnx")
+    with pytest.raises(BundleFormatError, match=r"sequence\.onnx (has|does not match)"):
+        OnnxRunner.load(bundle)
+    reseal(bundle)
     with pytest.raises(BundleFormatError, match=r"sequence\.onnx holds the 'rnn'"):
         OnnxRunner.load(bundle)
 
@@ -433,8 +452,22 @@ def test_onnx_of_another_kind_is_refused(isan_bundle, baseline, tmp_path):
 def test_step_graph_in_place_of_sequence_graph_is_refused(isan_bundle, tmp_path):
     bundle = copy_bundle(isan_bundle, tmp_path / "b")
     shutil.copyfile(bundle / "model.onnx", bundle / "sequence.onnx")
+    reseal(bundle)
     with pytest.raises(BundleFormatError, match="'step' graph; expected the 'isan' 'sequence'"):
         OnnxRunner.load(bundle)
+
+
+def test_bit_flips_in_a_graph_are_refused(isan_bundle, tmp_path):
+    """One flipped bit anywhere in sequence.onnx used to change the bits silently (or give NaN)."""
+    data = (isan_bundle / "sequence.onnx").read_bytes()
+    rng = np.random.default_rng(0)
+    for k, pos in enumerate(rng.choice(len(data), size=24, replace=False)):
+        bundle = copy_bundle(isan_bundle, tmp_path / f"flip{k}")
+        b = bytearray(data)
+        b[pos] ^= 1 << int(rng.integers(8))
+        (bundle / "sequence.onnx").write_bytes(bytes(b))
+        with pytest.raises(BundleFormatError, match="does not match its sha256"):
+            OnnxRunner.load(bundle)
 
 
 def test_edited_baseline_weights_are_refused(baseline, tmp_path):
@@ -444,9 +477,9 @@ def test_edited_baseline_weights_are_refused(baseline, tmp_path):
     t = load_tensors(bundle / "weights.safetensors")
     t["b_ro"] = t["b_ro"] + 1.0
     save_tensors(bundle / "weights.safetensors", t)
-    with pytest.raises(BundleFormatError, match="params_sha256"):
-        OnnxRunner.load(bundle)
-    with pytest.raises(BundleFormatError, match="params_sha256"):
+    with pytest.raises(BundleFormatError, match="weights.safetensors (has .* bytes|does not match its sha256)"):
+        OnnxRunner.load(bundle)  # the manifest's file record refuses the edited weights
+    with pytest.raises(BundleFormatError, match="weights.safetensors"):
         load_baseline_engine(bundle)
 
 

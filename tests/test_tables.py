@@ -14,7 +14,7 @@ from isan.engine.data import read_text8_split
 from isan.errors import TableFormatError
 from isan.trie_tables.build import build_from_recipe, plan_table
 from isan.trie_tables.codes import code_of, decode_code, greedy_segment, longest_matches
-from isan.trie_tables.format import load_table
+from isan.trie_tables.format import header_sha256, load_table
 
 from conftest import random_params
 
@@ -161,7 +161,8 @@ def test_load_is_memory_mapped_and_validated(table_dir, params):
     t = load_table(table_dir, params.sha256(), A8, 16)
     assert isinstance(t.Ac, np.memmap) and isinstance(t.R, np.memmap)
     h = json.loads((table_dir / "header.json").read_text())
-    assert h["magic"] == "ISAN-TRIE-TABLE" and h["format_version"] == 1 and h["complete"] is True
+    assert h["magic"] == "ISAN-TRIE-TABLE" and h["format_version"] == 2 and h["complete"] is True
+    assert h["header_sha256"] == header_sha256(h)
     assert h["n_entries"] == t.n_entries == len(t.trie)
     info = t.info()
     assert info["entries"] == t.n_entries and sum(info["length_histogram"].values()) == t.n_entries
@@ -174,10 +175,14 @@ def damaged(table_dir, tmp_path, fn):
     return dst
 
 
-def edit_header(**kw):
+def edit_header(reseal=True, **kw):
+    """Edit header fields; with ``reseal`` the header's checksum is recomputed, so the deeper
+    checks are what refuses the table (without it, the checksum does)."""
     def f(d):
         h = json.loads((d / "header.json").read_text())
         h.update(kw)
+        if reseal:
+            h["header_sha256"] = header_sha256(h)
         (d / "header.json").write_text(json.dumps(h))
     return f
 
@@ -205,6 +210,9 @@ def flip_byte(name):
     (edit_header(complete=False), "incomplete"),
     (edit_header(params_sha256="f" * 64), "another model"),
     (edit_header(d=32), "d=32"),
+    (edit_header(reseal=False, max_len=13), "header_sha256"),
+    (edit_header(max_len=13), "max_len=13"),
+    (edit_header(max_len=1), "exceeds max_len"),
     (truncate("Ac.npy"), "truncated"),
     (truncate("keys.marisa", 0.3), "truncated"),
     (flip_byte("R.npy"), "corrupt"),

@@ -21,6 +21,7 @@ import numpy as np
 from isan.alphabet import Alphabet
 from isan.atomic import write_json_atomic
 from isan.errors import TableFormatError
+from isan.jsonfile import read_json
 from isan.params import ISANParams
 from isan.trie_tables.codes import decode_code, max_code_length
 from isan.trie_tables.format import DTYPES, Table, build_table, load_table
@@ -61,12 +62,25 @@ def build_from_recipe(out_dir: str | Path, recipe: dict, params: ISANParams, alp
 
 
 def read_recipe(path: str | Path) -> dict:
-    try:
-        r = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise TableFormatError(f"{path} is not a readable table recipe ({e})") from None
-    if r.get("format") != "isan-table-recipe" or r.get("format_version") != 1 or not isinstance(r.get("keys"), list):
-        raise TableFormatError(f"{path} is not a version-1 table recipe")
+    """Read and validate a ``table_recipe.json``.
+
+    Raises:
+        TableFormatError: missing, not JSON, hostile content, another format or version, or a
+            missing or mistyped field; the message names the command that rebuilds it.
+    """
+    fix = ("re-create it with `isan export CHECKPOINT_DIR BUNDLE --table-mode recipe --overwrite`, "
+           "or reinstall isan for the shipped model")
+    r = read_json(path, TableFormatError, fix, what="table recipe")
+    if not isinstance(r, dict) or r.get("format") != "isan-table-recipe" or r.get("format_version") != 1:
+        raise TableFormatError(f"{path} is not a version-1 table recipe; {fix}")
+    keys = r.get("keys")
+    if not isinstance(keys, list) or not all(isinstance(k, str) and k for k in keys):
+        raise TableFormatError(f"{path}: 'keys' must be a list of non-empty strings; {fix}")
+    if not isinstance(r.get("dtype", "float32"), str) or r.get("dtype", "float32") not in DTYPES:
+        raise TableFormatError(f"{path}: 'dtype' must be float32 or float16; got {r.get('dtype')!r}; {fix}")
+    ml = r.get("max_len")
+    if ml is not None and (type(ml) is not int or not 1 <= ml <= 63):
+        raise TableFormatError(f"{path}: 'max_len' must be an integer in [1, 63]; got {ml!r}; {fix}")
     return r
 
 
@@ -80,15 +94,20 @@ def cache_dir() -> Path:
 
 def cached_table(recipe_path: str | Path, params: ISANParams, alphabet: Alphabet, params_sha256: str,
                  progress_bar: bool = True) -> Table:
-    """Load the table of a recipe from the cache, composing it first if needed (atomic)."""
+    """Load the table of a recipe from the cache, composing it first if needed (atomic).
+
+    A cached table that is unusable (corrupt, truncated, another version) is rebuilt, with a
+    warning; leftover partial builds beside it are removed by the next build.
+    """
     recipe = read_recipe(recipe_path)
     key = hashlib.sha256(json.dumps([params_sha256, recipe["keys"], recipe.get("dtype")]).encode()).hexdigest()[:20]
     path = cache_dir() / "tables" / key
+    rebuild = f"it is rebuilt automatically: delete {path} and run the command again"
     if (path / "header.json").exists():
         try:
-            return load_table(path, params_sha256, alphabet, params.d)
+            return load_table(path, params_sha256, alphabet, params.d, rebuild=rebuild)
         except TableFormatError as e:
             log.warning("cached table %s is unusable (%s); rebuilding it", path, e)
     log.info("composing the table for %s into %s", recipe_path, path)
     build_from_recipe(path, recipe, params, alphabet, params_sha256, overwrite=True, progress_bar=progress_bar)
-    return load_table(path, params_sha256, alphabet, params.d)
+    return load_table(path, params_sha256, alphabet, params.d, rebuild=rebuild)

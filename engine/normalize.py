@@ -1,0 +1,332 @@
+"""Text normalisation: named, versioned steps that a model's manifest declares.
+
+A model sees text only through its alphabet. The text8 models were trained on Matt Mahoney's
+text8, which his ``wikifil.pl`` produced from Wikipedia; real text (capitals, digits,
+punctuation, newlines) has to go through the same mapping before such a model can score it.
+Every engine call (``score``, ``score_batch``, ``advance``, ``sample``'s prompt,
+``attribute``) takes ``normalize``:
+
+* ``"auto"`` (the default): the normaliser the bundle's manifest declares
+  (``"normalizer": {"name": "text8", "version": 1}``); a bundle without the field declares
+  ``"none"``;
+* ``"none"``: raw text, each character must be a symbol of the alphabet (or be handled by
+  ``unknown="skip"|"replace"``);
+* a name (``"text8"``, the newest version) or a name and version (``"text8-v1"``).
+
+Normalisers (:data:`NORMALIZERS`):
+
+``none`` version 1
+    The identity.
+
+``text8`` version 1: the character mapping of wikifil.pl (M. Mahoney, 2006), which made text8
+    ``wikifil.pl`` strips Wikipedia markup, then pads the text with spaces, lower-cases A-Z
+    (``tr/A-Z/a-z/``), spells digits out (``s/0/ zero /g`` ... ``s/9/ nine /g``) and turns every
+    other character into a space with runs of spaces squeezed to one (``tr/a-z/ /cs``). On
+    plain text (no markup) text8-v1 does exactly the last three steps:
+
+    - ``A``-``Z`` become ``a``-``z`` (ASCII only, as ``tr`` does; not Python's ``str.lower``,
+      which would map the Kelvin sign to ``k``);
+    - each digit becomes its word with a space on each side: ``"1984"`` -> ``" one nine eight four "``;
+    - every other character becomes a space: punctuation, tabs, newlines, and letters outside
+      ``a``-``z``, **accented letters included** (``"café"`` -> ``"caf "``, ``"Ελλάδα"`` -> ``" "``).
+      wikifil.pl works on bytes and maps every byte outside a-z to a space, so a non-ASCII
+      letter never reached text8 as a letter; folding ``é`` to ``e`` would score text the model
+      never saw in that form;
+    - runs of spaces are squeezed to one space.
+
+    It does not add the padding spaces at the ends (the text is scored as it starts and ends).
+    Squeezing depends on the character before the text: a streamed text carries it in its
+    :class:`~isan.engine.State` (``last_symbol``), so scoring in chunks gives the same bits as
+    scoring the whole text.
+
+What a call changed is reported (:class:`Prepared.report`, ``ScoreResult.normalization``):
+``chars_read`` (input characters), ``chars_scored``, ``changed`` (input characters replaced by
+something else: lower-cased, spelled out, turned into a space), ``dropped`` (input characters that
+left nothing: squeezed spaces), and from the unknown-character policy ``skipped`` and
+``replaced``, plus ``most_changed`` (the five most frequent changed or dropped input
+characters). ``Prepared.offsets`` maps every scored character back to the offset of the input
+character it came from (a spelled-out digit's characters all map to the digit).
+
+Example:
+    >>> p = prepare("The cat sat on the mat.\\n", Alphabet.text8(), get_normalizer("text8"))
+    >>> p.text
+    'the cat sat on the mat '
+    >>> p.report["changed"], p.report["dropped"]
+    (2, 1)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from isan.alphabet import UNKNOWN_POLICIES, Alphabet
+from isan.errors import AlphabetError, BundleFormatError, IsanError
+
+#: the normaliser of a bundle whose manifest declares none
+DEFAULT_DECLARED = {"name": "none", "version": 1}
+
+_TEXT8_BYTES = b" abcdefghijklmnopqrstuvwxyz"
+
+DIGIT_WORDS = (" zero ", " one ", " two ", " three ", " four ", " five ", " six ", " seven ", " eight ", " nine ")
+
+
+class NormalizerError(IsanError, ValueError):
+    """An unknown normaliser name or version, or one that does not fit the model's alphabet."""
+
+
+@dataclass(frozen=True)
+class Normalizer:
+    """A named, versioned mapping of raw text to a model's symbols.
+
+    Attributes:
+        name, version: as declared in a manifest (``{"name": "text8", "version": 1}``).
+        output_symbols: the characters it can produce (None: any character, the identity).
+    """
+
+    name: str
+    version: int
+    description: str
+    output_symbols: frozenset | None = field(default=None, repr=False)
+
+    @property
+    def id(self) -> str:
+        """``"text8-v1"``: name and version, as reports print it."""
+        return f"{self.name}-v{self.version}"
+
+    def to_manifest(self) -> dict:
+        return {"name": self.name, "version": self.version}
+
+    def apply(self, text: str, context: str = "") -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
+        """Normalise ``text``.
+
+        Args:
+            text: the raw text.
+            context: the last normalised character before ``text`` ("" at the start of a text).
+        Returns:
+            (normalised text; offsets int64 (len(normalised),): the input offset each output
+            character came from; changed bool (len(text),): input characters replaced by
+            something else; dropped bool (len(text),): input characters that left nothing).
+        """
+        n = len(text)
+        return text, np.arange(n, dtype=np.int64), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+
+
+class _Text8V1(Normalizer):
+    """wikifil.pl's character mapping (see the module docstring)."""
+
+    _WORD_LEN = np.array([len(w) for w in DIGIT_WORDS], dtype=np.int64)
+    _WORD_TABLE = np.array([[ord(c) for c in w.ljust(7)] for w in DIGIT_WORDS], dtype=np.uint32)
+
+    def apply(self, text: str, context: str = "") -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
+        n = len(text)
+        if n == 0:
+            return "", np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
+        if text.isascii():  # text that is already text8 (a-z and single spaces) passes unchanged, fast
+            raw = text.encode("ascii")
+            if (not raw.translate(None, _TEXT8_BYTES) and b"  " not in raw
+                    and not (context == " " and raw.startswith(b" "))):
+                return text, np.arange(n, dtype=np.int64), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+        cp = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+        lower = (cp >= 97) & (cp <= 122)
+        upper = (cp >= 65) & (cp <= 90)
+        digit = (cp >= 48) & (cp <= 57)
+        mapped = np.where(lower, cp, np.where(upper, cp + 32, 32)).astype(np.uint32)
+        if digit.any():
+            lens = np.where(digit, self._WORD_LEN[np.where(digit, cp - 48, 0)], 1)
+            src = np.repeat(np.arange(n, dtype=np.int64), lens)
+            starts = np.cumsum(lens) - lens
+            pos = np.arange(len(src), dtype=np.int64) - starts[src]
+            out = mapped[src]
+            sel = digit[src]
+            out[sel] = self._WORD_TABLE[cp[src[sel]] - 48, pos[sel]]
+        else:
+            src = np.arange(n, dtype=np.int64)
+            out = mapped
+        space = out == 32
+        prev = np.empty_like(space)
+        prev[0] = context == " "
+        prev[1:] = space[:-1]
+        keep = ~(space & prev)
+        if not keep.all():
+            out, src = out[keep], src[keep]
+        dropped = np.bincount(src, minlength=n) == 0
+        changed = ~(lower | (cp == 32)) & ~dropped
+        return out.astype(np.uint8).tobytes().decode("ascii"), src, changed, dropped
+
+
+NONE = Normalizer("none", 1, "the identity: raw text")
+TEXT8_V1 = _Text8V1("text8", 1, "Mahoney's wikifil.pl mapping (text8): A-Z lower-cased, digits spelled out as words, "
+                    "every other character (accented letters included) a space, runs of spaces squeezed",
+                    frozenset(" abcdefghijklmnopqrstuvwxyz"))
+
+#: every normaliser by name and version
+NORMALIZERS: dict[str, dict[int, Normalizer]] = {"none": {1: NONE}, "text8": {1: TEXT8_V1}}
+
+
+def choices() -> list[str]:
+    """Accepted values of ``normalize``: auto, the names, and the name-vN ids."""
+    out = ["auto"]
+    for name, versions in NORMALIZERS.items():
+        out.append(name)
+        out.extend(n.id for n in versions.values())
+    return out
+
+
+def get_normalizer(name: str, version: int | None = None) -> Normalizer:
+    """A registered normaliser (the newest version when ``version`` is None).
+
+    ``name`` may also be an id such as ``"text8-v1"``.
+
+    Raises:
+        NormalizerError: unknown name or version.
+    """
+    if not isinstance(name, str):
+        raise NormalizerError(f"a normaliser name must be a string; got {name!r}")
+    if version is None and "-v" in name:
+        base, _, v = name.rpartition("-v")
+        if base in NORMALIZERS and v.isdigit():
+            name, version = base, int(v)
+    versions = NORMALIZERS.get(name)
+    if versions is None:
+        raise NormalizerError(f"unknown normaliser {name!r}; choose one of {', '.join(choices())}")
+    if version is None:
+        return versions[max(versions)]
+    if version not in versions:
+        raise NormalizerError(f"normaliser {name!r} has no version {version!r} in this isan (it has "
+                              f"{', '.join(map(str, sorted(versions)))}); upgrade isan to read this model")
+    return versions[version]
+
+
+def from_manifest(manifest: dict, where: str = "manifest.json") -> Normalizer:
+    """The normaliser a manifest declares (``"none"`` when it declares none).
+
+    Raises:
+        BundleFormatError: a malformed declaration, an unknown normaliser, or one whose output
+            does not fit the manifest's alphabet.
+    """
+    decl = manifest.get("normalizer", DEFAULT_DECLARED)
+    if (not isinstance(decl, dict) or set(decl) != {"name", "version"} or not isinstance(decl["name"], str)
+            or type(decl["version"]) is not int):
+        raise BundleFormatError(f"{where}: 'normalizer' must be {{\"name\": str, \"version\": int}}; got {decl!r}. "
+                                "Re-run `isan export`")
+    try:
+        norm = get_normalizer(decl["name"], decl["version"])
+    except NormalizerError as e:
+        raise BundleFormatError(f"{where}: {e} (a newer isan may have written this model: upgrade isan, or re-run "
+                                "`isan export`)") from None
+    alphabet = manifest.get("alphabet")
+    if norm.output_symbols is not None and isinstance(alphabet, list):
+        missing = sorted(norm.output_symbols - set(a for a in alphabet if isinstance(a, str)))
+        if missing:
+            raise BundleFormatError(f"{where}: the normaliser {norm.id} produces {''.join(missing)!r}, which the "
+                                    "model's alphabet lacks; re-run `isan export`")
+    return norm
+
+
+def resolve(normalize: str | Normalizer | None, declared: Normalizer) -> Normalizer:
+    """The normaliser a call uses: ``"auto"``/None -> ``declared``; ``"none"``; a name or id.
+
+    Raises:
+        NormalizerError: an unknown value.
+    """
+    if isinstance(normalize, Normalizer):
+        return normalize
+    if normalize is None or normalize == "auto":
+        return declared
+    return get_normalizer(normalize)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Text made ready for a model: ids, where each came from, and what changed.
+
+    Attributes:
+        ids: int64 (n,) symbol ids to score.
+        offsets: int64 (n,) offset in the input text of the character each id came from.
+        text: the scored text (``alphabet.decode(ids)``).
+        report: ``{"normalizer", "chars_read", "chars_scored", "changed", "dropped",
+            "skipped", "replaced", "most_changed"}`` (see the module docstring).
+    """
+
+    ids: np.ndarray
+    offsets: np.ndarray
+    text: str
+    report: dict
+
+    @property
+    def last_symbol(self) -> str:
+        return self.text[-1] if self.text else ""
+
+
+def _report(norm_id: str, chars_read: int, chars_scored: int, changed: int = 0, dropped: int = 0, skipped: int = 0,
+            replaced: int = 0, most_changed: list | None = None) -> dict:
+    return {"normalizer": norm_id, "chars_read": int(chars_read), "chars_scored": int(chars_scored),
+            "changed": int(changed), "dropped": int(dropped), "skipped": int(skipped), "replaced": int(replaced),
+            "most_changed": most_changed or []}
+
+
+def _most_changed(text: str, mask: np.ndarray, top: int = 5) -> list[dict]:
+    """The ``top`` most frequent characters of ``text`` where ``mask`` is set, with their counts."""
+    if not mask.any():
+        return []
+    cp = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")[mask]
+    vals, counts = np.unique(cp, return_counts=True)
+    order = np.lexsort((vals, -counts))[:top]
+    return [{"char": chr(int(vals[i])), "count": int(counts[i])} for i in order]
+
+
+def prepare(text: str | Sequence[int] | np.ndarray, alphabet: Alphabet, normalizer: Normalizer = NONE,
+            unknown: str = "error", replacement: str | None = None, context: str = "") -> Prepared:
+    """The one way every engine goes from input to symbol ids: normalise, then apply the unknown policy.
+
+    Args:
+        text: raw text, or a sequence of ids (validated, never normalised).
+        alphabet: the model's alphabet.
+        normalizer: from :func:`resolve`.
+        unknown: characters still outside the alphabet after normalisation: ``"error"``,
+            ``"skip"`` or ``"replace"`` (with ``replacement``).
+        context: the last scored symbol before ``text`` (``State.last_symbol``), so that
+            chunked text normalises as the whole would.
+    Returns:
+        :class:`Prepared`.
+    Raises:
+        AlphabetError: a character outside the alphabet with ``unknown="error"`` (its input
+            offset is in the message and in ``.offset``), a bad policy or replacement.
+    """
+    if unknown not in UNKNOWN_POLICIES:
+        raise AlphabetError(f"unknown={unknown!r}; choose one of {', '.join(UNKNOWN_POLICIES)}")
+    if not isinstance(text, str):
+        ids = alphabet.as_ids(text)
+        offs = np.arange(len(ids), dtype=np.int64)
+        return Prepared(ids, offs, alphabet.decode(ids), _report("ids", len(ids), len(ids)))
+    norm_text, offsets, changed, dropped = normalizer.apply(text, context)
+    raw = alphabet.raw_ids(norm_text)
+    bad = raw < 0
+    skipped = replaced = 0
+    if bad.any():
+        if unknown == "error":
+            j = int(np.argmax(bad))
+            ch, off = norm_text[j], int(offsets[j])
+            hint = ("pass unknown='skip' or unknown='replace' (CLI: --unknown skip|replace --replacement ' ')"
+                    if normalizer is NONE else f"the {normalizer.id} normaliser left it; pass unknown='skip' or 'replace'")
+            raise AlphabetError(
+                f"character {ch!r} (U+{ord(ch):04X}) at offset {off} is not in the model's alphabet "
+                f"{alphabet.describe()}; clean the text, or {hint}", char=ch, offset=off)
+        if unknown == "skip":
+            skipped = int(bad.sum())
+            raw, offsets = raw[~bad], offsets[~bad]
+        else:
+            if replacement is None:
+                raise AlphabetError("unknown='replace' needs a replacement symbol (CLI: --replacement)")
+            rid = alphabet.id(replacement)
+            replaced = int(bad.sum())
+            raw = raw.copy()
+            raw[bad] = rid
+        norm_text = alphabet.decode(raw)
+    most = _most_changed(text, changed | dropped) if normalizer is not NONE else []
+    report = _report(normalizer.id, len(text), len(raw), int(changed.sum()), int(dropped.sum()), skipped, replaced,
+                     most)
+    return Prepared(raw.astype(np.int64, copy=False), offsets.astype(np.int64, copy=False), norm_text, report)

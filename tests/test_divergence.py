@@ -1,0 +1,257 @@
+"""No NaN or inf ever: a diverging state is a StateDivergedError naming the offset, on every path
+(reference, composed, batched, ONNX, runners, sampling, attribution), exit status 2 in the CLI and
+422 from the server; and `isan model check` finds the letters and pairs that diverge."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from isan.alphabet import Alphabet
+from isan.engine import Engine, State
+from isan.engine.baseline_ref import RunnerEngine
+from isan.engine.bundle import write_bundle
+from isan.engine.guard import MAX_STATE_ABS, first_out_of_range
+from isan.errors import StateDivergedError
+from isan.params import ISANParams
+
+from conftest import random_params
+
+A8 = Alphabet.text8()
+Z = A8.id("z")
+
+
+def diverging_params(seed=5, zscale=3.0, only_z=False) -> ISANParams:
+    """A small stable ISAN whose 'z' matrix has spectral radius 2.7 (like the shipped model's 2.17);
+    with ``only_z`` its readout predicts 'z' with probability ~1 whatever the state."""
+    p = random_params(d=16, seed=seed).as_dict()
+    p["W"] = p["W"].copy()
+    p["W"][Z] *= zscale
+    if only_z:
+        p["W_ro"] = np.zeros_like(p["W_ro"])
+        p["b_ro"] = np.zeros_like(p["b_ro"])
+        p["b_ro"][Z] = 50.0
+    return ISANParams(**p)
+
+
+DIV = Engine(diverging_params(), A8, manifest={"normalizer": {"name": "text8", "version": 1}})
+
+
+def expected_offset(engine, text, h=None):
+    ids = A8.encode(text)
+    p = engine.params
+    return first_out_of_range(p.W, p.b, ids, p.h0 if h is None else h)
+
+
+def test_reference_path_raises_with_the_offset():
+    text = "ab" + "z" * 60
+    t = expected_offset(DIV, text)
+    assert t is not None and 2 < t < 40
+    with pytest.raises(StateDivergedError) as e:
+        DIV.score(text)
+    err = e.value
+    assert err.offset == t and err.input_offset == t and "state overflow" in err.cause
+    assert isinstance(err, ArithmeticError) and f"offset {t}" in str(err) and "'z'" in str(err)
+    assert "isan model check" in str(err)
+
+
+def test_offsets_are_given_in_the_input_too():
+    text = "Hello, " + "Z" * 60        # normalised: "hello " + 'z' * 60 (the comma dropped)
+    t = expected_offset(DIV, "hello " + "z" * 60)
+    with pytest.raises(StateDivergedError) as e:
+        DIV.score(text)
+    assert e.value.offset == t and e.value.input_offset == t + 1
+    assert f"input offset {t + 1}" in str(e.value)
+
+
+def test_a_state_that_leaves_the_range_and_comes_back_is_refused():
+    # 12 z's push |h| far beyond the range; the spaces after them would shrink it again
+    text = "z" * 12 + " " * 100
+    assert expected_offset(DIV, text) is not None
+    with pytest.raises(StateDivergedError):
+        DIV.score(text, normalize="none")
+
+
+def test_every_entry_point_of_the_numpy_engine():
+    text = "the " + "z" * 60
+    with pytest.raises(StateDivergedError):
+        DIV.advance(text)
+    with pytest.raises(StateDivergedError, match="text 1 of the batch"):
+        DIV.score_batch(["the cat", text], group="symbol")
+    with pytest.raises(StateDivergedError):
+        DIV.attribute(text)
+    with pytest.raises(StateDivergedError):
+        DIV.sample(text, n=5)
+    # streaming: the chunk that crosses the limit raises, and names its own offset
+    s = DIV.score("the " + "z" * 5).state
+    with pytest.raises(StateDivergedError) as e:
+        DIV.score("z" * 60, state=s)
+    assert e.value.offset == expected_offset(DIV, "z" * 60, s.h)
+    # a state out of range is refused as such, not scored from
+    bad = State(np.full(16, 2 * MAX_STATE_ABS))
+    for call in (lambda: DIV.score("a", state=bad), lambda: DIV.top_k(bad), lambda: DIV.logits(bad)):
+        with pytest.raises(StateDivergedError, match="given state"):
+            call()
+    with pytest.raises(StateDivergedError):
+        DIV.score("a", state=State(np.full(16, np.nan)))
+
+
+def test_sampling_that_diverges_raises():
+    eng = Engine(diverging_params(only_z=True), A8)     # the readout all but forces 'z'
+    with pytest.raises(StateDivergedError, match="generated character") as e:
+        eng.sample("the", n=200, seed=0)
+    assert e.value.offset < 200
+    assert len(eng.sample("the", n=3, seed=0).text) == 3  # short runs are fine
+
+
+def test_shipped_model_composed_and_batched_paths(default_engine):
+    """'z' x 200 printed {"bits": NaN} before; now every path raises at offset 14 (the 15th 'z')."""
+    for eng in (default_engine, default_engine.with_path("reference")):
+        with pytest.raises(StateDivergedError) as e:
+            eng.score("z" * 200)
+        assert e.value.offset == 14 and "'z'" in str(e.value)
+    with pytest.raises(StateDivergedError) as e:
+        default_engine.score("qx" * 2000)
+    assert e.value.offset == 41
+    with pytest.raises(StateDivergedError, match="text 1 of the batch"):
+        default_engine.score_batch(["the cat sat", "z" * 3000])
+    with pytest.raises(StateDivergedError, match="text 0 of the batch"):
+        default_engine.score_batch(["z" * 3000], group="symbol")
+    with pytest.raises(StateDivergedError):
+        default_engine.advance("z" * 200)
+    # real text is untouched by the guard
+    assert np.isfinite(default_engine.score("the zzz of a jazz buzz").bits)
+
+
+class NaNRunner:
+    """A runner whose model overflows: the engine must turn its NaN into an error, not a number."""
+
+    backend = provider = "numpy"
+    kind = "rnn"
+    K = V = 27
+    d = state_size = 4
+    state_names = ["h"]
+
+    def initial_state(self):
+        return np.zeros(4)
+
+    def readout(self, s):
+        return np.zeros(27)
+
+    def score_ids(self, ids, s):
+        bits = np.ones(len(ids))
+        bits[len(ids) // 2:] = np.nan
+        return bits, np.full(4, np.nan)
+
+    def advance_ids(self, ids, s):
+        return np.full(4, np.inf)
+
+    def score_batch(self, ids_list, states):
+        return [self.score_ids(x, s) for x, s in zip(ids_list, states)]
+
+
+def test_runner_engines_never_return_nan():
+    eng = RunnerEngine(NaNRunner(), A8)
+    with pytest.raises(StateDivergedError, match="offset 5") as e:
+        eng.score("abcdefghij")
+    assert e.value.cause == "non-finite bits"
+    with pytest.raises(StateDivergedError):
+        eng.advance("abc")
+    with pytest.raises(StateDivergedError, match="text 0 of the batch"):
+        eng.score_batch(["abcd"])
+
+
+def test_onnx_path_raises(tmp_path):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    from isan.engine.onnx_backend import load_onnx_engine
+    from isan.export.onnx_export import onnx_hook
+
+    b = write_bundle(tmp_path / "div", diverging_params().as_dict(), A8, hook=onnx_hook, normalizer="text8")
+    eng = load_onnx_engine(b)
+    text = "ab" + "z" * 300
+    t = expected_offset(DIV, text)
+    with pytest.raises(StateDivergedError) as e:
+        eng.score(text)
+    assert e.value.offset == t and "onnx" in str(e.value)
+    with pytest.raises(StateDivergedError, match="text 1 of the batch"):
+        eng.score_batch(["the cat", text])
+    with pytest.raises(StateDivergedError):
+        eng.advance(text)
+    assert np.isfinite(eng.score("The cat.").bits)
+
+
+# ---- isan model check ----------------------------------------------------------------------------
+def test_model_check_finds_the_diverging_letter_and_pairs():
+    r = DIV.check_divergence(max_chars=500)
+    assert [x["symbol"] for x in r["letters"]] == ["z"]
+    assert r["letters"][0]["after_chars"] == expected_offset(DIV, "z" * 500) + 1
+    assert r["pairs"] and all(p["after_chars"] > 0 for p in r["pairs"])
+    for p in r["pairs"][:20]:
+        t = first_out_of_range(DIV.params.W, DIV.params.b, A8.encode(p["pair"] * 300), DIV.params.h0)
+        assert t + 1 == p["after_chars"]
+    stable = Engine(random_params(d=16, seed=5), A8).check_divergence(max_chars=500)
+    assert stable["letters"] == [] and stable["pairs"] == []
+    assert stable["n_letters_checked"] == 27 and stable["n_pairs_checked"] == 27 * 26
+
+
+def test_model_check_on_the_shipped_model(default_engine):
+    r = default_engine.check_divergence(max_chars=2000)
+    letters = {x["symbol"]: x["after_chars"] for x in r["letters"]}
+    assert letters["z"] == 15 and letters["x"] == 23 and " " not in letters and "e" not in letters
+    pairs = {x["pair"]: x["after_chars"] for x in r["pairs"]}
+    assert pairs["qx"] == 42
+
+
+# ---- CLI and server --------------------------------------------------------------------------------
+def isan(*args, input=None):
+    return subprocess.run([sys.executable, "-m", "isan.cli", *map(str, args)], input=input, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_cli_exit_2_and_no_nan(tmp_path):
+    r = isan("score", "--json", "-", input="z" * 200 + "\n")
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    assert r.stderr.startswith("Error: ") and "offset 14" in r.stderr and "'z'" in r.stderr
+    assert r.stderr.count("\n") == 1 and "Warning" not in r.stderr
+    r = isan("score", "--path", "reference", "-", input="z" * 200)
+    assert r.returncode == 2 and "offset 14" in r.stderr
+    b = write_bundle(tmp_path / "div", diverging_params().as_dict(), A8)
+    r = isan("model", "check", "--model", b, "--json", "--max-chars", 300)
+    j = json.loads(r.stdout)
+    assert r.returncode == 0 and [x["symbol"] for x in j["letters"]] == ["z"]
+    assert "letters that diverge (1 of 27" in isan("model", "check", "--model", b, "--max-chars", 300).stdout
+
+
+def test_server_answers_422_and_never_nan(default_engine):
+    pytest.importorskip("fastapi")
+    pytest.importorskip("httpx")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # starlette's notice about httpx
+        from fastapi.testclient import TestClient
+    from isan.engine.server import create_app
+
+    client = TestClient(create_app(default_engine))
+    r = client.post("/v1/score", json={"text": "z" * 200})
+    assert r.status_code == 422 and r.json()["offset"] == 14 and "diverges" in r.json()["error"]
+    r = client.post("/v1/score", json={"text": "The cat.\n", "per_char": True})
+    assert r.status_code == 200 and r.json()["normalization"]["changed"] == 2
+    assert "NaN" not in r.text and "Infinity" not in r.text
+    with client.websocket_connect("/v1/stream") as ws:
+        ws.send_text(json.dumps({"reset": True}))
+        assert json.loads(ws.receive_text())["total_bpc"] is None
+        ws.send_text(json.dumps({"text": "the cat "}))
+        first = json.loads(ws.receive_text())
+        ws.send_text(json.dumps({"text": "\n"}))          # squeezed away: zero characters, null bpc
+        empty = ws.receive_text()
+        assert "NaN" not in empty and json.loads(empty)["chars"] == 0 and json.loads(empty)["bpc"] is None
+        ws.send_text(json.dumps({"text": "z" * 200}))
+        err = json.loads(ws.receive_text())
+        assert err["status"] == 422 and 0 < err["offset"] <= 14
+        ws.send_text(json.dumps({"text": "sat"}))          # the stream's state survived the bad frame
+        after = json.loads(ws.receive_text())
+        assert after["total_chars"] == first["total_chars"] + 3
