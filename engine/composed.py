@@ -6,15 +6,21 @@ inside the match are ``[R_i | r_i] [h; 1]`` for i = 0..k-1. The state jumps are 
 the readouts are grouped by entry after all jumps, one GEMM per entry used, so each stored
 readout block is read once per text rather than once per match.
 
-Precision: tables hold float32 (composed in float64), the state is carried in float32, and
-the log-softmax is taken in float64. Tests hold per-character bits within 1e-4 of the float64
-reference path and total bits within a relative 1e-6.
+Precision: tables hold float32 (composed in float64; float16 on request), the state is carried
+in float32, and the log-softmax is taken in float64 (the max and the sum of exponentials in
+float32 in the compiled kernel). Tests hold per-character bits within 1e-4 of the float64
+reference path and total bits within a relative 1e-6 (float16 tables: 0.02 bits and 1e-3).
+
+The jumps and readouts run in the compiled kernel :func:`~isan.engine.kernels.sequential.seq_composed`
+(no Python per match); :meth:`ComposedPath.score_ref` keeps the numpy implementation as its
+twin. Batches grouped by symbol run in :func:`~isan.engine.kernels.streams.run_streams`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from isan.engine.guard import raise_diverged
 from isan.params import ISANParams
 from isan.trie_tables.codes import greedy_segment, longest_matches, match_codes
 from isan.trie_tables.format import Table
@@ -28,12 +34,19 @@ class ComposedPath:
     Without a table only batched scoring grouped by symbol is available.
     """
 
-    def __init__(self, table: Table | None, params: ISANParams):
+    def __init__(self, table: Table | None, params: ISANParams, symbols=None):
         self.table = table
         self.K, self.V, self.d = params.K, params.V, params.d
+        self.params64 = params.astype(np.float64)
+        self.symbols = symbols
         if table is not None:
             self.Ac = table.Ac.view(np.ndarray) if isinstance(table.Ac, np.memmap) else table.Ac
             self.R = table.R.view(np.ndarray) if isinstance(table.R, np.memmap) else table.R
+            # what the compiled kernel reads: the stored arrays (float16 stays float16: half the bytes a jump)
+            self.Ac_k, self.R_k = self.Ac, self.R
+            if table.header.get("dtype") == "float16":
+                self.Ac_k = np.load(table.path / "Ac.npy", mmap_mode="r").view(np.ndarray)
+                self.R_k = np.load(table.path / "R.npy", mmap_mode="r").view(np.ndarray)
         p = params.astype(np.float32)
         W_aug = np.concatenate([p.W, p.b[:, :, None]], axis=2)  # (K, d, d+1): per-symbol [W | b]
         # (K, d+1, d) C-contiguous: OpenBLAS runs `rows @ W_augT[k]` 2-4x faster than `rows @ W_aug[k].T`
@@ -43,15 +56,55 @@ class ComposedPath:
     # ---- segmentation -------------------------------------------------------------------
     def segment(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Greedy longest-match segmentation: (starts, lengths, entry ids), each (n_matches,) int64."""
+        from isan.engine.kernels import native
+
         t = self.table
         M = longest_matches(ids, self.K, t.sorted_codes, t.max_len)
-        starts, lengths = greedy_segment(M)
+        nat = native()
+        if nat is not None:  # the pointer walk in C (no Python per match)
+            starts = np.empty(len(M), dtype=np.int64)
+            starts = starts[: nat.greedy_segment(M, starts)]
+            lengths = np.diff(np.append(starts, len(M)))
+        else:
+            starts, lengths = greedy_segment(M)
         entries = t.entries_of(match_codes(ids, self.K, starts, lengths))
         return starts, lengths, entries
 
     # ---- single stream --------------------------------------------------------------------
+    def score(self, ids: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Bits of each character (float64 (N,)) and the final state ((d,) float32), compiled.
+
+        Raises:
+            StateDivergedError: a state leaves the range (located by the float64 reference).
+        """
+        from isan.engine.kernels.sequential import seq_composed
+
+        starts, lengths, entries = self.segment(ids)
+        bits, hf, bad = seq_composed(self.Ac_k, self.R_k, self.table.offsets, self.table.lengths, entries,
+                                     np.asarray(ids, dtype=np.int32), np.asarray(h, dtype=np.float32))
+        if bad >= 0:
+            self._diverged(ids, h, int(starts[bad] + lengths[bad] - 1))
+        return bits, hf
+
+    def advance(self, ids: np.ndarray, h: np.ndarray) -> np.ndarray:
+        """The state after ``ids`` (no readout): (d,) float32, compiled."""
+        from isan.engine.kernels.sequential import seq_composed
+
+        starts, lengths, entries = self.segment(ids)
+        _, hf, bad = seq_composed(self.Ac_k, self.R_k, self.table.offsets, self.table.lengths, entries,
+                                  np.asarray(ids, dtype=np.int32), np.asarray(h, dtype=np.float32), want_bits=False)
+        if bad >= 0:
+            self._diverged(ids, h, int(starts[bad] + lengths[bad] - 1))
+        return hf
+
+    def _diverged(self, ids: np.ndarray, h: np.ndarray, detected_at: int) -> None:
+        p = self.params64
+        raise_diverged(p.W, p.b, np.asarray(ids), np.asarray(h, dtype=np.float64), "composed",
+                       detected_at=detected_at, symbols=self.symbols)
+
     def jumps(self, entries: np.ndarray, h: np.ndarray) -> np.ndarray:
-        """States before each match and after the last: (n_matches + 1, d + 1) float32, last column 1."""
+        """States before each match and after the last: (n_matches + 1, d + 1) float32, last column 1
+        (numpy: the twin's jumps, and the benchmark's breakdown of where the time goes)."""
         d = self.d
         H = np.empty((len(entries) + 1, d + 1), dtype=np.float32)
         H[:, d] = 1.0
@@ -61,13 +114,8 @@ class ComposedPath:
             dot(Ac[e], H[j], out=H[j + 1, :d])
         return H
 
-    def advance(self, ids: np.ndarray, h: np.ndarray) -> np.ndarray:
-        """The state after ``ids`` (no readout): (d,) float32."""
-        _, _, entries = self.segment(ids)
-        return self.jumps(entries, h)[-1, : self.d].copy()
-
-    def score(self, ids: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Bits of each character (float64 (N,)) and the final state ((d,) float32)."""
+    def score_ref(self, ids: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The numpy twin of :meth:`score` (jumps one by one, readouts grouped by entry); no range check."""
         starts, lengths, entries = self.segment(ids)
         H = self.jumps(entries, h)
         bits = self.readout_bits(ids, starts, entries, H[:-1])

@@ -445,49 +445,85 @@ typedef struct {
     int64_t n_matches;
     const int32_t *ids;
     int d, V, kd, max_len;
-    float *h;     /* (kd + 8,) in/out: [h; 1; 0...] */
+    float *h;     /* (kd + 16,) in/out: [h; 1; 0...] */
     double *bits; /* NULL: ingest only */
     float limit;
+    /* shared while running */
+    int nt;
+    Barrier bar;
+    float *hb[2];          /* the state before / after the current jump (kd + 16 floats each) */
+    atomic_llong bad;      /* first bad match, or -1 */
+    int fail;
 } SeqJob;
 
-static int64_t seq_run(const SeqJob *J) {
+static void seq_set_nt(void *arg, int nt) {
+    SeqJob *J = (SeqJob *)arg;
+    J->nt = nt;
+    barrier_init(&J->bar, nt);
+}
+
+/* One stream through the table; with nt threads, each computes a slice of every matrix-vector
+ * product's rows (so each reads a slice of every matrix: the stream is memory-bound, and two
+ * cores draw on the caches and memory at once) and the readouts of a share of each match's
+ * characters; one barrier a match. */
+static void seq_work(void *arg, int tid, int nt) {
+    SeqJob *J = (SeqJob *)arg;
     const Kernels *K = J->K;
     const int d = J->d, V = J->V, kd = J->kd;
     const int Vp = (V + 15) & ~15;
-    size_t nbuf = sizeof(float) * (size_t)(2 * (kd + 16) + J->max_len * V + Vp + 16);
+    int sense = 0;
+    size_t nbuf = sizeof(float) * (size_t)(J->max_len * V + Vp + 16);
     nbuf = (nbuf + 63) & ~(size_t)63;
-    float *buf = (float *)aligned_alloc(64, nbuf);
-    if (!buf) return -2;
-    float *h = buf, *hn = buf + kd + 16, *logits = hn + kd + 16, *l1 = logits + (size_t)J->max_len * V;
-    memcpy(h, J->h, sizeof(float) * kd);
-    for (int i = kd; i < kd + 16; i++) h[i] = hn[i] = 0.0f;
-    h[d] = 1.0f;
-    int64_t pos = 0, bad = -1;
+    float *logits = (float *)aligned_alloc(64, nbuf);
+    if (!logits) J->fail = 1;
+    barrier_wait(&J->bar, &sense);
+    if (J->fail) { free(logits); return; }
+    float *l1 = logits + (size_t)J->max_len * V;
+    /* this thread's rows of [A | c]: multiples of 4 */
+    const int r0 = 4 * ((d / 4) * tid / nt), r1 = tid == nt - 1 ? d : 4 * ((d / 4) * (tid + 1) / nt);
+    int64_t pos = 0;
     for (int64_t j = 0; j < J->n_matches; j++) {
+        const float *h = J->hb[j & 1];
+        float *hn = J->hb[(j + 1) & 1];
         const int64_t e = J->entries[j];
         const int k = (int)J->lengths[e];
-        const size_t roff = (size_t)J->offsets[e] * V * kd, aoff = (size_t)e * d * kd;
         if (J->bits) {
-            if (J->f16) K->matvec_f16((const uint16_t *)J->R + roff, k * V, kd, h, logits);
-            else K->matvec_f32((const float *)J->R + roff, k * V, kd, h, logits);
-            for (int i = 0; i < k; i++) {
-                memcpy(l1, logits + (size_t)i * V, sizeof(float) * V);
-                const double b = K->lse_bits(l1, V, Vp, J->ids[pos + i]);
-                J->bits[pos + i] = b;
-                if (!isfinite(b) && bad < 0) bad = j;
+            const int i0 = k * tid / nt, i1 = k * (tid + 1) / nt; /* this thread's characters */
+            if (i1 > i0) {
+                const size_t roff = ((size_t)J->offsets[e] + i0) * V * kd;
+                if (J->f16) K->matvec_f16((const uint16_t *)J->R + roff, (i1 - i0) * V, kd, h, logits);
+                else K->matvec_f32((const float *)J->R + roff, (i1 - i0) * V, kd, h, logits);
+                for (int i = i0; i < i1; i++) {
+                    memcpy(l1, logits + (size_t)(i - i0) * V, sizeof(float) * V);
+                    const double b = K->lse_bits(l1, V, Vp, J->ids[pos + i]);
+                    J->bits[pos + i] = b;
+                    if (!isfinite(b)) {
+                        long long cur = atomic_load(&J->bad);
+                        while ((cur < 0 || cur > j) && !atomic_compare_exchange_weak(&J->bad, &cur, j)) {}
+                    }
+                }
             }
         }
-        if (J->f16) K->matvec_f16((const uint16_t *)J->Ac + aoff, d, kd, h, hn);
-        else K->matvec_f32((const float *)J->Ac + aoff, d, kd, h, hn);
-        hn[d] = 1.0f;
-        float *tmp = h; h = hn; hn = tmp;
+        const size_t aoff = ((size_t)e * d + r0) * kd;
+        if (r1 > r0) {
+            if (J->f16) K->matvec_f16((const uint16_t *)J->Ac + aoff, r1 - r0, kd, h, hn + r0);
+            else K->matvec_f32((const float *)J->Ac + aoff, r1 - r0, kd, h, hn + r0);
+            for (int i = r0; i < r1; i++)
+                if (!(fabsf(hn[i]) <= J->limit)) {
+                    long long cur = atomic_load(&J->bad);
+                    while ((cur < 0 || cur > j) && !atomic_compare_exchange_weak(&J->bad, &cur, j)) {}
+                    break;
+                }
+        }
         pos += k;
-        if (!K->row_ok(h, (kd + 15) & ~15, J->limit)) { bad = j; break; }
-        if (bad >= 0) break;
+        barrier_wait(&J->bar, &sense);
+        if (atomic_load(&J->bad) >= 0) { /* every thread sees it after the barrier: all stop here */
+            if (tid == 0) memcpy(J->h, hn, sizeof(float) * kd);
+            break;
+        }
+        if (tid == 0 && j == J->n_matches - 1) memcpy(J->h, hn, sizeof(float) * kd);
     }
-    memcpy(J->h, h, sizeof(float) * kd);
-    free(buf);
-    return bad;
+    free(logits);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -578,15 +614,15 @@ static PyObject *py_run_streams(PyObject *self, PyObject *args) {
 
 static PyObject *py_seq_composed(PyObject *self, PyObject *args) {
     Py_buffer Ac, R, offsets, lengths, entries, ids, h, bits;
-    int f16, d, V, max_len, want_bits;
+    int f16, d, V, max_len, want_bits, nt;
     float limit;
-    if (!PyArg_ParseTuple(args, "y*y*iy*y*y*y*iiiw*w*if", &Ac, &R, &f16, &offsets, &lengths, &entries, &ids, &d, &V,
-                          &max_len, &h, &bits, &want_bits, &limit))
+    if (!PyArg_ParseTuple(args, "y*y*iy*y*y*y*iiiw*w*ifi", &Ac, &R, &f16, &offsets, &lengths, &entries, &ids, &d, &V,
+                          &max_len, &h, &bits, &want_bits, &limit, &nt))
         return NULL;
     PyObject *ret = NULL;
     const int kd = d + 1, isz = f16 ? 2 : 4;
     const Py_ssize_t n_ent = lengths.len / 8, n_m = entries.len / 8, n_rows = R.len / ((Py_ssize_t)V * kd * isz);
-    int ok = need(&offsets, n_ent * 8, "offsets") && need(&h, (Py_ssize_t)kd * 4, "h");
+    int ok = need(&offsets, n_ent * 8, "offsets") && need(&h, (Py_ssize_t)(kd + 16) * 4, "h");
     const int64_t *ent = (const int64_t *)entries.buf, *ln = (const int64_t *)lengths.buf, *of = (const int64_t *)offsets.buf;
     int64_t total = 0;
     for (Py_ssize_t j = 0; ok && j < n_m; j++) {
@@ -603,14 +639,31 @@ static PyObject *py_seq_composed(PyObject *self, PyObject *args) {
         ok = 0;
     }
     if (ok) {
-        SeqJob J = {KERN, Ac.buf, R.buf, f16, of, ln, ent, (int64_t)n_m, (const int32_t *)ids.buf,
-                    d, V, kd, max_len, (float *)h.buf, want_bits ? (double *)bits.buf : NULL, limit};
-        int64_t bad;
-        Py_BEGIN_ALLOW_THREADS
-        bad = seq_run(&J);
-        Py_END_ALLOW_THREADS
-        if (bad == -2) PyErr_NoMemory();
-        else ret = Py_BuildValue("L", (long long)bad);
+        SeqJob *J = (SeqJob *)calloc(1, sizeof(SeqJob));
+        float *hb = (float *)aligned_alloc(64, sizeof(float) * 2 * (size_t)(kd + 16 + 48));
+        if (!J || !hb) {
+            PyErr_NoMemory();
+        } else {
+            *J = (SeqJob){KERN, Ac.buf, R.buf, f16, of, ln, ent, (int64_t)n_m, (const int32_t *)ids.buf,
+                          d, V, kd, max_len, (float *)h.buf, want_bits ? (double *)bits.buf : NULL, limit};
+            const size_t stride = (size_t)(kd + 16 + 48) & ~(size_t)15;
+            J->hb[0] = hb;
+            J->hb[1] = hb + stride;
+            memset(hb, 0, sizeof(float) * 2 * stride);
+            memcpy(J->hb[0], h.buf, sizeof(float) * kd);
+            J->hb[0][d] = J->hb[1][d] = 1.0f;
+            atomic_init(&J->bad, -1);
+            if (nt < 1) nt = 1;
+            if (nt > 8) nt = 8;
+            if (n_m == 0) nt = 1;
+            Py_BEGIN_ALLOW_THREADS
+            if (n_m > 0) run_parallel(seq_work, J, nt, seq_set_nt);
+            Py_END_ALLOW_THREADS
+            if (J->fail) PyErr_NoMemory();
+            else ret = Py_BuildValue("L", (long long)atomic_load(&J->bad));
+        }
+        free(J);
+        free(hb);
     }
     PyBuffer_Release(&Ac); PyBuffer_Release(&R); PyBuffer_Release(&offsets); PyBuffer_Release(&lengths);
     PyBuffer_Release(&entries); PyBuffer_Release(&ids); PyBuffer_Release(&h); PyBuffer_Release(&bits);

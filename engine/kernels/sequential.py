@@ -40,8 +40,8 @@ def _check(Ac, R, offsets, lengths, entries, ids, h):
 
 
 def seq_composed(Ac: np.ndarray, R: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, entries: np.ndarray,
-                 ids: np.ndarray, h: np.ndarray, want_bits: bool = True,
-                 limit: float = MAX_STATE_ABS) -> tuple[np.ndarray | None, np.ndarray, int]:
+                 ids: np.ndarray, h: np.ndarray, want_bits: bool = True, limit: float = MAX_STATE_ABS,
+                 threads: int = 1) -> tuple[np.ndarray | None, np.ndarray, int]:
     """Score (or ingest) one stream along its matches (compiled; see the module docstring).
 
     Args:
@@ -53,6 +53,8 @@ def seq_composed(Ac: np.ndarray, R: np.ndarray, offsets: np.ndarray, lengths: np
         h: (d,) the state before the text.
         want_bits: False to ingest only (no readout).
         limit: the largest ``|h_i|`` accepted after a jump.
+        threads: threads sharing each jump (each computes a slice of every product's rows, so the
+            cores draw on the caches and memory together; one barrier a match).
     Returns:
         (bits (N,) float64 or None, the final state (d,) float32, the index of the first match whose
         resulting state is out of range or whose bits are not finite, or -1). After such a match the
@@ -62,7 +64,7 @@ def seq_composed(Ac: np.ndarray, R: np.ndarray, offsets: np.ndarray, lengths: np
 
     nat = native()
     if nat is None:
-        return seq_composed_ref(Ac, R, offsets, lengths, entries, ids, h, want_bits, limit)
+        return seq_composed_ref(Ac, R, offsets, lengths, entries, ids, h, want_bits, limit, threads)
     _check(Ac, R, offsets, lengths, entries, ids, h)
     d, V = Ac.shape[1], R.shape[1]
     kd = d + 1
@@ -71,14 +73,14 @@ def seq_composed(Ac: np.ndarray, R: np.ndarray, offsets: np.ndarray, lengths: np
     bits = np.empty(len(ids), dtype=np.float64) if want_bits else np.zeros(0, dtype=np.float64)
     max_len = int(lengths.max()) if len(lengths) else 1
     bad = nat.seq_composed(Ac, R, int(Ac.dtype == np.float16), offsets, lengths, entries, ids, d, V, max_len, hb,
-                           bits, int(want_bits), float(limit))
+                           bits, int(want_bits), float(limit), int(threads))
     return (bits if want_bits else None), hb[:d].copy(), int(bad)
 
 
 def seq_composed_ref(Ac: np.ndarray, R: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, entries: np.ndarray,
-                     ids: np.ndarray, h: np.ndarray, want_bits: bool = True,
-                     limit: float = MAX_STATE_ABS) -> tuple[np.ndarray | None, np.ndarray, int]:
-    """The numpy twin of :func:`seq_composed` (log-softmax in float64)."""
+                     ids: np.ndarray, h: np.ndarray, want_bits: bool = True, limit: float = MAX_STATE_ABS,
+                     threads: int = 1) -> tuple[np.ndarray | None, np.ndarray, int]:
+    """The numpy twin of :func:`seq_composed` (log-softmax in float64; ``threads`` is ignored)."""
     _check(Ac, R, offsets, lengths, entries, ids, h)
     d, V = Ac.shape[1], R.shape[1]
     x = np.ones(d + 1, dtype=np.float32)
