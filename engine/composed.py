@@ -39,6 +39,9 @@ class ComposedPath:
         self.K, self.V, self.d = params.K, params.V, params.d
         self.params64 = params.astype(np.float64)
         self.symbols = symbols
+        from isan.engine.kernels.sequential import ThreadChooser
+
+        self.chooser = ThreadChooser()
         if table is not None:
             self.Ac = table.Ac.view(np.ndarray) if isinstance(table.Ac, np.memmap) else table.Ac
             self.R = table.R.view(np.ndarray) if isinstance(table.R, np.memmap) else table.R
@@ -71,31 +74,36 @@ class ComposedPath:
         return starts, lengths, entries
 
     # ---- single stream --------------------------------------------------------------------
-    def score(self, ids: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def score(self, ids: np.ndarray, h: np.ndarray, threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """Bits of each character (float64 (N,)) and the final state ((d,) float32), compiled.
 
+        Args:
+            threads: at most this many threads share each jump (a :class:`ThreadChooser` picks
+                1 or ``threads`` from the speeds seen, following the machine's load).
         Raises:
             StateDivergedError: a state leaves the range (located by the float64 reference).
         """
+        return self._run(ids, h, True, threads)
+
+    def advance(self, ids: np.ndarray, h: np.ndarray, threads: int = 1) -> np.ndarray:
+        """The state after ``ids`` (no readout): (d,) float32, compiled."""
+        return self._run(ids, h, False, threads)[1]
+
+    def _run(self, ids, h, want_bits: bool, threads: int):
+        import time
+
         from isan.engine.kernels.sequential import seq_composed
 
         starts, lengths, entries = self.segment(ids)
+        t = self.chooser.pick(threads, len(ids))
+        t0 = time.perf_counter()
         bits, hf, bad = seq_composed(self.Ac_k, self.R_k, self.table.offsets, self.table.lengths, entries,
-                                     np.asarray(ids, dtype=np.int32), np.asarray(h, dtype=np.float32))
+                                     np.asarray(ids, dtype=np.int32), np.asarray(h, dtype=np.float32),
+                                     want_bits=want_bits, threads=t)
+        self.chooser.report(t, len(ids), time.perf_counter() - t0)
         if bad >= 0:
             self._diverged(ids, h, int(starts[bad] + lengths[bad] - 1))
         return bits, hf
-
-    def advance(self, ids: np.ndarray, h: np.ndarray) -> np.ndarray:
-        """The state after ``ids`` (no readout): (d,) float32, compiled."""
-        from isan.engine.kernels.sequential import seq_composed
-
-        starts, lengths, entries = self.segment(ids)
-        _, hf, bad = seq_composed(self.Ac_k, self.R_k, self.table.offsets, self.table.lengths, entries,
-                                  np.asarray(ids, dtype=np.int32), np.asarray(h, dtype=np.float32), want_bits=False)
-        if bad >= 0:
-            self._diverged(ids, h, int(starts[bad] + lengths[bad] - 1))
-        return hf
 
     def _diverged(self, ids: np.ndarray, h: np.ndarray, detected_at: int) -> None:
         p = self.params64

@@ -37,6 +37,13 @@ from isan.engine.reference import LOG2E, kappa_ref, log_softmax, logits_ref, seg
 DEFAULT_MODEL = "text8-d216"
 MAX_ATTRIBUTION_CHARS = 2000
 
+#: Computation paths: ``composed`` (trie-table jumps, sequential), ``chunked`` (chunk-parallel
+#: batches through the compiled kernels), ``reference`` (float64 numpy, one character at a time).
+PATHS = ("composed", "chunked", "reference")
+#: On the composed path, texts of at least this many characters are scored chunk-parallel
+#: (measured by ``isan bench engine``: below it one stream through the table is as fast).
+CHUNKED_MIN_CHARS = 20_000
+
 
 def default_model_path() -> Path:
     """Path of the default model bundle shipped inside the package."""
@@ -82,6 +89,10 @@ class ScoreResult:
     ``normalization`` reports what the normaliser and the unknown-character policy did
     (:mod:`isan.engine.normalize`); with ``per_char``, ``per_char_offsets`` (chars,) int64 gives
     the input offset each scored character came from and ``text`` the scored characters.
+    ``scoring`` says how the bits were computed: ``{"path": "composed" | "reference" | "chunked",
+    ...}``, for chunk-parallel scoring with its ``chunks``, ``extra_fraction`` (work beyond one
+    step a character), the ``residual`` its corrections stopped at (``max|e| / max(1, max|h|)``),
+    ``rtol``, ``margin`` and ``fallback_chunks`` (:mod:`isan.engine.kernels.chunked`).
     """
 
     chars: int
@@ -91,6 +102,7 @@ class ScoreResult:
     normalization: dict | None = None
     per_char_offsets: np.ndarray | None = None
     text: str | None = None
+    scoring: dict | None = None
 
     @property
     def bpc(self) -> float:
@@ -102,6 +114,8 @@ class ScoreResult:
         out = {"chars": self.chars, "bits": float(self.bits), "bpc": finite_or_none(self.bpc) if self.chars else None}
         if self.normalization is not None:
             out["normalization"] = self.normalization
+        if self.scoring is not None:
+            out["scoring"] = self.scoring
         if per_char and self.per_char_bits is not None:
             out["per_char_bits"] = [float(b) for b in self.per_char_bits]
             if self.per_char_offsets is not None:
@@ -225,7 +239,7 @@ class Engine:
     """
 
     def __init__(self, params: ISANParams, alphabet: Alphabet, manifest: dict | None = None,
-                 source: str | None = None, table=None, path: str | None = None):
+                 source: str | None = None, table=None, path: str | None = None, threads: int | None = None):
         if params.K != len(alphabet) or params.V != len(alphabet):
             raise IsanError(f"params have K={params.K}, V={params.V} but the alphabet has {len(alphabet)} symbols")
         self.params32 = params.astype(np.float32)
@@ -240,13 +254,20 @@ class Engine:
         if table is not None:
             from isan.engine.composed import ComposedPath
 
-            self._composed = ComposedPath(table, self.params32)
-        self.path = path or ("composed" if table is not None else "reference")
-        if self.path not in ("composed", "reference"):
-            raise IsanError(f"path must be composed or reference; got {self.path!r}")
+            self._composed = ComposedPath(table, self.params32, symbols=alphabet.symbols)
+        self.path = path or ("composed" if table is not None else "chunked")
+        if self.path not in PATHS:
+            raise IsanError(f"path must be one of {', '.join(PATHS)}; got {self.path!r}")
         if self.path == "composed" and table is None:
             raise TableFormatError(f"{source or 'this model'} has no trie table for the composed path; "
                                    "build one with `isan export CHECKPOINT_DIR BUNDLE` (tables are on by default)")
+        from isan.engine.kernels import default_threads, native
+
+        self.threads = int(threads) if threads else default_threads()
+        if self.threads < 1:
+            raise IsanError(f"threads must be >= 1; got {threads}")
+        self._streams_model = None
+        native()  # says once if the compiled kernels are missing
         self.backend = "numpy"
 
     # ---- construction -----------------------------------------------------------------
@@ -256,17 +277,19 @@ class Engine:
 
         Args:
             path_mode: ``"auto"`` (composed when the bundle has a table or a table recipe, else
-                reference), ``"composed"`` (error without a table) or ``"reference"``.
+                chunked), ``"composed"`` (error without a table), ``"chunked"`` (chunk-parallel,
+                no table needed) or ``"reference"``. On the composed path, texts of
+                CHUNKED_MIN_CHARS characters or more are scored chunk-parallel.
             progress_bar: show a progress bar if a table recipe must be composed on first use.
         Raises:
             BundleFormatError: missing, corrupt or mismatched files (the message says how to rebuild).
             TableFormatError: the bundle's table is corrupt or belongs to another model.
         """
-        if path_mode not in ("auto", "composed", "reference"):
-            raise IsanError(f"path must be auto, composed or reference; got {path_mode!r}")
+        if path_mode not in ("auto",) + PATHS:
+            raise IsanError(f"path must be auto or one of {', '.join(PATHS)}; got {path_mode!r}")
         manifest, params, alphabet = load_isan_bundle(path)
         table = None
-        if path_mode != "reference":
+        if path_mode in ("auto", "composed"):
             table = find_table(Path(path), manifest, params, alphabet, progress_bar=progress_bar)
         return cls(params, alphabet, manifest, source=str(path), table=table,
                    path=None if path_mode == "auto" else path_mode)
@@ -277,8 +300,16 @@ class Engine:
         return cls.load(default_model_path(), path_mode=path_mode)
 
     def with_path(self, path: str) -> "Engine":
-        """The same model on another computation path (``"composed"`` or ``"reference"``)."""
-        return Engine(self.params32, self.alphabet, self.manifest, self.source, self.table, path)
+        """The same model on another computation path (``"composed"``, ``"chunked"`` or ``"reference"``)."""
+        return Engine(self.params32, self.alphabet, self.manifest, self.source, self.table, path, self.threads)
+
+    def _streams(self):
+        """The weights in the compiled kernels' layout (built on first use, ~30 ms)."""
+        if self._streams_model is None:
+            from isan.engine.kernels.streams import StreamModel
+
+            self._streams_model = StreamModel.from_params(self.params32)
+        return self._streams_model
 
     # ---- basic facts --------------------------------------------------------------------
     @property
@@ -290,9 +321,13 @@ class Engine:
         return self.manifest.get("params_sha256") or self.params32.sha256()
 
     def describe(self) -> dict:
+        from isan.engine.kernels import native_status
+
+        k = native_status()
         out = {"kind": "isan", "d": self.d, "alphabet": "".join(self.alphabet.symbols),
                "path": self.path, "backend": self.backend, "source": self.source,
-               "params_sha256": self.params_sha256, "normalizer": self.normalizer.id}
+               "params_sha256": self.params_sha256, "normalizer": self.normalizer.id,
+               "kernels": {"compiled": k["available"], "isa": k["isa"], "threads": self.threads}}
         if self.table is not None:
             out["table"] = {"path": str(self.table.path), "entries": self.table.n_entries, "bytes": self.table.nbytes}
         return out
@@ -348,7 +383,8 @@ class Engine:
 
     # ---- scoring ------------------------------------------------------------------------
     def score(self, text: str | np.ndarray, state: State | None = None, per_char: bool = False,
-              unknown: str = "error", replacement: str | None = None, normalize: str | None = "auto") -> ScoreResult:
+              unknown: str = "error", replacement: str | None = None, normalize: str | None = "auto",
+              path: str | None = None, threads: int | None = None) -> ScoreResult:
         """Bits of each character of ``text`` given ``state`` (default: the initial state).
 
         ``bits_t = -log2 softmax(W_ro h_{t-1} + b_ro)[x_t]`` (DESIGN.md section 2).
@@ -357,6 +393,10 @@ class Engine:
             normalize: ``"auto"`` (the model's declared normaliser), ``"none"`` (raw text) or a
                 normaliser name; the result's ``normalization`` reports what it changed.
             unknown, replacement: characters still outside the alphabet after normalisation.
+            path: this call's computation path (default: the engine's). On the composed path a
+                text of CHUNKED_MIN_CHARS characters or more is scored chunk-parallel; the
+                result's ``scoring`` says which path ran.
+            threads: threads for the compiled kernels (default: the engine's).
         Returns:
             ScoreResult with chars, bits, bpc, per_char_bits and per_char_offsets (if asked),
             the normalisation report and the new state, whose running totals include this text.
@@ -378,23 +418,62 @@ class Engine:
             raise EmptyTextError("the text is empty (after normalisation and removing unknown characters); "
                                  "give at least one character")
         try:
-            bits, h = self._score_ids(ids, state.h)
+            bits, h, scoring = self._score_ids(ids, state.h, path, threads)
         except StateDivergedError as e:
             raise in_input_terms(e, prep, self.alphabet.symbols) from None
         total = float(bits.sum())
         new = State(h, state.chars + len(ids), state.bits + total, prep.last_symbol)
         return ScoreResult(len(ids), total, bits if per_char else None, new, prep.report,
-                           prep.offsets if per_char else None, prep.text if per_char else None)
+                           prep.offsets if per_char else None, prep.text if per_char else None, scoring)
 
-    def _score_ids(self, ids: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(bits (T,) float64, final state (d,) float64); raises StateDivergedError."""
-        if self.path == "composed":
+    def _path_for(self, n: int, path: str | None) -> str:
+        """The path a text of n characters takes: the call's or the engine's, with long texts on
+        the composed path going chunk-parallel."""
+        forced = path is not None
+        path = path or self.path
+        if path not in PATHS:
+            raise IsanError(f"path must be one of {', '.join(PATHS)}; got {path!r}")
+        if path == "composed":
+            if self._composed is None:
+                raise TableFormatError("this engine has no trie table for the composed path; use path='chunked'")
+            if n >= CHUNKED_MIN_CHARS and not forced:
+                return "chunked"
+        return path
+
+    def _score_ids(self, ids: np.ndarray, h: np.ndarray, path: str | None = None,
+                   threads: int | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
+        """(bits (T,) float64, final state (d,) float64, scoring report); raises StateDivergedError."""
+        chosen = self._path_for(len(ids), path)
+        if chosen == "chunked":
+            bits, finals, rep = self._chunked([ids], h[None], threads=threads)
+            return bits[0], finals[0].astype(np.float64), rep.to_json()
+        if chosen == "composed":
             with np.errstate(over="ignore", invalid="ignore"):  # a diverging state is reported below
-                bits, hf = self._composed.score(ids, h.astype(np.float32))
+                bits, hf = self._composed.score(ids, h.astype(np.float32), threads=threads or self.threads)
             hf = hf.astype(np.float64)
             self._check_output(ids, h, bits, hf, "composed")
-            return bits, hf
-        return self._score_ref(ids, h)
+            return bits, hf, {"path": "composed"}
+        bits, hf = self._score_ref(ids, h)
+        return bits, hf, {"path": "reference"}
+
+    def _chunked(self, ids_list: list[np.ndarray], hs: np.ndarray, want_bits: bool = True,
+                 threads: int | None = None, cut: bool = True):
+        """Chunk-parallel scoring of texts (:func:`isan.engine.kernels.chunked.score_texts_chunked`);
+        raises StateDivergedError (located by the float64 reference) naming the text and offset."""
+        from isan.engine.kernels.chunked import score_texts_chunked
+
+        bits, finals, rep, div = score_texts_chunked(
+            self._streams(), [np.asarray(x, dtype=np.int32) for x in ids_list], np.asarray(hs, dtype=np.float64),
+            chunks=None if cut else [1] * len(ids_list), threads=threads or self.threads, want_bits=want_bits)
+        if div:
+            i, off, h_start, t = div[0]
+            try:
+                raise_diverged(self.params.W, self.params.b, np.asarray(ids_list[i])[off:], h_start, "chunked",
+                               detected_at=t, base_offset=off, symbols=self.alphabet.symbols)
+            except StateDivergedError as e:
+                e.text_index = i
+                raise
+        return bits, finals, rep
 
     def _score_ref(self, ids: np.ndarray, h: np.ndarray, block: int = 4096) -> tuple[np.ndarray, np.ndarray]:
         """The float64 reference (as :func:`isan.engine.reference.score_ref`), checking every state."""
@@ -419,12 +498,16 @@ class Engine:
 
     def score_batch(self, texts: Sequence[str | np.ndarray], states: Sequence[State] | None = None,
                     per_char: bool = False, unknown: str = "error", replacement: str | None = None,
-                    group: str | None = None, normalize: str | None = "auto") -> list[ScoreResult]:
+                    group: str | None = None, normalize: str | None = "auto",
+                    threads: int | None = None) -> list[ScoreResult]:
         """Score many independent texts together (DESIGN.md section 6: group work, never gather).
 
         Args:
-            group: ``"entry"`` (composed table jumps shared by streams needing the same entry;
-                the default with a table) or ``"symbol"`` (per-character steps grouped by symbol).
+            group: ``"chunked"`` (the default: every text a row of the compiled symbol-grouped
+                kernel, long texts cut into chunks so that the rows keep both cores busy),
+                ``"symbol"`` (the same without cutting), or ``"entry"`` (numpy: composed table
+                jumps shared by streams needing the same entry).
+            threads: threads for the compiled kernels (default: the engine's).
             normalize, unknown, replacement: as for :meth:`score`.
         Returns:
             one ScoreResult per text, equal to scoring each alone within float32 tolerance.
@@ -444,18 +527,24 @@ class Engine:
         for i, x in enumerate(ids):
             if len(x) == 0:
                 raise EmptyTextError(f"text {i} of the batch is empty (after normalisation)")
-        group = group or ("entry" if self._composed is not None else "symbol")
+        group = group or "chunked"
+        if group not in ("chunked", "symbol", "entry"):
+            raise IsanError(f"group must be chunked, symbol or entry; got {group!r}")
         if group == "entry" and self._composed is None:
-            raise TableFormatError("group='entry' needs a trie table; use group='symbol'")
-        if self._composed is not None:
-            path = self._composed
-        else:
-            from isan.engine.composed import ComposedPath
-
-            path = ComposedPath(None, self.params32)  # symbol grouping needs only the weights
+            raise TableFormatError("group='entry' needs a trie table; use group='chunked'")
         hs = np.stack([s.h for s in states]) if states else np.zeros((0, self.d))
-        with np.errstate(over="ignore", invalid="ignore"):  # a diverging state is reported below
-            bits, finals = path.score_batch(ids, hs, group=group)
+        scoring = None
+        if group == "entry":
+            with np.errstate(over="ignore", invalid="ignore"):  # a diverging state is reported below
+                bits, finals = self._composed.score_batch(ids, hs, group="entry")
+            scoring = {"path": "batched, grouped by entry"}
+        else:
+            try:
+                bits, finals, rep = self._chunked(ids, hs, threads=threads, cut=group == "chunked")
+            except StateDivergedError as e:
+                i = getattr(e, "text_index", 0)
+                raise with_prefix(in_input_terms(e, preps[i], self.alphabet.symbols), f"text {i} of the batch: ") from None
+            scoring = rep.to_json()
         out = []
         for i, (s, b, hf, prep) in enumerate(zip(states, bits, finals, preps)):
             try:
@@ -465,11 +554,13 @@ class Engine:
             total = float(b.sum())
             out.append(ScoreResult(len(b), total, b if per_char else None,
                                    State(hf.astype(np.float64), s.chars + len(b), s.bits + total, prep.last_symbol),
-                                   prep.report, prep.offsets if per_char else None, prep.text if per_char else None))
+                                   prep.report, prep.offsets if per_char else None, prep.text if per_char else None,
+                                   scoring))
         return out
 
     def advance(self, text: str | np.ndarray, state: State | None = None, unknown: str = "error",
-                replacement: str | None = None, normalize: str | None = "auto") -> State:
+                replacement: str | None = None, normalize: str | None = "auto", path: str | None = None,
+                threads: int | None = None) -> State:
         """Ingest text without scoring it (no readout); totals are left unchanged.
 
         Raises:
@@ -480,15 +571,20 @@ class Engine:
         if len(prep.ids) == 0:
             return state
         try:
-            h = self._advance_ids(prep.ids, state.h)
+            h = self._advance_ids(prep.ids, state.h, path=path, threads=threads)
         except StateDivergedError as e:
             raise in_input_terms(e, prep, self.alphabet.symbols) from None
         return State(h, state.chars, state.bits, prep.last_symbol)
 
-    def _advance_ids(self, ids: np.ndarray, h: np.ndarray, block: int = 4096) -> np.ndarray:
-        if self.path == "composed":
+    def _advance_ids(self, ids: np.ndarray, h: np.ndarray, block: int = 4096, path: str | None = None,
+                     threads: int | None = None) -> np.ndarray:
+        chosen = self._path_for(len(ids), path)
+        if chosen == "chunked":
+            _, finals, _ = self._chunked([ids], h[None], want_bits=False, threads=threads)
+            return finals[0].astype(np.float64)
+        if chosen == "composed":
             with np.errstate(over="ignore", invalid="ignore"):  # a diverging state is reported below
-                hf = self._composed.advance(ids, h.astype(np.float32)).astype(np.float64)
+                hf = self._composed.advance(ids, h.astype(np.float32), threads=threads or self.threads).astype(np.float64)
             self._check_output(ids, h, None, hf, "composed")
             return hf
         for s in range(0, len(ids), block):  # blocks keep memory O(block d)

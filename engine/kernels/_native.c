@@ -100,8 +100,8 @@ typedef struct {
 #pragma GCC target("avx2,fma,f16c")
 #define SFX(name) name##_avx2
 #define VL 8
-#define MR 6
-#define NVM 2
+#define MR 3
+#define NVM 4
 #define HAVE_F16C 1
 #define KERNEL_NAME "avx2"
 #include "kern_impl.h"

@@ -112,7 +112,7 @@ static inline __attribute__((always_inline)) SFX(vf) SFX(vexp)(SFX(vf) x) {
 }
 
 /* bits = -log2 softmax(l[0:V])[target]; l has Vp >= V floats (Vp a multiple of VL); lanes >= V
- * are overwritten. The max and the sum of exponentials are float32; the log is float64. */
+ * are overwritten. The max and the exponentials are float32; their sum and the log are float64. */
 static inline double SFX(lse_bits)(float *l, const int V, const int Vp, const int target) {
     for (int v = V; v < Vp; v++) l[v] = -1e30f;
     SFX(vf) mv = *(const SFX(vf) *)l;
@@ -123,11 +123,12 @@ static inline double SFX(lse_bits)(float *l, const int V, const int Vp, const in
     }
     float m = mv[0];
     for (int k = 1; k < VL; k++) m = mv[k] > m ? mv[k] : m;
-    SFX(vf) sv = (SFX(vf)){0};
-    for (int j = 0; j < Vp; j += VL) sv += SFX(vexp)(*(const SFX(vf) *)(l + j) - m);
-    float s = 0.0f;
-    for (int k = 0; k < VL; k++) s += sv[k];
-    return ((double)m - (double)l[target] + log((double)s)) * 1.4426950408889634;
+    double s = 0.0; /* the exponentials are float32 (about 1 ulp); their sum is float64 */
+    for (int j = 0; j < Vp; j += VL) {
+        const SFX(vf) ev = SFX(vexp)(*(const SFX(vf) *)(l + j) - m);
+        for (int k = 0; k < VL; k++) s += (double)ev[k];
+    }
+    return ((double)m - (double)l[target] + log(s)) * 1.4426950408889634;
 }
 
 /* ---- matrix-vector products for the sequential composed path: y[i] = sum_{j<kd} M[i*kd + j] x[j].

@@ -104,3 +104,45 @@ def seq_composed_ref(Ac: np.ndarray, R: np.ndarray, offsets: np.ndarray, lengths
         if bad >= 0:
             break
     return bits, x[:d].copy(), bad
+
+
+class ThreadChooser:
+    """Picks 1 or ``threads`` threads for the sequential kernel from the speeds it has seen.
+
+    Two threads share every jump with a barrier, so they help on a quiet machine (both cores draw
+    on the caches and memory) and hurt badly when another process holds a core (each barrier
+    then waits for a time slice). The chooser keeps a running speed of each choice, uses the
+    faster one, and tries the other every ``explore`` calls, so it follows the machine's load.
+    Thread-safe (a lock around its few numbers).
+    """
+
+    def __init__(self, explore: int = 16, min_chars: int = 400):
+        import threading
+
+        self.explore = explore
+        self.min_chars = min_chars
+        self.speed: dict[int, float] = {}
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def pick(self, threads: int, chars: int) -> int:
+        if threads <= 1 or chars < self.min_chars:
+            return 1
+        with self._lock:
+            self.calls += 1
+            if 1 not in self.speed:
+                return 1
+            if threads not in self.speed:
+                return threads
+            best = max((1, threads), key=lambda t: self.speed[t])
+            if self.calls % self.explore == 0:
+                return threads if best == 1 else 1
+            return best
+
+    def report(self, threads: int, chars: int, seconds: float) -> None:
+        if chars < self.min_chars or seconds <= 0:
+            return
+        with self._lock:
+            v = chars / seconds
+            old = self.speed.get(threads)
+            self.speed[threads] = v if old is None else 0.7 * old + 0.3 * v
