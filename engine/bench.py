@@ -51,73 +51,279 @@ def median_time(fn, repeats: int) -> tuple[float, list[float]]:
     return statistics.median(times), times
 
 
-def bench_engine(model: str | None, text: str, repeats: int = 3, batch_sizes=(64, 256), ref_chars: int = 200_000,
-                 log=print) -> dict:
-    """Single-stream scoring and ingestion (composed vs reference), batched scoring, table facts."""
-    from isan.engine import Engine, default_model_path
-    from isan.trie_tables.format import load_table
+#: What `isan bench engine` measures (issue "The fast engine"); sizes in characters.
+LONG_CHARS = 2_500_000
+STREAM_CHUNK = 1_000
+STREAM_CHARS = 300_000
+BATCH_TEXTS, BATCH_LEN = 256, 2_000
+REF_CHARS = 100_000
+PEER_STREAM_CHARS = 20_000
+PEER_BATCH, PEER_BATCH_LEN = 256, 200
 
+
+def _ortho_flops(d: int, V: int) -> float:
+    """Multiply-adds x 2 of one character without composition: the step (d x (d+1)) and the readout (V x (d+1))."""
+    return 2.0 * (d + 1) * (d + V)
+
+
+def bench_engine(model: str | None, data: str | Path, repeats: int = 3, threads: int | None = None,
+                 peers: bool = True, log=print, progress: bool = True) -> dict:
+    """Everything `isan bench engine` reports, measured in this process (medians of ``repeats``).
+
+    Rows (chars/s and the ratio against the per-character float64 reference run in the same
+    process): long-text scoring of 2.5M unseen characters (text8 from offset 10,000,000: the
+    chunk-parallel path), the same on one thread, streaming in 1,000-character chunks (the
+    composed table, float32 and float16), 256 texts of 2,000 characters batched, ingestion
+    without readout, and the peers: onnxruntime running an LSTM of equal parameters (548 units)
+    streaming and batched, and KenLM querying our own order-8 n-gram exported as ARPA (where its
+    Python module is installed, built with MAX_ORDER >= 8). Facts: start-up of `isan score` after
+    first use, resident memory, the table, exactness on the first 100,000 characters against
+    the reference, and where the time goes (GFLOP/s against the FLOP bound, GB/s drawn by the
+    sequential path).
+    """
+    import subprocess
+    import tempfile
+
+    from tqdm.auto import tqdm
+
+    from isan.engine import Engine, default_model_path
+    from isan.engine.data import read_text8_split
+    from isan.engine.kernels import default_threads, native_status
+
+    threads = threads or default_threads()
     src = Path(model) if model else default_model_path()
     t0 = time.perf_counter()
-    eng = Engine.load(src)  # builds the cached table on first use
+    eng = Engine.load(src)  # composes the cached table on first use
     first_load = time.perf_counter() - t0
-    if eng.path != "composed":
+    if eng.table is None:
         raise SystemExit(f"{src} has no trie table; build one with `isan export` or `isan table build`")
+    unseen = read_text8_split(data, "unseen")[:LONG_CHARS]
+    ids = eng.encode(unseen)
+    n = len(ids)
     ref = eng.with_path("reference")
-    t0 = time.perf_counter()
-    load_table(eng.table.path, eng.params_sha256, eng.alphabet, eng.d)
-    load_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    load_table(eng.table.path, eng.params_sha256, eng.alphabet, eng.d, verify=False)
-    load_noverify_s = time.perf_counter() - t0
-    ids = eng.encode(text)
-    ref_ids = ids[:ref_chars]
-    rows, raw = [], {}
+    steps = ["reference", "long text", "long text, 1 thread", "streaming f32", "streaming f16", "batched",
+             "ingest", "onnx LSTM", "KenLM", "start-up"]
+    bar = tqdm(total=len(steps), desc="isan bench engine", unit="step", disable=not progress)
+    rows, raw, facts = [], {}, {}
 
-    def add(name, chars, fn, baseline=None, reps=repeats):
+    def add(name, chars, fn, reps=repeats, baseline="reference"):
         med, times = median_time(fn, reps)
         cps = chars / med
         raw[name] = {"chars": chars, "seconds": times, "median_s": med, "chars_per_s": cps}
-        ratio = cps / raw[baseline]["chars_per_s"] if baseline else 1.0
-        rows.append((name, chars, cps, ratio, baseline or "-"))
+        base = raw.get(baseline)
+        rows.append({"name": name, "chars": chars, "chars_per_s": cps,
+                     "ratio": cps / base["chars_per_s"] if base and name != baseline else 1.0,
+                     "vs": baseline if name != baseline else "-"})
         log(f"  {name}: {cps:,.0f} chars/s")
+        return med
 
-    h0 = eng.initial_state()
-    add("score, reference (per character)", len(ref_ids), lambda: ref.score(ref_ids, h0))
-    add("score, composed", len(ids), lambda: eng.score(ids, h0), "score, reference (per character)")
-    add("ingest, reference (per character)", len(ref_ids), lambda: ref.advance(ref_ids, h0))
-    add("ingest, composed", len(ids), lambda: eng.advance(ids, h0), "ingest, reference (per character)")
-    for B in batch_sizes:
-        n = len(ids) // B
-        texts = [ids[i * n : (i + 1) * n] for i in range(B)]
-        add(f"batch {B}, grouped by symbol", n * B, lambda: eng.score_batch(texts, group="symbol"),
-            "score, reference (per character)")
-        add(f"batch {B}, composed, grouped by entry", n * B, lambda: eng.score_batch(texts, group="entry"),
-            "score, reference (per character)")
-    # where the composed path's time goes
+    # 1. the per-character float64 reference (the baseline of every ratio)
+    ref_ids = ids[:REF_CHARS]
+    ref_result = {}
+
+    def run_ref():
+        ref_result["r"] = ref.score(ref_ids, per_char=True, normalize="none")
+
+    add("reference", len(ref_ids), run_ref)
+    bar.update()
+
+    # 2. long text: chunk-parallel (auto path), all threads, then one thread
+    long_result = {}
+
+    def run_long(th=threads):
+        long_result["r"] = eng.score(ids, per_char=True, normalize="none", threads=th)
+
+    add("long text (2.5M chars, chunk-parallel)", n, run_long)
+    r = long_result["r"]
+    err = np.abs(r.per_char_bits[:REF_CHARS] - ref_result["r"].per_char_bits)
+    facts["long_text"] = {"scoring": r.scoring, "max_abs_bits_vs_reference_first_100k": float(err.max()),
+                          "bpc": r.bpc, "threads": threads}
+    bar.update()
+    add("long text, 1 thread", n, lambda: run_long(1))
+    bar.update()
+
+    # 3. streaming in 1,000-character chunks through the composed table (float32, then float16)
+    chunks = [ids[i : i + STREAM_CHUNK] for i in range(0, min(n, STREAM_CHARS), STREAM_CHUNK)]
+
+    def run_stream(e):
+        st = e.initial_state()
+        for c in chunks:
+            st = e.score(c, state=st, normalize="none", path="composed").state
+
+    nstream = sum(len(c) for c in chunks)
+    med = add("streaming, 1,000-char chunks, float32 table", nstream, lambda: run_stream(eng))
     cp = eng._composed
-    h = h0.h.astype(np.float32)
-    seg_t, (starts, lengths, entries) = _timed(lambda: cp.segment(ids))
-    jump_t, H = _timed(lambda: cp.jumps(entries, h))
-    read_t, _ = _timed(lambda: cp.readout_bits(ids, starts, entries, H[:-1]))
-    total = seg_t + jump_t + read_t
-    profile = {"segment_s": seg_t, "jumps_s": jump_t, "readout_s": read_t, "matches": int(len(entries)),
-               "us_per_jump": jump_t / max(len(entries), 1) * 1e6,
-               "shares": {"segment": seg_t / total, "jumps": jump_t / total, "readout": read_t / total}}
-    info = eng.table.info()
-    build = info["build"]
-    facts = {
-        "avg_match_length_measured": len(ids) / len(entries),
-        "avg_match_length_expected": info["expected_avg_match_length"],
-        "table_entries": info["entries"], "table_bytes": info["bytes"], "table_dtype": info["dtype"],
-        "table_build_s": {"mining": (build.get("mining") or {}).get("seconds"), "compose": build.get("compose_seconds")},
-        "first_load_s": first_load, "load_s_verified": load_s, "load_s_unverified": load_noverify_s,
-        "rss_mib": rss_mb(), "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-    }
+    _, lengths, entries = cp.segment(ids[:nstream])
+    t = eng.table
+    V, d = eng.params.V, eng.d
+    bytes_per_char = (4 * d * (d + 1) * len(entries) + 4 * V * (d + 1) * nstream) / nstream
+    facts["streaming"] = {"avg_match_length": nstream / len(entries), "table_bytes": t.nbytes, "table_entries": t.n_entries,
+                          "bytes_read_per_char_f32": bytes_per_char, "gb_per_s_f32": bytes_per_char * nstream / med / 1e9}
+    bar.update()
+    with tempfile.TemporaryDirectory() as tmp:
+        eng16 = _float16_engine(eng, Path(tmp) / "table16")
+        med16 = add("streaming, 1,000-char chunks, float16 table", nstream, lambda: run_stream(eng16))
+        r16 = eng16.score(ref_ids, per_char=True, normalize="none", path="composed")
+        facts["streaming"]["gb_per_s_f16"] = bytes_per_char / 2 * nstream / med16 / 1e9
+        facts["streaming"]["float16_max_abs_bits_vs_reference_first_100k"] = float(
+            np.abs(r16.per_char_bits - ref_result["r"].per_char_bits).max())
+        del eng16
+    bar.update()
+
+    # 4. 256 texts of 2,000 characters, batched
+    texts = [ids[i * BATCH_LEN : (i + 1) * BATCH_LEN] for i in range(BATCH_TEXTS)]
+    add(f"batched, {BATCH_TEXTS} texts of {BATCH_LEN:,} chars", BATCH_TEXTS * BATCH_LEN,
+        lambda: eng.score_batch(texts, normalize="none", threads=threads))
+    bar.update()
+
+    # 5. ingestion without readout
+    add("ingest (2.5M chars, no readout)", n, lambda: eng.advance(ids, normalize="none", threads=threads))
+    bar.update()
+    flops = _ortho_flops(d, V)
+    lt = raw["long text (2.5M chars, chunk-parallel)"]
+    facts["long_text"]["gflops"] = flops * n * (1 + r.scoring.get("extra_fraction", 0.0)) / lt["median_s"] / 1e9
+    facts["long_text"]["flops_per_char"] = flops
+    facts["long_text"]["flop_bound_chars_per_s_at_100_gflops_per_core"] = 100e9 * threads / flops
+
+    # 6. peers: onnxruntime LSTM of equal parameters; KenLM over our n-gram
+    peer_rows = []
+    if peers:
+        try:
+            peer_rows += _bench_onnx_lstm(ids, repeats, log)
+        except ImportError as e:  # the onnx or train extra is missing
+            facts["onnx_lstm"] = f"not run: {e}"
+        bar.update()
+        try:
+            peer_rows += _bench_kenlm(data, ids, repeats, log)
+        except _PeerUnavailable as e:
+            facts["kenlm"] = f"not run: {e}"
+        bar.update()
+    else:
+        bar.update(2)
+    for pr in peer_rows:
+        base = raw["reference"]["chars_per_s"]
+        rows.append({**pr, "ratio": pr["chars_per_s"] / base, "vs": "reference"})
+
+    # 7. start-up of `isan score` after first use, and memory
+    probe = unseen[:1000]
+    times = []
+    for _ in range(max(3, repeats)):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "isan.cli", "score", "--json", "-"] + (["--model", str(model)] if model else []),
+                       input=probe, capture_output=True, text=True, check=True)
+        times.append(time.perf_counter() - t0)
+    facts["startup_s"] = statistics.median(times)
+    t0 = time.perf_counter()
+    Engine.load(src)
+    facts["load_s_in_process"] = time.perf_counter() - t0
+    facts["first_load_s"] = first_load
+    facts["rss_mib"] = rss_mb()
+    facts["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    facts["kernels"] = native_status()
+    bar.update()
+    bar.close()
     return {"benchmark": "engine", "machine": machine(), "command": " ".join(["isan"] + sys.argv[1:]),
-            "model": eng.describe(), "text_chars": len(ids), "repeats": repeats, "rows": [
-                {"name": r[0], "chars": r[1], "chars_per_s": r[2], "ratio": r[3], "vs": r[4]} for r in rows],
-            "profile": profile, "facts": facts, "raw": raw}
+            "model": eng.describe(), "repeats": repeats, "threads": threads, "rows": rows, "facts": facts, "raw": raw}
+
+
+class _PeerUnavailable(Exception):
+    pass
+
+
+def _float16_engine(eng, out: Path):
+    """The same model with its table's keys composed into a float16 table at ``out``."""
+    from isan.engine import Engine
+    from isan.trie_tables.build import build_table
+    from isan.trie_tables.format import load_table
+
+    t = eng.table
+    keys = [k for k in t.trie.keys()]
+    build_table(out, eng.params32, eng.alphabet, keys, eng.params_sha256, dtype="float16", max_len=t.max_len)
+    table16 = load_table(out, eng.params_sha256, eng.alphabet, eng.d)
+    return Engine(eng.params32, eng.alphabet, eng.manifest, source=str(out), table=table16)
+
+
+def _bench_onnx_lstm(ids: np.ndarray, repeats: int, log) -> list[dict]:
+    """onnxruntime (CPU) running an LSTM of the shipped ISAN's parameter count (548 units, random
+    weights: the cost does not depend on them), streaming one text and batching 256 streams."""
+    import tempfile
+
+    import torch  # noqa: F401  (the train extra: initialises the LSTM)
+
+    from isan.alphabet import Alphabet
+    from isan.engine.bundle import write_bundle
+    from isan.engine.onnx_backend import OnnxRunner
+    from isan.export.onnx_export import onnx_hook
+    from isan.train.baselines import LSTM
+
+    a = Alphabet.text8()
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        lstm = LSTM.for_budget(27, 27, 1.28e6, seed=0)
+        tensors = {k: v.detach().numpy().astype(np.float32) for k, v in lstm.state_dict().items()}
+        lstm_dir = write_bundle(Path(tmp) / "lstm", tensors, a, kind="lstm", extra={"model": lstm.config(), "d": lstm.d},
+                                hook=onnx_hook)
+        r = OnnxRunner.load(lstm_dir, device="cpu")
+        s0 = r.initial_state()
+        x = ids[:PEER_STREAM_CHARS]
+        med, _ = median_time(lambda: r.score_ids(x, s0), repeats)
+        n_params = int(sum(v.size for v in tensors.values()))
+        out.append({"name": f"peer: onnxruntime LSTM {lstm.d} units ({n_params:,} params), streaming", "chars": len(x),
+                    "chars_per_s": len(x) / med, "provider": r.provider})
+        texts = [ids[i * PEER_BATCH_LEN : (i + 1) * PEER_BATCH_LEN] for i in range(PEER_BATCH)]
+        med, _ = median_time(lambda: r.score_batch(texts), repeats)
+        out.append({"name": f"peer: onnxruntime LSTM, batched {PEER_BATCH} streams", "chars": PEER_BATCH * PEER_BATCH_LEN,
+                    "chars_per_s": PEER_BATCH * PEER_BATCH_LEN / med, "provider": r.provider})
+    for o in out:
+        log(f"  {o['name']}: {o['chars_per_s']:,.0f} chars/s")
+    return out
+
+
+def _bench_kenlm(data, ids: np.ndarray, repeats: int, log) -> list[dict]:
+    """KenLM's Python module querying our order-8 n-gram (counted on the train split, exported as
+    ARPA into the cache, ``$ISAN_CACHE_DIR/bench``), one character at a time, one thread."""
+    import hashlib
+
+    try:
+        import kenlm
+    except ImportError:
+        raise _PeerUnavailable("the kenlm module is not installed (MAX_ORDER=8 pip install --no-cache-dir kenlm)") from None
+    from isan.alphabet import Alphabet
+    from isan.engine.data import read_text8_split
+    from isan.engine.ngram import fit
+    from isan.export.arpa import symbol_words, write_arpa
+    from isan.trie_tables.build import cache_dir
+
+    a = Alphabet.text8()
+    train = read_text8_split(data, "train")
+    key = hashlib.sha256(train.encode()).hexdigest()[:16]
+    path = cache_dir() / "bench" / f"text8-train-{key}-order8.arpa"
+    if not path.is_file():
+        log("  counting the order-8 n-gram and writing it as ARPA (once; cached)")
+        write_arpa(fit(a.encode(train), 27, 8), a, path)
+    try:
+        m = kenlm.Model(str(path))
+    except (OSError, RuntimeError) as e:
+        raise _PeerUnavailable(f"KenLM cannot load the order-8 model ({str(e).splitlines()[0][:120]}); rebuild it with "
+                               "MAX_ORDER=8 pip install --no-cache-dir --force-reinstall kenlm") from None
+    words = np.array(symbol_words(a.symbols), dtype=object)[ids].tolist()
+    res = {}
+
+    def query():
+        s, s2 = kenlm.State(), kenlm.State()
+        m.NullContextWrite(s)
+        total = 0.0
+        score = m.BaseScore
+        for w in words:
+            total += score(s, w, s2)
+            s, s2 = s2, s
+        res["bpc"] = -total * np.log2(10.0) / len(words)
+
+    med, _ = median_time(query, repeats)
+    row = {"name": "peer: KenLM (Python module) querying our order-8 n-gram, 1 thread", "chars": len(words),
+           "chars_per_s": len(words) / med, "bpc": res["bpc"]}
+    log(f"  {row['name']}: {row['chars_per_s']:,.0f} chars/s, {row['bpc']:.4f} bpc")
+    return [row]
 
 
 def _timed(fn):
@@ -128,20 +334,30 @@ def _timed(fn):
 
 def markdown(result: dict) -> str:
     m = result["machine"]
-    lines = [f"Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, numpy {m['numpy']}",
+    lines = [f"Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, numpy {m['numpy']}; "
+             f"kernels {result['facts']['kernels'].get('isa')}, {result['threads']} threads",
              f"Command: `{result['command']}`  (median of {result['repeats']} runs)", "",
-             "| measurement | chars | chars/s | ratio | vs |", "|---|---:|---:|---:|---|"]
+             "| measurement | chars | chars/s | vs reference |", "|---|---:|---:|---:|"]
     for r in result["rows"]:
-        lines.append(f"| {r['name']} | {r['chars']:,} | {r['chars_per_s']:,.0f} | {r['ratio']:.2f}x | {r['vs']} |")
-    if "facts" in result:
-        f, p = result["facts"], result["profile"]
-        lines += ["", "| fact | value |", "|---|---|",
-                  f"| average match length (measured / expected) | {f['avg_match_length_measured']:.3f} / {f['avg_match_length_expected']} |",
-                  f"| table | {f['table_entries']:,} entries, {f['table_bytes'] / 2**20:.1f} MiB, {f['table_dtype']} |",
-                  f"| table build (mining / composition) | {f['table_build_s']['mining']} s / {f['table_build_s']['compose']} s |",
-                  f"| table load (sha256-verified / size-checked) | {f['load_s_verified']:.2f} s / {f['load_s_unverified']:.3f} s |",
-                  f"| resident memory (now / peak) | {f['rss_mib']:.0f} MiB / {f['peak_rss_mib']:.0f} MiB |",
-                  f"| composed scoring time: segment / jumps / readout | {p['shares']['segment']:.0%} / {p['shares']['jumps']:.0%} / {p['shares']['readout']:.0%} ({p['us_per_jump']:.2f} us per jump) |"]
+        lines.append(f"| {r['name']} | {r['chars']:,} | {r['chars_per_s']:,.0f} | {r['ratio']:.2f}x |")
+    f = result["facts"]
+    lt, sm = f["long_text"], f.get("streaming", {})
+    sc = lt["scoring"]
+    lines += ["", "| fact | value |", "|---|---|",
+              f"| long text: chunks, extra work, residual | {sc.get('chunks')}, {sc.get('extra_fraction', 0):.1%}, "
+              f"{sc.get('residual', 0):.1e} (stop at rtol {sc.get('rtol')} / margin {sc.get('margin')}) |",
+              f"| long text: max bits/char from the float64 reference (first 100k) | {lt['max_abs_bits_vs_reference_first_100k']:.1e} |",
+              f"| long text: GFLOP/s ({lt['flops_per_char'] / 1e3:.0f} kFLOP a character) | {lt['gflops']:.0f} |",
+              f"| streaming: average match, bytes read a character (float32) | {sm.get('avg_match_length', 0):.2f}, "
+              f"{sm.get('bytes_read_per_char_f32', 0) / 1e3:.0f} KB |",
+              f"| streaming: bandwidth drawn (float32 / float16) | {sm.get('gb_per_s_f32', 0):.1f} / {sm.get('gb_per_s_f16', 0):.1f} GB/s |",
+              f"| float16 table: max bits/char from the reference (first 100k) | {sm.get('float16_max_abs_bits_vs_reference_first_100k', float('nan')):.3f} |",
+              f"| table | {sm.get('table_entries', 0):,} entries, {sm.get('table_bytes', 0) / 2**20:.0f} MiB |",
+              f"| start-up of `isan score` (process, after first use) | {f['startup_s']:.2f} s |",
+              f"| resident memory (now / peak) | {f['rss_mib']:.0f} MiB / {f['peak_rss_mib']:.0f} MiB |"]
+    for k in ("onnx_lstm", "kenlm"):
+        if isinstance(f.get(k), str):
+            lines.append(f"| {k} | {f[k]} |")
     return "\n".join(lines)
 
 

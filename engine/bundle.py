@@ -167,17 +167,25 @@ def read_manifest(path: str | Path, verify: str = "fast") -> dict:
     m = read_json(mpath, BundleFormatError, REBUILD, what="bundle manifest")
     _check_schema(m, mpath)
     if m["format_version"] >= 2 and verify != "none":
+        rebuild = rebuild_hint(m, path)
         if manifest_sha256(m) != m["manifest_sha256"]:
             raise BundleFormatError(
                 f"{mpath} does not match its manifest_sha256: the manifest was edited or is corrupt (its alphabet, "
-                f"d, kind, normaliser or file records cannot be trusted); {REBUILD}")
+                f"d, kind, normaliser or file records cannot be trusted); {rebuild}")
         for name, rec in m["files"].items():
             if verify == "fast" and (name.startswith(_OWN_LOADER[0]) or name.endswith(_OWN_LOADER[1])):
                 continue
             problem = _check_file(path, name, rec, full=verify == "full")
             if problem:
-                raise BundleFormatError(f"{path / name} {problem}; {REBUILD}")
+                raise BundleFormatError(f"{path / name} {problem}; {rebuild}")
     return m
+
+
+def rebuild_hint(manifest: dict, path: str | Path) -> str:
+    """The command that rebuilds a bundle of this kind (n-gram bundles are counted, not exported)."""
+    if manifest.get("kind") == "ngram":
+        return f"rebuild it with `isan train ngram --out {path}` (or restore the bundle from a good copy)"
+    return REBUILD
 
 
 def file_records(directory: str | Path) -> dict[str, dict]:

@@ -388,37 +388,41 @@ def _arrays(model: KneserNeyModel) -> dict[str, np.ndarray]:
 
 
 def save_ngram(model: KneserNeyModel, out_dir: str | Path, alphabet, training: dict | None = None,
-               metrics: dict | None = None, files: dict[str, bytes] | None = None, overwrite: bool = False) -> Path:
+               metrics: dict | None = None, files: dict[str, bytes] | None = None, overwrite: bool = False,
+               normalizer: dict | None = None) -> Path:
     """Write an n-gram bundle directory atomically (see the module doc for the layout).
 
     Args:
         alphabet: :class:`isan.alphabet.Alphabet` of K symbols.
         files: extra files {name: bytes} to write into the bundle (e.g. train_log.jsonl).
+        normalizer: the text normalisation the model declares (``{"name": "text8", "version": 1}``
+            for models counted on text8; default none).
     Raises:
         FileExistsError: ``out_dir`` exists and not ``overwrite``.
         IsanError: the alphabet does not have K symbols.
     """
     from safetensors.numpy import save_file
 
-    from isan.atomic import atomic_directory, write_json_atomic
-    from isan.engine.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST
+    from isan.atomic import atomic_directory
+    from isan.engine.bundle import BUNDLE_FORMAT, CURRENT_VERSION, finalize_manifest
 
     if len(alphabet) != model.K:
         raise IsanError(f"the model has K={model.K} symbols but the alphabet has {len(alphabet)}")
     arrays = _arrays(model)
     manifest = {
-        "format": BUNDLE_FORMAT, "format_version": BUNDLE_VERSION, "kind": NGRAM_KIND,
+        "format": BUNDLE_FORMAT, "format_version": CURRENT_VERSION, "kind": NGRAM_KIND,
         "alphabet": alphabet.to_list(), "d": model.order, "params_sha256": ngram_sha256(arrays),
         "n_params": model.n_ngrams,
         "model": {"kind": NGRAM_KIND, "K": model.K, "V": model.K, "order": model.order, "smoothing": SMOOTHING,
                   "discounts": [list(d) for d in model.discounts], "counts_file": COUNTS_FILE},
         "training": training or {}, "metrics": metrics or {},
+        "normalizer": normalizer or {"name": "none", "version": 1},
     }
     with atomic_directory(out_dir, overwrite=overwrite) as tmp:
         save_file(arrays, str(tmp / COUNTS_FILE), metadata={"format": BUNDLE_FORMAT, "kind": NGRAM_KIND})
         for name, data in (files or {}).items():
             (tmp / name).write_bytes(data)
-        write_json_atomic(tmp / MANIFEST, manifest)
+        finalize_manifest(tmp, manifest)  # file hashes and the manifest's own (bundle format 2)
     return Path(out_dir)
 
 
@@ -559,6 +563,7 @@ def train_ngram(data: str | Path, out_dir: str | Path, orders: Sequence[int] = D
                 "orders_tried": [r["order"] for r in results], "train_chars": int(len(corpus.train)),
                 "count_seconds": done["count_seconds"]}
     save_ngram(model, out_dir, corpus.alphabet, training=training, metrics={"valid_bpc": best_bpc},
-               files={TRAIN_LOG: ("\n".join(lines) + "\n").encode()}, overwrite=overwrite)
+               files={TRAIN_LOG: ("\n".join(lines) + "\n").encode()}, overwrite=overwrite,
+               normalizer={"name": "text8", "version": 1} if dataset == "text8" else None)
     return {"out": str(out_dir), "order": best, "valid_bpc": best_bpc, "orders": results, "n_ngrams": model.n_ngrams,
             "train_chars": int(len(corpus.train)), "count_seconds": done["count_seconds"]}

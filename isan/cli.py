@@ -118,8 +118,12 @@ def train(model, out_dir, data, dataset, params, d, batch_size, bptt, lr, lr_dec
 # --------------------------------------------------------------------------------------- shared options
 def model_options(fn):
     fn = click.option("--model", "model", default=None, help="Bundle directory (default: the shipped text8 model).")(fn)
-    fn = click.option("--path", "path_mode", type=click.Choice(["auto", "composed", "reference"]), default="auto",
-                      show_default=True, help="composed: trie-table jumps; reference: per-character numpy.")(fn)
+    fn = click.option("--path", "path_mode", type=click.Choice(["auto", "composed", "chunked", "reference"]),
+                      default="auto", show_default=True,
+                      help="composed: trie-table jumps (texts of 20,000+ characters go chunk-parallel); chunked: "
+                           "chunk-parallel batches in the compiled kernels; reference: per-character float64 numpy.")(fn)
+    fn = click.option("--threads", type=int, default=None,
+                      help="Threads for the compiled kernels (default: the CPUs this process may use; ISAN_NUM_THREADS).")(fn)
     fn = click.option("--backend", type=click.Choice(["numpy", "onnx"]), default="numpy", show_default=True,
                       help="numpy engine, or onnxruntime over the bundle's ONNX graphs (isan export --onnx).")(fn)
     fn = click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True,
@@ -148,10 +152,14 @@ def unknown_options(fn):
     return fn
 
 
-def load_engine(model, path_mode="auto", backend="numpy", device="cpu"):
+def load_engine(model, path_mode="auto", backend="numpy", device="cpu", threads=None):
     from isan.engine import load_engine as _load
 
+    if threads is not None and threads < 1:
+        raise UserError(f"--threads must be at least 1; got {threads}")
     engine = _load(model, path=path_mode, backend=backend, device=device)
+    if threads is not None and hasattr(engine, "threads"):
+        engine.threads = threads
     logging.getLogger("isan").info("engine: %s", engine.describe())
     return engine
 
@@ -181,11 +189,13 @@ def read_input(file, text8_split):
 @unknown_options
 @click.option("--json", "as_json", is_flag=True, help='Print {"chars", "bits", "bpc"} as JSON.')
 @click.option("--per-char", is_flag=True, help="Also give the bits of every character.")
-@click.option("--text8-split", type=click.Choice(["train", "valid", "test"]), default=None,
-              help="Score one split of text8-10M from FILE (text8, text8.zip or text8_head.txt).")
+@click.option("--text8-split", type=click.Choice(["train", "valid", "test", "unseen"]), default=None,
+              help="Score one split of text8-10M from FILE (text8, text8.zip or text8_head.txt); unseen: the "
+                   "characters after the splits (from offset 10,000,000), for speed measurements.")
 @normalize_option
 @friendly
-def score(file, model, path_mode, backend, device, unknown, replacement, as_json, per_char, text8_split, normalize):
+def score(file, model, path_mode, threads, backend, device, unknown, replacement, as_json, per_char, text8_split,
+          normalize):
     """Score FILE (or stdin, '-') in bits: total bits and bits per character (bpc).
 
     The text first goes through the model's normaliser (--normalize auto); the report says how
@@ -193,7 +203,7 @@ def score(file, model, path_mode, backend, device, unknown, replacement, as_json
     comes from the state before it, starting at h0. With --per-char each scored character is
     listed with the offset of the input character it came from.
     """
-    engine = load_engine(model, path_mode, backend, device)
+    engine = load_engine(model, path_mode, backend, device, threads)
     text = read_input(file, text8_split)
     r = engine.score(text, per_char=per_char, unknown=unknown, replacement=replacement, normalize=normalize)
     if as_json:
@@ -223,9 +233,9 @@ def score(file, model, path_mode, backend, device, unknown, replacement, as_json
 @model_options
 @normalize_option
 @friendly
-def sample(prompt, n, temperature, top_k, seed, as_json, model, path_mode, backend, device, normalize):
+def sample(prompt, n, temperature, top_k, seed, as_json, model, path_mode, threads, backend, device, normalize):
     """Generate text after --prompt (the prompt goes through the model's normaliser first)."""
-    engine = load_engine(model, path_mode, backend, device)
+    engine = load_engine(model, path_mode, backend, device, threads)
     s = engine.sample(prompt, n=n, temperature=temperature, top_k=top_k, seed=seed, normalize=normalize)
     if as_json:
         emit_json(s.to_json())
@@ -288,10 +298,12 @@ def table_options(fn):
 
 @main.command()
 @click.argument("checkpoint_dir")
-@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.argument("out_dir", type=click.Path())
 @click.option("--which", type=click.Choice(["best", "latest"]), default="best", show_default=True)
 @click.option("--overwrite", is_flag=True, help="Replace OUT_DIR if it exists.")
 @click.option("--onnx", "with_onnx", is_flag=True, help="Also write model.onnx (one step) and sequence.onnx.")
+@click.option("--arpa", "arpa", is_flag=True,
+              help="For an n-gram bundle: write it as an ARPA file at OUT_DIR (the format KenLM and SRILM read).")
 @click.option("--table/--no-table", default=True, show_default=True, help="Build the composed trie table into OUT_DIR/table.")
 @click.option("--table-mode", type=click.Choice(["full", "recipe"]), default="full", show_default=True,
               help="full: write table/; recipe: write only the chosen keys, composed into the cache on first use.")
@@ -302,17 +314,27 @@ def table_options(fn):
               help="The text normalisation the model declares: auto (text8 for models trained on text8, else none), "
                    "none, or text8.")
 @friendly
-def export(checkpoint_dir, out_dir, which, overwrite, with_onnx, table, table_mode, table_budget, table_max_len,
+def export(checkpoint_dir, out_dir, which, overwrite, with_onnx, arpa, table, table_mode, table_budget, table_max_len,
            table_dtype, table_corpus, table_dataset, dry_run, progress, normalizer):
     """Write the runtime bundle of a training run: manifest.json, weights.safetensors, table/ (and ONNX).
 
     CHECKPOINT_DIR is a run directory of `isan train`; it may also be an existing bundle, or the
-    word `default` for the shipped model, to copy it with ONNX graphs added (`--onnx`).
+    word `default` for the shipped model, to copy it with ONNX graphs added (`--onnx`). An n-gram
+    bundle (`isan train ngram`) exports with `--arpa` to an ARPA file (OUT_DIR is then the file).
     Atomic: an interrupted export leaves no directory at OUT_DIR.
     """
     from isan.engine import default_model_path
 
     src = default_model_path() if checkpoint_dir == "default" else Path(checkpoint_dir)
+    if arpa:
+        from isan.engine.ngram import load_ngram
+        from isan.export.arpa import write_arpa
+
+        if Path(out_dir).exists() and not overwrite:
+            raise UserError(f"{out_dir} already exists; pass --overwrite to replace it")
+        _, ngram, alphabet = load_ngram(src)
+        emit_json(write_arpa(ngram, alphabet, out_dir))
+        return
     if (src / "manifest.json").exists() and not dry_run:
         from isan.export.checkpoint import export_from_bundle
 
@@ -463,22 +485,30 @@ def bench():
 
 @bench.command("engine")
 @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
-@click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8 file; the text8-10M test split is used.")
+@click.option("--data", default=DEFAULT_TEXT8, show_default=True,
+              help="text8 file: scoring runs on the characters after text8-10M (from offset 10,000,000).")
 @click.option("--repeats", type=int, default=3, show_default=True)
-@click.option("--ref-chars", type=int, default=200_000, show_default=True, help="Characters for the (slow) reference path.")
-@click.option("--out", default="bench_results/engine.json", show_default=True, help="Where to write the JSON results.")
+@click.option("--threads", type=int, default=None, help="Threads for the compiled kernels (default: all this process may use).")
+@click.option("--peers/--no-peers", default=True, show_default=True,
+              help="Also run onnxruntime's LSTM of equal parameters and KenLM (where installed).")
+@click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option("--out", default=None, help="Write the JSON results here (nothing is written without it).")
 @friendly
-def bench_engine_cmd(model, data, repeats, ref_chars, out):
-    """Single-stream scoring and ingestion (composed vs reference), batched scoring (64, 256 streams),
-    average match length, table size, build and load time, memory, and where the time goes."""
+def bench_engine_cmd(model, data, repeats, threads, peers, progress, out):
+    """Long-text (2.5M unseen characters, chunk-parallel), streaming (1,000-character chunks, float32
+    and float16 tables), batched (256 x 2,000) and ingestion throughput against the per-character
+    reference in the same process, with onnxruntime's LSTM and KenLM as peers; start-up, memory,
+    exactness and where the time goes."""
     from isan.engine.bench import bench_engine, markdown, write_json
-    from isan.engine.data import read_text8_split
 
-    text = read_text8_split(data, "test")
-    result = bench_engine(model, text, repeats=repeats, ref_chars=ref_chars, log=lambda m: click.echo(m, err=True))
-    write_json(result, out)
+    if threads is not None and threads < 1:
+        raise UserError(f"--threads must be at least 1; got {threads}")
+    result = bench_engine(model, data, repeats=repeats, threads=threads, peers=peers, progress=progress,
+                          log=lambda m: click.echo(m, err=True))
     click.echo(markdown(result))
-    click.echo(f"\nwrote {out}")
+    if out:
+        write_json(result, out)
+        click.echo(f"\nwrote {out}")
 
 
 @bench.command("budgets")
