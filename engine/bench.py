@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import resource
+import shutil
 import statistics
 import sys
 import time
@@ -368,51 +369,72 @@ def write_json(result: dict, out: str | Path) -> None:
 
 
 def bench_budgets(model: str | None, train_text: str, test_text: str, budgets: list[str], repeats: int = 3,
-                  chars: int = 200_000, log=print) -> dict:
-    """Single-stream composed scoring for tables of several sizes, against the reference path.
+                  chars: int = 200_000, chunk: int = STREAM_CHUNK, dtypes=("float32", "float16"),
+                  threads: int | None = None, log=print) -> dict:
+    """Streaming (``chunk``-character calls, the state carried) through tables of several sizes and
+    storage types, one thread and ``threads`` threads, against the per-character reference.
 
-    Tables are mined from ``train_text`` and built into a temporary directory.
+    Tables are mined from ``train_text`` (the train split) and built into a temporary directory;
+    timing runs on ``test_text``. A bigger table gives longer matches (fewer jumps) but more of it
+    lives in memory rather than in the L3 cache, so each jump reads slower (DESIGN.md section 6).
     """
     import tempfile
 
     from isan.engine import Engine, default_model_path
+    from isan.engine.kernels import default_threads
     from isan.trie_tables.build import build_from_recipe, plan_table
     from isan.trie_tables.format import load_table
 
+    threads = threads or default_threads()
     src = Path(model) if model else default_model_path()
     base = Engine.load(src, path_mode="reference")
     a = base.alphabet
     train = a.encode(train_text)
     ids = a.encode(test_text)[:chars]
-    med, _ = median_time(lambda: base.score(ids), repeats)
-    rows = [{"budget": "none (reference, float64)", "entries": 0, "avg_match_length": 1.0, "us_per_jump": None,
-             "chars_per_s": len(ids) / med, "ratio": 1.0}]
-    ref_cps = rows[0]["chars_per_s"]
+    med, _ = median_time(lambda: base.score(ids, normalize="none"), repeats)
+    ref_cps = len(ids) / med
+    rows = [{"budget": "none (reference, float64)", "dtype": "float64", "entries": 0, "table_mib": 0.0,
+             "avg_match_length": 1.0, "chars_per_s_1": ref_cps, "chars_per_s_n": None, "ratio": 1.0}]
+    chunks = [ids[i : i + chunk] for i in range(0, len(ids), chunk)]
+
+    def stream(eng, th):
+        st = eng.initial_state()
+        for c in chunks:
+            st = eng.score(c, state=st, normalize="none", path="composed", threads=th).state
+
     with tempfile.TemporaryDirectory() as tmp:
         for b in budgets:
-            rec = plan_table(train, base.params32, a, budget=b)
-            d = build_from_recipe(Path(tmp) / b, rec, base.params32, a, base.params_sha256)
-            eng = Engine(base.params32, a, base.manifest, table=load_table(d, base.params_sha256, a, base.d))
-            med, _ = median_time(lambda: eng.score(ids), repeats)
-            _, _, ent = eng._composed.segment(ids)
-            jt, _ = _timed(lambda: eng._composed.jumps(ent, base.params32.h0))
-            rows.append({"budget": b, "entries": len(rec["keys"]), "avg_match_length": len(ids) / len(ent),
-                         "us_per_jump": jt / len(ent) * 1e6, "chars_per_s": len(ids) / med,
-                         "ratio": len(ids) / med / ref_cps})
-            log(f"  {b}: {rows[-1]['chars_per_s']:,.0f} chars/s")
+            for dt in dtypes:
+                rec = plan_table(train, base.params32, a, budget=b, dtype=dt)
+                d = build_from_recipe(Path(tmp) / f"{b}-{dt}", rec, base.params32, a, base.params_sha256)
+                table = load_table(d, base.params_sha256, a, base.d)
+                eng = Engine(base.params32, a, base.manifest, table=table)
+                med1, _ = median_time(lambda: stream(eng, 1), repeats)
+                eng2 = Engine(base.params32, a, base.manifest, table=table)  # a fresh thread chooser
+                medn, _ = median_time(lambda: stream(eng2, threads), repeats) if threads > 1 else (None, None)
+                _, _, ent = eng._composed.segment(ids)
+                rows.append({"budget": b, "dtype": dt, "entries": len(rec["keys"]), "table_mib": table.nbytes / 2**20,
+                             "avg_match_length": len(ids) / len(ent), "chars_per_s_1": len(ids) / med1,
+                             "chars_per_s_n": len(ids) / medn if medn else None, "ratio": len(ids) / med1 / ref_cps})
+                log(f"  {b} {dt}: {rows[-1]['chars_per_s_1']:,.0f} chars/s (1 thread)"
+                    + (f", {rows[-1]['chars_per_s_n']:,.0f} ({threads} threads)" if medn else ""))
+                shutil.rmtree(d, ignore_errors=True)
     return {"benchmark": "table budgets", "machine": machine(), "command": " ".join(["isan"] + sys.argv[1:]),
-            "chars": len(ids), "repeats": repeats, "rows": rows}
+            "chars": len(ids), "chunk": chunk, "threads": threads, "repeats": repeats, "rows": rows}
 
 
 def markdown_budgets(result: dict) -> str:
     m = result["machine"]
+    th = result["threads"]
     lines = [f"Machine: {m['cpu']}, {m['cores']} cores, numpy {m['numpy']}",
-             f"Command: `{result['command']}`  ({result['chars']:,} chars of the test split, median of {result['repeats']})", "",
-             "| table budget | entries | avg match (chars) | us per jump | chars/s | vs reference |",
-             "|---|---:|---:|---:|---:|---:|"]
+             f"Command: `{result['command']}`  ({result['chars']:,} chars of the test split in "
+             f"{result['chunk']:,}-character calls, median of {result['repeats']})", "",
+             f"| table budget | dtype | entries | MiB | avg match (chars) | chars/s, 1 thread | chars/s, {th} threads | 1 thread vs reference |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
-        jump = f"{r['us_per_jump']:.1f}" if r["us_per_jump"] is not None else "-"
-        lines.append(f"| {r['budget']} | {r['entries']:,} | {r['avg_match_length']:.2f} | {jump} | {r['chars_per_s']:,.0f} | {r['ratio']:.2f}x |")
+        n = f"{r['chars_per_s_n']:,.0f}" if r["chars_per_s_n"] else "-"
+        lines.append(f"| {r['budget']} | {r['dtype']} | {r['entries']:,} | {r['table_mib']:.0f} | {r['avg_match_length']:.2f} | "
+                     f"{r['chars_per_s_1']:,.0f} | {n} | {r['ratio']:.2f}x |")
     return "\n".join(lines)
 
 

@@ -42,6 +42,7 @@ class ComposedPath:
         from isan.engine.kernels.sequential import ThreadChooser
 
         self.chooser = ThreadChooser()
+        self._trie = None
         if table is not None:
             self.Ac = table.Ac.view(np.ndarray) if isinstance(table.Ac, np.memmap) else table.Ac
             self.R = table.R.view(np.ndarray) if isinstance(table.R, np.memmap) else table.R
@@ -57,8 +58,49 @@ class ComposedPath:
         self.Ro_aug = np.concatenate([p.W_ro, p.b_ro[:, None]], axis=1)  # (V, d+1)
 
     # ---- segmentation -------------------------------------------------------------------
+    def _trie_arrays(self):
+        """The table's keys as an array trie for the compiled walk: children (nodes, K) int32 and
+        entry_of (nodes,) int32 (-1 where a node is not an entry); built once, on first use."""
+        if self._trie is None:
+            from isan.trie_tables.codes import decode_code
+
+            t = self.table
+            children = [[-1] * self.K]
+            entry_of = [-1]
+            for code, e in zip(t.sorted_codes.tolist(), t.entry_of_sorted.tolist()):
+                node = 0
+                for x in decode_code(int(code), self.K):
+                    nxt = children[node][x]
+                    if nxt < 0:
+                        nxt = len(entry_of)
+                        children[node][x] = nxt
+                        children.append([-1] * self.K)
+                        entry_of.append(-1)
+                    node = nxt
+                entry_of[node] = e
+            self._trie = (np.asarray(children, dtype=np.int32), np.asarray(entry_of, dtype=np.int32))
+        return self._trie
+
     def segment(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Greedy longest-match segmentation: (starts, lengths, entry ids), each (n_matches,) int64."""
+        """Greedy longest-match segmentation: (starts, lengths, entry ids), each (n_matches,) int64.
+
+        Compiled: one walk down a trie of the keys from each match start. The numpy twin
+        (:meth:`segment_ref`) computes every position's longest match with exact integer codes."""
+        from isan.engine.kernels import native
+
+        nat = native()
+        if nat is None:
+            return self.segment_ref(ids)
+        children, entry_of = self._trie_arrays()
+        x = np.asarray(ids, dtype=np.int32)
+        starts = np.empty(len(x), dtype=np.int64)
+        entries = np.empty(len(x), dtype=np.int64)
+        n = nat.trie_segment(children, entry_of, self.K, x, starts, entries)
+        starts, entries = starts[:n], entries[:n]
+        return starts, self.table.lengths[entries], entries
+
+    def segment_ref(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The numpy twin of :meth:`segment`."""
         from isan.engine.kernels import native
 
         t = self.table

@@ -106,7 +106,7 @@ def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, which: str = "b
 
 
 def export_bundle(ckpt_dir: str | Path, out_dir: str | Path, which: str = "best", overwrite: bool = False,
-                  onnx: bool = False, table: bool = True, table_budget: str = "128MB", table_max_len: int = 12,
+                  onnx: bool = False, table: bool = True, table_budget: str = "16MB", table_max_len: int = 12,
                   table_dtype: str = "float32", table_corpus: str | None = None, table_dataset: str | None = None,
                   table_mode: str = "full", progress_bar: bool = True, normalizer: str | None = None) -> Path:
     """``isan export``: the bundle of a checkpoint with its trie table (and ONNX graphs); atomic.

@@ -128,9 +128,11 @@ def make_table(bundle_tmp: Path, manifest: dict, params: ISANParams, alphabet: A
 
 def build_bundle_table(bundle: str | Path, corpus: str | None = None, dataset: str | None = None,
                        budget: str = DEFAULT_BUDGET, max_len: int = 12, dtype: str = "float32",
-                       overwrite: bool = False, progress_bar: bool = True) -> dict:
-    """``isan table build``: mine the bundle's corpus and write ``BUNDLE/table`` atomically; the
-    manifest's ``table`` section (and, format version 2, its file records) follow.
+                       overwrite: bool = False, progress_bar: bool = True, mode: str = "full") -> dict:
+    """``isan table build``: mine the bundle's corpus and write ``BUNDLE/table`` atomically (or,
+    with ``mode="recipe"``, only ``BUNDLE/table_recipe.json``: the chosen keys, composed into the
+    user cache on first use); the manifest's ``table`` section (and, format version 2, its file
+    records) follow.
 
     Returns:
         {"table", "entries", "bytes", "corpus"}.
@@ -140,18 +142,31 @@ def build_bundle_table(bundle: str | Path, corpus: str | None = None, dataset: s
     from isan.engine.bundle import finalize_manifest
     from isan.trie_tables.format import build_table
 
+    import shutil
+
+    from isan.trie_tables.build import RECIPE, write_recipe
+
+    if mode not in ("full", "recipe"):
+        raise IsanError(f"table mode must be full or recipe; got {mode!r}")
     bundle = Path(bundle)
     m, params, alphabet = load_isan_bundle(bundle)
     path, ds = resolve_corpus(bundle, m, corpus, dataset)
-    if (bundle / "table").exists() and not overwrite:
-        raise FileExistsError(f"{bundle / 'table'} already exists; pass --overwrite to replace it")
+    target = bundle / ("table" if mode == "full" else RECIPE)
+    if ((bundle / "table").exists() or (bundle / RECIPE).exists()) and not overwrite:
+        raise FileExistsError(f"{bundle} already has a table or a table recipe; pass --overwrite to replace it")
     recipe = _plan(alphabet, params, str(path), ds, budget, max_len, dtype)
     rec = corpus_record(path, ds, bundle)
     info = {k: recipe.get(k) for k in ("budget_bytes", "avg_match_length", "avg_match_length_on", "mining")}
     info["corpus"] = rec
-    out = build_table(bundle / "table", params, alphabet, recipe["keys"], m["params_sha256"], dtype=dtype,
-                      max_len=recipe["max_len"], build_info=info, overwrite=overwrite, progress_bar=progress_bar)
-    m["table"] = {"mode": "full", "entries": len(recipe["keys"]), "bytes": recipe["expected_bytes"], "dtype": dtype,
+    if mode == "full":
+        out = build_table(target, params, alphabet, recipe["keys"], m["params_sha256"], dtype=dtype,
+                          max_len=recipe["max_len"], build_info=info, overwrite=overwrite, progress_bar=progress_bar)
+        (bundle / RECIPE).unlink(missing_ok=True)
+    else:
+        write_recipe(target, recipe)
+        out = target
+        shutil.rmtree(bundle / "table", ignore_errors=True)
+    m["table"] = {"mode": mode, "entries": len(recipe["keys"]), "bytes": recipe["expected_bytes"], "dtype": dtype,
                   "max_len": recipe["max_len"], "avg_match_length": recipe["avg_match_length"], "corpus": rec}
     if m["format_version"] >= 2:
         finalize_manifest(bundle, m)

@@ -288,7 +288,7 @@ def attribute(text, by, as_json, full, plot, top, model, unknown, replacement, n
 
 # --------------------------------------------------------------------------------------- export
 def table_options(fn):
-    fn = click.option("--table-budget", default="128MB", show_default=True, help="Memory budget of the trie table (e.g. 64MB, 1GB); see `isan bench budgets`.")(fn)
+    fn = click.option("--table-budget", default="16MB", show_default=True, help="Memory budget of the trie table (e.g. 8MB, 128MB); see `isan bench budgets`.")(fn)
     fn = click.option("--table-max-len", type=int, default=12, show_default=True, help="Longest substring in the table.")(fn)
     fn = click.option("--table-dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True)(fn)
     fn = click.option("--table-corpus", default=None, help="Text to mine (default: the model's training data, train split).")(fn)
@@ -391,10 +391,13 @@ def table_info(model, as_json):
 @table.command("build")
 @click.option("--model", required=True, help="Bundle directory to add table/ to.")
 @table_options
-@click.option("--overwrite", is_flag=True, help="Replace an existing table/.")
+@click.option("--table-mode", type=click.Choice(["full", "recipe"]), default="full", show_default=True,
+              help="full: write table/; recipe: write only the chosen keys, composed into the cache on first use.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing table/ or table recipe.")
 @click.option("--dry-run", is_flag=True)
 @friendly
-def table_build(model, table_budget, table_max_len, table_dtype, table_corpus, table_dataset, overwrite, dry_run):
+def table_build(model, table_budget, table_max_len, table_dtype, table_corpus, table_dataset, table_mode, overwrite,
+                dry_run):
     """Mine a corpus and build MODEL/table (atomically).
 
     The corpus is --table-corpus (relative to the working directory), else the one recorded in
@@ -406,7 +409,7 @@ def table_build(model, table_budget, table_max_len, table_dtype, table_corpus, t
         emit_json(plan(model, table_corpus, table_dataset, table_budget, table_max_len, table_dtype))
         return
     emit_json(build_bundle_table(model, table_corpus, table_dataset, budget=table_budget, max_len=table_max_len,
-                                 dtype=table_dtype, overwrite=overwrite, progress_bar=True))
+                                 dtype=table_dtype, overwrite=overwrite, progress_bar=True, mode=table_mode))
 
 
 # --------------------------------------------------------------------------------------- model
@@ -514,20 +517,27 @@ def bench_engine_cmd(model, data, repeats, threads, peers, progress, out):
 @bench.command("budgets")
 @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8 file: mined on train, timed on test.")
-@click.option("--budgets", default="16MB,64MB,256MB,512MB", show_default=True)
+@click.option("--budgets", default="8MB,16MB,32MB,128MB", show_default=True)
+@click.option("--dtypes", default="float32,float16", show_default=True)
+@click.option("--chars", type=int, default=200_000, show_default=True, help="Test characters streamed per timing.")
 @click.option("--repeats", type=int, default=3, show_default=True)
-@click.option("--out", default="bench_results/budgets.json", show_default=True)
+@click.option("--threads", type=int, default=None, help="Threads for the second column (default: all this process may use).")
+@click.option("--out", default=None, help="Write the JSON results here (nothing is written without it).")
 @friendly
-def bench_budgets_cmd(model, data, budgets, repeats, out):
-    """Single-stream composed scoring against table size: match length gained vs cache misses paid."""
+def bench_budgets_cmd(model, data, budgets, dtypes, chars, repeats, threads, out):
+    """Streaming through the table (1,000-character calls) against its size and storage type:
+    longer matches against jumps that read from memory rather than the L3 cache."""
     from isan.engine.bench import bench_budgets, markdown_budgets, write_json
     from isan.engine.data import read_text8_split
 
     result = bench_budgets(model, read_text8_split(data, "train"), read_text8_split(data, "test"),
-                           budgets.split(","), repeats=repeats, log=lambda m: click.echo(m, err=True))
-    write_json(result, out)
+                           [b.strip() for b in budgets.split(",") if b.strip()], repeats=repeats, chars=chars,
+                           dtypes=tuple(d.strip() for d in dtypes.split(",") if d.strip()), threads=threads,
+                           log=lambda m: click.echo(m, err=True))
     click.echo(markdown_budgets(result))
-    click.echo(f"\nwrote {out}")
+    if out:
+        write_json(result, out)
+        click.echo(f"\nwrote {out}")
 
 
 @bench.command("train")
@@ -592,6 +602,45 @@ def bench_onnx_cmd(data, repeats, batch, device, out):
     write_json(result, out)
     click.echo(markdown_onnx(result))
     click.echo(f"\nwrote {out}")
+
+
+@bench.command("serve")
+@click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
+@click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8 file: texts from the valid and test splits.")
+@click.option("--clients", type=int, default=100, show_default=True, help="HTTP clients posting at once.")
+@click.option("--text-chars", type=int, default=1000, show_default=True, help="Characters per HTTP request.")
+@click.option("--duration", type=float, default=10.0, show_default=True, help="Seconds of HTTP load.")
+@click.option("--streams", type=int, default=1000, show_default=True, help="WebSocket streams open at once.")
+@click.option("--chunks", type=int, default=5, show_default=True, help="Chunks each stream sends.")
+@click.option("--chunk-chars", type=int, default=200, show_default=True, help="Characters per chunk.")
+@click.option("--big-chars", type=int, default=1_000_000, show_default=True, help="Characters of the memory and cancel probes' requests.")
+@click.option("--big-requests", type=int, default=4, show_default=True, help="Concurrent big requests in the memory probe.")
+@click.option("--only", default="http,stream,memory,cancel", show_default=True, help="Which measurements, comma-separated.")
+@click.option("--server-args", default="", help='Options for isan-serve, e.g. "--no-batching --threads 1".')
+@click.option("--out", default=None, help="Also write the results as JSON here.")
+@friendly
+def bench_serve_cmd(model, data, clients, text_chars, duration, streams, chunks, chunk_chars, big_chars, big_requests,
+                    only, server_args, out):
+    """isan-serve under load (a real server process on localhost): HTTP requests/s and latency, WebSocket
+    chunk latency, memory under concurrent big requests, and the work dropped when a client leaves; every
+    answer is checked against the library's offline bits."""
+    import shlex
+
+    from isan.engine.serve.loadgen import markdown, run_bench, write_json
+
+    which = tuple(w.strip() for w in only.split(",") if w.strip())
+    bad = [w for w in which if w not in ("http", "stream", "memory", "cancel")]
+    if bad:
+        raise click.BadParameter(f"unknown measurement(s) {bad}; choose from http, stream, memory, cancel", param_hint="--only")
+    result = run_bench(model=model, data=data, clients=clients, text_chars=text_chars, duration_s=duration,
+                       streams=streams, chunks=chunks, chunk_chars=chunk_chars, big_chars=big_chars,
+                       big_requests=big_requests, server_args=shlex.split(server_args), which=which,
+                       progress=lambda m: click.echo(m, err=True))
+    click.echo(markdown(result))
+    if out:
+        write_json(result, out)
+        click.echo(f"\nwrote {out}")
+
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

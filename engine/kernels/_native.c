@@ -670,6 +670,46 @@ static PyObject *py_seq_composed(PyObject *self, PyObject *args) {
     return ret;
 }
 
+/* Greedy longest-match segmentation by walking a trie of the table's keys: from each match start,
+ * follow the text down the trie and keep the deepest node that is a table entry. children is
+ * (n_nodes, K) int32 (-1: none), entry_of is (n_nodes,) int32 (-1: not an entry); node 0 is the
+ * root and every single symbol is an entry, so every match has at least one character. */
+static PyObject *py_trie_segment(PyObject *self, PyObject *args) {
+    Py_buffer children, entry_of, ids, starts, entries;
+    int K;
+    if (!PyArg_ParseTuple(args, "y*y*iy*w*w*", &children, &entry_of, &K, &ids, &starts, &entries)) return NULL;
+    const int32_t *ch = (const int32_t *)children.buf, *en = (const int32_t *)entry_of.buf, *x = (const int32_t *)ids.buf;
+    int64_t *st = (int64_t *)starts.buf, *ent = (int64_t *)entries.buf;
+    const Py_ssize_t n_nodes = entry_of.len / 4, N = ids.len / 4, cap = starts.len / 8;
+    Py_ssize_t n = 0, i = 0;
+    int ok = K > 0 && children.len / 4 >= n_nodes * K && entries.len / 8 >= cap;
+    while (ok && i < N) {
+        int32_t node = 0, best_e = -1;
+        Py_ssize_t best_len = 0, j = i;
+        while (j < N) {
+            const int32_t s = x[j];
+            if (s < 0 || s >= K) { ok = 0; break; }
+            node = ch[(size_t)node * K + s];
+            if (node < 0) break;
+            if (node >= n_nodes) { ok = 0; break; }
+            j++;
+            if (en[node] >= 0) { best_e = en[node]; best_len = j - i; }
+        }
+        if (!ok || best_e < 0 || n >= cap) { ok = 0; break; }
+        st[n] = i;
+        ent[n] = best_e;
+        n++;
+        i += best_len;
+    }
+    PyBuffer_Release(&children); PyBuffer_Release(&entry_of); PyBuffer_Release(&ids);
+    PyBuffer_Release(&starts); PyBuffer_Release(&entries);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "trie_segment: a symbol outside the trie, a position no entry covers, or too small outputs");
+        return NULL;
+    }
+    return PyLong_FromSsize_t(n);
+}
+
 static PyObject *py_greedy_segment(PyObject *self, PyObject *args) {
     Py_buffer M, starts;
     if (!PyArg_ParseTuple(args, "y*w*", &M, &starts)) return NULL;
@@ -710,6 +750,7 @@ static PyMethodDef methods[] = {
     {"run_streams", py_run_streams, METH_VARARGS, "Grouped multi-row scoring (see streams.py)."},
     {"seq_composed", py_seq_composed, METH_VARARGS, "One stream through a trie table (see sequential.py)."},
     {"greedy_segment", py_greedy_segment, METH_VARARGS, "Greedy longest-match starts from match lengths."},
+    {"trie_segment", py_trie_segment, METH_VARARGS, "Greedy longest-match segmentation along a trie (see composed.py)."},
     {"isa", py_isa, METH_NOARGS, "The instruction set the kernels run with."},
     {"set_isa", py_set_isa, METH_VARARGS, "Choose the instruction set: generic, avx2 or avx512 (tests)."},
     {NULL, NULL, 0, NULL},

@@ -116,13 +116,15 @@ class ThreadChooser:
     Thread-safe (a lock around its few numbers).
     """
 
-    def __init__(self, explore: int = 16, min_chars: int = 400):
+    def __init__(self, explore: int = 16, max_explore: int = 4096, min_chars: int = 400):
         import threading
 
-        self.explore = explore
+        self.min_explore = self.explore = explore
+        self.max_explore = max_explore
         self.min_chars = min_chars
         self.speed: dict[int, float] = {}
         self.calls = 0
+        self._exploring: int | None = None
         self._lock = threading.Lock()
 
     def pick(self, threads: int, chars: int) -> int:
@@ -136,13 +138,24 @@ class ThreadChooser:
                 return threads
             best = max((1, threads), key=lambda t: self.speed[t])
             if self.calls % self.explore == 0:
-                return threads if best == 1 else 1
+                self._exploring = threads if best == 1 else 1
+                return self._exploring
             return best
 
     def report(self, threads: int, chars: int, seconds: float) -> None:
+        """Record a call's speed. An exploration that loses by more than 2x doubles the interval
+        to the next one (up to ``max_explore`` calls), so a choice that collapses under load is
+        rarely retried; one that wins resets it."""
         if chars < self.min_chars or seconds <= 0:
             return
         with self._lock:
             v = chars / seconds
             old = self.speed.get(threads)
             self.speed[threads] = v if old is None else 0.7 * old + 0.3 * v
+            if self._exploring == threads:
+                self._exploring = None
+                other = 1 if threads != 1 else max(self.speed)
+                if other in self.speed and v * 2 < self.speed[other]:
+                    self.explore = min(self.explore * 2, self.max_explore)
+                elif other in self.speed and v > self.speed[other]:
+                    self.explore = self.min_explore
