@@ -734,6 +734,7 @@ static PyObject *py_greedy_segment(PyObject *self, PyObject *args) {
 
 static PyObject *py_isa(PyObject *self, PyObject *noargs) { return PyUnicode_FromString(KERN->name); }
 
+
 static PyObject *py_set_isa(PyObject *self, PyObject *args) {
     const char *want;
     if (!PyArg_ParseTuple(args, "s", &want)) return NULL;
