@@ -319,6 +319,8 @@ def test_chunked_any_cut_random_model(data):
 
 def test_plan_chunks():
     assert plan_chunks([10]) == [1]
-    assert plan_chunks([2_500_000]) == [1024]
-    assert plan_chunks([2000] * 256) == [1] * 256
-    assert sum(plan_chunks([100_000, 10])) <= 1024
+    assert plan_chunks([2_500_000], target_rows=1024) == [1024]
+    assert plan_chunks([2_500_000], target_rows=512) == [512]
+    assert plan_chunks([2000] * 256, target_rows=512) == [1] * 256
+    assert sum(plan_chunks([100_000, 10], target_rows=1024)) <= 1024
+    assert plan_chunks([5000, 5000], target_rows=1024) == [4, 4]  # no chunk under MIN_CHUNK characters

@@ -363,9 +363,12 @@ static void streams_work(void *arg, int tid, int nt) {
     S.r0 = cols ? 0 : (int)((int64_t)P * tid / nt);
     S.r1 = cols ? P : (int)((int64_t)P * (tid + 1) / nt);
     const int nr = S.r1 - S.r0, rows = J->pairs ? 2 * nr : nr;
-    /* this thread's output columns: slices of 16 floats (all columns when split by rows) */
-    const int blocks = dp / 16;
-    const int j0 = cols ? 16 * (blocks * tid / nt) : 0, j1 = cols ? 16 * (blocks * (tid + 1) / nt) : dp;
+    /* output columns: h needs the first d (rounded up to a vector; column d, the homogeneous
+     * coordinate, and the padding after it never change, so both buffers hold them from the
+     * start). Split by columns, this thread's slice of them, in whole vectors. */
+    const int VLk = K->vl, jmax = (J->d + VLk - 1) / VLk * VLk;
+    const int blocks = jmax / VLk;
+    const int j0 = cols ? VLk * (blocks * tid / nt) : 0, j1 = cols ? VLk * (blocks * (tid + 1) / nt) : jmax;
     const int writes = !cols || tid == 0;
     S.active = (int *)malloc(sizeof(int) * (nr + 1));
     S.grp_start = (int *)malloc(sizeof(int) * (J->nsym + 1));

@@ -36,12 +36,14 @@ import numpy as np
 from isan.engine.guard import MAX_STATE_ABS
 from isan.engine.kernels.streams import StreamModel, run_streams, run_streams_ref
 
-#: Defaults (DESIGN.md section 6 and ``isan bench engine``): a chunk much longer than the ~100-200
-#: characters its correction costs, and enough rows to keep the grouped GEMMs busy.
+#: Defaults (DESIGN.md section 6 and measurements on 2.5M characters, 2 threads): a chunk much
+#: longer than the ~110 characters its correction runs (a pair of rows each, so ~9% extra work at
+#: 1,024 chunks, ~4.5% at 512), and enough rows per thread to keep the grouped GEMMs busy (256
+#: rows a thread scored 1.06M chars/s, 512 rows a thread 0.90M: more correction, no faster GEMMs).
 DEFAULT_RTOL = 1e-6
 DEFAULT_MARGIN = 4.0
 MIN_CHUNK = 1024
-TARGET_ROWS = 1024
+ROWS_PER_THREAD = 256
 CHECK_EVERY = 16
 
 
@@ -78,9 +80,10 @@ class ChunkedReport:
                 "fallback_chunks": self.fallback_chunks}
 
 
-def plan_chunks(lengths: Sequence[int], target_rows: int = TARGET_ROWS, min_chunk: int = MIN_CHUNK) -> list[int]:
-    """How many chunks to cut each text into: enough rows in all for the batched kernel, chunks no
-    shorter than ``min_chunk`` characters (so the correction of each stays a small share)."""
+def plan_chunks(lengths: Sequence[int], target_rows: int = 2 * ROWS_PER_THREAD, min_chunk: int = MIN_CHUNK) -> list[int]:
+    """How many chunks to cut each text into: about ``target_rows`` rows in all for the batched
+    kernel (ROWS_PER_THREAD a thread), chunks no shorter than ``min_chunk`` characters (so the
+    correction of each stays a small share)."""
     lengths = [int(n) for n in lengths]
     total = sum(lengths)
     if total == 0:
@@ -127,7 +130,7 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
     lens = [len(t) for t in texts]
     if any(n == 0 for n in lens):
         raise ValueError("every text must have at least one character")
-    chunks = list(chunks) if chunks is not None else plan_chunks(lens)
+    chunks = list(chunks) if chunks is not None else plan_chunks(lens, target_rows=ROWS_PER_THREAD * max(1, threads))
     ids = np.concatenate([np.asarray(t, dtype=np.int32) for t in texts]) if B else np.zeros(0, np.int32)
     base = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
     # chunk table: text, start (global), length

@@ -175,7 +175,7 @@ def run_streams(model: StreamModel, ids: np.ndarray, start: np.ndarray, length: 
     steps_done = np.zeros(P, dtype=np.int64)
     residual = np.zeros(P, dtype=np.float32)
     diverged = np.zeros(P, dtype=np.int64)
-    Hb = np.empty_like(H)
+    Hb = H.copy()  # the homogeneous coordinate and the padding: the kernel computes only the first d columns
     want = bits is not None
     out_bits = bits if want else np.zeros(0, dtype=np.float64)
     total = nat.run_streams(model.WT_panels, model.RoT_panels, model.K, model.V, model.Vp, model.d, model.dp, ids, start, length,
