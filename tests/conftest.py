@@ -71,3 +71,12 @@ def default_engine():
     if not (default_model_path() / "manifest.json").exists():
         pytest.fail("the default model is not shipped in the package (isan/models/text8-d216)")
     return Engine.default()
+
+
+@pytest.fixture(scope="session")
+def text8_test_ref(default_engine, text8_test):
+    """The float64 reference on the whole test split from h0: (bits (500000,), final state (d,))."""
+    from isan.engine.reference import score_ref
+
+    p = default_engine.params
+    return score_ref(p, default_engine.encode(text8_test).astype(np.int64), p.h0)

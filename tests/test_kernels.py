@@ -237,10 +237,10 @@ def test_chunked_equals_float64_reference(model, default_engine, test_ids, ref_b
         assert rep.fallback_chunks > 0
 
 
-def test_chunked_whole_test_split(model, default_engine, test_ids):
+def test_chunked_whole_test_split(model, default_engine, test_ids, text8_test_ref):
     """The whole text8-10M test split, 1024 chunks, against the float64 reference."""
     p = default_engine.params
-    ref, href = score_ref(p, test_ids.astype(np.int64), p.h0)
+    ref, href = text8_test_ref
     bits, finals, rep, div = score_texts_chunked(model, [test_ids], p.h0[None], chunks=[1024], threads=2)
     assert div == []
     np.testing.assert_allclose(bits[0], ref, atol=BITS_TOL, rtol=0)
@@ -324,3 +324,57 @@ def test_plan_chunks():
     assert plan_chunks([2000] * 256, target_rows=512) == [1] * 256
     assert sum(plan_chunks([100_000, 10], target_rows=1024)) <= 1024
     assert plan_chunks([5000, 5000], target_rows=1024) == [4, 4]  # no chunk under MIN_CHUNK characters
+
+
+def test_engine_long_text_goes_chunked_and_equals_reference(default_engine, text8_test, text8_test_ref):
+    """Engine.score on the whole test split: chunk-parallel (automatic above CHUNKED_MIN_CHARS),
+    exact against the float64 reference, with the report of how it went; score_batch and advance too."""
+    ref, href = text8_test_ref
+    r = default_engine.score(text8_test, per_char=True)
+    assert r.scoring["path"] == "chunked" and r.scoring["chunks"] > 1 and r.scoring["fallback_chunks"] == 0
+    assert 0 < r.scoring["residual"] <= r.scoring["rtol"] / r.scoring["margin"]
+    np.testing.assert_allclose(r.per_char_bits, ref, atol=BITS_TOL, rtol=0)
+    assert abs(r.bits - ref.sum()) <= TOTAL_RTOL * ref.sum()
+    np.testing.assert_allclose(r.state.h, href, rtol=0, atol=1e-4 * np.abs(href).max())
+    one = default_engine.score(text8_test, threads=1)
+    assert abs(one.bits - ref.sum()) <= TOTAL_RTOL * ref.sum()
+    np.testing.assert_allclose(default_engine.advance(text8_test).h, href, rtol=0, atol=1e-4 * np.abs(href).max())
+    texts = [text8_test[:30_000], text8_test[30_000:30_100], text8_test[:25_000]]
+    batch = default_engine.score_batch(texts, per_char=True)
+    np.testing.assert_allclose(batch[0].per_char_bits, ref[:30_000], atol=BITS_TOL, rtol=0)
+    np.testing.assert_allclose(batch[2].per_char_bits, ref[:25_000], atol=BITS_TOL, rtol=0)
+    assert batch[0].scoring["path"] == "chunked"
+
+
+def test_engine_long_text_divergence_names_the_input_offset(default_engine, text8_test):
+    from isan.errors import StateDivergedError
+
+    text = text8_test[:30_000] + "Zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz" + text8_test[30_000:40_000]
+    with pytest.raises(StateDivergedError) as e:
+        default_engine.score(text)
+    assert 30_000 < e.value.offset < 30_030 and "'z'" in str(e.value)
+    assert "chunked" in str(e.value)
+
+
+def test_thread_chooser_follows_speed_and_backs_off():
+    from isan.engine.kernels.sequential import ThreadChooser
+
+    c = ThreadChooser(explore=4, max_explore=64, min_chars=10)
+    assert c.pick(2, 5) == 1  # short calls: one thread
+
+    def run(calls, speed):
+        used = []
+        for _ in range(calls):
+            t = c.pick(2, 100)
+            c.report(t, 100, 100 / speed[t])
+            used.append(t)
+        return used
+
+    # another process holds a core: two threads collapse to 1k chars/s; explorations back off
+    used = run(200, {1: 100_000, 2: 1_000})
+    assert used[:2] == [1, 2]  # both measured first
+    assert 2 <= used[2:].count(2) <= 8  # intervals 4, 8, 16, 32, 64, 64 (without back-off: ~50)
+    assert c.explore == 64
+    # the machine is quiet again: the next exploration finds two threads faster and keeps them
+    used = run(200, {1: 100_000, 2: 170_000})
+    assert used[-50:].count(2) >= 45 and c.explore >= 32  # the one-thread explorations lose: backed off too

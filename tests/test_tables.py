@@ -51,14 +51,15 @@ def test_recipe_is_sensible(recipe):
 
 
 def test_composed_equals_reference_on_the_test_split(engine, text8_test):
-    """Per-character bits within 1e-4, total bits within a relative 1e-6, final state within 1e-4 (rel)."""
+    """Per-character bits within 1e-4, total bits within a relative 1e-6, final state within 1e-4 (rel);
+    the composed path forced (a text this long would otherwise go chunk-parallel)."""
     ref = engine.with_path("reference").score(text8_test, per_char=True)
-    comp = engine.score(text8_test, per_char=True)
-    assert engine.path == "composed" and comp.chars == 500_000
+    comp = engine.score(text8_test, per_char=True, path="composed")
+    assert engine.path == "composed" and comp.chars == 500_000 and comp.scoring == {"path": "composed"}
     np.testing.assert_allclose(comp.per_char_bits, ref.per_char_bits, atol=1e-4, rtol=0)
     assert abs(comp.bits - ref.bits) <= 1e-6 * ref.bits
     assert np.abs(comp.state.h - ref.state.h).max() <= 1e-4 * np.abs(ref.state.h).max()
-    np.testing.assert_allclose(engine.advance(text8_test[:50_000]).h,
+    np.testing.assert_allclose(engine.advance(text8_test[:50_000], path="composed").h,
                                engine.with_path("reference").advance(text8_test[:50_000]).h, rtol=1e-4, atol=1e-5)
 
 
@@ -66,7 +67,7 @@ def test_default_model_composed_equals_reference(default_engine, text8_test):
     assert default_engine.path == "composed", "the default bundle must ship (or build) a table"
     text = text8_test[:100_000]
     ref = default_engine.with_path("reference").score(text, per_char=True)
-    comp = default_engine.score(text, per_char=True)
+    comp = default_engine.score(text, per_char=True, path="composed")
     np.testing.assert_allclose(comp.per_char_bits, ref.per_char_bits, atol=1e-4, rtol=0)
     assert abs(comp.bits - ref.bits) <= 1e-6 * ref.bits
     assert np.abs(comp.state.h - ref.state.h).max() <= 1e-4 * np.abs(ref.state.h).max()
@@ -95,6 +96,8 @@ def test_segmentation_is_greedy_longest_match(engine, text8_valid_head):
     text = text8_valid_head[:3000]
     ids = A8.encode(text)
     starts, lengths, entries = engine._composed.segment(ids)
+    for got, twin in zip((starts, lengths, entries), engine._composed.segment_ref(ids)):  # compiled trie walk vs codes
+        np.testing.assert_array_equal(got, twin)
     i, expect = 0, []
     while i < len(text):
         best = max(t.trie.prefixes(text[i : i + t.max_len]), key=len)
@@ -131,7 +134,7 @@ def test_entries_are_the_composed_maps(engine, params):
         np.testing.assert_allclose(t.Ac[e][:, 16], c, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("group", ["entry", "symbol"])
+@pytest.mark.parametrize("group", ["entry", "symbol", "chunked"])
 def test_batched_scoring_equals_single_streams(engine, text8_test, group):
     texts = [text8_test[i * 997 : i * 997 + 200 + 37 * i] for i in range(40)]
     batch = engine.score_batch(texts, per_char=True, group=group)
@@ -151,7 +154,8 @@ def test_float16_table_tolerance(tmp_path, params, recipe, text8_test):
     assert t16.header["dtype"] == "float16" and (d16 / "Ac.npy").stat().st_size < 0.6 * t16.Ac.nbytes
     eng = Engine(params, A8, {"params_sha256": params.sha256()}, table=t16)
     text = text8_test[:100_000]
-    comp, ref = eng.score(text, per_char=True), eng.with_path("reference").score(text, per_char=True)
+    comp = eng.score(text, per_char=True, path="composed")
+    ref = eng.with_path("reference").score(text, per_char=True)
     assert np.abs(comp.per_char_bits - ref.per_char_bits).max() < 0.02
     assert abs(comp.bits - ref.bits) < 1e-3 * ref.bits
 

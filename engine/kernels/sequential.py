@@ -143,9 +143,10 @@ class ThreadChooser:
             return best
 
     def report(self, threads: int, chars: int, seconds: float) -> None:
-        """Record a call's speed. An exploration that loses by more than 2x doubles the interval
-        to the next one (up to ``max_explore`` calls), so a choice that collapses under load is
-        rarely retried; one that wins resets it."""
+        """Record a call's speed. An exploration that loses doubles the interval to the next one
+        (up to ``max_explore`` calls), so the slower choice, or one that collapses under load, is
+        rarely retried; one that wins resets it. A current choice that slows down is dropped at
+        once, since ``pick`` compares the running speeds."""
         if chars < self.min_chars or seconds <= 0:
             return
         with self._lock:
@@ -155,7 +156,7 @@ class ThreadChooser:
             if self._exploring == threads:
                 self._exploring = None
                 other = 1 if threads != 1 else max(self.speed)
-                if other in self.speed and v * 2 < self.speed[other]:
+                if other in self.speed and v < self.speed[other]:
                     self.explore = min(self.explore * 2, self.max_explore)
-                elif other in self.speed and v > self.speed[other]:
+                elif other in self.speed:
                     self.explore = self.min_explore
