@@ -419,9 +419,11 @@ static void streams_work(void *arg, int tid, int nt) {
                     }
                 }
             }
-            /* the step: this thread's columns of every symbol group */
+            /* the step: this thread's columns of every symbol group, in alternate directions on
+             * alternate rounds so that the matrices used last (still in L2) are used first */
             if (j1 > j0) {
-                for (int x = 0; x < J->nsym; x++) {
+                for (int q = 0; q < J->nsym; q++) {
+                    const int x = (t & 1) ? J->nsym - 1 - q : q;
                     const int g0 = S.grp_start[x], g1 = S.grp_start[x + 1];
                     if (g1 > g0)
                         K->gemm_rows(g1 - g0, S.Aptr + g0, J->WT + (size_t)x * dp * kd, kd, j0, j1, S.Cptr + g0);
