@@ -53,13 +53,12 @@ def median_time(fn, repeats: int) -> tuple[float, list[float]]:
 
 
 #: What `isan bench engine` measures (issue "The fast engine"); sizes in characters.
-LONG_CHARS = 2_500_000
-STREAM_CHUNK = 1_000
-STREAM_CHARS = 300_000
-BATCH_TEXTS, BATCH_LEN = 256, 2_000
-REF_CHARS = 100_000
-PEER_STREAM_CHARS = 20_000
-PEER_BATCH, PEER_BATCH_LEN = 256, 200
+SIZES = {"long": 2_500_000, "stream_chunk": 1_000, "stream": 300_000, "batch_texts": 256, "batch_len": 2_000,
+         "ref": 100_000, "peer_stream": 20_000, "peer_batch": 256, "peer_batch_len": 200}
+#: A quick run (`isan bench engine --quick`, and the test of the benchmark itself).
+QUICK_SIZES = {"long": 60_000, "stream_chunk": 1_000, "stream": 20_000, "batch_texts": 16, "batch_len": 2_000,
+               "ref": 10_000, "peer_stream": 2_000, "peer_batch": 16, "peer_batch_len": 100}
+STREAM_CHUNK = SIZES["stream_chunk"]
 
 
 def _ortho_flops(d: int, V: int) -> float:
@@ -68,7 +67,8 @@ def _ortho_flops(d: int, V: int) -> float:
 
 
 def bench_engine(model: str | None, data: str | Path, repeats: int = 3, threads: int | None = None,
-                 peers: bool = True, log=print, progress: bool = True) -> dict:
+                 peers: bool = True, log=print, progress: bool = True, sizes: dict | None = None,
+                 startup: bool = True) -> dict:
     """Everything `isan bench engine` reports, measured in this process (medians of ``repeats``).
 
     Rows (chars/s and the ratio against the per-character float64 reference run in the same
@@ -80,8 +80,9 @@ def bench_engine(model: str | None, data: str | Path, repeats: int = 3, threads:
     Python module is installed, built with MAX_ORDER >= 8). Facts: start-up of `isan score` after
     first use, resident memory, the table, exactness on the first 100,000 characters against
     the reference, and where the time goes (GFLOP/s against the FLOP bound, GB/s drawn by the
-    sequential path).
+    sequential path). ``sizes`` overrides :data:`SIZES` (e.g. :data:`QUICK_SIZES`).
     """
+    sz = {**SIZES, **(sizes or {})}
     import subprocess
     import tempfile
 
@@ -98,7 +99,7 @@ def bench_engine(model: str | None, data: str | Path, repeats: int = 3, threads:
     first_load = time.perf_counter() - t0
     if eng.table is None:
         raise SystemExit(f"{src} has no trie table; build one with `isan export` or `isan table build`")
-    unseen = read_text8_split(data, "unseen")[:LONG_CHARS]
+    unseen = read_text8_split(data, "unseen")[: sz["long"]]
     ids = eng.encode(unseen)
     n = len(ids)
     ref = eng.with_path("reference")
@@ -119,7 +120,7 @@ def bench_engine(model: str | None, data: str | Path, repeats: int = 3, threads:
         return med
 
     # 1. the per-character float64 reference (the baseline of every ratio)
-    ref_ids = ids[:REF_CHARS]
+    ref_ids = ids[: sz["ref"]]
     ref_result = {}
 
     def run_ref():
@@ -134,17 +135,18 @@ def bench_engine(model: str | None, data: str | Path, repeats: int = 3, threads:
     def run_long(th=threads):
         long_result["r"] = eng.score(ids, per_char=True, normalize="none", threads=th)
 
-    add("long text (2.5M chars, chunk-parallel)", n, run_long)
+    long_name = f"long text ({n:,} unseen chars, chunk-parallel)"
+    add(long_name, n, run_long)
     r = long_result["r"]
-    err = np.abs(r.per_char_bits[:REF_CHARS] - ref_result["r"].per_char_bits)
-    facts["long_text"] = {"scoring": r.scoring, "max_abs_bits_vs_reference_first_100k": float(err.max()),
-                          "bpc": r.bpc, "threads": threads}
+    err = np.abs(r.per_char_bits[: len(ref_ids)] - ref_result["r"].per_char_bits)
+    facts["long_text"] = {"scoring": r.scoring, "max_abs_bits_vs_reference": float(err.max()),
+                          "reference_chars": len(ref_ids), "bpc": r.bpc, "threads": threads}
     bar.update()
     add("long text, 1 thread", n, lambda: run_long(1))
     bar.update()
 
     # 3. streaming in 1,000-character chunks through the composed table (float32, then float16)
-    chunks = [ids[i : i + STREAM_CHUNK] for i in range(0, min(n, STREAM_CHARS), STREAM_CHUNK)]
+    chunks = [ids[i : i + sz["stream_chunk"]] for i in range(0, min(n, sz["stream"]), sz["stream_chunk"])]
 
     def run_stream(e):
         st = e.initial_state()
@@ -166,22 +168,22 @@ def bench_engine(model: str | None, data: str | Path, repeats: int = 3, threads:
         med16 = add("streaming, 1,000-char chunks, float16 table", nstream, lambda: run_stream(eng16))
         r16 = eng16.score(ref_ids, per_char=True, normalize="none", path="composed")
         facts["streaming"]["gb_per_s_f16"] = bytes_per_char / 2 * nstream / med16 / 1e9
-        facts["streaming"]["float16_max_abs_bits_vs_reference_first_100k"] = float(
+        facts["streaming"]["float16_max_abs_bits_vs_reference"] = float(
             np.abs(r16.per_char_bits - ref_result["r"].per_char_bits).max())
         del eng16
     bar.update()
 
     # 4. 256 texts of 2,000 characters, batched
-    texts = [ids[i * BATCH_LEN : (i + 1) * BATCH_LEN] for i in range(BATCH_TEXTS)]
-    add(f"batched, {BATCH_TEXTS} texts of {BATCH_LEN:,} chars", BATCH_TEXTS * BATCH_LEN,
-        lambda: eng.score_batch(texts, normalize="none", threads=threads))
+    bt, bl = sz["batch_texts"], sz["batch_len"]
+    texts = [ids[i * bl : (i + 1) * bl] for i in range(bt)]
+    add(f"batched, {bt} texts of {bl:,} chars", bt * bl, lambda: eng.score_batch(texts, normalize="none", threads=threads))
     bar.update()
 
     # 5. ingestion without readout
-    add("ingest (2.5M chars, no readout)", n, lambda: eng.advance(ids, normalize="none", threads=threads))
+    add(f"ingest ({n:,} chars, no readout)", n, lambda: eng.advance(ids, normalize="none", threads=threads))
     bar.update()
     flops = _ortho_flops(d, V)
-    lt = raw["long text (2.5M chars, chunk-parallel)"]
+    lt = raw[long_name]
     facts["long_text"]["gflops"] = flops * n * (1 + r.scoring.get("extra_fraction", 0.0)) / lt["median_s"] / 1e9
     facts["long_text"]["flops_per_char"] = flops
     facts["long_text"]["flop_bound_chars_per_s_at_100_gflops_per_core"] = 100e9 * threads / flops
@@ -190,7 +192,7 @@ def bench_engine(model: str | None, data: str | Path, repeats: int = 3, threads:
     peer_rows = []
     if peers:
         try:
-            peer_rows += _bench_onnx_lstm(ids, repeats, log)
+            peer_rows += _bench_onnx_lstm(ids, repeats, log, sz)
         except ImportError as e:  # the onnx or train extra is missing
             facts["onnx_lstm"] = f"not run: {e}"
         bar.update()
@@ -208,12 +210,12 @@ def bench_engine(model: str | None, data: str | Path, repeats: int = 3, threads:
     # 7. start-up of `isan score` after first use, and memory
     probe = unseen[:1000]
     times = []
-    for _ in range(max(3, repeats)):
+    for _ in range(max(3, repeats) if startup else 0):
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "isan.cli", "score", "--json", "-"] + (["--model", str(model)] if model else []),
                        input=probe, capture_output=True, text=True, check=True)
         times.append(time.perf_counter() - t0)
-    facts["startup_s"] = statistics.median(times)
+    facts["startup_s"] = statistics.median(times) if times else None
     t0 = time.perf_counter()
     Engine.load(src)
     facts["load_s_in_process"] = time.perf_counter() - t0
@@ -244,7 +246,7 @@ def _float16_engine(eng, out: Path):
     return Engine(eng.params32, eng.alphabet, eng.manifest, source=str(out), table=table16)
 
 
-def _bench_onnx_lstm(ids: np.ndarray, repeats: int, log) -> list[dict]:
+def _bench_onnx_lstm(ids: np.ndarray, repeats: int, log, sz: dict) -> list[dict]:
     """onnxruntime (CPU) running an LSTM of the shipped ISAN's parameter count (548 units, random
     weights: the cost does not depend on them), streaming one text and batching 256 streams."""
     import tempfile
@@ -266,15 +268,16 @@ def _bench_onnx_lstm(ids: np.ndarray, repeats: int, log) -> list[dict]:
                                 hook=onnx_hook)
         r = OnnxRunner.load(lstm_dir, device="cpu")
         s0 = r.initial_state()
-        x = ids[:PEER_STREAM_CHARS]
+        x = ids[: sz["peer_stream"]]
         med, _ = median_time(lambda: r.score_ids(x, s0), repeats)
         n_params = int(sum(v.size for v in tensors.values()))
         out.append({"name": f"peer: onnxruntime LSTM {lstm.d} units ({n_params:,} params), streaming", "chars": len(x),
                     "chars_per_s": len(x) / med, "provider": r.provider})
-        texts = [ids[i * PEER_BATCH_LEN : (i + 1) * PEER_BATCH_LEN] for i in range(PEER_BATCH)]
+        pb, pl = sz["peer_batch"], sz["peer_batch_len"]
+        texts = [ids[i * pl : (i + 1) * pl] for i in range(pb)]
         med, _ = median_time(lambda: r.score_batch(texts), repeats)
-        out.append({"name": f"peer: onnxruntime LSTM, batched {PEER_BATCH} streams", "chars": PEER_BATCH * PEER_BATCH_LEN,
-                    "chars_per_s": PEER_BATCH * PEER_BATCH_LEN / med, "provider": r.provider})
+        out.append({"name": f"peer: onnxruntime LSTM, batched {pb} streams", "chars": pb * pl,
+                    "chars_per_s": pb * pl / med, "provider": r.provider})
     for o in out:
         log(f"  {o['name']}: {o['chars_per_s']:,.0f} chars/s")
     return out
@@ -347,14 +350,15 @@ def markdown(result: dict) -> str:
     lines += ["", "| fact | value |", "|---|---|",
               f"| long text: chunks, extra work, residual | {sc.get('chunks')}, {sc.get('extra_fraction', 0):.1%}, "
               f"{sc.get('residual', 0):.1e} (stop at rtol {sc.get('rtol')} / margin {sc.get('margin')}) |",
-              f"| long text: max bits/char from the float64 reference (first 100k) | {lt['max_abs_bits_vs_reference_first_100k']:.1e} |",
+              f"| long text: max bits/char from the float64 reference (first {lt['reference_chars']:,} chars) | {lt['max_abs_bits_vs_reference']:.1e} |",
               f"| long text: GFLOP/s ({lt['flops_per_char'] / 1e3:.0f} kFLOP a character) | {lt['gflops']:.0f} |",
               f"| streaming: average match, bytes read a character (float32) | {sm.get('avg_match_length', 0):.2f}, "
               f"{sm.get('bytes_read_per_char_f32', 0) / 1e3:.0f} KB |",
               f"| streaming: bandwidth drawn (float32 / float16) | {sm.get('gb_per_s_f32', 0):.1f} / {sm.get('gb_per_s_f16', 0):.1f} GB/s |",
-              f"| float16 table: max bits/char from the reference (first 100k) | {sm.get('float16_max_abs_bits_vs_reference_first_100k', float('nan')):.3f} |",
+              f"| float16 table: max bits/char from the reference | {sm.get('float16_max_abs_bits_vs_reference', float('nan')):.3f} |",
               f"| table | {sm.get('table_entries', 0):,} entries, {sm.get('table_bytes', 0) / 2**20:.0f} MiB |",
-              f"| start-up of `isan score` (process, after first use) | {f['startup_s']:.2f} s |",
+              f"| start-up of `isan score` (process, after first use) | "
+              + (f"{f['startup_s']:.2f} s |" if f.get("startup_s") is not None else "not measured |"),
               f"| resident memory (now / peak) | {f['rss_mib']:.0f} MiB / {f['peak_rss_mib']:.0f} MiB |"]
     for k in ("onnx_lstm", "kenlm"):
         if isinstance(f.get(k), str):

@@ -494,20 +494,21 @@ def bench():
 @click.option("--threads", type=int, default=None, help="Threads for the compiled kernels (default: all this process may use).")
 @click.option("--peers/--no-peers", default=True, show_default=True,
               help="Also run onnxruntime's LSTM of equal parameters and KenLM (where installed).")
+@click.option("--quick", is_flag=True, help="Small sizes (60,000 characters of long text): a check that it runs, not a measurement.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.option("--out", default=None, help="Write the JSON results here (nothing is written without it).")
 @friendly
-def bench_engine_cmd(model, data, repeats, threads, peers, progress, out):
+def bench_engine_cmd(model, data, repeats, threads, peers, quick, progress, out):
     """Long-text (2.5M unseen characters, chunk-parallel), streaming (1,000-character chunks, float32
     and float16 tables), batched (256 x 2,000) and ingestion throughput against the per-character
     reference in the same process, with onnxruntime's LSTM and KenLM as peers; start-up, memory,
     exactness and where the time goes."""
-    from isan.engine.bench import bench_engine, markdown, write_json
+    from isan.engine.bench import QUICK_SIZES, bench_engine, markdown, write_json
 
     if threads is not None and threads < 1:
         raise UserError(f"--threads must be at least 1; got {threads}")
     result = bench_engine(model, data, repeats=repeats, threads=threads, peers=peers, progress=progress,
-                          log=lambda m: click.echo(m, err=True))
+                          log=lambda m: click.echo(m, err=True), sizes=QUICK_SIZES if quick else None)
     click.echo(markdown(result))
     if out:
         write_json(result, out)
@@ -550,7 +551,7 @@ def bench_budgets_cmd(model, data, budgets, dtypes, chars, repeats, threads, out
 @click.option("--reference/--no-reference", default=True, show_default=True,
               help="Also time the baselines' per-step loop (forward_reference).")
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's).")
-@click.option("--out", default="bench_results/train.json", show_default=True)
+@click.option("--out", default=None, help="Write the JSON results here (nothing is written without it).")
 @friendly
 def bench_train_cmd(data, budgets, models, batch, steps, repeats, reference, threads, out):
     """Training throughput (chars/s of forward+backward+Adam) of each Table 1 model at each budget (needs torch)."""
@@ -580,9 +581,11 @@ def bench_train_cmd(data, budgets, models, batch, steps, repeats, reference, thr
     ids = Alphabet.text8().encode(read_text8_split(data, "train")[:2_000_000]).astype(np.int64)
     result = bench_train(ids, **chosen, batch=batch, steps=steps, repeats=repeats, reference=reference,
                          threads=threads, log=lambda m: click.echo(m, err=True))
-    write_json(result, out)
+    if out:
+        write_json(result, out)
     click.echo(markdown_train(result))
-    click.echo(f"\nwrote {out}")
+    if out:
+        click.echo(f"\nwrote {out}")
 
 
 @bench.command("onnx")
@@ -590,7 +593,7 @@ def bench_train_cmd(data, budgets, models, batch, steps, repeats, reference, thr
 @click.option("--repeats", type=int, default=3, show_default=True)
 @click.option("--batch", type=int, default=64, show_default=True, help="Streams in the batched measurement.")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True)
-@click.option("--out", default="bench_results/onnx.json", show_default=True)
+@click.option("--out", default=None, help="Write the JSON results here (nothing is written without it).")
 @friendly
 def bench_onnx_cmd(data, repeats, batch, device, out):
     """onnxruntime: ISAN d=216 vs an LSTM of equal parameters (548 units): step latency, streaming, batched."""
@@ -599,9 +602,11 @@ def bench_onnx_cmd(data, repeats, batch, device, out):
 
     result = bench_onnx(read_text8_split(data, "test"), repeats=repeats, batch=batch, device=device,
                         log=lambda m: click.echo(m, err=True))
-    write_json(result, out)
+    if out:
+        write_json(result, out)
     click.echo(markdown_onnx(result))
-    click.echo(f"\nwrote {out}")
+    if out:
+        click.echo(f"\nwrote {out}")
 
 
 @bench.command("serve")

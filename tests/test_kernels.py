@@ -378,3 +378,20 @@ def test_thread_chooser_follows_speed_and_backs_off():
     # the machine is quiet again: the next exploration finds two threads faster and keeps them
     used = run(200, {1: 100_000, 2: 170_000})
     assert used[-50:].count(2) >= 45 and c.explore >= 32  # the one-thread explorations lose: backed off too
+
+
+def test_bench_engine_runs_and_is_exact(text8_path):
+    """`isan bench engine --quick` in process: every row is measured, and its exactness facts hold
+    (the benchmark times; this checks what it reports, not the speed)."""
+    from isan.engine.bench import QUICK_SIZES, bench_engine, markdown
+
+    r = bench_engine(None, text8_path, repeats=1, peers=False, progress=False, log=lambda m: None, sizes=QUICK_SIZES,
+                     startup=False)
+    names = [row["name"] for row in r["rows"]]
+    assert names[0] == "reference" and len(names) == 7
+    assert all(row["chars_per_s"] > 0 and np.isfinite(row["ratio"]) for row in r["rows"])
+    f = r["facts"]
+    assert f["long_text"]["scoring"]["path"] == "chunked"
+    assert f["long_text"]["max_abs_bits_vs_reference"] < BITS_TOL
+    assert f["streaming"]["float16_max_abs_bits_vs_reference"] < 0.02
+    assert "| measurement |" in markdown(r)
