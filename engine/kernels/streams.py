@@ -33,8 +33,11 @@ from isan.params import ISANParams
 
 LOG2E = 1.0 / np.log(2.0)
 
-#: With at least this many rows, threads split the rows rather than the columns (``isan bench engine``).
-SPLIT_ROWS_ABOVE = 512
+#: With at least this many rows per thread, threads split the rows (each runs its own block alone,
+#: no barrier), otherwise the columns of every GEMM (a barrier every round). Splitting the columns
+#: is as fast on a quiet machine but collapses when another process holds a core (each barrier
+#: waits for a time slice), so rows are split whenever every thread gets one.
+SPLIT_ROWS_ABOVE = 1
 
 
 def padded(n: int, to: int = 16) -> int:
@@ -156,7 +159,7 @@ def run_streams(model: StreamModel, ids: np.ndarray, start: np.ndarray, length: 
         threads: threads sharing the work.
         split: ``"cols"`` (every thread computes a slice of the columns of every symbol group, one
             barrier a round), ``"rows"`` (each thread runs its own block of rows alone) or
-            ``"auto"`` (columns below SPLIT_ROWS_ABOVE rows, else rows; measured by ``isan bench engine``).
+            ``"auto"`` (rows when every thread gets SPLIT_ROWS_ABOVE rows, else columns).
     Returns:
         StreamsResult.
     Raises:
@@ -169,7 +172,7 @@ def run_streams(model: StreamModel, ids: np.ndarray, start: np.ndarray, length: 
         return run_streams_ref(model, ids, start, length, H, bits, pairs, stop_ratio, check_every, limit, threads, split)
     P = _check(model, ids, start, length, H, bits, pairs)
     if split == "auto":
-        split = "cols" if (2 * P if pairs else P) < SPLIT_ROWS_ABOVE else "rows"
+        split = "rows" if P >= SPLIT_ROWS_ABOVE * max(1, threads) else "cols"
     if split not in ("cols", "rows"):
         raise ValueError(f"split must be 'cols', 'rows' or 'auto'; got {split!r}")
     steps_done = np.zeros(P, dtype=np.int64)

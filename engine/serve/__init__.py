@@ -1,0 +1,30 @@
+"""``isan-serve``: HTTP and WebSocket scoring with continuous batching (the ``serve`` extra).
+
+* :mod:`~isan.engine.serve.config`: the limits (:class:`ServeConfig`);
+* :mod:`~isan.engine.serve.models`: request and response models (pydantic, the OpenAPI schema);
+* :mod:`~isan.engine.serve.scheduler`: the batching scheduler (rounds of ``Engine.score_batch``);
+* :mod:`~isan.engine.serve.budget`: the memory bound; :mod:`~isan.engine.serve.snapshot`: signed states;
+* :mod:`~isan.engine.serve.service`: one text from request to answer; :mod:`~isan.engine.serve.app`:
+  the FastAPI app (thin: parse, call, format); :mod:`~isan.engine.serve.cli`: ``isan-serve``;
+* :mod:`~isan.engine.serve.loadgen`: the load benchmark behind ``isan bench serve``.
+
+Importing this package needs only click; :func:`create_app` imports FastAPI.
+"""
+
+from isan.engine.serve.config import DEFAULT_MAX_CHARS, ServeConfig  # noqa: F401
+
+
+def create_app(engine, max_chars: int = DEFAULT_MAX_CHARS, config: ServeConfig | None = None):
+    """The ASGI app (see :func:`isan.engine.serve.app.create_app`)."""
+    from isan.engine.serve.app import create_app as _create
+
+    return _create(engine, max_chars=max_chars, config=config)
+
+
+def main(*args, **kwargs):
+    from isan.engine.serve.cli import main as _main
+
+    return _main(*args, **kwargs)
+
+
+__all__ = ["DEFAULT_MAX_CHARS", "ServeConfig", "create_app", "main"]

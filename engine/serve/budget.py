@@ -1,0 +1,97 @@
+"""The memory bound of the server: one budget of estimated bytes shared by every client.
+
+What counts (estimates measured with ``isan bench serve``, see :func:`job_bytes`):
+
+* a request body while it is read: its bytes (Content-Length is reserved before reading);
+* a stream frame read ahead of its answer: its bytes;
+* an admitted text while it is normalised: :func:`prepare_bytes` (the normaliser's peak);
+* an admitted text from then until its answer has been sent: :func:`job_bytes` of it (the text,
+  its symbol ids and input offsets, and with ``per_char`` the bits and the JSON answer).
+
+A reservation that does not fit is refused (the caller answers 503 with ``Retry-After``), so the
+server never holds more than the budget of request data, however many clients there are.
+"""
+
+from __future__ import annotations
+
+import threading
+
+#: bytes per character of an admitted text: the str (1-4 bytes, counted as 4), ids (int32) and input
+#: offsets (int32); with per_char, the float64 bits and the JSON answer (about 29 bytes a character).
+BYTES_PER_CHAR = 12
+BYTES_PER_CHAR_PER_CHAR = 12 + 8 + 32
+#: fixed cost of one job (objects, the JSON answer around the numbers)
+BYTES_PER_JOB = 4096
+
+
+#: bytes per input character while a text is normalised and mapped to ids: the text8 normaliser
+#: peaks at 63 bytes a character on Shakespeare (tracemalloc; 20 on text8 itself)
+BYTES_PER_CHAR_PREPARE = 64
+
+
+def prepare_bytes(chars: int) -> int:
+    """The estimated peak memory of normalising a text of ``chars`` characters."""
+    return BYTES_PER_JOB + chars * BYTES_PER_CHAR_PREPARE
+
+
+def job_bytes(chars: int, per_char: bool) -> int:
+    """The estimated peak memory of one admitted text of ``chars`` characters."""
+    return BYTES_PER_JOB + chars * (BYTES_PER_CHAR_PER_CHAR if per_char else BYTES_PER_CHAR)
+
+
+class Budget:
+    """A thread-safe counter of reserved bytes with a limit.
+
+    Example:
+        >>> b = Budget(100)
+        >>> b.try_reserve(60), b.try_reserve(60), b.used
+        (True, False, 60)
+    """
+
+    def __init__(self, limit: int):
+        self.limit = int(limit)
+        self.used = 0
+        self.peak = 0
+        self._lock = threading.Lock()
+
+    def try_reserve(self, n: int) -> bool:
+        """Reserve ``n`` bytes if they fit; False (and nothing reserved) if not."""
+        n = int(n)
+        with self._lock:
+            if self.used + n > self.limit:
+                return False
+            self.used += n
+            self.peak = max(self.peak, self.used)
+            return True
+
+    def release(self, n: int) -> None:
+        with self._lock:
+            self.used = max(0, self.used - int(n))
+
+
+class Reservation:
+    """Bytes held in a :class:`Budget` by one request; ``release()`` is idempotent, ``resize`` grows or shrinks."""
+
+    def __init__(self, budget: Budget):
+        self.budget = budget
+        self.bytes = 0
+
+    def grow(self, n: int) -> bool:
+        if n <= 0:
+            return True
+        if not self.budget.try_reserve(n):
+            return False
+        self.bytes += n
+        return True
+
+    def resize(self, n: int) -> bool:
+        """Hold exactly ``n`` bytes (False, holding what it held, if growing does not fit)."""
+        if n > self.bytes:
+            return self.grow(n - self.bytes)
+        self.budget.release(self.bytes - n)
+        self.bytes = n
+        return True
+
+    def release(self) -> None:
+        self.budget.release(self.bytes)
+        self.bytes = 0

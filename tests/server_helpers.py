@@ -1,0 +1,64 @@
+"""Helpers of the server tests: a real uvicorn server in a thread, a free port, an engine that waits."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from contextlib import contextmanager
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def running(app, ws_max_size: int = 1 << 22):
+    """Serve ``app`` with uvicorn on a free localhost port in a thread; yields ``"127.0.0.1:PORT"``."""
+    import uvicorn
+
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", ws_max_size=ws_max_size,
+                                        ws_per_message_deflate=False))
+    th = threading.Thread(target=srv.run, daemon=True)
+    th.start()
+    deadline = time.time() + 30
+    while not srv.started:
+        assert th.is_alive() and time.time() < deadline, "server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        th.join(15)
+
+
+class SlowEngine:
+    """An engine whose batched and single scoring first wait: ``delay_s`` each call, and while
+    ``gate`` is clear. Everything else is the wrapped engine's."""
+
+    def __init__(self, engine, delay_s: float = 0.0):
+        self._engine = engine
+        self.delay_s = delay_s
+        self.gate = threading.Event()
+        self.gate.set()
+        self.calls = 0
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def _wait(self):
+        self.calls += 1
+        self.gate.wait(60)
+        if self.delay_s:
+            time.sleep(self.delay_s)
+
+    def score_batch(self, *args, **kwargs):
+        self._wait()
+        return self._engine.score_batch(*args, **kwargs)
+
+    def score(self, *args, **kwargs):
+        self._wait()
+        return self._engine.score(*args, **kwargs)

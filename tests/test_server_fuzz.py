@@ -1,0 +1,185 @@
+"""Fuzzing the server: schemathesis over the OpenAPI schema of the HTTP API, and hypothesis over
+WebSocket frames, each answer checked against the library (a differential test).
+
+Bounded for CI (about 20 s on 2 cores): ``FUZZ_EXAMPLES`` examples per HTTP operation and
+``WS_EXAMPLES`` streams of up to 8 frames. ``ISAN_FUZZ_EXAMPLES`` raises both for a longer run.
+"""
+
+import json
+import math
+import os
+
+import pytest
+
+pytest.importorskip("fastapi")
+schemathesis = pytest.importorskip("schemathesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from websockets.sync.client import connect  # noqa: E402
+
+from isan.engine.serve import ServeConfig, create_app  # noqa: E402
+from isan.errors import IsanError  # noqa: E402
+from server_helpers import running  # noqa: E402
+
+FUZZ_EXAMPLES = int(os.environ.get("ISAN_FUZZ_EXAMPLES", "120"))
+WS_EXAMPLES = int(os.environ.get("ISAN_FUZZ_EXAMPLES", "60"))
+CALLS = {"http": 0, "ws_frames": 0}
+
+# Schema-valid requests may still be unscorable (characters outside the alphabet with
+# normalize="none", a diverging state, nothing left after normalisation: 400/422), and a snapshot
+# that is well-formed base64url but not signed by this server is 403: the schema cannot say these.
+CONFIG = """
+[checks.negative_data_rejection]
+expected-statuses = [400, 403, 409, 413, 422]
+[checks.positive_data_acceptance]
+expected-statuses = [200, 400, 403, 409, 413, 422]
+"""
+
+
+def _strict_json(text: str):
+    """json.loads that refuses NaN and Infinity (JSON has neither)."""
+    def bad(c):
+        raise ValueError(f"non-JSON constant {c}")
+
+    return json.loads(text, parse_constant=bad)
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(default_engine):
+    app = create_app(default_engine, config=ServeConfig(max_chars=3000))
+    with running(app) as addr:
+        yield addr, default_engine
+
+
+@pytest.fixture
+def api_schema(fuzz_server):
+    from schemathesis.config import SchemathesisConfig
+
+    addr, _ = fuzz_server
+    return schemathesis.openapi.from_url(f"http://{addr}/openapi.json", config=SchemathesisConfig.from_str(CONFIG))
+
+
+schema = schemathesis.pytest.from_fixture("api_schema")
+
+
+def one_error_shape(ctx, response, case):
+    """Every answer is strict JSON (or Prometheus text); every 4xx/5xx is {"error", "status"}."""
+    CALLS["http"] += 1
+    if response.headers.get("content-type", [""])[0].startswith("text/plain"):
+        return
+    body = _strict_json(response.text)
+    assert "Traceback" not in response.text
+    if response.status_code >= 400:
+        assert isinstance(body.get("error"), str) and body["error"] and body.get("status") == response.status_code
+        assert response.status_code < 500, response.text
+
+
+@schema.parametrize()
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+def test_http_api_against_its_schema(case):
+    """Generated requests (valid and invalid per the schema): no 5xx, answers conform to the
+    documented schemas and statuses, one error shape."""
+    case.call_and_validate(additional_checks=[one_error_shape])
+
+
+# ---- WebSocket frames, checked against the library ------------------------------------------
+_TEXT = st.text(alphabet=st.sampled_from(list("abcdefghij klmnopqrstuvwxyzABCZ.,\n19é\x00\t")) | st.characters(),
+                max_size=60)
+_JSON = st.recursive(st.none() | st.booleans() | st.integers(-5, 40) | st.floats(allow_nan=False) | st.text(max_size=5),
+                     lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3),
+                     max_leaves=6)
+_OPTIONS = st.fixed_dictionaries({}, optional={
+    "per_char": st.booleans() | _JSON,
+    "unknown": st.sampled_from(["error", "skip", "replace", "drop"]),
+    "replacement": st.sampled_from([" ", "a", "Z", ""]),
+    "normalize": st.sampled_from(["auto", "none", "text8", "text8-v1", "bogus"]),
+    "top_k": st.integers(-1, 30),
+    "return_state": st.booleans(),
+})
+_FRAME = st.one_of(
+    st.builds(lambda t, o: {"text": t, **o}, _TEXT, _OPTIONS),
+    st.builds(lambda t, o: {"text": t, **o}, _TEXT, _OPTIONS),  # text frames twice as often
+    st.just({"reset": True}),
+    st.just({"snapshot": True}),
+    st.just("RESTORE"),  # restore a snapshot taken earlier in this stream (or a corrupt one)
+    st.dictionaries(st.sampled_from(["text", "reset", "restore", "snapshot", "bogus", "top_k"]), _JSON, max_size=3),
+    st.text(max_size=20),  # not JSON, or JSON that is not an object
+    st.binary(max_size=20),  # binary frames are refused
+)
+
+
+def _options_valid(frame: dict) -> bool:
+    """Whether the frame's options are ones the server accepts (then it answers as the library)."""
+    return (isinstance(frame.get("per_char", False), bool) and isinstance(frame.get("return_state", False), bool)
+            and isinstance(frame.get("snapshot", False), bool) and frame.get("unknown", "error") in ("error", "skip", "replace")
+            and frame.get("normalize", "auto") in ("auto", "none", "text8", "text8-v1")
+            and frame.get("replacement") in (None, " ") + tuple("abcdefghijklmnopqrstuvwxyz")
+            and type(frame.get("top_k", 0)) is int and 0 <= frame.get("top_k", 0) <= 27
+            and isinstance(frame.get("restore", ""), str) and not (frame.get("reset") is True and "restore" in frame)
+            and not set(frame) - {"text", "per_char", "unknown", "replacement", "normalize", "top_k", "return_state",
+                                  "reset", "restore", "snapshot"})
+
+
+@settings(max_examples=WS_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(frames=st.lists(_FRAME, min_size=1, max_size=8), corrupt=st.booleans())
+def test_stream_frames_match_the_library(fuzz_server, frames, corrupt):
+    """Any sequence of frames: each gets one strict-JSON answer, in order; an error frame leaves the
+    state as it was; a scored frame has the bits of ``Engine.score`` from the same state (float32
+    rounding), the same normalisation report, and running totals that add up; text the library
+    refuses is refused with the library's status."""
+    from isan.engine.serve.errors import status_of
+
+    addr, eng = fuzz_server
+    state = eng.initial_state()
+    tokens = {}
+    with connect(f"ws://{addr}/v1/stream", max_size=None) as ws:
+        for frame in frames:
+            if frame == "RESTORE":
+                if not tokens:
+                    continue
+                tok = list(tokens)[-1]
+                frame = {"restore": tok[:-3] + "AAA" if corrupt else tok}
+            ws.send(frame if isinstance(frame, (str, bytes)) else json.dumps(frame))
+            ans = _strict_json(ws.recv(timeout=60))
+            CALLS["ws_frames"] += 1
+            assert isinstance(ans, dict)
+            # what the library says, from the state the frame starts from
+            base, lib, lib_error = state, None, None
+            # a lone surrogate (\ud800) is no Unicode character: the server's JSON parser refuses it (400)
+            lone = isinstance(frame, dict) and any(0xD800 <= ord(c) <= 0xDFFF
+                                                   for c in json.dumps(frame, ensure_ascii=False))
+            valid = isinstance(frame, dict) and _options_valid(frame) and not lone
+            if valid and frame.get("reset") is True:
+                base = eng.initial_state()
+            if valid and "restore" in frame:
+                base = tokens.get(frame["restore"])
+            if valid and base is not None and isinstance(frame.get("text"), str):
+                try:
+                    lib = eng.score(frame["text"], state=base, per_char=True, unknown=frame.get("unknown", "error"),
+                                    replacement=frame.get("replacement"), normalize=frame.get("normalize", "auto"))
+                except IsanError as e:
+                    lib_error = e
+            if "error" in ans:
+                assert isinstance(ans["error"], str) and 400 <= ans["status"] < 500, ans
+                if lib_error is not None and not (frame.get("unknown") == "replace" and frame.get("replacement") is None):
+                    assert ans["status"] == status_of(lib_error), (frame, ans, lib_error)
+                continue  # the state is unchanged (the next scored frame checks it)
+            assert isinstance(frame, dict) and lib_error is None, (frame, ans, lib_error)
+            assert base is not None, (frame, ans)
+            state = base
+            if "text" in frame:
+                assert lib is not None, (frame, ans)
+                assert ans["chars"] == lib.chars and ans["normalization"] == lib.normalization
+                assert ans["bits"] == pytest.approx(lib.bits, rel=1e-6, abs=1e-4)
+                assert ans["bpc"] is None if lib.chars == 0 else math.isfinite(ans["bpc"])
+                state = lib.state
+            assert ans["total_chars"] == state.chars
+            assert ans["total_bits"] == pytest.approx(state.bits, rel=1e-6, abs=1e-4)
+            if "state" in ans:
+                tokens[ans["state"]] = state
+
+
+def test_fuzz_counts():
+    """Records how much the fuzzers above ran (printed with -s; the README quotes it)."""
+    print(f"\nfuzz: {CALLS['http']} HTTP calls checked by schemathesis, {CALLS['ws_frames']} WebSocket frames")
+    assert CALLS["http"] + CALLS["ws_frames"] > 0
