@@ -99,7 +99,7 @@ class Normalizer:
     def to_manifest(self) -> dict:
         return {"name": self.name, "version": self.version}
 
-    def apply(self, text: str, context: str = "") -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
+    def apply(self, text: str, context: str = "") -> tuple[str, np.ndarray, np.ndarray | None, np.ndarray | None]:
         """Normalise ``text``.
 
         Args:
@@ -108,10 +108,10 @@ class Normalizer:
         Returns:
             (normalised text; offsets int64 (len(normalised),): the input offset each output
             character came from; changed bool (len(text),): input characters replaced by
-            something else; dropped bool (len(text),): input characters that left nothing).
+            something else; dropped bool (len(text),): input characters that left nothing;
+            changed and dropped are None when nothing changed).
         """
-        n = len(text)
-        return text, np.arange(n, dtype=np.int64), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+        return text, np.arange(len(text), dtype=np.int64), None, None
 
 
 class _Text8V1(Normalizer):
@@ -120,7 +120,7 @@ class _Text8V1(Normalizer):
     _WORD_LEN = np.array([len(w) for w in DIGIT_WORDS], dtype=np.int64)
     _WORD_TABLE = np.array([[ord(c) for c in w.ljust(7)] for w in DIGIT_WORDS], dtype=np.uint32)
 
-    def apply(self, text: str, context: str = "") -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
+    def apply(self, text: str, context: str = "") -> tuple[str, np.ndarray, np.ndarray | None, np.ndarray | None]:
         n = len(text)
         if n == 0:
             return "", np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
@@ -128,7 +128,7 @@ class _Text8V1(Normalizer):
             raw = text.encode("ascii")
             if (not raw.translate(None, _TEXT8_BYTES) and b"  " not in raw
                     and not (context == " " and raw.startswith(b" "))):
-                return text, np.arange(n, dtype=np.int64), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+                return text, np.arange(n, dtype=np.int64), None, None
         cp = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
         lower = (cp >= 97) & (cp <= 122)
         upper = (cp >= 65) & (cp <= 90)
@@ -326,7 +326,11 @@ def prepare(text: str | Sequence[int] | np.ndarray, alphabet: Alphabet, normaliz
             raw = raw.copy()
             raw[bad] = rid
         norm_text = alphabet.decode(raw)
-    most = _most_changed(text, changed | dropped) if normalizer is not NONE else []
-    report = _report(normalizer.id, len(text), len(raw), int(changed.sum()), int(dropped.sum()), skipped, replaced,
+    if changed is None:  # the normaliser changed nothing
+        most, n_changed, n_dropped = [], 0, 0
+    else:
+        most = _most_changed(text, changed | dropped) if normalizer is not NONE else []
+        n_changed, n_dropped = int(changed.sum()), int(dropped.sum())
+    report = _report(normalizer.id, len(text), len(raw), n_changed, n_dropped, skipped, replaced,
                      most)
     return Prepared(raw.astype(np.int64, copy=False), offsets.astype(np.int64, copy=False), norm_text, report)

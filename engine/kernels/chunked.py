@@ -136,6 +136,11 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
     # chunk table: text, start (global), length
     c_text, c_start, c_len = [], [], []
     for i, (n, P) in enumerate(zip(lens, chunks)):
+        if P <= 1:
+            c_text.append(i)
+            c_start.append(base[i])
+            c_len.append(n)
+            continue
         cuts = np.linspace(0, n, P + 1).round().astype(np.int64)
         for a, b in zip(cuts[:-1], cuts[1:]):
             if b > a:
