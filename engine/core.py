@@ -267,6 +267,7 @@ class Engine:
         if self.threads < 1:
             raise IsanError(f"threads must be >= 1; got {threads}")
         self._streams_model = None
+        self._fallback = None
         native()  # says once if the compiled kernels are missing
         self.backend = "numpy"
 
@@ -462,9 +463,14 @@ class Engine:
         raises StateDivergedError (located by the float64 reference) naming the text and offset."""
         from isan.engine.kernels.chunked import score_texts_chunked
 
+        from isan.engine.kernels.chunked import Float64Fallback
+
+        if self._fallback is None:
+            self._fallback = Float64Fallback(self.params)
         bits, finals, rep, div = score_texts_chunked(
             self._streams(), [np.asarray(x, dtype=np.int32) for x in ids_list], np.asarray(hs, dtype=np.float64),
-            chunks=None if cut else [1] * len(ids_list), threads=threads or self.threads, want_bits=want_bits)
+            chunks=None if cut else [1] * len(ids_list), threads=threads or self.threads, want_bits=want_bits,
+            fallback=self._fallback)
         if div:
             i, off, h_start, t = div[0]
             try:

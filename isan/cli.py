@@ -617,29 +617,38 @@ def bench_onnx_cmd(data, repeats, batch, device, out):
 @click.option("--duration", type=float, default=10.0, show_default=True, help="Seconds of HTTP load.")
 @click.option("--streams", type=int, default=1000, show_default=True, help="WebSocket streams open at once.")
 @click.option("--chunks", type=int, default=5, show_default=True, help="Chunks each stream sends.")
-@click.option("--chunk-chars", type=int, default=200, show_default=True, help="Characters per chunk.")
+@click.option("--chunk-chars", default="1-400", show_default=True,
+              help="Characters per chunk: N, or MIN-MAX for sizes drawn uniformly (seeded by --seed).")
 @click.option("--big-chars", type=int, default=1_000_000, show_default=True, help="Characters of the memory and cancel probes' requests.")
 @click.option("--big-requests", type=int, default=4, show_default=True, help="Concurrent big requests in the memory probe.")
-@click.option("--only", default="http,stream,memory,cancel", show_default=True, help="Which measurements, comma-separated.")
+@click.option("--slow-conns", type=int, default=500, show_default=True,
+              help="Connections of the slow-body probe (each sends 14 of the 1,000 bytes it declares).")
+@click.option("--cancel-clients", type=int, default=12, show_default=True,
+              help="Clients of the cancel probe (each sends up to 500,000 characters and leaves).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the stream texts and chunk sizes.")
+@click.option("--only", default="http,stream,memory,cancel,slow", show_default=True,
+              help="Which measurements, comma-separated.")
 @click.option("--server-args", default="", help='Options for isan-serve, e.g. "--no-batching --threads 1".')
 @click.option("--out", default=None, help="Also write the results as JSON here.")
 @friendly
 def bench_serve_cmd(model, data, clients, text_chars, duration, streams, chunks, chunk_chars, big_chars, big_requests,
-                    only, server_args, out):
+                    slow_conns, cancel_clients, seed, only, server_args, out):
     """isan-serve under load (a real server process on localhost): HTTP requests/s and latency, WebSocket
-    chunk latency, memory under concurrent big requests, and the work dropped when a client leaves; every
-    answer is checked against the library's offline bits."""
+    chunk latency and memory, memory under concurrent big requests, the work dropped when a client leaves,
+    and connections that send their body slowly; every answer is checked against the library's offline bits."""
     import shlex
 
     from isan.engine.serve.loadgen import markdown, run_bench, write_json
 
     which = tuple(w.strip() for w in only.split(",") if w.strip())
-    bad = [w for w in which if w not in ("http", "stream", "memory", "cancel")]
+    bad = [w for w in which if w not in ("http", "stream", "memory", "cancel", "slow")]
     if bad:
-        raise click.BadParameter(f"unknown measurement(s) {bad}; choose from http, stream, memory, cancel", param_hint="--only")
+        raise click.BadParameter(f"unknown measurement(s) {bad}; choose from http, stream, memory, cancel, slow",
+                                 param_hint="--only")
     result = run_bench(model=model, data=data, clients=clients, text_chars=text_chars, duration_s=duration,
                        streams=streams, chunks=chunks, chunk_chars=chunk_chars, big_chars=big_chars,
-                       big_requests=big_requests, server_args=shlex.split(server_args), which=which,
+                       big_requests=big_requests, slow_conns=slow_conns, cancel_clients=cancel_clients, seed=seed,
+                       server_args=shlex.split(server_args), which=which,
                        progress=lambda m: click.echo(m, err=True))
     click.echo(markdown(result))
     if out:

@@ -15,13 +15,13 @@ def free_port() -> int:
 
 
 @contextmanager
-def running(app, ws_max_size: int = 1 << 22):
-    """Serve ``app`` with uvicorn on a free localhost port in a thread; yields ``"127.0.0.1:PORT"``."""
+def running(app):
+    """Serve ``app`` with uvicorn on a free localhost port in a thread, with the limits of ``isan-serve``
+    (``app.uvicorn_config``); yields ``"127.0.0.1:PORT"``."""
     import uvicorn
 
     port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", ws_max_size=ws_max_size,
-                                        ws_per_message_deflate=False))
+    srv = uvicorn.Server(app.uvicorn_config("127.0.0.1", port, "warning"))
     th = threading.Thread(target=srv.run, daemon=True)
     th.start()
     deadline = time.time() + 30

@@ -36,7 +36,7 @@ def test_healthz(server):
     addr, eng = server
     r = httpx.get(f"http://{addr}/healthz")
     body = r.json()
-    assert r.status_code == 200 and body["status"] == "ok" and body["model"]["d"] == eng.d
+    assert r.status_code == 200 and body["status"] == "ready" and body["model"]["d"] == eng.d
     assert body["server"]["batching"] is True and body["server"]["max_chars"] == 50_000
 
 
@@ -262,13 +262,17 @@ def test_isan_serve_with_no_arguments_matches_isan_score(text8_valid_head):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.time() + 120
-        while True:
+        while True:  # the server listens while the model loads: /healthz says loading, then ready
             try:
-                r = httpx.post(f"http://127.0.0.1:{port}/v1/score", json={"text": text}, timeout=60)
-                break
+                h = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10)
+                assert h.json()["status"] in ("loading", "ready"), h.text
+                if h.json()["status"] == "ready":
+                    break
             except httpx.TransportError:
-                assert proc.poll() is None and time.time() < deadline, proc.stderr.read().decode()
-                time.sleep(0.2)
+                pass
+            assert proc.poll() is None and time.time() < deadline, proc.stderr.read().decode()
+            time.sleep(0.1)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/score", json={"text": text}, timeout=60)
         body = r.json()
         assert r.status_code == 200 and body["chars"] == cli["chars"] and body["normalization"] == cli["normalization"]
         # batched (float32, symbol-grouped) vs the composed path offline: equal within float32 rounding
@@ -302,10 +306,13 @@ def test_isan_bench_serve_runs(small_bundle, text8_path, tmp_path):
     out = tmp_path / "serve.json"
     r = subprocess.run([sys.executable, "-m", "isan.cli", "bench", "serve", "--model", str(small_bundle),
                         "--data", str(text8_path), "--clients", "3", "--duration", "0.5", "--streams", "5",
-                        "--chunks", "2", "--big-chars", "20000", "--big-requests", "2", "--out", str(out)],
+                        "--chunks", "2", "--big-chars", "20000", "--big-requests", "2", "--slow-conns", "6",
+                        "--server-args", "--read-timeout 0.5 --max-connections 4", "--out", str(out)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(out.read_text())
     assert res["http"]["ok"] > 0 and res["http"]["max_rel_bits_error"] < 1e-6
     assert res["stream"]["errors"] == 0 and res["stream"]["max_rel_bits_error"] < 1e-6
     assert res["memory"]["statuses"] == {"200": 2} and "requests/s" in r.stdout
+    assert res["stream"]["rss_peak_mib"] > 0 and res["slow"]["then_a_request"] == 200
+    assert sum(res["slow"]["statuses"].values()) == 6 and res["slow"]["statuses"].get("408", 0) >= 1

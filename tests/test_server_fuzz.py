@@ -8,6 +8,7 @@ Bounded for CI (about 20 s on 2 cores): ``FUZZ_EXAMPLES`` examples per HTTP oper
 import json
 import math
 import os
+import re
 
 import pytest
 
@@ -24,6 +25,16 @@ from server_helpers import running  # noqa: E402
 FUZZ_EXAMPLES = int(os.environ.get("ISAN_FUZZ_EXAMPLES", "120"))
 WS_EXAMPLES = int(os.environ.get("ISAN_FUZZ_EXAMPLES", "60"))
 CALLS = {"http": 0, "ws_frames": 0}
+MESSAGES: dict[str, int] = {}  # every distinct 4xx message (numbers masked) and how often it came
+#: words of an instruction: every 4xx message must say what to fix
+INSTRUCTION = re.compile(r"\b(must|give|send|use|retry|split|take|allowed|required|choose|connect|continue|lower|"
+                         r"resend|reuse|leave out|not both|limit|needs|start|clean|pass|fix)\b", re.I)
+
+
+def _says_what_to_fix(status: int, msg: str) -> None:
+    key = re.sub(r"\d[\d,.]*", "N", msg)[:160]
+    MESSAGES[f"{status} {key}"] = MESSAGES.get(f"{status} {key}", 0) + 1
+    assert len(msg) >= 12 and INSTRUCTION.search(msg), f"a {status} that does not say what to fix: {msg!r}"
 
 # Schema-valid requests may still be unscorable (characters outside the alphabet with
 # normalize="none", a diverging state, nothing left after normalisation: 400/422), and a snapshot
@@ -46,7 +57,8 @@ def _strict_json(text: str):
 
 @pytest.fixture(scope="module")
 def fuzz_server(default_engine):
-    app = create_app(default_engine, config=ServeConfig(max_chars=3000))
+    app = create_app(default_engine, config=ServeConfig(max_chars=3000, max_batch_texts=16, max_sample_chars=200,
+                                                        max_attribute_chars=60))
     with running(app) as addr:
         yield addr, default_engine
 
@@ -63,15 +75,29 @@ schema = schemathesis.pytest.from_fixture("api_schema")
 
 
 def one_error_shape(ctx, response, case):
-    """Every answer is strict JSON (or Prometheus text); every 4xx/5xx is {"error", "status"}."""
+    """Every answer is strict JSON (or Prometheus text, or Server-Sent Events of strict JSON); every
+    4xx/5xx is {"error", "status"} with a message that says what to fix."""
     CALLS["http"] += 1
-    if response.headers.get("content-type", [""])[0].startswith("text/plain"):
+    ctype = response.headers.get("content-type", [""])[0]
+    assert "Traceback" not in response.text
+    if ctype.startswith("text/plain"):
+        return
+    if ctype.startswith("text/event-stream"):
+        events = [b for b in response.text.split("\n\n") if b.strip()]
+        assert events and events[-1].split("\n")[0] in ("event: done", "event: error"), response.text[-300:]
+        for block in events:
+            event, data = block.split("\n", 1)
+            data = _strict_json(data.removeprefix("data: "))
+            assert event in ("event: chars", "event: done", "event: error"), block[:200]
+            if event == "event: error":  # the generated text diverged: the stream ends with the error
+                assert block is events[-1] and 400 <= data["status"] < 500, block[:300]
+                _says_what_to_fix(data["status"], data["error"])
         return
     body = _strict_json(response.text)
-    assert "Traceback" not in response.text
     if response.status_code >= 400:
         assert isinstance(body.get("error"), str) and body["error"] and body.get("status") == response.status_code
         assert response.status_code < 500, response.text
+        _says_what_to_fix(response.status_code, body["error"])
 
 
 @schema.parametrize()
@@ -105,6 +131,10 @@ _FRAME = st.one_of(
     st.dictionaries(st.sampled_from(["text", "reset", "restore", "snapshot", "bogus", "top_k"]), _JSON, max_size=3),
     st.text(max_size=20),  # not JSON, or JSON that is not an object
     st.binary(max_size=20),  # binary frames are refused
+    st.builds(lambda t: {"reset": True, "text": t}, _TEXT),  # reset, then the text
+    st.integers(100, 3000).map(lambda n: "[" * n + "]" * n),  # nested deeper than the parser takes
+    st.integers(100, 3000).map(lambda n: '{"text": ' + '{"a":' * n + "1" + "}" * n + "}"),  # deeply nested
+    st.integers(20, 6000).map(lambda n: '{"text": "ab", "top_k": ' + "9" * n + "}"),  # a huge integer
 )
 
 
@@ -161,6 +191,7 @@ def test_stream_frames_match_the_library(fuzz_server, frames, corrupt):
                     lib_error = e
             if "error" in ans:
                 assert isinstance(ans["error"], str) and 400 <= ans["status"] < 500, ans
+                _says_what_to_fix(ans["status"], ans["error"])
                 if lib_error is not None and not (frame.get("unknown") == "replace" and frame.get("replacement") is None):
                     assert ans["status"] == status_of(lib_error), (frame, ans, lib_error)
                 continue  # the state is unchanged (the next scored frame checks it)
@@ -180,6 +211,10 @@ def test_stream_frames_match_the_library(fuzz_server, frames, corrupt):
 
 
 def test_fuzz_counts():
-    """Records how much the fuzzers above ran (printed with -s; the README quotes it)."""
-    print(f"\nfuzz: {CALLS['http']} HTTP calls checked by schemathesis, {CALLS['ws_frames']} WebSocket frames")
+    """Records how much the fuzzers above ran, and every distinct 4xx message (printed with -s; the
+    README quotes the counts)."""
+    print(f"\nfuzz: {CALLS['http']} HTTP calls checked by schemathesis, {CALLS['ws_frames']} WebSocket frames, "
+          f"{len(MESSAGES)} distinct 4xx messages:")
+    for msg, n in sorted(MESSAGES.items(), key=lambda kv: -kv[1]):
+        print(f"  {n:6d}  {msg}")
     assert CALLS["http"] + CALLS["ws_frames"] > 0

@@ -335,7 +335,7 @@ def test_many_streams_at_once_are_exact(default_engine, text8_valid_head):
 
 def test_slow_body_is_408_and_frees_its_budget(small_bundle):
     eng = Engine.load(small_bundle)
-    app = create_app(eng, config=ServeConfig(request_timeout_s=0.5))
+    app = create_app(eng, config=ServeConfig(read_timeout_s=0.5))
     with running(app) as addr:
         host, port = addr.split(":")
         with socket.create_connection((host, int(port))) as s:
@@ -345,3 +345,17 @@ def test_slow_body_is_408_and_frees_its_budget(small_bundle):
             answer = s.recv(4096).decode()
         assert answer.startswith("HTTP/1.1 408") and '"status":408' in answer
         assert app.state.service.budget.used == 0
+
+
+def test_kernel_rounds_equal_score_batch(default_engine, text8_valid_head):
+    """The scheduler's direct kernel call computes what Engine.score_batch computes (the same kernel
+    call on the same ids, states and threads): the same bits and final states, exactly."""
+    from isan.engine.serve.scheduler import KernelRounds
+
+    eng = default_engine
+    texts = [eng.prepare(text8_valid_head[i * 700 : i * 700 + 50 + 300 * i]).ids for i in range(9)]
+    states = [eng.initial_state(), *(eng.score(text8_valid_head[:40 * i]).state for i in range(1, 9))]
+    bits, finals = KernelRounds(eng).score([t.astype(np.int32) for t in texts], np.stack([s.h for s in states]), 2)
+    lib = eng.score_batch(texts, states, per_char=True, normalize="none", threads=2)
+    for b, hf, r in zip(bits, finals, lib):
+        assert np.array_equal(b, r.per_char_bits) and np.array_equal(hf, r.state.h)

@@ -126,7 +126,7 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
     """
     B = len(texts)
     d, dp = model.d, model.dp
-    fallback = fallback or Float64Fallback(model.params())
+    fallback = fallback or Float64Fallback(model)
     lens = [len(t) for t in texts]
     if any(n == 0 for n in lens):
         raise ValueError("every text must have at least one character")
@@ -258,10 +258,22 @@ def _first_bad(fallback, seg, h, limit):
 
 
 class Float64Fallback:
-    """Sequential float64 scoring of a chunk (the reference recurrence, :func:`~isan.engine.reference.score_ref`)."""
+    """Sequential float64 scoring of a chunk (the reference recurrence, :func:`~isan.engine.reference.score_ref`).
 
-    def __init__(self, params):
-        self.params = params.astype(np.float64)
+    Built from an :class:`~isan.params.ISANParams` or a :class:`StreamModel`; the float64 weights
+    are made on first use (most texts never need the fallback).
+    """
+
+    def __init__(self, source):
+        self._source = source
+        self._params = None
+
+    @property
+    def params(self):
+        if self._params is None:
+            src = self._source
+            self._params = (src.params() if isinstance(src, StreamModel) else src).astype(np.float64)
+        return self._params
 
     def __call__(self, ids: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         from isan.engine.reference import score_ref
@@ -272,7 +284,8 @@ class Float64Fallback:
         """The first t whose state before character t is out of range (kernel convention), or None."""
         from isan.engine.guard import first_out_of_range
 
-        t = first_out_of_range(self.params.W, self.params.b, np.asarray(ids), h, limit)
+        p = self.params
+        t = first_out_of_range(p.W, p.b, np.asarray(ids), h, limit)
         return None if t is None else t + 1
 
 

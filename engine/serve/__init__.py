@@ -6,6 +6,9 @@
 * :mod:`~isan.engine.serve.budget`: the memory bound; :mod:`~isan.engine.serve.snapshot`: signed states;
 * :mod:`~isan.engine.serve.service`: one text from request to answer; :mod:`~isan.engine.serve.app`:
   the FastAPI app (thin: parse, call, format); :mod:`~isan.engine.serve.cli`: ``isan-serve``;
+* :mod:`~isan.engine.serve.protocol`: the header deadline and connection cap uvicorn lacks;
+* :mod:`~isan.engine.serve.sampling`: sampling in pieces (``/v1/sample`` as Server-Sent Events);
+* :mod:`~isan.engine.serve.docs`: ``/docs``, rendered from the schema without scripts or a CDN;
 * :mod:`~isan.engine.serve.loadgen`: the load benchmark behind ``isan bench serve``.
 
 Importing this package needs only click; :func:`create_app` imports FastAPI.
@@ -14,11 +17,11 @@ Importing this package needs only click; :func:`create_app` imports FastAPI.
 from isan.engine.serve.config import DEFAULT_MAX_CHARS, ServeConfig  # noqa: F401
 
 
-def create_app(engine, max_chars: int = DEFAULT_MAX_CHARS, config: ServeConfig | None = None):
+def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeConfig | None = None, **kwargs):
     """The ASGI app (see :func:`isan.engine.serve.app.create_app`)."""
     from isan.engine.serve.app import create_app as _create
 
-    return _create(engine, max_chars=max_chars, config=config)
+    return _create(engine, max_chars=max_chars, config=config, **kwargs)
 
 
 def main(*args, **kwargs):

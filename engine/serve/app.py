@@ -1,33 +1,45 @@
-"""The ASGI app of ``isan-serve`` (FastAPI): parse, call :class:`~isan.engine.serve.service.Service`, format.
+"""The ASGI app of ``isan-serve``: parse, call :class:`~isan.engine.serve.service.Service`, format.
 
-Endpoints:
+Endpoints (each in the OpenAPI schema at ``/openapi.json``, rendered at ``/docs``):
 
-* ``GET /healthz``: ``{"status": "ok", "model": {...}, "server": {limits, load}}``.
+* ``GET /healthz``: ``{"status": "loading" | "ready" | "failed", "model": {...}, "server": {limits,
+  load}}`` (200 when ready, 503 otherwise).
 * ``GET /metrics``: Prometheus metrics (:mod:`isan.engine.serve.metrics`).
-* ``POST /v1/score``: ``{"text", "per_char", "unknown", "replacement", "normalize", "state",
-  "return_state", "top_k"}`` -> ``{"chars", "bits", "bpc", "normalization", "scoring"}`` (+
+* ``POST /v1/score``: one text -> ``{"chars", "bits", "bpc", "normalization", "scoring"}`` (+
   ``per_char_bits``, ``per_char_offsets``; ``total_*`` when continuing a ``state`` or returning
-  one; ``state``; ``next``). The OpenAPI schema at ``/openapi.json`` states every field and limit.
-* WebSocket ``/v1/stream``: JSON frames ``{"text": chunk, ...the options above...}``, ``{"reset":
-  true}``, ``{"restore": snapshot}``, ``{"snapshot": true}`` (combinable: reset or restore first,
-  then the text, then the snapshot); each answer has the frame's fields and the running
-  ``total_chars``, ``total_bits``, ``total_bpc``. Answers come in frame order; a bad frame gets
-  ``{"error", "status"}`` and leaves the stream's state as it was.
+  one; ``state``; ``next``).
+* ``POST /v1/score/batch``: ``{"texts": [...]}`` -> one result per text and the totals.
+* ``POST /v1/next``: the top-k next characters (``symbol``, ``prob``, ``bits``) after a text
+  and/or a snapshot.
+* ``POST /v1/sample``: generated text, streamed as Server-Sent Events (or one JSON answer).
+* ``POST /v1/attribute``: exact attribution of the logits to each character or word (kappa),
+  with the check that they sum to the logits.
+* WebSocket ``/v1/stream``: JSON frames ``{"text": chunk, ...the options of /v1/score...}``,
+  ``{"reset": true}``, ``{"restore": snapshot}``, ``{"snapshot": true}`` (combinable: reset or
+  restore first, then the text, then the snapshot); each answer has the frame's fields and the
+  running ``total_chars``, ``total_bits``, ``total_bpc``. Answers come in frame order; a bad frame
+  gets ``{"error", "status"}`` and leaves the stream's state as it was.
 
-Every 4xx and 5xx, 404 and 405 included, is ``{"error": message, "status": code, ...}``; no
-traceback and no NaN reaches a client.
+The ``/v1`` endpoints are plain ASGI handlers in front of FastAPI (:class:`IsanApp`): FastAPI
+declares them (the schema, ``/docs``, 404 and 405) but does not sit on their path, where its
+routing and middleware took more of the event loop than the handlers themselves. Every 4xx and
+5xx, 404 and 405 included, is ``{"error": message, "status": code, ...}``; no traceback and no NaN
+reaches a client.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
 from contextlib import asynccontextmanager
+from typing import Callable
+from urllib.parse import parse_qs
 
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
+from fastapi.responses import HTMLResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.websockets import WebSocketDisconnect
 
@@ -35,8 +47,9 @@ from isan.engine.serve.budget import Reservation
 from isan.engine.serve.config import DEFAULT_MAX_CHARS, ServeConfig
 from isan.engine.serve.errors import RequestError, busy
 from isan.engine.serve.metrics import Metrics
-from isan.engine.serve.models import ErrorResponse, HealthResponse, ScoreResponse, build_models, parse
-from isan.engine.serve.service import Client, ClientGone, Service, encode_json
+from isan.engine.serve.models import (AttributeResponse, BatchResponse, ErrorResponse, HealthResponse, NextResponse,
+                                      SampleResponse, ScoreResponse, build_models, parse)
+from isan.engine.serve.service import Client, ClientGone, ModelInfo, Service, encode_json
 from isan.engine.serve.snapshot import token_chars
 
 log = logging.getLogger(__name__)
@@ -44,61 +57,244 @@ log = logging.getLogger(__name__)
 JSON = "application/json"
 #: answers with more per-character numbers than this are encoded in a worker thread
 ENCODE_INLINE_CHARS = 50_000
-ENDPOINTS = "GET /healthz, GET /metrics, POST /v1/score, WebSocket /v1/stream, GET /docs, GET /openapi.json"
+#: characters of the first Server-Sent Event of a sample, and of each later one
+SAMPLE_FIRST_PIECE, SAMPLE_PIECE = 16, 64
+ENDPOINTS = ("GET /healthz, GET /metrics, POST /v1/score, POST /v1/score/batch, POST /v1/next, POST /v1/sample, "
+             "POST /v1/attribute, WebSocket /v1/stream, GET /docs, GET /openapi.json")
 
-DESCRIPTION = """Score text with an Input Switched Affine Network, in bits.
+DESCRIPTION = """Score, predict, sample and attribute text with an Input Switched Affine Network, in bits.
 
-All requests and stream frames are scored by one scheduler that batches the pending texts of every
-client into rounds (continuous batching). Limits (see `GET /healthz`): texts up to `max_chars`
-characters; request data held at once up to `max_pending_mb` (503 with `Retry-After` beyond);
-`request_timeout_s` per text (503). Errors are always `{"error", "status", ...}`.
+All texts of all requests and stream frames are scored by one scheduler that batches the pending
+work of every client into rounds (continuous batching). Limits (see `GET /healthz`): texts up to
+`max_chars` characters; request data held at once up to `max_pending_mb` (503 with `Retry-After`
+beyond); `request_timeout_s` per text (503); headers and body each within `read_timeout_s` (408);
+`max_connections` HTTP connections and `max_streams` streams (503). Errors are always
+`{"error", "status", ...}`, the message saying what to fix.
 
 **WebSocket `/v1/stream`** (not described by OpenAPI): send JSON frames `{"text": "chunk"}` (with the
 options of `POST /v1/score`), `{"reset": true}`, `{"restore": "<snapshot>"}`, `{"snapshot": true}`;
 each answer carries the chunk's `chars`, `bits`, `bpc` and the running `total_chars`, `total_bits`,
-`total_bpc`. The state is carried across frames, so chunking never changes the bits.
+`total_bpc`. The state is carried across frames, so chunking never changes the bits. A bad frame is
+answered `{"error", "status"}` and the stream's state kept.
+
+**State snapshots**: `"return_state": true` (or `{"snapshot": true}` on a stream) answers `state`, a
+signed token of the state and the running totals; `"state"` (or `{"restore": ...}`) continues from it.
+A changed token is refused with 403, one of another model with 409.
 """
 
 
 def _error_responses(*codes: int) -> dict:
-    what = {400: "bad request (the message names the field)", 403: "a snapshot changed or signed by another server",
-            404: "no such endpoint", 405: "method not allowed", 408: "the body was too slow to arrive",
-            409: "a snapshot of another model",
+    what = {400: "bad request (the message names the field)", 401: "a missing or wrong API key",
+            403: "a snapshot changed or signed by another server", 404: "no such endpoint", 405: "method not allowed",
+            408: "the headers or body were too slow to arrive", 409: "a snapshot of another model",
             413: "text or body over the limit", 422: "text the model cannot score (alphabet, diverging state)",
-            426: "a WebSocket endpoint", 500: "internal error", 503: "busy or timed out: retry after Retry-After"}
+            426: "a WebSocket endpoint", 500: "internal error",
+            503: "busy, loading or timed out: retry after Retry-After"}
     return {c: {"model": ErrorResponse, "description": what.get(c, "error")} for c in codes}
 
 
-def create_app(engine, max_chars: int = DEFAULT_MAX_CHARS, config: ServeConfig | None = None) -> FastAPI:
+class IsanApp:
+    """The server's ASGI app: the ``/v1`` handlers, then FastAPI for everything else.
+
+    Attributes:
+        fastapi: the FastAPI app (schema, docs, health, metrics, 404 and 405).
+        state: ``fastapi.state`` (``service``, ``metrics``).
+    """
+
+    def __init__(self, fastapi: FastAPI, http_routes: dict, ws_routes: dict, service: Service, api_key: str | None):
+        self.fastapi = fastapi
+        self.state = fastapi.state
+        self.service = service
+        self._http = http_routes
+        self._ws = ws_routes
+        self._key = api_key.encode() if api_key else None
+        self._protected = {path for _, path in http_routes} | set(ws_routes) | {"/metrics"}
+
+    def openapi(self) -> dict:
+        return self.fastapi.openapi()
+
+    def _authorized(self, scope) -> bool:
+        if self._key is None:
+            return True
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization" and value[:7].lower() == b"bearer ":
+                if hmac.compare_digest(value[7:].strip(), self._key):
+                    return True
+            elif name == b"x-api-key" and hmac.compare_digest(value.strip(), self._key):
+                return True
+        if scope["type"] == "websocket" and scope.get("query_string"):
+            for v in parse_qs(scope["query_string"].decode("latin-1")).get("api_key", []):
+                if hmac.compare_digest(v.encode("latin-1"), self._key):
+                    return True
+        return False
+
+    async def __call__(self, scope, receive, send) -> None:
+        typ = scope["type"]
+        if typ == "http":
+            path = scope["path"]
+            handler = self._http.get((scope["method"], path))
+            if path in self._protected and not self._authorized(scope):
+                e = RequestError(401, "this server needs an API key: send the header 'Authorization: Bearer KEY' or "
+                                      "'X-API-Key: KEY'", headers={"WWW-Authenticate": 'Bearer realm="isan"',
+                                                                   "Connection": "close"})
+                await send_json(send, e.status, encode_json(e.body()), e.headers)
+                return
+            if handler is not None:
+                await handler(scope, receive, send)
+                return
+        elif typ == "websocket":
+            handler = self._ws.get(scope["path"])
+            if handler is not None:
+                await handler(scope, receive, send, self._authorized(scope))
+                return
+        await self.fastapi(scope, receive, send)
+
+    def uvicorn_config(self, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info", **kwargs):
+        """A ``uvicorn.Config`` for this app with the server's connection limits
+        (:mod:`isan.engine.serve.protocol`) and timeouts."""
+        import uvicorn
+
+        from isan.engine.serve.protocol import protocol_class
+
+        cfg = self.service.config
+        http = protocol_class(cfg.max_connections, cfg.read_timeout_s)
+        extra = {"http": http} if http is not None else {"limit_concurrency": cfg.max_connections + cfg.max_streams}
+        # frames up to a MiB over the limit are read and answered 413; larger ones close the stream with
+        # 1009 (message too big), as the WebSocket protocol has it
+        return uvicorn.Config(self, host=host, port=port, log_level=log_level, ws_max_size=cfg.max_body_bytes + 2**20,
+                              ws_per_message_deflate=False, timeout_keep_alive=cfg.keep_alive_s, proxy_headers=False,
+                              server_header=False, **extra, **kwargs)
+
+
+async def send_json(send, status: int, body: bytes, headers: dict | None = None) -> None:
+    hs = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    hs += [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": hs})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def read_body(scope, receive, res: Reservation, config: ServeConfig) -> bytes:
+    """The request body, its bytes reserved in the budget as they arrive: 413 over
+    ``max_body_bytes``, 503 if the budget is full, 408 if it does not arrive within
+    ``read_timeout_s`` (the connection is then closed), ClientGone if the client leaves."""
+    limit = config.max_body_bytes
+    declared = None
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            declared = value
+            break
+    if declared is not None and declared.isdigit():
+        n = int(declared)
+        if n > limit:
+            raise RequestError(413, f"the body has {n:,} bytes; the limit is {limit:,} (6 bytes a character of "
+                                    "--max-chars); split the text, or use /v1/stream", headers={"Connection": "close"})
+        if n > res.budget.limit:
+            raise RequestError(413, f"the body has {n:,} bytes, more than the server's memory for pending requests "
+                                    "(--max-pending-mb); split the text, or use /v1/stream", headers={"Connection": "close"})
+        if not res.grow(n):
+            raise busy("the server is busy: no room for this request's body within --max-pending-mb; retry shortly")
+    parts = []
+    size = 0
+    try:
+        async with asyncio.timeout(config.read_timeout_s):
+            while True:
+                msg = await receive()
+                if msg["type"] == "http.disconnect":
+                    raise ClientGone()
+                part = msg.get("body", b"")
+                if part:
+                    size += len(part)
+                    if size > limit:
+                        raise RequestError(413, f"the body exceeds {limit:,} bytes (6 bytes a character of --max-chars); "
+                                                "split the text, or use /v1/stream", headers={"Connection": "close"})
+                    if size > res.bytes and not res.grow(size - res.bytes):
+                        raise busy("the server is busy: no room for this request's body within --max-pending-mb; "
+                                   "retry shortly")
+                    parts.append(part)
+                if not msg.get("more_body"):
+                    break
+    except TimeoutError:
+        raise RequestError(408, f"the request body did not arrive within {config.read_timeout_s:g} s (--read-timeout); "
+                                f"{size:,} bytes came; the connection is closed", headers={"Connection": "close"}) from None
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+async def _watch_disconnect(receive, client: Client) -> None:
+    """``client.leave()`` when the client disconnects (the body has been read, so the next message is that)."""
+    try:
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                client.leave()
+                return
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # pragma: no cover - a server without disconnect messages
+        return
+
+
+class _SSE:
+    """A handler's answer that is a stream of Server-Sent Events: ``events`` yields (event, data dict)."""
+
+    def __init__(self, events):
+        self.events = events
+
+
+def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeConfig | None = None, *,
+               loader: Callable[[], object] | None = None, info: ModelInfo | None = None,
+               on_load_failed: Callable[[str], None] | None = None) -> IsanApp:
     """The ASGI app serving ``engine`` (an :class:`isan.engine.Engine` or an engine with its API).
 
     Args:
         max_chars: the largest text (ignored when ``config`` is given).
         config: every limit (:class:`ServeConfig`); default ``ServeConfig(max_chars=max_chars)``.
+        loader: instead of ``engine``: a function that loads it, called in a worker thread when the
+            server starts; ``/healthz`` says ``"loading"`` (and the ``/v1`` endpoints 503) until it
+            returns. Needs ``info`` (:meth:`ModelInfo.of_manifest`).
+        on_load_failed: called with the message when ``loader`` raises (the CLI stops the server).
     """
     from isan.engine.normalize import choices
 
     config = config or ServeConfig(max_chars=max_chars)
+    if (engine is None) == (loader is None):
+        raise ValueError("give an engine or a loader")
     metrics = Metrics()
-    service = Service(engine, config, metrics)
-    models = build_models(service.symbols, config.max_chars, choices(), token_chars(service.state_size))
+    service = Service(engine, config, metrics, info=info)
+    models = build_models(service.symbols, config.max_chars, choices(), token_chars(max(1, service.state_size)),
+                          config.max_batch_texts, config.max_sample_chars, config.max_attribute_chars)
+
+    async def load() -> None:
+        try:
+            eng = await asyncio.to_thread(loader)
+            service.attach(eng)
+            log.info("model loaded in %.1f s", service.load_seconds)
+        except Exception as e:  # noqa: BLE001 - reported on /healthz and to the CLI
+            msg = str(e) or type(e).__name__
+            log.error("the model could not be loaded: %s", msg)
+            service.fail(msg)
+            if on_load_failed is not None:
+                on_load_failed(msg)
 
     @asynccontextmanager
     async def lifespan(app):
+        task = asyncio.ensure_future(load()) if loader is not None else None
         yield
+        if task is not None and not task.done():
+            task.cancel()
         await asyncio.to_thread(service.close)
 
-    app = FastAPI(title="isan-serve", version="2", description=DESCRIPTION, docs_url="/docs", lifespan=lifespan)
-    app.state.service = service
-    app.state.metrics = metrics
+    fa = FastAPI(title="isan-serve", version="3", description=DESCRIPTION, docs_url=None, redoc_url=None,
+                 lifespan=lifespan)
+    fa.state.service = service
+    fa.state.metrics = metrics
 
     def error_response(e: RequestError, endpoint: str | None = None) -> Response:
         if endpoint is not None:
             metrics.requests.labels(endpoint, str(e.status)).inc()
         return Response(encode_json(e.body()), status_code=e.status, media_type=JSON, headers=e.headers or None)
 
-    # ---- one error shape for everything ---------------------------------------------------
-    @app.exception_handler(StarletteHTTPException)
+    # ---- one error shape for everything FastAPI answers ------------------------------------
+    @fa.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
         path, method = request.url.path, request.method
         if path == "/v1/stream":
@@ -114,86 +310,268 @@ def create_app(engine, max_chars: int = DEFAULT_MAX_CHARS, config: ServeConfig |
             msg = str(exc.detail)
         return error_response(RequestError(exc.status_code, msg, headers=exc.headers))
 
-    @app.exception_handler(RequestValidationError)
+    @fa.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):  # pragma: no cover - no route declares params
-        return error_response(RequestError(400, f"bad request: {exc.errors()}"))
+        return error_response(RequestError(400, "bad request: check the fields against GET /openapi.json"))
 
-    @app.exception_handler(Exception)
+    @fa.exception_handler(Exception)
     async def _unhandled(request: Request, exc: Exception):
         log.exception("unhandled error")
         return error_response(RequestError(500, "internal error; the server log has the details"))
 
-    # ---- HTTP ---------------------------------------------------------------------------
-    @app.get("/healthz", response_model=HealthResponse, responses=_error_responses(405))
+    # ---- FastAPI endpoints ----------------------------------------------------------------
+    @fa.get("/healthz", response_model=HealthResponse, responses=_error_responses(405, 503))
     async def healthz():
-        return Response(encode_json(service.health()), media_type=JSON)
+        """Whether the model is loaded (`ready`), and the server's limits and load."""
+        body = service.health()
+        status = 200 if body["status"] == "ready" else 503
+        headers = {"Retry-After": "2"} if body["status"] == "loading" else None
+        return Response(encode_json(body), status_code=status, media_type=JSON, headers=headers)
 
-    @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+    @fa.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}},
+                                                            **_error_responses(401, 405)})
     async def metrics_endpoint():
+        """Prometheus metrics: requests, characters, queue depth, latency histograms."""
         metrics.pending_bytes.set(service.budget.used)
-        metrics.pending_jobs.set(service.scheduler.pending)
+        metrics.pending_jobs.set(service.scheduler.pending if service.scheduler else 0)
         return Response(metrics.render(), media_type=metrics.content_type)
 
-    score_schema = models.score.model_json_schema()
-    score_schema["additionalProperties"] = False
+    if config.docs:
+        @fa.get("/docs", include_in_schema=False)
+        async def docs():
+            from isan.engine.serve.docs import render_docs
 
-    @app.post("/v1/score", response_model=None,
-              responses={200: {"model": ScoreResponse, "description": "the bits of the text"},
-                         **_error_responses(400, 403, 408, 409, 413, 422, 500, 503)},
-              openapi_extra={"requestBody": {"required": True,
-                                             "content": {JSON: {"schema": score_schema}}}})
-    async def v1_score(request: Request):
-        """Score one text (see the app's description)."""
+            return HTMLResponse(render_docs(fa.openapi()))
+
+    # ---- the /v1 handlers (plain ASGI, see the module docstring) ----------------------------
+    async def run_http(scope, receive, send, endpoint: str, work) -> None:
+        """Read the body, call ``work(raw, client, res)`` and send its answer (a dict as JSON, or
+        Server-Sent Events); every error becomes one JSON error answer."""
         t0 = time.perf_counter()
         res = Reservation(service.budget)
+        client = Client()
         watcher = None
         try:
             try:
-                async with asyncio.timeout(config.request_timeout_s):
-                    raw = await _read_body(request, res, config.max_body_bytes)
-            except TimeoutError:
-                raise RequestError(408, f"the request body did not arrive within {config.request_timeout_s:g} s "
-                                        "(--request-timeout)") from None
-            req = parse(models.score, raw, models.allowed, config.max_chars)
-            del raw
-            client = Client()
-            watcher = asyncio.ensure_future(_watch_disconnect(request, client))
-            state = service.restore(req.state) if req.state is not None else None
-            out, new_state = await service.score_text(req.text, state, state is not None, req, res, client)
-            if state is not None or req.return_state:
-                out.update(service.totals(new_state))
-            if req.return_state:
-                out["state"] = service.snapshot(new_state)
-            if req.top_k:
-                out["next"] = service.next_chars(new_state, req.top_k)
-            per = out["chars"] if req.per_char else 0
-            body = await asyncio.to_thread(encode_json, out) if per > ENCODE_INLINE_CHARS else encode_json(out)
-        except RequestError as e:
-            res.release()
-            return error_response(e, "score")
-        except ClientGone:
-            res.release()
-            metrics.requests.labels("score", "499").inc()
-            return Response(status_code=499)
-        except BaseException:
-            res.release()
-            raise
+                raw = await read_body(scope, receive, res, config)
+                watcher = asyncio.ensure_future(_watch_disconnect(receive, client))
+                out = await work(raw, client, res)
+                if not isinstance(out, _SSE):
+                    big = out.get("chars", 0) > ENCODE_INLINE_CHARS
+                    out = await asyncio.to_thread(encode_json, out) if big else encode_json(out)
+            except RequestError as e:
+                res.release()
+                metrics.requests.labels(endpoint, str(e.status)).inc()
+                await send_json(send, e.status, encode_json(e.body()), e.headers)
+                return
+            except ClientGone:
+                res.release()
+                metrics.requests.labels(endpoint, "499").inc()
+                return
+            except Exception:
+                res.release()
+                log.exception("unhandled error in %s", endpoint)
+                metrics.requests.labels(endpoint, "500").inc()
+                e = RequestError(500, "internal error; the server log has the details")
+                await send_json(send, 500, encode_json(e.body()))
+                return
+            try:
+                if isinstance(out, _SSE):
+                    await _send_events(send, out, client)
+                else:
+                    await send_json(send, 200, out)
+            finally:
+                res.release()
+            metrics.requests.labels(endpoint, "200").inc()
+            metrics.request_seconds.labels(endpoint).observe(time.perf_counter() - t0)
         finally:
             if watcher is not None:
                 watcher.cancel()
-        metrics.requests.labels("score", "200").inc()
-        metrics.request_seconds.labels("score").observe(time.perf_counter() - t0)
-        return _HeldResponse(body, res)
+
+    async def _send_events(send, sse: _SSE, client: Client) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+                                (b"x-accel-buffering", b"no")]})
+        async for event, data in sse.events:
+            if client.gone:
+                break
+            try:
+                payload = encode_json(data)
+            except Exception:  # a bug (a non-finite number): the stream ends with an error event
+                log.exception("encoding a %s event failed", event)
+                event, payload = "error", encode_json(RequestError(500, "internal error; the server log has the "
+                                                                        "details").body())
+            await send({"type": "http.response.body", "more_body": True,
+                        "body": b"event: " + event.encode() + b"\ndata: " + payload + b"\n\n"})
+            if event == "error":
+                break
+        await send({"type": "http.response.body", "body": b""})
+
+    def handler(endpoint: str, work):
+        async def h(scope, receive, send):
+            await run_http(scope, receive, send, endpoint, work)
+
+        return h
+
+    async def score_work(raw, client, res):
+        service.ready()
+        req = parse(models.score, raw, models.allowed(models.score), config.max_chars)
+        state = service.restore(req.state) if req.state is not None else None
+        out, new_state = await service.score_text(req.text, state, state is not None, req, res, client)
+        if state is not None or req.return_state:
+            out.update(service.totals(new_state))
+        if req.return_state:
+            out["state"] = service.snapshot(new_state)
+        if req.top_k:
+            out["next"] = service.next_chars(new_state, req.top_k)
+        return out
+
+    async def batch_work(raw, client, res):
+        service.ready()
+        req = parse(models.batch, raw, models.allowed(models.batch), config.max_chars)
+        return await service.score_many(req.texts, req, res, client)
+
+    async def next_work(raw, client, res):
+        service.ready()
+        req = parse(models.next, raw, models.allowed(models.next), config.max_chars)
+        return await service.next_after(req, res, client)
+
+    async def attribute_work(raw, client, res):
+        service.ready()
+        req = parse(models.attribute, raw, models.allowed(models.attribute), config.max_chars)
+        return await service.attribute(req, res)
+
+    async def sample_work(raw, client, res):
+        service.ready()
+        req = parse(models.sample, raw, models.allowed(models.sample), config.max_chars)
+        if req.temperature is not None and req.inverse_temperature is not None:
+            raise RequestError(400, 'give "temperature" or "inverse_temperature", not both')
+        if len(req.prompt) > PREPARE_INLINE:
+            smp = await asyncio.to_thread(service.sampler, req)
+        else:
+            smp = service.sampler(req)
+
+        def finish() -> dict:
+            out = smp.result()
+            st = smp.final_state()
+            if st is not None:
+                out.update(service.totals(st))
+                if req.return_state:
+                    out["state"] = service.snapshot(st)
+            return out
+
+        async def piece(k: int) -> str:
+            try:
+                p = await asyncio.to_thread(smp.next_piece, k) if k > 8 else smp.next_piece(k)
+            except Exception as e:
+                from isan.errors import IsanError
+                from isan.engine.serve.errors import from_isan
+
+                if isinstance(e, IsanError):
+                    raise from_isan(e) from None
+                raise
+            metrics.sampled.inc(len(p))
+            return p
+
+        if not req.stream:
+            k = SAMPLE_PIECE * 4
+            while not smp.done:
+                if client.gone:
+                    raise ClientGone()
+                await piece(k)
+            return finish()
+
+        async def events():
+            k, offset = SAMPLE_FIRST_PIECE, 0
+            while not smp.done:
+                try:
+                    p = await piece(k)
+                except RequestError as e:
+                    yield "error", e.body()
+                    return
+                except Exception:  # pragma: no cover - a bug: reported in the stream
+                    log.exception("sampling failed")
+                    yield "error", RequestError(500, "internal error; the server log has the details").body()
+                    return
+                yield "chars", {"text": p, "offset": offset}
+                offset += len(p)
+                k = SAMPLE_PIECE
+            yield "done", finish()
+
+        return _SSE(events())
+
+    http_routes = {("POST", "/v1/score"): handler("score", score_work),
+                   ("POST", "/v1/score/batch"): handler("batch", batch_work),
+                   ("POST", "/v1/next"): handler("next", next_work),
+                   ("POST", "/v1/sample"): handler("sample", sample_work),
+                   ("POST", "/v1/attribute"): handler("attribute", attribute_work)}
+
+    # ---- the same endpoints declared to FastAPI (the schema; and they work if called through it) ----
+    def body_schema(model) -> dict:
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schema["additionalProperties"] = False
+        return {"requestBody": {"required": True, "content": {JSON: {"schema": schema}}}}
+
+    def declare(path: str, model, response, summary: str, codes=(400, 401, 403, 408, 409, 413, 422, 500, 503),
+                extra_200: dict | None = None):
+        route_handler = http_routes[("POST", path)]
+
+        async def endpoint(request: Request):
+            return _Raw(route_handler)
+
+        ok = {"model": response, "description": summary}
+        if extra_200:
+            ok["content"] = extra_200
+        fa.post(path, response_model=None, summary=summary, description=summary,
+                responses={200: ok, **_error_responses(*codes)}, openapi_extra=body_schema(model),
+                name=path.strip("/").replace("/", "_"))(endpoint)
+
+    declare("/v1/score", models.score, ScoreResponse, "Score one text: its bits, and optionally each character's, "
+            "the top-k next characters and a snapshot of the state")
+    declare("/v1/score/batch", models.batch, BatchResponse, "Score many independent texts together (one result "
+            "each); a text the model cannot score fails the request, naming it (texts[i])")
+    declare("/v1/next", models.next, NextResponse, "The k most likely next characters, with probabilities and "
+            "bits, after a text (scored) and/or a snapshot")
+    declare("/v1/sample", models.sample, SampleResponse, "Generate text after a prompt. With \"stream\": true "
+            "(default) the answer is Server-Sent Events: `chars` events {\"text\", \"offset\"} as characters are "
+            "generated, then `done` with the data of the JSON answer (or `error` {\"error\", \"status\"})",
+            extra_200={"text/event-stream": {"schema": {
+                "type": "object", "required": ["event", "data"],
+                "description": "one Server-Sent Event; data is JSON: chars {text, offset}, done (as the JSON answer), "
+                               "error {error, status}",
+                "properties": {"event": {"type": "string", "enum": ["chars", "done", "error"]},
+                               "data": {"type": "string"}}}}})
+    declare("/v1/attribute", models.attribute, AttributeResponse, "Exact attribution of the logits after each "
+            "character to the initial state and to each earlier character or word (kappa, paper eqs. 4-6), with "
+            "the check that they sum to the logits")
+
+    @fa.websocket("/v1/stream")
+    async def _declared_stream(ws: WebSocket):  # pragma: no cover - IsanApp routes streams to v1_stream
+        await v1_stream(ws.scope, ws.receive, ws.send, True)
 
     # ---- WebSocket ----------------------------------------------------------------------
-    @app.websocket("/v1/stream")
-    async def v1_stream(ws: WebSocket):
-        if service.streams_open >= config.max_streams:
+    async def v1_stream(scope, receive, send, authorized: bool) -> None:
+        ws = WebSocket(scope, receive, send)
+        refusal = None
+        if not authorized:
+            refusal = RequestError(401, "this server needs an API key: send the header 'Authorization: Bearer KEY' "
+                                        "or 'X-API-Key: KEY', or connect to /v1/stream?api_key=KEY"), 1008
+        elif service.engine is None:
+            try:
+                service.ready()
+            except RequestError as e:
+                refusal = e, 1013
+        elif service.streams_open >= config.max_streams:
             metrics.rejected.labels("streams").inc()
-            await ws.accept()
-            e = busy(f"the server has {service.streams_open} open streams, its limit (--max-streams); retry shortly")
-            await ws.send_text(encode_json(e.body()).decode())
-            await ws.close(code=1013)
+            refusal = busy(f"the server has {service.streams_open} open streams, its limit (--max-streams); retry "
+                           "shortly"), 1013
+        if refusal is not None:
+            try:
+                await ws.accept()
+                await ws.send_text(encode_json(refusal[0].body()).decode())
+                await ws.close(code=refusal[1])
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                pass
             return
         await ws.accept()
         service.streams_open += 1
@@ -227,6 +605,9 @@ def create_app(engine, max_chars: int = DEFAULT_MAX_CHARS, config: ServeConfig |
                     out, status = e.body(), e.status
                 except ClientGone:
                     break
+                except Exception:
+                    log.exception("unhandled error in a stream frame")
+                    out, status = RequestError(500, "internal error; the server log has the details").body(), 500
                 payload = encode_json(out)
                 try:
                     await ws.send_text(payload.decode())
@@ -235,7 +616,7 @@ def create_app(engine, max_chars: int = DEFAULT_MAX_CHARS, config: ServeConfig |
                 metrics.frames.labels(str(status)).inc()
                 if status == 200:
                     metrics.frame_seconds.observe(time.perf_counter() - t0)
-        except (WebSocketDisconnect, RuntimeError):  # the client left while we answered
+        except (WebSocketDisconnect, RuntimeError, OSError):  # the client left while we answered
             pass
         finally:
             client.leave()
@@ -248,7 +629,7 @@ def create_app(engine, max_chars: int = DEFAULT_MAX_CHARS, config: ServeConfig |
             metrics.streams_open.dec()
 
     async def _frame(raw: str, state, res: Reservation, client: Client):
-        frame = parse(models.frame, raw, models.frame_allowed, config.max_chars, what="frame")
+        frame = parse(models.frame, raw, models.allowed(models.frame), config.max_chars, what="frame")
         if frame.reset and frame.restore is not None:
             raise RequestError(400, 'a frame takes "reset" or "restore", not both')
         if frame.text is None and not (frame.reset or frame.restore is not None or frame.snapshot):
@@ -271,62 +652,49 @@ def create_app(engine, max_chars: int = DEFAULT_MAX_CHARS, config: ServeConfig |
             out["next"] = service.next_chars(s, frame.top_k)
         return out, s
 
+    app = IsanApp(fa, http_routes, {"/v1/stream": v1_stream}, service, config.api_key)
+    if config.api_key:
+        _add_security(fa, app._protected)
     return app
 
 
-class _HeldResponse(Response):
-    """A JSON answer whose memory stays reserved until it has been sent (or the send failed)."""
+#: prompts longer than this are read in a worker thread
+PREPARE_INLINE = 20_000
 
-    def __init__(self, body: bytes, res: Reservation):
-        super().__init__(body, media_type=JSON)
-        self._res = res
+
+class _Raw(Response):
+    """A FastAPI answer that hands the request to a plain ASGI handler (whose body is unread)."""
+
+    def __init__(self, handler):
+        super().__init__()
+        self._handler = handler
 
     async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._res.release()
+        await self._handler(scope, receive, send)
 
 
-async def _read_body(request: Request, res: Reservation, limit: int) -> bytes:
-    """The request body, its bytes reserved in the budget as they arrive (413 over ``limit``,
-    503 if the budget is full)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit():
-        n = int(declared)
-        if n > limit:
-            raise RequestError(413, f"the body has {n:,} bytes; the limit is {limit:,} (6 bytes a character of "
-                                    "--max-chars); split the text, or use /v1/stream")
-        if n > res.budget.limit:
-            raise RequestError(413, f"the body has {n:,} bytes, more than the server's memory for pending requests "
-                                    "(--max-pending-mb); split the text, or use /v1/stream")
-        if not res.grow(n):
-            raise busy("the server is busy: no room for this request's body within --max-pending-mb; retry shortly")
-    parts = []
-    size = 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            raise RequestError(413, f"the body exceeds {limit:,} bytes (6 bytes a character of --max-chars); split "
-                                    "the text, or use /v1/stream")
-        if size > res.bytes and not res.grow(size - res.bytes):
-            raise busy("the server is busy: no room for this request's body within --max-pending-mb; retry shortly")
-        parts.append(part)
-    return b"".join(parts)
+def _add_security(fa: FastAPI, protected: set[str]) -> None:
+    """Declare the API key in the OpenAPI schema (both ways of sending it) on the protected paths."""
+    base = fa.openapi
 
+    def openapi():
+        if fa.openapi_schema:
+            return fa.openapi_schema
+        schema = base()
+        comps = schema.setdefault("components", {}).setdefault("securitySchemes", {})
+        comps["bearer"] = {"type": "http", "scheme": "bearer", "description": "the server's API key"}
+        comps["apiKey"] = {"type": "apiKey", "in": "header", "name": "X-API-Key"}
+        for path, ops in schema.get("paths", {}).items():
+            if path in protected:
+                for op in ops.values():
+                    op["security"] = [{"bearer": []}, {"apiKey": []}]
+                    op.setdefault("responses", {}).setdefault("401", {
+                        "description": "a missing or wrong API key",
+                        "content": {JSON: {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}})
+        fa.openapi_schema = schema
+        return schema
 
-async def _watch_disconnect(request: Request, client: Client) -> None:
-    """``client.leave()`` when the client disconnects (the body has been read, so the next message is that)."""
-    try:
-        while True:
-            msg = await request.receive()
-            if msg["type"] == "http.disconnect":
-                client.leave()
-                return
-    except asyncio.CancelledError:
-        raise
-    except Exception:  # pragma: no cover - a server without disconnect messages
-        return
+    fa.openapi = openapi
 
 
 async def _read_frames(ws: WebSocket, queue: asyncio.Queue, client: Client, service: Service,
@@ -351,7 +719,7 @@ async def _read_frames(ws: WebSocket, queue: asyncio.Queue, client: Client, serv
                 service.metrics.rejected.labels("busy").inc()
                 err = busy("the server is busy: no room for this frame within --max-pending-mb; resend it shortly")
             await queue.put((t0, text if err is None else None, err, res))
-    except (WebSocketDisconnect, RuntimeError):
+    except (WebSocketDisconnect, RuntimeError, OSError):
         pass
     finally:
         client.leave()

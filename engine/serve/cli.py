@@ -12,6 +12,17 @@ from isan.engine.serve.config import DEFAULT_MAX_CHARS, ServeConfig
 _D = ServeConfig()
 
 
+def read_key(path: str | None) -> str | None:
+    """The API key: ``--api-key-file`` (its text, stripped), else ``$ISAN_API_KEY``, else None (no key)."""
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise click.ClickException(f"cannot read --api-key-file {path}: {e}") from None
+    return os.environ.get("ISAN_API_KEY") or None
+
+
 def read_secret(path: str | None) -> bytes | None:
     """The state-snapshot key: ``--state-secret-file`` (its bytes, stripped), else ``$ISAN_STATE_SECRET``, else None."""
     if path:
@@ -42,40 +53,84 @@ def read_secret(path: str | None) -> bytes | None:
 @click.option("--round-chars", default=_D.round_chars, show_default=True, type=int,
               help="Characters scored per scheduler round over all requests and streams.")
 @click.option("--request-timeout", default=_D.request_timeout_s, show_default=True, type=float,
-              help="Seconds a text may wait and run before it is answered 503 and dropped (and a request body may "
-                   "take to arrive: 408).")
+              help="Seconds a text may wait and run before it is answered 503 and its work dropped.")
 @click.option("--stream-idle-timeout", default=_D.stream_idle_timeout_s, show_default=True, type=float,
               help="Seconds a stream may send nothing before it is closed.")
 @click.option("--batching/--no-batching", default=True, show_default=True,
               help="Score each round's texts in one batched kernel call, or each alone on the engine's path.")
 @click.option("--threads", type=int, default=None,
-              help="Threads for the engine's kernels (default: one fewer than the CPUs, at least 1, so that the event "
-                   "loop keeps a core).")
+              help="Threads for the engine's kernels (default: one a CPU).")
+@click.option("--read-timeout", default=_D.read_timeout_s, show_default=True, type=float,
+              help="Seconds a request's headers, and then its body, may take to arrive (408 and closed beyond).")
+@click.option("--keep-alive-timeout", default=_D.keep_alive_s, show_default=True, type=float,
+              help="Seconds an idle keep-alive connection stays open.")
+@click.option("--max-connections", default=_D.max_connections, show_default=True, type=int,
+              help="Open HTTP connections (streams are counted by --max-streams); beyond: 503 and closed.")
+@click.option("--max-batch-texts", default=_D.max_batch_texts, show_default=True, type=int,
+              help="Texts in one POST /v1/score/batch.")
+@click.option("--max-sample-chars", default=_D.max_sample_chars, show_default=True, type=int,
+              help="Characters one POST /v1/sample may generate.")
+@click.option("--max-attribute-chars", default=_D.max_attribute_chars, show_default=True, type=int,
+              help="Characters of one POST /v1/attribute text (memory grows with its square).")
+@click.option("--api-key-file", default=None, type=click.Path(dir_okay=False),
+              help="Require this API key on /v1 and /metrics (default: $ISAN_API_KEY, else no key).")
+@click.option("--docs/--no-docs", default=True, show_default=True,
+              help="Serve /docs, the API as an HTML page made by the server (no scripts, no CDN).")
 @click.option("--state-secret-file", default=None, type=click.Path(dir_okay=False),
               help="Key that signs state snapshots (default: $ISAN_STATE_SECRET, else random per process).")
 @click.option("--log-level", default="info", show_default=True)
 def main(host, port, model, path_mode, backend, device, max_chars, max_pending_mb, max_streams, max_stream_frames,
-         round_chars, request_timeout, stream_idle_timeout, batching, threads, state_secret_file, log_level):
-    """Serve scoring over HTTP (POST /v1/score) and WebSocket (/v1/stream) with continuous batching."""
+         round_chars, request_timeout, stream_idle_timeout, batching, threads, read_timeout, keep_alive_timeout,
+         max_connections, max_batch_texts, max_sample_chars, max_attribute_chars, api_key_file, docs,
+         state_secret_file, log_level):
+    """Serve scoring over HTTP (POST /v1/score, /v1/score/batch, /v1/next, /v1/sample, /v1/attribute) and
+    WebSocket (/v1/stream) with continuous batching. The server listens at once; GET /healthz says
+    "loading" until the model is loaded, then "ready"."""
+    failed: list[str] = []
     try:
         config = ServeConfig(max_chars=max_chars, max_pending_mb=max_pending_mb, max_streams=max_streams,
                              max_stream_frames=max_stream_frames, round_chars=round_chars,
                              min_slice_chars=min(_D.min_slice_chars, round_chars), request_timeout_s=request_timeout,
                              stream_idle_timeout_s=stream_idle_timeout, batching=batching, threads=threads,
-                             state_secret=read_secret(state_secret_file))
+                             state_secret=read_secret(state_secret_file), read_timeout_s=read_timeout,
+                             keep_alive_s=keep_alive_timeout, max_connections=max_connections,
+                             max_batch_texts=max_batch_texts, max_sample_chars=max_sample_chars,
+                             max_attribute_chars=max_attribute_chars, api_key=read_key(api_key_file), docs=docs)
         import uvicorn
 
         from isan.engine import load_engine
+        from isan.engine.bundle import read_manifest
+        from isan.engine.core import default_model_path
         from isan.engine.serve.app import create_app
+        from isan.engine.serve.service import ModelInfo
 
-        engine = load_engine(model, path=path_mode, backend=backend, device=device)
-        app = create_app(engine, config=config)
+        src = default_model_path() if model is None else model
+        manifest = read_manifest(src, verify="none")  # a missing or broken bundle is an error before listening
+
+        def load():
+            return load_engine(model, path=path_mode, backend=backend, device=device)
+
+        server = None
+
+        def stop(msg: str) -> None:
+            failed.append(msg)
+            if server is not None:
+                server.should_exit = True
+
+        if manifest.get("kind") == "isan" and backend == "numpy":
+            # load while listening: /healthz answers "loading" (composing a table can take seconds)
+            app = create_app(loader=load, info=ModelInfo.of_manifest(manifest, str(src)), config=config,
+                             on_load_failed=stop)
+        else:  # other engines' states have other sizes than the manifest says: load first
+            app = create_app(load(), config=config)
+        server = uvicorn.Server(app.uvicorn_config(host, port, log_level))
     except ModuleNotFoundError as e:
         raise click.ClickException(f"isan-serve needs {e.name}: pip install 'isan[serve]'") from None
     except IsanError as e:
         raise click.ClickException(str(e)) from None
-    info = engine.describe()
-    click.echo(f"isan-serve: model {info.get('source')} ({info.get('path')} path, {info.get('backend')} backend, "
-               f"{'batched rounds' if app.state.service.batching else 'no batching'}) on http://{host}:{port}", err=True)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, ws_max_size=config.max_body_bytes,
-                ws_per_message_deflate=False)
+    click.echo(f"isan-serve: model {manifest.get('kind')} {src} ({path_mode} path, {backend} backend, "
+               f"{'batched rounds' if batching else 'no batching'}) on http://{host}:{port}"
+               + (" (API key required)" if config.api_key else ""), err=True)
+    server.run()
+    if failed:
+        raise click.ClickException(f"the model could not be loaded: {failed[0]}")

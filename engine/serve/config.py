@@ -34,13 +34,28 @@ class ServeConfig:
         request_timeout_s: a request or frame not answered by then gets 503 and its remaining
             work is dropped.
         stream_idle_timeout_s: a stream that sends nothing for this long is closed (code 1001).
-        batching: True: each round scores all its slices in one ``Engine.score_batch`` call (the
+        batching: True: each round scores all its slices in one batched kernel call (the
             compiled symbol-grouped kernel, exact within float32 rounding). False: each slice is
             scored alone with ``Engine.score`` on the engine's path (``--path``), one after another.
-        threads: threads for the engine's kernels (None: one fewer than the engine's, at least 1,
-            so that the event loop keeps a core; see :func:`isan.engine.serve.service.server_threads`).
+        threads: threads for the engine's kernels (None: the engine's own, one a CPU; see
+            :func:`isan.engine.serve.service.server_threads`).
         state_secret: the HMAC key of state snapshots (:mod:`isan.engine.serve.snapshot`); None: a
             random key per process, so snapshots are valid until the server restarts.
+        read_timeout_s: a request's headers, and then its body, must each arrive within this many
+            seconds (408 and the connection closed): a client that trickles bytes cannot hold a
+            connection and its reserved memory for long.
+        keep_alive_s: an idle keep-alive HTTP connection is closed after this many seconds.
+        max_connections: open HTTP connections (WebSocket streams are counted by ``max_streams``);
+            a request on a connection beyond it is answered 503 with ``Retry-After`` and the
+            connection closed.
+        max_batch_texts: texts in one ``POST /v1/score/batch``.
+        max_sample_chars: characters one ``POST /v1/sample`` may generate.
+        max_attribute_chars: characters of one ``POST /v1/attribute`` text (its kappa takes
+            ``T (T + 1) V`` float64 values, 54 MiB at 500 characters for V = 27).
+        api_key: when set, every ``/v1/...`` endpoint and ``/metrics`` need it (``Authorization:
+            Bearer KEY`` or ``X-API-Key: KEY``; a WebSocket may also pass ``?api_key=KEY``); 401 otherwise.
+        docs: serve ``/docs``, an HTML page of the API rendered from ``/openapi.json`` by the
+            server itself (no scripts, nothing from a CDN).
     """
 
     max_chars: int = DEFAULT_MAX_CHARS
@@ -54,6 +69,14 @@ class ServeConfig:
     batching: bool = True
     threads: int | None = None
     state_secret: bytes | None = None
+    read_timeout_s: float = 10.0
+    keep_alive_s: float = 5.0
+    max_connections: int = 256
+    max_batch_texts: int = 1024
+    max_sample_chars: int = 10_000
+    max_attribute_chars: int = 500
+    api_key: str | None = None
+    docs: bool = True
 
     def __post_init__(self) -> None:
         checks = [
@@ -66,6 +89,12 @@ class ServeConfig:
             ("request_timeout_s", self.request_timeout_s > 0),
             ("stream_idle_timeout_s", self.stream_idle_timeout_s > 0),
             ("threads", self.threads is None or self.threads >= 1),
+            ("read_timeout_s", self.read_timeout_s > 0),
+            ("keep_alive_s", self.keep_alive_s > 0),
+            ("max_connections", self.max_connections >= 1),
+            ("max_batch_texts", self.max_batch_texts >= 1),
+            ("max_sample_chars", self.max_sample_chars >= 1),
+            ("max_attribute_chars", self.max_attribute_chars >= 1),
         ]
         for name, ok in checks:
             if not ok:
@@ -74,6 +103,8 @@ class ServeConfig:
             raise IsanError("--max-chars must be below 2**31")
         if self.state_secret is not None and len(self.state_secret) < 16:
             raise IsanError("the state secret must be at least 16 bytes (ISAN_STATE_SECRET or --state-secret-file)")
+        if self.api_key is not None and len(self.api_key) < 8:
+            raise IsanError("the API key must be at least 8 characters (ISAN_API_KEY or --api-key-file)")
 
     @property
     def max_body_bytes(self) -> int:
@@ -88,7 +119,10 @@ class ServeConfig:
     def to_json(self) -> dict:
         out = {k: getattr(self, k) for k in ("max_chars", "max_pending_mb", "max_streams", "max_stream_frames",
                                               "round_chars", "min_slice_chars", "request_timeout_s",
-                                              "stream_idle_timeout_s", "batching", "threads")}
+                                              "stream_idle_timeout_s", "batching", "threads",
+                                              "read_timeout_s", "keep_alive_s", "max_connections",
+                                              "max_batch_texts", "max_sample_chars", "max_attribute_chars")}
         out["max_body_bytes"] = self.max_body_bytes
         out["state_secret"] = "configured" if self.state_secret is not None else "random per process"
+        out["api_key"] = "required" if self.api_key is not None else "none"
         return out

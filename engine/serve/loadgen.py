@@ -7,12 +7,19 @@ do share the machine's cores). Measurements, each checked against the library's 
   real text) for ``duration_s`` seconds over keep-alive connections: requests/s, latency p50/p90/p99,
   statuses, and the largest relative difference of a response's bits from ``Engine.score``.
 * **stream**: ``streams`` WebSocket streams open at once, each sending ``chunks`` chunks of
-  ``chunk_chars`` characters and waiting for each answer: per-chunk latency p50/p90/p99, frames/s,
-  and every stream's running total against scoring its whole text offline.
+  ``chunk_chars`` characters (a fixed size, or sizes drawn uniformly from a range such as 1-400)
+  and waiting for each answer: per-chunk latency p50/p90/p99, frames/s, every stream's running
+  total against scoring its whole text offline, and the server's resident memory before and at
+  its peak during the run.
 * **memory**: ``big_requests`` concurrent requests of ``big_chars`` characters: the server's resident
   memory before and at its peak (sampled from /proc), the statuses (503 beyond the budget).
-* **cancel**: a client sends a ``big_chars`` request and disconnects after ``cancel_after_s``: how
-  many of its characters were scored before the server dropped it (from ``/metrics``).
+* **cancel**: ``cancel_clients`` clients each send a request of ``big_chars`` characters (at most
+  500,000) and disconnect after ``cancel_after_s``; then a new stream sends a chunk: how many of
+  their characters were scored before the server dropped them (from ``/metrics``), and how long
+  the new stream waited.
+* **slow**: ``slow_conns`` connections each declare a 1,000-byte body and send 14 bytes of it:
+  how many the server refuses at once (503, ``--max-connections``), how many it answers 408
+  (``--read-timeout``) and when the last one is closed; then whether a normal request is served.
 
 Example:
     >>> res = run_bench(model=None, data="../shared/data/text8_head/text8_head.txt", clients=100)
@@ -72,17 +79,26 @@ class ServerProcess:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.url = f"127.0.0.1:{self.port}"
         deadline = time.time() + timeout_s
-        while True:
+        while True:  # the server listens while it loads the model: wait until /healthz says ready
             if self.proc.poll() is not None:
                 raise IsanError(f"isan-serve exited: {self.proc.stderr.read().decode()[-2000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    break
-            except OSError:
-                if time.time() > deadline:
-                    self.stop()
-                    raise IsanError(f"isan-serve did not start within {timeout_s:g} s")
-                time.sleep(0.2)
+            if self._ready():
+                break
+            if time.time() > deadline:
+                self.stop()
+                raise IsanError(f"isan-serve was not ready within {timeout_s:g} s")
+            time.sleep(0.2)
+
+    def _ready(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                data = b""
+                while chunk := s.recv(65536):
+                    data += chunk
+        except OSError:
+            return False
+        return b'"status":"ready"' in data
 
     @property
     def pid(self) -> int:
@@ -183,7 +199,8 @@ async def _http_load(host, port, texts, expected, clients, duration_s):
             "max_rel_bits_error": worst[0]}
 
 
-async def _stream_load(host, port, stream_texts, expected, chunks, chunk_chars):
+async def _stream_load(host, port, stream_texts, expected, plans, pid=None):
+    """Every stream sends its text in chunks of the sizes in ``plans[k]``, waiting for each answer."""
     from websockets.asyncio.client import connect
 
     lat: list[float] = []
@@ -191,6 +208,14 @@ async def _stream_load(host, port, stream_texts, expected, chunks, chunk_chars):
     worst = [0.0]
     opened = asyncio.Event()
     n_open = [0]
+    rss0 = _rss_mib(pid)[0] if pid else None
+    peak = [rss0 or 0.0]
+    done = asyncio.Event()
+
+    async def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss_mib(pid)[0])
+            await asyncio.sleep(0.05)
 
     async def stream(k):
         text = stream_texts[k]
@@ -202,9 +227,11 @@ async def _stream_load(host, port, stream_texts, expected, chunks, chunk_chars):
                     opened.set()
                 await asyncio.wait_for(opened.wait(), 180)  # all streams open before any sends
                 msg = None
-                for c in range(chunks):
+                pos = 0
+                for size in plans[k]:
                     t0 = time.perf_counter()
-                    await ws.send(json.dumps({"text": text[c * chunk_chars : (c + 1) * chunk_chars]}))
+                    await ws.send(json.dumps({"text": text[pos : pos + size]}))
+                    pos += size
                     msg = json.loads(await ws.recv())
                     lat.append(time.perf_counter() - t0)
                     if "error" in msg:
@@ -215,13 +242,62 @@ async def _stream_load(host, port, stream_texts, expected, chunks, chunk_chars):
             errors.append(f"{type(e).__name__}: {e}"[:200])
             opened.set()
 
+    sampler = asyncio.ensure_future(sample()) if pid else None
     t0 = time.perf_counter()
     await asyncio.gather(*(stream(k) for k in range(len(stream_texts))))
     wall = time.perf_counter() - t0
-    return {"streams": len(stream_texts), "chunks": chunks, "chunk_chars": chunk_chars, "seconds": round(wall, 3),
-            "frames_ok": len(lat) - len(errors), "errors": len(errors), "first_errors": errors[:3],
-            "frames_per_s": len(lat) / wall, "chars_per_s": len(lat) * chunk_chars / wall,
-            "chunk_latency_s": _pct(lat), "max_rel_bits_error": worst[0]}
+    done.set()
+    if sampler is not None:
+        await sampler
+    sizes = [c for p in plans for c in p]
+    out = {"streams": len(stream_texts), "chunks": len(plans[0]) if plans else 0,
+           "chunk_chars": f"{min(sizes)}-{max(sizes)}" if sizes and min(sizes) != max(sizes) else (sizes[0] if sizes else 0),
+           "mean_chunk_chars": round(float(np.mean(sizes)), 1) if sizes else 0, "seconds": round(wall, 3),
+           "frames_ok": len(lat) - len(errors), "errors": len(errors), "first_errors": errors[:3],
+           "frames_per_s": len(lat) / wall, "chars_per_s": sum(sizes) / wall if not errors else None,
+           "chunk_latency_s": _pct(lat), "max_rel_bits_error": worst[0]}
+    if pid:
+        out["rss_before_mib"], out["rss_peak_mib"] = round(rss0, 1), round(peak[0], 1)
+    return out
+
+
+async def _slow_probe(host, port, n, sent=14, declared=1000):
+    """``n`` connections that declare a body of ``declared`` bytes and send ``sent``."""
+    t0 = time.perf_counter()
+    conns = []
+    for _ in range(n):
+        try:
+            r, w = await asyncio.open_connection(host, port)
+        except OSError:
+            conns.append(None)
+            continue
+        w.write((f"POST /v1/score HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {declared}\r\n\r\n").encode() + b'{"text": "ab' + b"c" * (sent - 12))
+        conns.append((r, w))
+
+    async def outcome(c):
+        if c is None:
+            return "refused", 0.0
+        r, w = c
+        try:
+            line = await asyncio.wait_for(r.readline(), 120)
+            await asyncio.wait_for(r.read(), 10)
+        except (asyncio.TimeoutError, OSError):
+            line = b""
+        dt = time.perf_counter() - t0
+        w.close()
+        status = line.split()[1].decode() if len(line.split()) > 1 else "closed"
+        return status, dt
+
+    res = await asyncio.gather(*(outcome(c) for c in conns))
+    statuses: dict[str, int] = {}
+    for st, _ in res:
+        statuses[st] = statuses.get(st, 0) + 1
+    conn = HttpConn(host, port)
+    st, _ = await conn.request("POST", "/v1/score", json.dumps({"text": "the cat sat on the mat"}).encode())
+    conn.close()
+    return {"connections": n, "declared_bytes": declared, "sent_bytes": sent, "statuses": statuses,
+            "last_closed_after_s": round(max(dt for _, dt in res), 2), "then_a_request": st}
 
 
 async def _memory_probe(host, port, pid, big_text, n):
@@ -262,7 +338,11 @@ def _metric(text: str, name: str, labels: str = "") -> float:
     return float(m.group(1)) if m else 0.0
 
 
-async def _cancel_probe(host, port, big_text, after_s):
+async def _cancel_probe(host, port, big_text, after_s, clients=12):
+    """``clients`` clients each send ``big_text`` and disconnect after ``after_s``; then a new stream
+    sends a 200-character chunk: how much of the big texts was scored, and how long the new stream waited."""
+    from websockets.asyncio.client import connect
+
     async def metrics():
         c = HttpConn(host, port)
         st, data = await c.request("GET", "/metrics")
@@ -271,25 +351,48 @@ async def _cancel_probe(host, port, big_text, after_s):
 
     m0 = await metrics()
     body = json.dumps({"text": big_text}).encode()
-    reader, writer = await asyncio.open_connection(host, port)
-    writer.write((f"POST /v1/score HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                  f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
-    await writer.drain()
+    writers = []
+    for _ in range(clients):
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write((f"POST /v1/score HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+        writers.append(writer)
+    await asyncio.gather(*(w.drain() for w in writers))
     await asyncio.sleep(after_s)
-    writer.close()
-    await asyncio.sleep(max(1.0, 4 * after_s))  # the server notices, drops the job; in-flight rounds finish
+    for w in writers:
+        w.close()
+    t0 = time.perf_counter()
+    async with connect(f"ws://{host}:{port}/v1/stream", ping_interval=None, open_timeout=120) as ws:
+        await ws.send(json.dumps({"text": big_text[:200]}))
+        json.loads(await ws.recv())
+    stream_wait = time.perf_counter() - t0
+    await asyncio.sleep(max(1.0, 4 * after_s))  # the server notices, drops the jobs; in-flight rounds finish
     m1 = await metrics()
     scored = _metric(m1, "isan_chars_scored_total") - _metric(m0, "isan_chars_scored_total")
     cancelled = (_metric(m1, "isan_cancelled_total", 'reason="disconnect"')
                  - _metric(m0, "isan_cancelled_total", 'reason="disconnect"'))
-    return {"chars": len(big_text), "disconnect_after_s": after_s, "chars_scored": int(scored),
-            "cancelled": int(cancelled)}
+    return {"clients": clients, "chars": len(big_text), "disconnect_after_s": after_s, "chars_scored": int(scored),
+            "cancelled": int(cancelled), "new_stream_first_chunk_s": round(stream_wait, 3)}
+
+
+def parse_chunk_chars(spec) -> tuple[int, int]:
+    """``200`` -> (200, 200); ``"1-400"`` -> (1, 400)."""
+    text = str(spec)
+    lo, _, hi = text.partition("-")
+    try:
+        a, b = int(lo), int(hi or lo)
+    except ValueError:
+        raise IsanError(f"chunk sizes must be N or MIN-MAX; got {text!r}") from None
+    if not 1 <= a <= b:
+        raise IsanError(f"chunk sizes must satisfy 1 <= MIN <= MAX; got {text!r}")
+    return a, b
 
 
 def run_bench(model: str | None = None, data: str = "../shared/data/text8_head/text8_head.txt", clients: int = 100,
               text_chars: int = 1000, duration_s: float = 10.0, streams: int = 1000, chunks: int = 5,
-              chunk_chars: int = 200, big_chars: int = 1_000_000, big_requests: int = 4, cancel_after_s: float = 0.5,
-              server_args: list[str] | None = None, which: tuple[str, ...] = ("http", "stream", "memory", "cancel"),
+              chunk_chars="1-400", big_chars: int = 1_000_000, big_requests: int = 4, cancel_after_s: float = 0.5,
+              slow_conns: int = 500, cancel_clients: int = 12, server_args: list[str] | None = None,
+              which: tuple[str, ...] = ("http", "stream", "memory", "cancel", "slow"), seed: int = 0,
               progress=None) -> dict:
     """Start ``isan-serve`` and measure it (see the module docstring); returns a JSON-able dict.
 
@@ -320,21 +423,26 @@ def run_bench(model: str | None = None, data: str = "../shared/data/text8_head/t
             asyncio.run(_http_load(host, port, texts[:2], expected[:2], 2, 1.0))  # warm-up
             out["http"] = asyncio.run(_http_load(host, port, texts, expected, clients, duration_s))
         if "stream" in which:
-            per = chunks * chunk_chars
-            k = min(streams, len(valid) // per)
-            stream_texts = [valid[i * per : (i + 1) * per] for i in range(k)]
-            stream_texts += [stream_texts[i % k] for i in range(streams - k)]
-            say(f"stream: {streams} WebSocket streams x {chunks} chunks of {chunk_chars} characters")
-            exp = [eng.score(t).bits for t in stream_texts[:k]]
-            expected = [exp[i % k] for i in range(streams)]
-            out["stream"] = asyncio.run(_stream_load(host, port, stream_texts, expected, chunks, chunk_chars))
+            lo, hi = parse_chunk_chars(chunk_chars)
+            rng = np.random.default_rng(seed)
+            plans = [rng.integers(lo, hi + 1, size=chunks).tolist() for _ in range(streams)]
+            starts = rng.integers(0, max(1, len(valid) - chunks * hi), size=streams)
+            stream_texts = [valid[a : a + sum(p)] for a, p in zip(starts, plans)]
+            say(f"stream: {streams} WebSocket streams x {chunks} chunks of {lo}-{hi} characters")
+            expected = [eng.score(t).bits for t in stream_texts]  # offline, on the engine's own path
+            out["stream"] = asyncio.run(_stream_load(host, port, stream_texts, expected, plans, srv.pid))
         big = (test * (big_chars // len(test) + 1))[:big_chars]
         if "memory" in which:
             say(f"memory: {big_requests} concurrent requests of {big_chars:,} characters")
             out["memory"] = asyncio.run(_memory_probe(host, port, srv.pid, big, big_requests))
         if "cancel" in which:
-            say(f"cancel: a {big_chars:,}-character request whose client leaves after {cancel_after_s:g} s")
-            out["cancel"] = asyncio.run(_cancel_probe(host, port, big, cancel_after_s))
+            n = min(big_chars, 500_000)
+            say(f"cancel: {cancel_clients} clients send {n:,} characters and leave after {cancel_after_s:g} s; then a "
+                "new stream")
+            out["cancel"] = asyncio.run(_cancel_probe(host, port, big[:n], cancel_after_s, cancel_clients))
+        if "slow" in which:
+            say(f"slow: {slow_conns} connections that send 14 of the 1,000 bytes they declare")
+            out["slow"] = asyncio.run(_slow_probe(host, port, slow_conns))
         out["server_rss_mib_end"], out["server_rss_mib_peak"] = (round(x, 1) for x in _rss_mib(srv.pid))
     return out
 
@@ -357,11 +465,15 @@ def markdown(res: dict) -> str:
     if "stream" in res:
         s = res["stream"]
         lines += ["| WebSocket load | value |", "|---|---:|",
-                  f"| streams x chunks x chars | {s['streams']} x {s['chunks']} x {s['chunk_chars']} |",
+                  f"| streams x chunks x chars | {s['streams']} x {s['chunks']} x {s['chunk_chars']} "
+                  f"(mean {s['mean_chunk_chars']}) |",
                   f"| frames/s | {s['frames_per_s']:,.1f} |",
                   f"| chunk latency p50 / p90 / p99 | {pct(s['chunk_latency_s'])} |",
                   f"| errors | {s['errors']} |",
-                  f"| max relative total-bits difference from offline | {s['max_rel_bits_error']:.2e} |", ""]
+                  f"| max relative total-bits difference from offline | {s['max_rel_bits_error']:.2e} |"]
+        if "rss_peak_mib" in s:
+            lines.append(f"| server RSS before / peak | {s['rss_before_mib']:,.0f} / {s['rss_peak_mib']:,.0f} MiB |")
+        lines.append("")
     if "memory" in res:
         m = res["memory"]
         lines += ["| memory | value |", "|---|---:|",
@@ -372,9 +484,17 @@ def markdown(res: dict) -> str:
     if "cancel" in res:
         c = res["cancel"]
         lines += ["| cancellation | value |", "|---|---:|",
-                  f"| request chars / client left after | {c['chars']:,} / {c['disconnect_after_s']:g} s |",
-                  f"| chars scored before the job was dropped | {c['chars_scored']:,} |",
-                  f"| jobs cancelled on disconnect | {c['cancelled']} |", ""]
+                  f"| clients x chars / left after | {c['clients']} x {c['chars']:,} / {c['disconnect_after_s']:g} s |",
+                  f"| chars scored before the jobs were dropped | {c['chars_scored']:,} |",
+                  f"| jobs cancelled on disconnect | {c['cancelled']} |",
+                  f"| a new stream's first 200-char chunk took | {c['new_stream_first_chunk_s'] * 1000:,.0f} ms |", ""]
+    if "slow" in res:
+        w = res["slow"]
+        lines += ["| slow bodies | value |", "|---|---:|",
+                  f"| connections x bytes sent / declared | {w['connections']} x {w['sent_bytes']} / {w['declared_bytes']} |",
+                  f"| answers | {w['statuses']} |",
+                  f"| last one closed after | {w['last_closed_after_s']:g} s |",
+                  f"| then a normal request | {w['then_a_request']} |", ""]
     return "\n".join(lines)
 
 

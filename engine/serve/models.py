@@ -9,7 +9,7 @@ names the field and says what to send instead.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
@@ -67,9 +67,62 @@ class ErrorResponse(BaseModel):
 
 
 class HealthResponse(BaseModel):
-    status: Literal["ok"]
+    status: Literal["loading", "ready", "failed"] = Field(description="loading: the model is being loaded (every "
+                                                          "/v1 endpoint answers 503); ready; failed (see error)")
+    error: Optional[str] = Field(None, description="failed: why the model could not be loaded")
     model: dict[str, Any]
     server: dict[str, Any]
+
+
+class BatchResponse(BaseModel):
+    """The answer to ``POST /v1/score/batch``."""
+
+    results: list[ScoreResponse] = Field(description="one result per text, in order")
+    chars: int = Field(description="characters scored over all texts")
+    bits: float = Field(description="bits over all texts")
+    bpc: Optional[float] = None
+
+
+class NextResponse(BaseModel):
+    """The answer to ``POST /v1/next``."""
+
+    model_config = ConfigDict(extra="allow")
+    next: list[NextChar] = Field(description="the k most likely next characters, most likely first")
+    chars: int = Field(description="characters of `text` scored (0 without text)")
+    bits: float = 0.0
+    bpc: Optional[float] = None
+    total_chars: int
+    total_bits: float
+    total_bpc: Optional[float] = None
+    state: Optional[str] = None
+
+
+class SampleResponse(BaseModel):
+    """``POST /v1/sample`` with ``"stream": false``, and the data of the final ``done`` event of the stream."""
+
+    model_config = ConfigDict(extra="allow")
+    prompt: str
+    text: str = Field(description="the generated characters (without the prompt)")
+    chars: int
+    bits: float = Field(description="bits of the generated characters under the model (unscaled by temperature)")
+    seed: int = Field(description="the seed used (drawn by the server when none was given): send it to repeat the sample")
+    temperature: Optional[float] = Field(description="the temperature (null with inverse_temperature 0: uniform)")
+    top_k: Optional[int] = None
+    state: Optional[str] = None
+
+
+class AttributeResponse(BaseModel):
+    """The answer to ``POST /v1/attribute`` (:meth:`isan.engine.Attribution.to_json`)."""
+
+    model_config = ConfigDict(extra="allow")
+    text: str
+    by: str
+    sources: list[str]
+    source_spans: list[list[int]]
+    targets: list[str]
+    next_char_kappa: list[list[float]]
+    check_max_abs_error: float
+    check: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -78,52 +131,114 @@ class Models:
 
     score: type[BaseModel]
     frame: type[BaseModel]
+    batch: type[BaseModel]
+    next: type[BaseModel]
+    sample: type[BaseModel]
+    attribute: type[BaseModel]
     max_chars: int
-    allowed: tuple[str, ...]
-    frame_allowed: tuple[str, ...]
+
+    def allowed(self, model: type[BaseModel]) -> tuple[str, ...]:
+        return tuple(model.model_fields)
 
 
-def build_models(symbols: tuple[str, ...], max_chars: int, normalize_choices: list[str], max_state_chars: int) -> Models:
-    """Pydantic models of a score request and a stream frame for a model with these symbols.
+def build_models(symbols: tuple[str, ...], max_chars: int, normalize_choices: list[str], max_state_chars: int,
+                 max_batch_texts: int = 1024, max_sample_chars: int = 10_000,
+                 max_attribute_chars: int = 500) -> Models:
+    """Pydantic models of the requests and stream frames for a model with these symbols.
 
     Args:
         symbols: the model's alphabet (``replacement`` must be one of them; ``top_k`` at most its size).
         max_chars: the largest text.
         max_state_chars: the longest snapshot token of the model (:func:`~isan.engine.serve.snapshot.token_chars`).
         normalize_choices: accepted values of ``normalize``.
+        max_batch_texts, max_sample_chars, max_attribute_chars: the limits of those endpoints.
     """
+    V = len(symbols)
     Sym = Literal[tuple(symbols)]  # type: ignore[valid-type]
     Norm = Literal[tuple(normalize_choices)]  # type: ignore[valid-type]
     Unk = Literal[UNKNOWN]  # type: ignore[valid-type]
-    common = dict(
-        per_char=(bool, Field(False, description="also answer the bits and input offset of every scored character")),
+    text_opts = dict(
         unknown=(Unk, Field("error", description="characters outside the alphabet after normalisation: error (422), "
                                                  "skip, or replace with `replacement`")),
         replacement=(Optional[Sym], Field(None, description="the symbol that replaces unknown characters")),
         normalize=(Norm, Field("auto", description="auto: the model's normaliser; none: raw text; or a normaliser name")),
-        return_state=(bool, Field(False, description="answer a snapshot of the state after the text (`state`)")),
-        top_k=(int, Field(0, ge=0, le=len(symbols), description="answer the k most likely next characters (`next`)")),
     )
+    common = dict(
+        per_char=(bool, Field(False, description="also answer the bits and input offset of every scored character")),
+        **text_opts,
+        return_state=(bool, Field(False, description="answer a snapshot of the state after the text (`state`)")),
+        top_k=(int, Field(0, ge=0, le=V, description="answer the k most likely next characters (`next`)")),
+    )
+
+    def state_field(what: str):
+        return (Optional[str], Field(None, min_length=1, max_length=max_state_chars, pattern=TOKEN_PATTERN,
+                                     description=what))
+
     cfg = ConfigDict(extra="forbid", strict=True)
     score = create_model(
         "ScoreRequest", __config__=cfg,
         text=(str, Field(min_length=1, max_length=max_chars, description="the text to score")),
-        state=(Optional[str], Field(None, min_length=1, max_length=max_state_chars, pattern=TOKEN_PATTERN,
-                                    description="a snapshot (from return_state) to continue from; totals then run on")),
+        state=state_field("a snapshot (from return_state) to continue from; totals then run on"),
         **common)
     frame = create_model(
         "StreamFrame", __config__=cfg,
         text=(Optional[str], Field(None, max_length=max_chars, description="the next chunk of the stream's text")),
         reset=(bool, Field(False, description="first go back to the initial state")),
-        restore=(Optional[str], Field(None, min_length=1, max_length=max_state_chars, pattern=TOKEN_PATTERN,
-                                      description="first continue from this snapshot")),
+        restore=state_field("first continue from this snapshot"),
         snapshot=(bool, Field(False, description="answer a snapshot of the state (after the text, if any)")),
         **common)
-    return Models(score, frame, max_chars, tuple(score.model_fields), tuple(frame.model_fields))
+    batch = create_model(
+        "BatchRequest", __config__=cfg,
+        texts=(list[Annotated[str, Field(min_length=1, max_length=max_chars)]],
+               Field(min_length=1, max_length=max_batch_texts,
+                     description=f"independent texts, each scored from the initial state (at most {max_batch_texts:,}, "
+                                 f"{max_chars:,} characters in all)")),
+        **common)
+    nxt = create_model(
+        "NextRequest", __config__=cfg,
+        text=(Optional[str], Field(None, max_length=max_chars,
+                                   description="text to read first (scored: its bits are answered too); none: the "
+                                               "distribution at `state` or at the initial state")),
+        state=state_field("a snapshot to start from (default: the initial state)"),
+        k=(int, Field(5, ge=1, le=V, description=f"how many next characters (up to the alphabet's {V}: the whole "
+                                                  "distribution)")),
+        return_state=(bool, Field(False, description="answer a snapshot of the state after the text (`state`)")),
+        **text_opts)
+    sample = create_model(
+        "SampleRequest", __config__=cfg,
+        prompt=(str, Field("", max_length=max_chars, description="text the model reads before generating")),
+        n=(int, Field(200, ge=1, le=max_sample_chars, description="characters to generate")),
+        temperature=(Optional[float], Field(None, ge=0.01, le=100.0,
+                                            description="logits are divided by it (default 1; give this or "
+                                                        "inverse_temperature)")),
+        inverse_temperature=(Optional[float], Field(None, ge=0.0, le=100.0,
+                                                    description="logits are multiplied by it (0: uniform)")),
+        top_k=(Optional[int], Field(None, ge=1, le=V, description="sample only among the k most likely characters")),
+        seed=(Optional[int], Field(None, ge=0, le=2**63 - 1,
+                                   description="seed of the random generator (default: drawn by the server and "
+                                               "answered): the same seed gives the same text")),
+        state=state_field("a snapshot to start from (default: the initial state)"),
+        normalize=text_opts["normalize"],
+        stream=(bool, Field(True, description="true: Server-Sent Events (`chars` events as characters are "
+                                              "generated, then `done`); false: one JSON answer")),
+        return_state=(bool, Field(False, description="answer a snapshot of the state after the generated text")),
+    )
+    attribute = create_model(
+        "AttributeRequest", __config__=cfg,
+        text=(str, Field(min_length=1, max_length=max_attribute_chars,
+                         description="the text whose logits are attributed (memory grows with its length squared)")),
+        by=(Literal["char", "word"], Field("char", description="sources: each character, or each word and run of spaces")),
+        state=state_field("a snapshot to start from (its state is the source <h0>)"),
+        full=(bool, Field(False, description="also answer the whole kappa (T, S, V), the logits and b_ro")),
+        **text_opts)
+    return Models(score, frame, batch, nxt, sample, attribute, max_chars)
 
 
 def _field(loc) -> str:
-    return ".".join(str(x) for x in loc)
+    out = ""
+    for x in loc:
+        out += f"[{x}]" if isinstance(x, int) else (f".{x}" if out else str(x))
+    return out
 
 
 def parse(model: type[BaseModel], raw: bytes | str, allowed: tuple[str, ...], max_chars: int, what: str = "body"):
@@ -131,7 +246,7 @@ def parse(model: type[BaseModel], raw: bytes | str, allowed: tuple[str, ...], ma
 
     Raises:
         RequestError: 400 (not JSON, not an object, missing, unknown or bad fields, empty text) or
-            413 (text over ``max_chars``), the message naming every problem.
+            413 (a text, or a list of texts, over its limit), the message naming every problem.
     """
     try:
         return model.model_validate_json(raw)
@@ -139,15 +254,21 @@ def parse(model: type[BaseModel], raw: bytes | str, allowed: tuple[str, ...], ma
         raise describe(e, allowed, max_chars, what) from None
 
 
+_TEXTS = ("text", "texts", "prompt")
+
+
 def describe(e: ValidationError, allowed: tuple[str, ...], max_chars: int, what: str = "body") -> RequestError:
+    """One RequestError naming every problem of ``e`` and what to send instead (never echoing the input)."""
     status = 400
     msgs: list[str] = []
     extra_fields: list[str] = []
-    for err in e.errors(include_url=False):
+    for err in e.errors(include_url=False, include_input=True):
         typ, loc = err["type"], err["loc"]
+        ctx = err.get("ctx") or {}
         name = _field(loc)
+        top = str(loc[0]) if loc else ""
         if typ == "json_invalid":
-            reason = (err.get("ctx") or {}).get("error", "")
+            reason = ctx.get("error", "")
             hint = (": a \\uD800-\\uDFFF escape without its pair is not a Unicode character"
                     if "hex escape" in reason or "surrogate" in reason else "")
             return RequestError(400, f"the {what} is not valid JSON ({reason}){hint}; send an object like "
@@ -157,22 +278,39 @@ def describe(e: ValidationError, allowed: tuple[str, ...], max_chars: int, what:
         if typ == "extra_forbidden":
             extra_fields.append(name)
         elif typ == "missing":
-            msgs.append(f'the field "{name}" is required and must be a string')
-        elif name == "text" and typ == "string_too_long":
+            kind = "a list of strings" if top == "texts" else "a string"
+            msgs.append(f'the field "{name}" is required and must be {kind}')
+        elif top in _TEXTS and typ == "string_too_long":
             status = 413
             n = len(err["input"]) if isinstance(err.get("input"), str) else None
-            msgs.append(f"the text has {n:,} characters; the limit is {max_chars:,} (split it, or use /v1/stream)")
-        elif name == "text" and typ == "string_too_short":
-            msgs.append("the text is empty; give at least one character")
+            limit = ctx.get("max_length", max_chars)
+            n_s = f"{n:,}" if n is not None else "too many"
+            msgs.append(f'"{name}" has {n_s} characters; the limit is {limit:,} (split it'
+                        + (", or use /v1/stream)" if limit == max_chars else ")"))
+        elif top == "texts" and typ == "too_long":
+            status = 413
+            msgs.append(f'"texts" has {len(err["input"]):,} texts; the limit is {ctx.get("max_length")} a request '
+                        "(send several requests)")
+        elif top == "texts" and typ == "too_short":
+            msgs.append('"texts" is empty; give at least one text')
+        elif top in _TEXTS and typ == "string_too_short":
+            msgs.append(f'"{name}" is empty; give at least one character')
         elif typ == "literal_error":
-            choices = (err.get("ctx") or {}).get("expected", "")
-            msgs.append(f'"{name}" must be one of {choices}')
-        elif typ in ("string_type",):
+            msgs.append(f'"{name}" must be one of {ctx.get("expected", "")}')
+        elif typ == "string_type":
             msgs.append(f'"{name}" must be a string')
+        elif typ == "list_type":
+            msgs.append(f'"{name}" must be a list of strings')
         elif typ in ("bool_type", "bool_parsing"):
             msgs.append(f'"{name}" must be true or false')
         elif typ in ("int_type", "int_parsing", "int_from_float"):
             msgs.append(f'"{name}" must be an integer')
+        elif typ in ("float_type", "float_parsing", "finite_number"):
+            msgs.append(f'"{name}" must be a finite number')
+        elif typ in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
+            lo_hi = {"greater_than_equal": ">=", "less_than_equal": "<=", "greater_than": ">", "less_than": "<"}[typ]
+            bound = next(iter(ctx.values()), "?")
+            msgs.append(f'"{name}" must be {lo_hi} {bound}')
         elif name in ("state", "restore") and typ in ("string_pattern_mismatch", "string_too_short", "string_too_long"):
             msgs.append(f'"{name}" is not a state snapshot of this model (a base64url string); take one with '
                         '"return_state": true or {"snapshot": true}')

@@ -14,6 +14,8 @@ import hashlib
 import json
 import logging
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -32,15 +34,53 @@ PREPARE_INLINE_CHARS = 20_000
 
 
 def server_threads(engine) -> int | None:
-    """Kernel threads when ``--threads`` is not given: one CPU fewer than the engine would use, so
-    that the event loop (HTTP, WebSocket, JSON) keeps a core. On 2 cores, two kernel threads beside
-    a busy event loop ran 3-4x slower than one (``isan bench serve``: they wait on each other)."""
+    """Kernel threads when ``--threads`` is not given: the engine's own (one a CPU). Since the
+    kernels split rows between threads without a barrier, two threads beside the event loop beat
+    one on 2 cores (``isan bench serve``: 100 clients x 1 KB, 437 against 321 requests/s)."""
     threads = getattr(engine, "threads", None)
-    if not isinstance(threads, int):
-        return None
-    from isan.engine.kernels import default_threads
+    return threads if isinstance(threads, int) and threads >= 1 else None
 
-    return max(1, min(threads, default_threads()) - 1)
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the app needs of a model before it is loaded: its alphabet (the request models), the
+    length of its state (snapshots) and its identity (from the bundle's manifest)."""
+
+    symbols: tuple[str, ...]
+    state_size: int
+    params_sha256: str
+    describe: dict
+
+    @classmethod
+    def of_engine(cls, engine) -> "ModelInfo":
+        sha = getattr(engine, "params_sha256", None)
+        if not sha:  # engines without one: a stable id of what they serve
+            sha = hashlib.sha256(json.dumps(engine.describe(), sort_keys=True, default=str).encode()).hexdigest()
+        return cls(tuple(engine.alphabet.symbols), len(engine.initial_state().h), sha, public_describe(engine.describe()))
+
+    @classmethod
+    def of_manifest(cls, manifest: dict, source: str | None) -> "ModelInfo":
+        symbols = tuple(manifest["alphabet"])
+        d = int(manifest.get("d") or 0)
+        desc = {"kind": manifest.get("kind"), "d": d, "alphabet": "".join(symbols),
+                "params_sha256": manifest.get("params_sha256"), "source": source}
+        return cls(symbols, d, manifest.get("params_sha256") or "", public_describe(desc))
+
+
+def public_describe(desc: dict) -> dict:
+    """``engine.describe()`` without absolute paths: the model is named by its directory's name and
+    the table by its size (a health check must not tell the server's file layout)."""
+    out = dict(desc)
+    src = out.get("source")
+    if src:
+        out["source"] = Path(str(src)).name
+    table = out.get("table")
+    if isinstance(table, dict):
+        out["table"] = {k: v for k, v in table.items() if k != "path"}
+    for k, v in list(out.items()):
+        if isinstance(v, str) and (v.startswith("/") or (len(v) > 2 and v[1] == ":" and v[2] in "\\/")):
+            out[k] = Path(v).name
+    return out
 
 
 class ClientGone(Exception):
@@ -55,17 +95,17 @@ class Client:
     """One connection (an HTTP request or a stream): :meth:`leave` when it disconnects fails the job
     it waits for at once (the scheduler drops the rest of that job's work)."""
 
-    __slots__ = ("gone", "_fut")
+    __slots__ = ("gone", "_futs")
 
     def __init__(self):
         self.gone = False
-        self._fut: asyncio.Future | None = None
+        self._futs: list[asyncio.Future] = []
 
     def leave(self) -> None:
         self.gone = True
-        fut = self._fut
-        if fut is not None and not fut.done():
-            fut.set_exception(ClientGone())
+        for fut in self._futs:
+            if not fut.done():
+                fut.set_exception(ClientGone())
 
 
 def _expire(fut: asyncio.Future) -> None:
@@ -73,39 +113,83 @@ def _expire(fut: asyncio.Future) -> None:
         fut.set_exception(_TimedOut())
 
 
+class NotReady(Exception):
+    """The model is not loaded (yet): every endpoint that needs it answers 503."""
+
+
 class Service:
     """The engine, the scheduler, the budget and the snapshot key of one server.
 
+    The engine may arrive after the server has started (:meth:`attach`): until then
+    :attr:`status` is ``"loading"`` and :meth:`ready` raises a 503 RequestError; a load that fails
+    makes it ``"failed"``.
+
     Args:
-        engine: an :class:`isan.engine.Engine` (or an engine with the same scoring API).
+        engine: an :class:`isan.engine.Engine` (or an engine with the same scoring API), or None
+            to :meth:`attach` one later.
         config: the limits (:class:`ServeConfig`).
         metrics: an :class:`isan.engine.serve.metrics.Metrics` or None.
+        info: what is known of the model before it loads (required without ``engine``).
     """
 
-    def __init__(self, engine, config: ServeConfig, metrics=None):
-        self.engine = engine
+    def __init__(self, engine, config: ServeConfig, metrics=None, info: ModelInfo | None = None):
         self.config = config
         self.metrics = metrics
         self.budget = Budget(config.max_pending_bytes)
         self.secret = config.state_secret or new_secret()
-        batching = config.batching
+        self.streams_open = 0
+        self.engine = None
+        self.scheduler: Scheduler | None = None
+        self.status = "loading"
+        self.error: str | None = None
+        self.batching = config.batching
+        self.threads = config.threads
+        self.t_start = time.time()
+        self.load_seconds: float | None = None
+        self._attribute_lock = asyncio.Semaphore(1)
+        if engine is None and info is None:
+            raise ValueError("give an engine, or the ModelInfo of the one to attach later")
+        self.info = info or ModelInfo.of_engine(engine)
+        self.symbols = self.info.symbols
+        self.state_size = self.info.state_size
+        self.params_sha256 = self.info.params_sha256
+        self.state_limit = MAX_STATE_ABS
+        if engine is not None:
+            self.attach(engine)
+
+    def attach(self, engine) -> None:
+        """Serve ``engine`` (its alphabet must be the one the app was built for)."""
+        info = ModelInfo.of_engine(engine)
+        if info.symbols != self.info.symbols:
+            raise ValueError("the loaded model's alphabet differs from its manifest's")
+        batching = self.config.batching
         if getattr(engine, "path", None) == "reference" and batching:
             log.info("--path reference: scoring each text alone on the float64 reference path (no batching)")
             batching = False
         self.batching = batching
-        self.threads = config.threads or server_threads(engine)
-        self.scheduler = Scheduler(engine, round_chars=config.round_chars, min_slice_chars=config.min_slice_chars,
-                                   batching=batching, threads=self.threads,
-                                   on_round=metrics.on_round if metrics is not None else None)
-        self.streams_open = 0
-        init = engine.initial_state()
-        self.state_size = len(init.h)
-        sha = getattr(engine, "params_sha256", None)
-        if not sha:  # engines without one: a stable id of what they serve
-            sha = hashlib.sha256(json.dumps(engine.describe(), sort_keys=True, default=str).encode()).hexdigest()
-        self.params_sha256 = sha
+        self.threads = self.config.threads or server_threads(engine)
+        self.scheduler = Scheduler(engine, round_chars=self.config.round_chars,
+                                   min_slice_chars=self.config.min_slice_chars, batching=batching, threads=self.threads,
+                                   on_round=self.metrics.on_round if self.metrics is not None else None)
+        self.info = info
+        self.state_size = info.state_size
+        self.params_sha256 = info.params_sha256
         self.state_limit = getattr(engine, "state_limit", MAX_STATE_ABS)
-        self.symbols = tuple(engine.alphabet.symbols)
+        self.engine = engine
+        self.load_seconds = round(time.time() - self.t_start, 3)
+        self.status = "ready"
+
+    def fail(self, message: str) -> None:
+        self.status = "failed"
+        self.error = message
+
+    def ready(self):
+        """The engine; raises RequestError 503 while the model loads, or if its load failed."""
+        if self.engine is not None:
+            return self.engine
+        if self.status == "failed":
+            raise RequestError(503, f"the model could not be loaded: {self.error}; fix it and restart the server")
+        raise busy("the model is still loading (GET /healthz says when it is ready); retry shortly", retry_after_s=2)
 
     # ---- states -------------------------------------------------------------------------
     def snapshot(self, state) -> str:
@@ -124,9 +208,35 @@ class Service:
                 "total_bpc": float(state.bits / state.chars) if state.chars else None}
 
     def next_chars(self, state, k: int) -> list[dict]:
-        return self.engine.top_k(state, k)
+        return self.ready().top_k(state, k)
 
     # ---- scoring ------------------------------------------------------------------------
+    def _reserve(self, res: Reservation, need: int) -> None:
+        if need > self.budget.limit:
+            raise RequestError(413, f"this request needs about {need / 2**20:.1f} MiB, more than the server's "
+                                    f"{self.config.max_pending_mb:g} MiB for pending texts (--max-pending-mb); split it, "
+                                    "or use /v1/stream")
+        if not res.resize(max(need, res.bytes)):
+            if self.metrics is not None:
+                self.metrics.rejected.labels("busy").inc()
+            raise busy(f"the server is busy: {self.budget.used / 2**20:.0f} MiB of its {self.config.max_pending_mb:g} "
+                       "MiB for pending texts are in use (--max-pending-mb); retry shortly")
+
+    def _check_opts(self, opts) -> None:
+        if getattr(opts, "unknown", "error") == "replace" and getattr(opts, "replacement", None) is None:
+            raise RequestError(400, '"unknown": "replace" needs "replacement", one symbol of the alphabet '
+                                    f'{"".join(self.symbols)!r}')
+
+    async def _prepare(self, text: str, opts, start):
+        eng = self.ready()
+        args = (text, opts.normalize, getattr(opts, "unknown", "error"), getattr(opts, "replacement", None), start)
+        try:
+            if len(text) > PREPARE_INLINE_CHARS:
+                return await asyncio.to_thread(eng.prepare, *args)
+            return eng.prepare(*args)
+        except IsanError as e:
+            raise from_isan(e) from None
+
     async def score_text(self, text: str, state, streaming: bool, opts, res: Reservation,
                          client: Client) -> tuple[dict, object]:
         """Score ``text`` from ``state`` (None: the initial state).
@@ -143,27 +253,13 @@ class Service:
             RequestError: bad options, a library error (its status and message), the budget full
                 or the request timed out (503). ClientGone: the client left.
         """
-        eng = self.engine
-        if opts.unknown == "replace" and opts.replacement is None:
-            raise RequestError(400, '"unknown": "replace" needs "replacement", one symbol of the alphabet '
-                                    f'{"".join(self.symbols)!r}')
+        eng = self.ready()
+        self._check_opts(opts)
         start = state if state is not None else eng.initial_state()
+        per_char = getattr(opts, "per_char", False)
         # reserve the peak of normalising (more than the job holds afterwards), then shrink to the job's
-        need = max(prepare_bytes(len(text)), job_bytes(len(text), opts.per_char))
-        if need > self.budget.limit:
-            raise RequestError(413, f"scoring this text needs about {need / 2**20:.1f} MiB, more than the server's "
-                                    f"{self.config.max_pending_mb:g} MiB for pending texts (--max-pending-mb); split it, "
-                                    "or use /v1/stream")
-        if not res.resize(max(need, res.bytes)):
-            if self.metrics is not None:
-                self.metrics.rejected.labels("busy").inc()
-            raise busy(f"the server is busy: {self.budget.used / 2**20:.0f} MiB of its {self.config.max_pending_mb:g} "
-                       "MiB for pending texts are in use (--max-pending-mb); retry shortly")
-        try:
-            args = (text, opts.normalize, opts.unknown, opts.replacement, start)
-            prep = await asyncio.to_thread(eng.prepare, *args) if len(text) > PREPARE_INLINE_CHARS else eng.prepare(*args)
-        except IsanError as e:
-            raise from_isan(e) from None
+        self._reserve(res, max(prepare_bytes(len(text)), job_bytes(len(text), per_char)))
+        prep = await self._prepare(text, opts, start)
         n = len(prep.ids)
         report = prep.report
         if n == 0:
@@ -171,38 +267,122 @@ class Service:
                 raise from_isan(EmptyTextError("the text is empty after normalisation and removing unknown "
                                                "characters; give at least one character"))
             out = {"chars": 0, "bits": 0.0, "bpc": None, "normalization": report, "scoring": {"path": "none", "rounds": 0}}
-            if opts.per_char:
+            if per_char:
                 out["per_char_bits"], out["per_char_offsets"] = [], []
             return out, start
-        job = Job(prep.ids, start, per_char=opts.per_char, offsets=prep.offsets.astype(np.int32),
+        job = Job(prep.ids, start, per_char=per_char, offsets=prep.offsets.astype(np.int32),
                   normalizer=report.get("normalizer"))
         del prep
-        res.resize(job_bytes(len(text), opts.per_char))
-        job = await self._wait(job, client)
+        res.resize(job_bytes(len(text), per_char))
+        (job,) = await self._wait([job], client)
+        return self._fields(job, report, per_char), job.state
+
+    def _fields(self, job: Job, report: dict, per_char: bool) -> dict:
         out = {"chars": job.n, "bits": float(job.total), "bpc": float(job.total / job.n), "normalization": report,
                "scoring": {"path": "batched" if self.batching else job.scoring.get("path"), "rounds": job.rounds}}
-        if opts.per_char:
+        if per_char:
             out["per_char_bits"] = job.bits
             out["per_char_offsets"] = job.offsets
-        return out, job.state
+        return out
 
-    async def _wait(self, job: Job, client: Client) -> Job:
+    async def score_many(self, texts: list[str], opts, res: Reservation, client: Client) -> dict:
+        """``POST /v1/score/batch``: every text from the initial state, all submitted at once (they
+        share the scheduler's rounds). A text the library refuses fails the request, naming it."""
+        eng = self.ready()
+        self._check_opts(opts)
+        total = sum(len(t) for t in texts)
+        if total > self.config.max_chars:
+            raise RequestError(413, f"the texts have {total:,} characters in all; the limit is "
+                                    f"{self.config.max_chars:,} a request (--max-chars); send several requests")
+        per_char = opts.per_char
+        need = max(sum(prepare_bytes(len(t)) for t in texts), sum(job_bytes(len(t), per_char) for t in texts))
+        self._reserve(res, need)
+        start = eng.initial_state()
+        jobs, reports = [], []
+        for i, t in enumerate(texts):
+            try:
+                prep = await self._prepare(t, opts, start)
+            except RequestError as e:
+                e.message = f"texts[{i}]: {e.message}"
+                e.extra["index"] = i
+                raise
+            if len(prep.ids) == 0:
+                raise RequestError(400, f"texts[{i}] is empty after normalisation and removing unknown characters; "
+                                        "give at least one character", {"index": i})
+            jobs.append(Job(prep.ids, start, per_char=per_char, offsets=prep.offsets.astype(np.int32),
+                            normalizer=prep.report.get("normalizer")))
+            reports.append(prep.report)
+        res.resize(sum(job_bytes(len(t), per_char) for t in texts))
         try:
-            fut = self.scheduler.submit(job)
+            jobs = await self._wait(jobs, client)
+        except RequestError as e:
+            i = e.extra.get("index", 0 if len(jobs) == 1 and e.status in (413, 422) else None)
+            if i is not None:
+                e.message = f"texts[{i}]: {e.message}"
+                e.extra["index"] = i
+            raise
+        results = []
+        for job, report in zip(jobs, reports):
+            out = self._fields(job, report, per_char)
+            if opts.return_state:
+                out.update(self.totals(job.state))
+                out["state"] = self.snapshot(job.state)
+            if opts.top_k:
+                out["next"] = self.next_chars(job.state, opts.top_k)
+            results.append(out)
+        chars = sum(j.n for j in jobs)
+        bits = float(sum(j.total for j in jobs))
+        return {"results": results, "chars": chars, "bits": bits, "bpc": bits / chars if chars else None}
+
+    async def next_after(self, req, res: Reservation, client: Client) -> dict:
+        """``POST /v1/next``: the k most likely next characters after ``req.text`` (scored), from
+        ``req.state`` or the initial state."""
+        eng = self.ready()
+        state = self.restore(req.state) if req.state is not None else eng.initial_state()
+        if req.text:
+            fields, state = await self.score_text(req.text, state, True, req, res, client)
+            out = {k: fields[k] for k in ("chars", "bits", "bpc", "normalization")}
+        else:
+            out = {"chars": 0, "bits": 0.0, "bpc": None}
+        out["next"] = self.next_chars(state, req.k)
+        out.update(self.totals(state))
+        if req.return_state:
+            out["state"] = self.snapshot(state)
+        return out
+
+    async def _wait(self, jobs: list[Job], client: Client) -> list[Job]:
+        """Submit ``jobs`` and wait until all are scored; the client's leaving or the request
+        timeout drops the work of all of them."""
+        try:
+            futs = [self.scheduler.submit(job) for job in jobs]
         except ShuttingDown:
+            for job in jobs:
+                self.scheduler.cancel(job)
             raise busy("the server is shutting down; retry on another") from None
-        client._fut = fut
+        client._futs = futs
         if client.gone:
             client.leave()
+        t0 = min(job.t_submit for job in jobs)
+
+        def expire():
+            for fut in futs:
+                _expire(fut)
+
         timer = asyncio.get_running_loop().call_later(
-            max(0.0, self.config.request_timeout_s - (time.perf_counter() - job.t_submit)), _expire, fut)
+            max(0.0, self.config.request_timeout_s - (time.perf_counter() - t0)), expire)
         try:
-            await fut
+            await asyncio.gather(*futs)
         except (ClientGone, _TimedOut, asyncio.CancelledError) as e:
-            self.scheduler.cancel(job)
+            for job in jobs:
+                self.scheduler.cancel(job)
+            for fut in futs:  # retrieve every exception, so none is logged as never retrieved
+                if fut.done() and not fut.cancelled():
+                    fut.exception()
+                else:
+                    fut.cancel()
             reason = "disconnect" if not isinstance(e, _TimedOut) else "timeout"
             if self.metrics is not None:
-                self.metrics.cancelled.labels(reason).inc()
+                self.metrics.cancelled.labels(reason).inc(len(jobs))
             if isinstance(e, _TimedOut):
                 raise busy(f"the text was not scored within {self.config.request_timeout_s:g} s (--request-timeout); "
                            "the server is overloaded: retry later, or send shorter texts", retry_after_s=5) from None
@@ -211,26 +391,92 @@ class Service:
             raise ClientGone() from None
         finally:
             timer.cancel()
-            client._fut = None
-        job = fut.result()
-        if job.error is not None:
-            e = job.error
-            if isinstance(e, IsanError):
-                raise from_isan(e)
-            if isinstance(e, ShuttingDown):
-                raise busy("the server is shutting down; retry on another")
-            raise RequestError(500, "internal error while scoring; the server log has the details")
-        return job
+            client._futs = []
+        done = [fut.result() for fut in futs]
+        for i, job in enumerate(done):
+            if job.error is not None:
+                for other in done:
+                    self.scheduler.cancel(other)
+                e = job.error
+                if isinstance(e, IsanError):
+                    err = from_isan(e)
+                elif isinstance(e, ShuttingDown):
+                    err = busy("the server is shutting down; retry on another")
+                else:
+                    err = RequestError(500, "internal error while scoring; the server log has the details")
+                if len(done) > 1:
+                    err.extra["index"] = i
+                raise err
+        return done
+
+    # ---- sampling and attribution --------------------------------------------------------
+    async def attribute(self, req, res: Reservation) -> dict:
+        """``POST /v1/attribute``: :meth:`isan.engine.Engine.attribute` in a worker thread (one at a
+        time: it is O(T^2) in memory and time), its memory reserved in the budget."""
+        eng = self.ready()
+        self._check_opts(req)
+        if not hasattr(eng, "attribute"):
+            raise RequestError(400, "this model has no exact attribution (it is not an ISAN on the numpy backend)")
+        state = self.restore(req.state) if req.state is not None else None
+        T, V = len(req.text), len(self.symbols)
+        values = T * (T + 1) * V
+        if req.full and values > FULL_KAPPA_MAX_VALUES:
+            raise RequestError(413, f'"full": true answers kappa with T (T + 1) V = {values:,} numbers for this text; the '
+                                    f"limit is {FULL_KAPPA_MAX_VALUES:,} (about {_max_full_chars(V)} characters by char); "
+                                    'send a shorter text, "by": "word", or leave out "full"')
+        self._reserve(res, prepare_bytes(T) + 4 * 8 * values)
+        async with self._attribute_lock:
+            try:
+                a = await asyncio.to_thread(eng.attribute, req.text, req.by, state, req.unknown, req.replacement,
+                                            normalize=req.normalize)
+            except IsanError as e:
+                raise from_isan(e) from None
+            out = await asyncio.to_thread(a.to_json, req.full)
+        logits_max = float(np.abs(a.logits).max()) if a.logits.size else 0.0
+        out["check"] = {"identity": "logits[t] = b_ro + sum_s kappa[t, s]", "max_abs_error": a.max_abs_error,
+                        "tolerance": ATTRIBUTION_TOL * max(1.0, logits_max), "ok": True}
+        return out
+
+    def sampler(self, req):
+        """A :class:`~isan.engine.serve.sampling.StreamSampler` for ``req`` (the prompt already read);
+        raises RequestError for a prompt the model cannot read."""
+        from isan.engine.serve.sampling import StreamSampler
+
+        eng = self.ready()
+        state = self.restore(req.state) if req.state is not None else None
+        try:
+            return StreamSampler(eng, req.prompt, req.n, temperature=req.temperature,
+                                 inverse_temperature=req.inverse_temperature, top_k=req.top_k, seed=req.seed,
+                                 state=state, normalize=req.normalize)
+        except IsanError as e:
+            raise from_isan(e) from None
 
     def health(self) -> dict:
-        return {"status": "ok", "model": self.engine.describe(),
+        sched = self.scheduler
+        model = dict(self.info.describe)
+        return {"status": self.status, **({"error": self.error} if self.error else {}), "model": model,
                 "server": {**self.config.to_json(), "batching": self.batching, "threads": self.threads,
-                           "pending_mb": round(self.budget.used / 2**20, 3), "pending_jobs": self.scheduler.pending,
-                           "streams_open": self.streams_open, "rounds": self.scheduler.rounds,
-                           "chars_scored": self.scheduler.chars_scored}}
+                           "load_seconds": self.load_seconds,
+                           "pending_mb": round(self.budget.used / 2**20, 3),
+                           "pending_jobs": sched.pending if sched else 0, "streams_open": self.streams_open,
+                           "rounds": sched.rounds if sched else 0, "chars_scored": sched.chars_scored if sched else 0}}
 
     def close(self) -> None:
-        self.scheduler.stop()
+        if self.scheduler is not None:
+            self.scheduler.stop()
+
+
+#: the attribution check's relative tolerance (:meth:`isan.engine.Engine.attribute`'s ``tol``)
+ATTRIBUTION_TOL = 1e-6
+#: the most kappa values ``"full": true`` answers (about 190 characters by char for V = 27)
+FULL_KAPPA_MAX_VALUES = 1_000_000
+
+
+def _max_full_chars(V: int) -> int:
+    T = 1
+    while (T + 1) * (T + 2) * V <= FULL_KAPPA_MAX_VALUES:
+        T += 1
+    return T
 
 
 def encode_json(obj: dict) -> bytes:
@@ -248,5 +494,12 @@ def encode_json(obj: dict) -> bytes:
         pass
     except TypeError:  # e.g. a lone surrogate in a reported character: json escapes it
         pass
-    plain = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in obj.items()}
-    return json.dumps(plain, allow_nan=False).encode()
+
+    def default(o):
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+        if isinstance(o, np.generic):
+            return o.item()
+        raise TypeError(f"cannot encode {type(o).__name__}")
+
+    return json.dumps(obj, allow_nan=False, default=default).encode()

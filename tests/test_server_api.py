@@ -1,0 +1,337 @@
+"""The endpoints of isan-serve end to end on real text: a real uvicorn server on localhost, real HTTP
+(httpx) and WebSocket clients; every answer checked against the library."""
+
+import json
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+from websockets.sync.client import connect  # noqa: E402
+
+from isan.engine import Engine  # noqa: E402
+from isan.engine.serve import ServeConfig, create_app  # noqa: E402
+from isan.engine.serve.service import ModelInfo  # noqa: E402
+from server_helpers import running  # noqa: E402
+
+KEY = "s3cret-key-for-tests"
+
+
+@pytest.fixture(scope="module")
+def api(default_engine):
+    """The shipped model behind the batching server, as `isan-serve` runs it."""
+    cfg = ServeConfig(max_chars=200_000, state_secret=b"k" * 32, max_attribute_chars=300)
+    with running(create_app(default_engine, config=cfg)) as addr:
+        yield f"http://{addr}", addr, default_engine
+
+
+def post(url, path, body, **kw):
+    return httpx.post(url + path, json=body, timeout=60, **kw)
+
+
+def sse_events(text: str) -> list[tuple[str, dict]]:
+    out = []
+    for block in text.split("\n\n"):
+        if not block.strip():
+            continue
+        lines = dict(line.split(": ", 1) for line in block.split("\n"))
+        out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
+def test_healthz_is_ready_and_shows_no_paths(api):
+    url, _, eng = api
+    r = httpx.get(url + "/healthz")
+    body = r.json()
+    assert r.status_code == 200 and body["status"] == "ready" and body["model"]["d"] == eng.d
+    assert body["model"]["source"] == "text8-d216" and "path" not in body["model"].get("table", {})
+    assert "/work" not in r.text and "/root" not in r.text and "/home" not in r.text and ".cache" not in r.text
+
+
+def test_score_batch_equals_library(api, text8_valid_head):
+    url, _, eng = api
+    texts = [text8_valid_head[i * 1000 : i * 1000 + 200 + 97 * i] for i in range(12)]
+    r = post(url, "/v1/score/batch", {"texts": texts, "per_char": True, "top_k": 2, "return_state": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert len(body["results"]) == 12
+    for t, res in zip(texts, body["results"]):
+        lib = eng.score(t, per_char=True)
+        assert res["chars"] == lib.chars and res["normalization"] == lib.normalization
+        assert res["bits"] == pytest.approx(lib.bits, rel=1e-6)  # 200-1,300 chars, batched vs composed: float32
+        np.testing.assert_allclose(res["per_char_bits"], lib.per_char_bits, rtol=0, atol=1e-4)
+        assert [n["symbol"] for n in res["next"]] == [n["symbol"] for n in eng.top_k(lib.state, 2)]
+        assert res["total_chars"] == lib.chars and res["state"]
+    assert body["chars"] == sum(len(t) for t in texts)
+    assert body["bits"] == pytest.approx(sum(eng.score(t).bits for t in texts), rel=1e-7)
+    # a text the model cannot score fails the request, naming it
+    r = post(url, "/v1/score/batch", {"texts": ["the cat", "the 7 dogs", "X"], "normalize": "none"})
+    assert r.status_code == 422 and r.json()["error"].startswith("texts[1]: ") and r.json()["index"] == 1
+    r = post(url, "/v1/score/batch", {"texts": ["ok", ""]})
+    assert r.status_code == 400 and "texts[1]" in r.json()["error"] and "empty" in r.json()["error"]
+    r = post(url, "/v1/score/batch", {"texts": []})
+    assert r.status_code == 400 and "at least one text" in r.json()["error"]
+    r = post(url, "/v1/score/batch", {"texts": ["a" * 150_000, "b" * 60_000]})
+    assert r.status_code == 413 and "in all" in r.json()["error"]
+
+
+def test_next_after_text_and_after_snapshot(api, text8_valid_head):
+    url, _, eng = api
+    text = text8_valid_head[:3000]
+    lib = eng.score(text)
+    want = eng.top_k(lib.state, 27)
+    r = post(url, "/v1/next", {"text": text, "k": 27, "return_state": True})
+    body = r.json()
+    assert r.status_code == 200 and body["chars"] == 3000 and body["bits"] == pytest.approx(lib.bits, rel=1e-7)
+    assert [n["symbol"] for n in body["next"][:5]] == [w["symbol"] for w in want[:5]]
+    np.testing.assert_allclose([n["prob"] for n in body["next"]], [w["prob"] for w in want], atol=1e-5)
+    np.testing.assert_allclose([n["bits"] for n in body["next"]], [w["bits"] for w in want], atol=1e-4)
+    assert sum(n["prob"] for n in body["next"]) == pytest.approx(1.0, abs=1e-9)
+    # after the snapshot alone: the same distribution; after the snapshot and more text: as the library
+    again = post(url, "/v1/next", {"state": body["state"], "k": 3}).json()
+    assert [n["symbol"] for n in again["next"]] == [w["symbol"] for w in want[:3]] and again["chars"] == 0
+    assert again["total_chars"] == 3000
+    more = post(url, "/v1/next", {"state": body["state"], "text": " and the", "k": 3}).json()
+    lib2 = eng.score(" and the", state=lib.state)
+    assert [n["symbol"] for n in more["next"]] == [w["symbol"] for w in eng.top_k(lib2.state, 3)]
+    assert more["total_chars"] == lib2.state.chars and more["bits"] == pytest.approx(lib2.bits, abs=1e-4)
+    # no text, no state: the initial distribution
+    first = post(url, "/v1/next", {}).json()
+    assert [n["symbol"] for n in first["next"]] == [w["symbol"] for w in eng.top_k(None, 5)]
+    bad = post(url, "/v1/next", {"k": 0})
+    assert bad.status_code == 400 and '"k" must be >= 1' in bad.json()["error"]
+
+
+def test_sample_streams_server_sent_events(api):
+    url, _, eng = api
+    body = {"prompt": "the meaning of life is", "n": 300, "temperature": 0.8, "top_k": 10, "seed": 7}
+    with httpx.stream("POST", url + "/v1/sample", json=body, timeout=60) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(r.read().decode())
+    kinds = [e for e, _ in events]
+    assert kinds[-1] == "done" and set(kinds[:-1]) == {"chars"} and len(kinds) >= 3  # streamed in pieces
+    pieces = [d for e, d in events if e == "chars"]
+    assert [p["offset"] for p in pieces] == list(np.cumsum([0] + [len(p["text"]) for p in pieces[:-1]]))
+    lib = eng.sample(body["prompt"], n=300, temperature=0.8, top_k=10, seed=7)
+    done = events[-1][1]
+    assert "".join(p["text"] for p in pieces) == done["text"] == lib.text
+    assert done["bits"] == pytest.approx(lib.bits, rel=1e-12) and done["seed"] == 7 and done["chars"] == 300
+    # one JSON answer; a seed drawn by the server is answered and repeats the sample
+    r = post(url, "/v1/sample", {"prompt": "the cat", "n": 50, "stream": False, "return_state": True})
+    one = r.json()
+    assert r.status_code == 200 and len(one["text"]) == 50 and isinstance(one["seed"], int) and one["state"]
+    assert one["text"] == eng.sample("the cat", n=50, seed=one["seed"]).text
+    # inverse temperature 0 samples uniformly; both temperatures is an error
+    r = post(url, "/v1/sample", {"n": 20, "inverse_temperature": 0, "stream": False, "seed": 1})
+    assert r.status_code == 200 and r.json()["temperature"] is None and len(r.json()["text"]) == 20
+    r = post(url, "/v1/sample", {"n": 5, "temperature": 1, "inverse_temperature": 1})
+    assert r.status_code == 400 and "not both" in r.json()["error"]
+    r = post(url, "/v1/sample", {"prompt": "ABC", "normalize": "none", "n": 5})
+    assert r.status_code == 422 and "'A'" in r.json()["error"]
+    r = post(url, "/v1/sample", {"n": 10**6})
+    assert r.status_code == 400 and '"n" must be <=' in r.json()["error"]
+
+
+def test_attribute_sums_to_the_logits(api, text8_valid_head):
+    url, _, eng = api
+    text = text8_valid_head[:120]
+    for by in ("char", "word"):
+        r = post(url, "/v1/attribute", {"text": text, "by": by})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        lib = eng.attribute(text, by=by)
+        assert body["sources"] == lib.sources and body["targets"] == lib.to_json()["targets"]
+        np.testing.assert_allclose(body["next_char_kappa"], lib.to_json()["next_char_kappa"], atol=1e-9)
+        assert body["check"]["ok"] and body["check"]["max_abs_error"] <= body["check"]["tolerance"]
+    full = post(url, "/v1/attribute", {"text": text[:40], "full": True}).json()
+    kappa, logits, b_ro = np.array(full["kappa"]), np.array(full["logits"]), np.array(full["b_ro"])
+    assert kappa.shape == (40, 41, 27)
+    np.testing.assert_allclose(b_ro + kappa.sum(axis=1), logits, atol=1e-9)  # the identity, checked by the client
+    r = post(url, "/v1/attribute", {"text": text8_valid_head[:301]})
+    assert r.status_code == 413 and "300" in r.json()["error"]
+    r = post(url, "/v1/attribute", {"text": text8_valid_head[:250], "full": True})
+    assert r.status_code == 413 and '"full"' in r.json()["error"]
+
+
+def test_schema_and_docs_need_no_cdn(api):
+    url, _, _ = api
+    schema = httpx.get(url + "/openapi.json").json()
+    for path in ("/v1/score", "/v1/score/batch", "/v1/next", "/v1/sample", "/v1/attribute"):
+        op = schema["paths"][path]["post"]
+        assert op["requestBody"]["content"]["application/json"]["schema"]["properties"], path
+        assert "200" in op["responses"] and "400" in op["responses"], path
+    assert set(schema["paths"]) >= {"/healthz", "/metrics"}
+    page = httpx.get(url + "/docs")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "<script" not in page.text and "cdn" not in page.text.lower() and "/v1/attribute" in page.text
+    assert httpx.get(url + "/redoc").status_code == 404
+
+
+def test_stream_bad_frames_keep_the_state(api, text8_valid_head):
+    """Binary, deeply nested, huge-integer, non-JSON and unknown-field frames are each answered with an
+    error; the stream's state is kept; {"reset": true, "text": ...} resets, then scores."""
+    _, addr, eng = api
+    text = text8_valid_head[:1000]
+    with connect(f"ws://{addr}/v1/stream") as ws:
+        ws.send(json.dumps({"text": text[:600]}))
+        assert json.loads(ws.recv(timeout=30))["total_chars"] == 600
+        bad = [b"\x00\xff binary", "[" * 5000 + "]" * 5000, '{"text": "abc", "top_k": ' + "9" * 5000 + "}",
+               '{"text": ' + '{"a":' * 1000 + "1" + "}" * 1001, "not json", '{"text": "ab", "bogus": 1}',
+               '{"reset": true, "restore": "AAAA"}', '{"top_k": 3}', "{\"text\": \"\\ud800\"}"]
+        for frame in bad:
+            ws.send(frame)
+            ans = json.loads(ws.recv(timeout=30))
+            assert ans["status"] == 400 and ans["error"], (frame[:40], ans)
+        limit = ServeConfig(max_chars=200_000).max_body_bytes
+        ws.send(json.dumps({"text": "a" * limit}))  # over the byte limit of a frame: answered, not dropped
+        ans = json.loads(ws.recv(timeout=30))
+        assert ans["status"] == 413 and "smaller chunks" in ans["error"]
+        ws.send(json.dumps({"text": text[600:]}))
+        ans = json.loads(ws.recv(timeout=30))
+        assert ans["total_chars"] == 1000 and ans["total_bits"] == pytest.approx(eng.score(text).bits, rel=1e-6)
+        ws.send(json.dumps({"reset": True, "text": "the cat"}))
+        ans = json.loads(ws.recv(timeout=30))
+        assert ans["reset"] and ans["total_chars"] == 7 and ans["bits"] == pytest.approx(eng.score("the cat").bits, abs=1e-4)
+
+
+def test_snapshot_mid_stream_equals_the_unbroken_stream(api, text8_valid_head):
+    """A snapshot taken mid-stream, restored on a new stream: the same bits, chunk for chunk, as the
+    stream that went on; a tampered snapshot is refused and changes nothing."""
+    _, addr, eng = api
+    text = text8_valid_head[:5000]
+    cuts = [0, 700, 2100, 2101, 3600, 5000]
+    with connect(f"ws://{addr}/v1/stream") as ws:
+        answers = []
+        for i, (a, b) in enumerate(zip(cuts, cuts[1:])):
+            ws.send(json.dumps({"text": text[a:b], "snapshot": i == 1}))
+            answers.append(json.loads(ws.recv(timeout=30)))
+    token = answers[1]["state"]
+    with connect(f"ws://{addr}/v1/stream") as ws:
+        tampered = token[:100] + ("A" if token[100] != "A" else "B") + token[101:]
+        ws.send(json.dumps({"restore": tampered}))
+        refused = json.loads(ws.recv(timeout=30))
+        assert refused["status"] == 403 and "signature" in refused["error"]
+        ws.send(json.dumps({"restore": token}))
+        assert json.loads(ws.recv(timeout=30))["total_chars"] == 2100
+        for j, (a, b) in enumerate(zip(cuts[2:], cuts[3:])):
+            ws.send(json.dumps({"text": text[a:b]}))
+            got, want = json.loads(ws.recv(timeout=30)), answers[2 + j]
+            assert got["total_chars"] == want["total_chars"]
+            assert got["bits"] == pytest.approx(want["bits"], rel=1e-7, abs=1e-4)
+            assert got["total_bits"] == pytest.approx(want["total_bits"], rel=1e-7)
+    assert answers[-1]["total_bits"] == pytest.approx(eng.score(text).bits, rel=1e-7)
+
+
+def test_api_key(small_bundle, text8_valid_head):
+    eng = Engine.load(small_bundle)
+    with running(create_app(eng, config=ServeConfig(api_key=KEY))) as addr:
+        url = f"http://{addr}"
+        r = post(url, "/v1/score", {"text": "the cat"})
+        assert r.status_code == 401 and "API key" in r.json()["error"] and r.json()["status"] == 401
+        assert post(url, "/v1/score", {"text": "the cat"}, headers={"Authorization": "Bearer wrong-key"}).status_code == 401
+        assert post(url, "/v1/score", {"text": "the cat"}, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+        assert post(url, "/v1/next", {}, headers={"X-API-Key": KEY}).status_code == 200
+        assert httpx.get(url + "/metrics").status_code == 401
+        assert httpx.get(url + "/healthz").status_code == 200  # health stays open for load balancers
+        schema = httpx.get(url + "/openapi.json").json()
+        assert "bearer" in schema["components"]["securitySchemes"]
+        assert schema["paths"]["/v1/score"]["post"]["security"]
+        with connect(f"ws://{addr}/v1/stream") as ws:
+            assert json.loads(ws.recv(timeout=10))["status"] == 401
+        with connect(f"ws://{addr}/v1/stream?api_key={KEY}") as ws:
+            ws.send(json.dumps({"text": text8_valid_head[:100]}))
+            assert json.loads(ws.recv(timeout=10))["chars"] == 100
+
+
+def test_loading_then_ready(small_bundle):
+    """The server listens while the model loads: /healthz says loading (503) and the endpoints answer
+    503 with Retry-After; then ready."""
+    from isan.engine.bundle import read_manifest
+
+    gate = threading.Event()
+
+    def loader():
+        gate.wait(30)
+        return Engine.load(small_bundle)
+
+    info = ModelInfo.of_manifest(read_manifest(small_bundle, verify="none"), str(small_bundle))
+    with running(create_app(loader=loader, info=info)) as addr:
+        url = f"http://{addr}"
+        h = httpx.get(url + "/healthz")
+        assert h.status_code == 503 and h.json()["status"] == "loading" and h.headers["retry-after"]
+        r = post(url, "/v1/score", {"text": "the cat"})
+        assert r.status_code == 503 and "loading" in r.json()["error"] and r.headers["retry-after"]
+        with connect(f"ws://{addr}/v1/stream") as ws:
+            assert json.loads(ws.recv(timeout=10))["status"] == 503
+        gate.set()
+        deadline = time.time() + 30
+        while httpx.get(url + "/healthz").json()["status"] != "ready":
+            assert time.time() < deadline
+            time.sleep(0.05)
+        assert post(url, "/v1/score", {"text": "the cat"}).status_code == 200
+
+
+def test_a_failed_load_is_reported(small_bundle):
+    from isan.engine.bundle import read_manifest
+
+    def loader():
+        raise RuntimeError("the weights are corrupt")
+
+    info = ModelInfo.of_manifest(read_manifest(small_bundle, verify="none"), str(small_bundle))
+    with running(create_app(loader=loader, info=info)) as addr:
+        deadline = time.time() + 10
+        while (h := httpx.get(f"http://{addr}/healthz").json())["status"] == "loading":
+            assert time.time() < deadline
+            time.sleep(0.05)
+        assert h["status"] == "failed" and "corrupt" in h["error"]
+        r = post(f"http://{addr}", "/v1/score", {"text": "abc"})
+        assert r.status_code == 503 and "could not be loaded" in r.json()["error"]
+
+
+def _raw(addr: str, data: bytes, wait: float = 10.0) -> str:
+    host, port = addr.split(":")
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(data)
+        s.settimeout(wait)
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except socket.timeout:
+            pass
+    return out.decode("latin-1")
+
+
+def test_connection_limits(small_bundle):
+    """Headers or a body that do not arrive within --read-timeout: 408 and closed; connections beyond
+    --max-connections: 503 and closed; the server then serves as before."""
+    eng = Engine.load(small_bundle)
+    app = create_app(eng, config=ServeConfig(read_timeout_s=0.5, max_connections=20))
+    with running(app) as addr:
+        host, port = addr.split(":")
+        t0 = time.time()
+        ans = _raw(addr, b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Le")
+        assert ans.startswith("HTTP/1.1 408") and '"status":408' in ans and "headers" in ans and time.time() - t0 < 5
+        ans = _raw(addr, b"")  # connects and sends nothing
+        assert ans.startswith("HTTP/1.1 408")
+        ans = _raw(addr, b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"text\": \"ab")
+        assert ans.startswith("HTTP/1.1 408") and "body" in ans
+        # 50 connections that send part of their body: 20 wait (then 408), 30 are refused at once
+        socks = []
+        for _ in range(50):
+            s = socket.create_connection((host, int(port)))
+            s.sendall(b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"text\": \"ab")
+            socks.append(s)
+        statuses = []
+        for s in socks:
+            s.settimeout(10)
+            statuses.append(s.recv(4096).decode("latin-1").split(" ")[1])
+            s.close()
+        assert statuses.count("503") == 30 and statuses.count("408") == 20, statuses
+        assert app.state.service.budget.used == 0
+        r = httpx.post(f"http://{addr}/v1/score", json={"text": "the cat"})
+        assert r.status_code == 200
