@@ -165,7 +165,7 @@ def bench_engine(model: str | None, data: str | Path, repeats: int = 3, threads:
     bar.update()
     with tempfile.TemporaryDirectory() as tmp:
         eng16 = _float16_engine(eng, Path(tmp) / "table16")
-        med16 = add("streaming, 1,000-char chunks, float16 table", nstream, lambda: run_stream(eng16))
+        med16 = add("streaming, 1,000-char chunks, float16 table", nstream, lambda e=eng16: run_stream(e))
         r16 = eng16.score(ref_ids, per_char=True, normalize="none", path="composed")
         facts["streaming"]["gb_per_s_f16"] = bytes_per_char / 2 * nstream / med16 / 1e9
         facts["streaming"]["float16_max_abs_bits_vs_reference"] = float(
@@ -254,7 +254,7 @@ def _bench_onnx_lstm(ids: np.ndarray, repeats: int, log, sz: dict) -> list[dict]
     weights: the cost does not depend on them), streaming one text and batching 256 streams."""
     import tempfile
 
-    import torch  # noqa: F401  (the train extra: initialises the LSTM)
+    import torch  # noqa: F401  (the train extra: initialises the LSTM; ImportError when missing)
 
     from isan.alphabet import Alphabet
     from isan.engine.bundle import write_bundle
@@ -360,7 +360,7 @@ def markdown(result: dict) -> str:
               f"| streaming: bandwidth drawn (float32 / float16) | {sm.get('gb_per_s_f32', 0):.1f} / {sm.get('gb_per_s_f16', 0):.1f} GB/s |",
               f"| float16 table: max bits/char from the reference | {sm.get('float16_max_abs_bits_vs_reference', float('nan')):.3f} |",
               f"| table | {sm.get('table_entries', 0):,} entries, {sm.get('table_bytes', 0) / 2**20:.0f} MiB |",
-              f"| start-up of `isan score` (process, after first use) | "
+              "| start-up of `isan score` (process, after first use) | "
               + (f"{f['startup_s']:.2f} s |" if f.get("startup_s") is not None else "not measured |"),
               f"| resident memory of this process before the peers ran (now / peak) | {f['rss_mib_engine']:.0f} MiB / "
               f"{f['peak_rss_mib_engine']:.0f} MiB |"]

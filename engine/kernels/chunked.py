@@ -23,7 +23,7 @@ So a text is cut into P chunks that are scored together as one batch:
    :class:`~isan.errors.StateDivergedError` naming the character.
 
 The result reports the chunk count, the extra work, the largest residual reached, and the
-chunks that fell back. :func:`score_chunked_ref` runs the same algorithm on the numpy twin.
+chunks that fell back. ``runner=run_streams_ref`` runs the same algorithm on the numpy twin.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from isan.engine.guard import MAX_STATE_ABS
-from isan.engine.kernels.streams import StreamModel, run_streams, run_streams_ref
+from isan.engine.kernels.streams import StreamModel, run_streams
 
 #: Defaults (DESIGN.md section 6 and measurements on 2.5M characters, 2 threads): a chunk much
 #: longer than the ~110 characters its correction runs (a pair of rows each, so ~9% extra work at

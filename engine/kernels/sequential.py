@@ -82,7 +82,7 @@ def seq_composed_ref(Ac: np.ndarray, R: np.ndarray, offsets: np.ndarray, lengths
                      threads: int = 1) -> tuple[np.ndarray | None, np.ndarray, int]:
     """The numpy twin of :func:`seq_composed` (log-softmax in float64; ``threads`` is ignored)."""
     _check(Ac, R, offsets, lengths, entries, ids, h)
-    d, V = Ac.shape[1], R.shape[1]
+    d = Ac.shape[1]
     x = np.ones(d + 1, dtype=np.float32)
     x[:d] = h
     bits = np.empty(len(ids), dtype=np.float64) if want_bits else None
