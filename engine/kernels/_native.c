@@ -265,7 +265,7 @@ typedef struct {
     int64_t *div_list[2][64];
     int div_n[2][64];
     int64_t total_steps[64];
-    int fail; /* allocation failure in a thread */
+    atomic_int fail; /* allocation failure in a thread */
 } StreamsJob;
 
 typedef struct { /* one thread's schedule */
@@ -284,9 +284,12 @@ static void sched_round(StreamsJob *J, Sched *S, int64_t t, int tid, int writes)
     float *cur = (t & 1) ? J->Hb : J->H;
     float *nxt = (t & 1) ? J->H : J->Hb;
     const int P = J->P, dp = J->dp;
-    if (t > 0) { /* divergences recorded during the previous round, by every thread */
+    if (t > 0) { /* divergences recorded during the previous round: by every thread when split by
+                  * columns (the barrier orders them), by this thread alone when split by rows
+                  * (its rows are its own, and nothing orders the other threads' lists) */
         const int par = (int)((t - 1) & 1);
-        for (int q = 0; q < J->nt; q++)
+        const int q0 = J->split_cols ? 0 : tid, q1 = J->split_cols ? J->nt : tid + 1;
+        for (int q = q0; q < q1; q++)
             for (int k = 0; k < J->div_n[par][q]; k++) {
                 const int64_t s = J->div_list[par][q][2 * k];
                 if (s >= S->r0 && s < S->r1) {
@@ -380,13 +383,13 @@ static void streams_work(void *arg, int tid, int nt) {
     const float *ap[64];
     int64_t *dl[2] = {(int64_t *)malloc(sizeof(int64_t) * 2 * (nr + 1)), (int64_t *)malloc(sizeof(int64_t) * 2 * (nr + 1))};
     int ok = S.active && S.grp_start && S.Aptr && S.Cptr && S.dead && scr && dl[0] && dl[1];
-    if (!ok) J->fail = 1;
+    if (!ok) atomic_store(&J->fail, 1);
     J->div_list[0][tid] = dl[0];
     J->div_list[1][tid] = dl[1];
     J->div_n[0][tid] = J->div_n[1][tid] = 0;
     J->total_steps[tid] = 0;
-    barrier_wait(&J->bar, &sense); /* every thread's lists exist, and J->fail is final */
-    if (!J->fail) {
+    barrier_wait(&J->bar, &sense); /* split by columns: every thread's lists exist, and J->fail is final */
+    if (!atomic_load(&J->fail)) {
         for (int i = 0; i < 64; i++) sp[i] = scr + (size_t)i * Vp;
         for (int s = S.r0; s < S.r1; s++) S.active[s - S.r0] = s;
         S.n_active = nr;
@@ -458,7 +461,7 @@ typedef struct {
     Barrier bar;
     float *hb[2];          /* the state before / after the current jump (kd + 16 floats each) */
     atomic_llong bad;      /* first bad match, or -1 */
-    int fail;
+    atomic_int fail;
 } SeqJob;
 
 static void seq_set_nt(void *arg, int nt) {
@@ -480,9 +483,9 @@ static void seq_work(void *arg, int tid, int nt) {
     size_t nbuf = sizeof(float) * (size_t)(J->max_len * V + Vp + 16);
     nbuf = (nbuf + 63) & ~(size_t)63;
     float *logits = (float *)aligned_alloc(64, nbuf);
-    if (!logits) J->fail = 1;
+    if (!logits) atomic_store(&J->fail, 1);
     barrier_wait(&J->bar, &sense);
-    if (J->fail) { free(logits); return; }
+    if (atomic_load(&J->fail)) { free(logits); return; }
     float *l1 = logits + (size_t)J->max_len * V;
     /* this thread's rows of [A | c]: multiples of 4 */
     const int r0 = 4 * ((d / 4) * tid / nt), r1 = tid == nt - 1 ? d : 4 * ((d / 4) * (tid + 1) / nt);
@@ -601,12 +604,12 @@ static PyObject *py_run_streams(PyObject *self, PyObject *args) {
             const int used = run_parallel(streams_work, J, nt, streams_set_nt);
             for (int q = 0; q < used; q++) total += J->total_steps[q];
             /* range check of the final states */
-            if (!J->fail)
+            if (!atomic_load(&J->fail))
                 for (int s = 0; s < P; s++)
                     if (J->diverged[s] < 0 && !KERN->row_ok(J->H + (size_t)s * dp, dp, limit))
                         J->diverged[s] = J->steps_done[s];
             Py_END_ALLOW_THREADS
-            if (J->fail) PyErr_NoMemory();
+            if (atomic_load(&J->fail)) PyErr_NoMemory();
             else ret = Py_BuildValue("L", total);
             free(J);
         }
@@ -649,8 +652,10 @@ static PyObject *py_seq_composed(PyObject *self, PyObject *args) {
         if (!J || !hb) {
             PyErr_NoMemory();
         } else {
-            *J = (SeqJob){KERN, Ac.buf, R.buf, f16, of, ln, ent, (int64_t)n_m, (const int32_t *)ids.buf,
-                          d, V, kd, max_len, (float *)h.buf, want_bits ? (double *)bits.buf : NULL, limit};
+            *J = (SeqJob){.K = KERN, .Ac = Ac.buf, .R = R.buf, .f16 = f16, .offsets = of, .lengths = ln,
+                          .entries = ent, .n_matches = (int64_t)n_m, .ids = (const int32_t *)ids.buf, .d = d, .V = V,
+                          .kd = kd, .max_len = max_len, .h = (float *)h.buf,
+                          .bits = want_bits ? (double *)bits.buf : NULL, .limit = limit};
             const size_t stride = (size_t)(kd + 16 + 48) & ~(size_t)15;
             J->hb[0] = hb;
             J->hb[1] = hb + stride;
@@ -664,7 +669,7 @@ static PyObject *py_seq_composed(PyObject *self, PyObject *args) {
             Py_BEGIN_ALLOW_THREADS
             if (n_m > 0) run_parallel(seq_work, J, nt, seq_set_nt);
             Py_END_ALLOW_THREADS
-            if (J->fail) PyErr_NoMemory();
+            if (atomic_load(&J->fail)) PyErr_NoMemory();
             else ret = Py_BuildValue("L", (long long)atomic_load(&J->bad));
         }
         free(J);

@@ -19,7 +19,8 @@ So a text is cut into P chunks that are scored together as one batch:
    that text, e.g. long runs of 'h') leaves the next chunk's start inexact. Such chunks are
    redone one after another from exact starts: the next chunk's correction is run again from its
    exact start, and a chunk whose error does not die out is scored sequentially in float64 (on
-   such text float32 rounding errors do not die out either). A state that leaves the range (:mod:`isan.engine.guard`) raises
+   such text float32 rounding errors do not die out either). A state that leaves the range
+   (:mod:`isan.engine.guard`) is reported, and the engine raises
    :class:`~isan.errors.StateDivergedError` naming the character.
 
 The result reports the chunk count, the extra work, the largest residual reached, and the
@@ -122,7 +123,10 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
             recurrence of the model, :class:`Float64Fallback`, built from ``model``'s weights).
     Returns:
         (bits per text (n_i,) float64 (empty arrays if not want_bits), final states (B, d) float32,
-        report, divergences: a list of (text index, offset in text) of states out of range).
+        report, divergences). ``divergences`` is empty, or holds one ``(text index, offset of the
+        chunk in its text, the chunk's exact start state (d,), step t)``: the state before the
+        chunk's character t is out of range (or its bits are not finite); the caller locates it
+        exactly with :func:`isan.engine.guard.raise_diverged` from that start.
     """
     B = len(texts)
     d, dp = model.d, model.dp

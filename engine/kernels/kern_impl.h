@@ -55,11 +55,11 @@ static inline __attribute__((always_inline)) void SFX(tile)(const int mr, const 
 }
 
 #define GEMM_DISPATCH                                             \
-    switch (mr) {                                                 \
+    switch (mr) { /* constant row counts (never above MR) for the tile's unrolled loops */ \
     case 1: TILE_NV(1) break;                                     \
-    case 2: TILE_NV(2) break;                                     \
-    case 3: TILE_NV(3) break;                                     \
-    case 4: TILE_NV(4) break;                                     \
+    case 2: if (MR >= 2) { TILE_NV(2 <= MR ? 2 : MR) } break;     \
+    case 3: if (MR >= 3) { TILE_NV(3 <= MR ? 3 : MR) } break;     \
+    case 4: if (MR >= 4) { TILE_NV(4 <= MR ? 4 : MR) } break;     \
     case 5: if (MR >= 5) { TILE_NV(5 <= MR ? 5 : MR) } break;     \
     case 6: if (MR >= 6) { TILE_NV(6 <= MR ? 6 : MR) } break;     \
     case 7: if (MR >= 7) { TILE_NV(7 <= MR ? 7 : MR) } break;     \
