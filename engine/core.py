@@ -41,8 +41,8 @@ MAX_ATTRIBUTION_CHARS = 2000
 #: batches through the compiled kernels), ``reference`` (float64 numpy, one character at a time).
 PATHS = ("composed", "chunked", "reference")
 #: On the composed path, texts of at least this many characters are scored chunk-parallel
-#: (measured by ``isan bench engine``: below it one stream through the table is as fast).
-CHUNKED_MIN_CHARS = 20_000
+#: (measured: chunk-parallel overtakes one stream through the table between 5,000 and 10,000).
+CHUNKED_MIN_CHARS = 10_000
 
 
 def default_model_path() -> Path:
@@ -461,9 +461,7 @@ class Engine:
                  threads: int | None = None, cut: bool = True):
         """Chunk-parallel scoring of texts (:func:`isan.engine.kernels.chunked.score_texts_chunked`);
         raises StateDivergedError (located by the float64 reference) naming the text and offset."""
-        from isan.engine.kernels.chunked import score_texts_chunked
-
-        from isan.engine.kernels.chunked import Float64Fallback
+        from isan.engine.kernels.chunked import Float64Fallback, score_texts_chunked
 
         if self._fallback is None:
             self._fallback = Float64Fallback(self.params)
