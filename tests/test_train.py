@@ -105,7 +105,7 @@ def test_diverged_run_has_no_best_checkpoint(tmp_path, text8_path, monkeypatch):
     JSON, and exporting it is a clear error rather than a NaN model."""
     from isan.errors import IsanError
 
-    monkeypatch.setattr(Trainer, "_evaluate", lambda self: float("nan"))
+    monkeypatch.setattr(Trainer, "_evaluate", lambda self: (float("nan"), {}))
     out = tmp_path / "nan"
     p = Trainer(small_config(text8_path, max_steps=30, eval_every=0.005), out, progress_bar=False).run()
     assert p.best_valid_bpc is None

@@ -24,6 +24,7 @@ from isan.atomic import atomic_directory, atomic_path, write_json_atomic
 from isan.errors import CheckpointError, IsanError
 from isan.train.data import Corpus, load_corpus
 from isan.train.models import build_model
+from isan.train.parentheses import task_for
 
 log = logging.getLogger(__name__)
 LN2 = math.log(2.0)
@@ -140,9 +141,15 @@ class Trainer:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
-        self.corpus = corpus or load_corpus(cfg.data, cfg.dataset)
+        # a task (isan.train.parentheses) brings its own data, outputs, loss and metric; else a language model
+        self.task = task_for(cfg.model)
+        self.metric = self.task.metric if self.task else "bpc"
+        self.corpus = corpus or (self.task.corpus(cfg.seed) if self.task else load_corpus(cfg.data, cfg.dataset))
         K = V = len(self.corpus.alphabet)
-        self.model = build_model(cfg.model, K, V, d=cfg.d, params=cfg.params, seed=cfg.seed,
+        if self.task:
+            V = self.task.n_outputs
+        self.model = build_model(self.task.model_kind if self.task else cfg.model, K, V, d=cfg.d, params=cfg.params,
+                                 seed=cfg.seed,
                                  **({"init_scale": cfg.init_scale} if cfg.init_scale is not None else {})).to(cfg.device)
         self.n_params = sum(p.numel() for p in self.model.parameters())
         self.constrain = getattr(self.model, "constrain_", None)
@@ -158,7 +165,7 @@ class Trainer:
                 "format": CHECKPOINT_FORMAT, "format_version": 1,
                 "model": self.model.config(), "n_params": self.n_params,
                 "alphabet": self.corpus.alphabet.to_list(), "corpus": self.corpus.name,
-                "train": asdict(cfg),
+                "train": asdict(cfg), **({"task": self.task.config()} if self.task else {}),
             })
 
     # ---- checkpoints -------------------------------------------------------------------
@@ -220,19 +227,24 @@ class Trainer:
     # ---- the loop ----------------------------------------------------------------------
     def _epoch_streams(self, epoch: int) -> torch.Tensor:
         cfg = self.cfg
-        ids = self.corpus.train
+        ids = self.task.epoch_ids(epoch, cfg.seed) if self.task else self.corpus.train
         shift = int(np.random.default_rng(cfg.seed * 100003 + epoch).integers(0, cfg.bptt))
         L = (len(ids) - cfg.bptt) // cfg.batch_size
         X = ids[shift : shift + L * cfg.batch_size].reshape(cfg.batch_size, L).T.copy()  # (L, B)
         return torch.as_tensor(X, device=cfg.device)
 
-    def _evaluate(self) -> float:
+    def _evaluate(self) -> tuple[float, dict]:
+        """(the validation metric: bpc, or a task's loss; a task's further numbers for the log)."""
         ids = self.corpus.valid
         if self.cfg.max_valid_chars:
             ids = ids[: self.cfg.max_valid_chars]
-        return evaluate_bpc(self.model, ids, streams=self.cfg.valid_streams, device=self.cfg.device)
+        if self.task:
+            return self.task.evaluate(self.model, ids, streams=self.cfg.valid_streams, device=self.cfg.device)
+        return evaluate_bpc(self.model, ids, streams=self.cfg.valid_streams, device=self.cfg.device), {}
 
-    def _after_eval(self, bpc: float) -> None:
+    def _after_eval(self, bpc: float, extra: dict | None = None) -> None:
+        """Record an evaluation; ``bpc`` is the validation metric (a task's loss for a task run:
+        Progress.best_valid_bpc then holds that loss, logged as ``best_valid_<metric>``)."""
         p, cfg = self.progress, self.cfg
         epoch_f = p.chars_seen / len(self.corpus.train)
         # a non-finite valid bpc (a diverged model) is never the best one, so it is never exported
@@ -245,11 +257,12 @@ class Trainer:
             p.lr *= cfg.lr_decay
             self._set_lr(p.lr)
         p.history.append({"epoch": round(epoch_f, 3), "chars_seen": p.chars_seen, "valid_bpc": bpc})
+        m = self.metric
         self._log({"event": "valid", "epoch": round(epoch_f, 3), "step": p.step, "chars_seen": p.chars_seen,
-                   "valid_bpc": round(bpc, 5),
-                   "best_valid_bpc": None if p.best_valid_bpc is None else round(p.best_valid_bpc, 5), "lr": p.lr,
-                   "improved": improved})
-        log.info("valid bpc %.4f (best %s) at epoch %.2f", bpc, p.best_valid_bpc, epoch_f)
+                   f"valid_{m}": round(bpc, 5 if m == "bpc" else 8),
+                   f"best_valid_{m}": None if p.best_valid_bpc is None else round(p.best_valid_bpc, 5 if m == "bpc" else 8),
+                   **(extra or {}), "lr": p.lr, "improved": improved})
+        log.info("valid %s %.4g (best %s) at epoch %.2f", m, bpc, p.best_valid_bpc, epoch_f)
         if p.bad_evals >= cfg.patience:
             p.done, p.stop_reason = True, f"early stop: no improvement in {cfg.patience} evaluations"
 
@@ -270,6 +283,7 @@ class Trainer:
                 p.done, p.stop_reason = True, "max_epochs"
                 break
             X = self._epoch_streams(p.epoch)
+            Y = self.task.stream_targets(X) if self.task else None  # a task's targets, (L, B, outputs)
             n_chunks = X.shape[0] // cfg.bptt
             if p.chunk == 0 or self.carry is None:
                 self.carry = _detach(model.initial_state(cfg.batch_size))
@@ -281,7 +295,10 @@ class Trainer:
                 t0 = time.perf_counter()
                 state_in = self.carry if p.chunk > 0 else model.initial_state(cfg.batch_size)
                 logits, state = model(x, state_in)
-                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x.reshape(-1))
+                if self.task:
+                    loss = self.task.loss(logits, Y[p.chunk * cfg.bptt : (p.chunk + 1) * cfg.bptt])
+                else:
+                    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x.reshape(-1))
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
                 gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
@@ -309,14 +326,16 @@ class Trainer:
                 bar.update(1)
                 if p.step % cfg.log_every == 0:
                     dt = time.perf_counter() - t_window
-                    bpc = window_nats / window_chars / LN2
-                    bar.set_postfix(bpc=f"{bpc:.3f}", chars_s=f"{window_chars / dt:,.0f}")
+                    m = self.metric
+                    bpc = window_nats / window_chars / (LN2 if m == "bpc" else 1.0)  # a task's loss is its mean
+                    bar.set_postfix({m: f"{bpc:.3g}", "chars_s": f"{window_chars / dt:,.0f}"})
                     self._log({"event": "step", "epoch": p.epoch, "step": p.step, "chars_seen": p.chars_seen,
-                               "train_bpc": round(bpc, 5), "lr": p.lr, "chars_per_s": round(window_chars / dt)})
+                               f"train_{m}": round(bpc, 5 if m == "bpc" else 8), "lr": p.lr,
+                               "chars_per_s": round(window_chars / dt)})
                     window_nats, window_chars, t_window = 0.0, 0, time.perf_counter()
                 if p.chars_seen >= p.next_eval_chars:
                     p.next_eval_chars += int(cfg.eval_every * len(self.corpus.train))
-                    self._after_eval(self._evaluate())
+                    self._after_eval(*self._evaluate())
                 if cfg.max_steps and p.step >= cfg.max_steps:
                     p.done, p.stop_reason = True, "max_steps"
                 if cfg.max_chars and p.chars_seen >= cfg.max_chars:
@@ -328,11 +347,11 @@ class Trainer:
                 p.epoch += 1
                 p.chunk = 0
         if p.best_valid_bpc is None or (p.history and p.history[-1]["chars_seen"] != p.chars_seen):
-            self._after_eval(self._evaluate())  # a final evaluation so `best` reflects the end
+            self._after_eval(*self._evaluate())  # a final evaluation so `best` reflects the end
             p.done = True
         self._save_latest()
         self._log({"event": "done", "stop_reason": p.stop_reason, "step": p.step, "chars_seen": p.chars_seen,
-                   "best_valid_bpc": p.best_valid_bpc, "best_epoch": p.best_epoch,
+                   f"best_valid_{self.metric}": p.best_valid_bpc, "best_epoch": p.best_epoch,
                    "train_chars_per_s": round(p.chars_seen / max(p.train_seconds, 1e-9))})
         return p
 
