@@ -248,11 +248,25 @@ def load_params_bundle(path: str | Path, kinds: tuple[str, ...], params_cls):
         raise BundleFormatError(f"{path}: weights do not match the manifest's params_sha256 (corrupt or edited); "
                                 "re-run `isan export`")
     p = params_cls.from_tensors(config, t)
-    alphabet = Alphabet.from_list(m["alphabet"])
-    if p.K != len(alphabet) or p.V != len(alphabet) or p.d != m["d"]:
+    from isan.engine.bundle import manifest_alphabet
+
+    alphabet = manifest_alphabet(m, path / "manifest.json")
+    if p.K != alphabet.K or p.V != len(alphabet) or p.d != m["d"]:
         raise BundleFormatError(f"{path}: the model has K={p.K}, V={p.V}, d={p.d} but the manifest says "
-                                f"{len(alphabet)} symbols and d={m['d']}; re-run `isan export`")
+                                f"{alphabet.K} inputs, {len(alphabet)} outputs and d={m['d']}; re-run `isan export`")
     return m, p, alphabet
+
+
+def expand_baseline_inputs(p: "BaselineParams", input_map) -> "BaselineParams":
+    """The baseline read by output id (as :func:`isan.engine.core.expand_inputs` for the ISAN): the
+    input term of output y is that of its input ``input_map[y]`` (rows of ``E`` or ``emb``)."""
+    if input_map is None:
+        return p
+    t = dict(p.tensors)
+    key = "E" if "E" in t else "emb"
+    t[key] = np.ascontiguousarray(t[key][np.asarray(input_map, dtype=np.int64)])
+    t[key].setflags(write=False)
+    return type(p)(p.kind, len(input_map), p.V, p.d, {**p.config, "K": len(input_map)}, t)
 
 
 class NumpyBaselineRunner:
@@ -316,11 +330,14 @@ class RunnerEngine:
         from isan.engine.normalize import from_manifest
 
         if runner.K != len(alphabet) or runner.V != len(alphabet):
-            raise IsanError(f"the model has K={runner.K}, V={runner.V} but the alphabet has {len(alphabet)} symbols")
+            raise IsanError(f"the model has K={runner.K}, V={runner.V} but the alphabet has {len(alphabet)} outputs "
+                            "(a runner reads output ids: expand its inputs first)")
         self.runner = runner
         self.alphabet = alphabet
         self.manifest = dict(manifest or {})
-        self.normalizer = from_manifest({"alphabet": alphabet.to_list(), **self.manifest},
+        from isan.engine.bundle import normalizer_view
+
+        self.normalizer = from_manifest({**self.manifest, "alphabet": normalizer_view(alphabet)},
                                         f"{source or 'the model'}/manifest.json")
         self.source = source
         self.path = path
@@ -338,8 +355,14 @@ class RunnerEngine:
     def params_sha256(self) -> str | None:
         return self.manifest.get("params_sha256")
 
+    @property
+    def _units(self) -> dict:
+        return {"unit": self.alphabet.unit, "V": len(self.alphabet)}
+
     def describe(self) -> dict:
-        return {"kind": self.kind, "d": self.d, "alphabet": "".join(self.alphabet.symbols), "path": self.path,
+        a = self.alphabet
+        return {"kind": self.kind, "d": self.d, "unit": a.unit,
+                "alphabet": "".join(a.symbols) if a.kind == "chars" else a.describe(), "path": self.path,
                 "backend": self.backend, "provider": self.runner.provider, "source": self.source,
                 "params_sha256": self.params_sha256, "state": self.runner.state_names,
                 "normalizer": self.normalizer.id}
@@ -398,7 +421,7 @@ class RunnerEngine:
         if len(ids) == 0:
             if streaming and len(text):
                 return ScoreResult(0, 0.0, np.zeros(0) if per_char else None, state, prep.report,
-                                   np.zeros(0, dtype=np.int64) if per_char else None, "" if per_char else None)
+                                   np.zeros(0, dtype=np.int64) if per_char else None, "" if per_char else None, **self._units)
             raise EmptyTextError("the text is empty (after normalisation and removing unknown characters); "
                                  "give at least one character")
         try:
@@ -409,7 +432,7 @@ class RunnerEngine:
         total = float(bits.sum())
         return ScoreResult(len(ids), total, bits if per_char else None,
                            State(s, state.chars + len(ids), state.bits + total, prep.last_symbol), prep.report,
-                           prep.offsets if per_char else None, prep.text if per_char else None)
+                           prep.offsets if per_char else None, prep.text if per_char else None, **self._units)
 
     def score_batch(self, texts, states=None, per_char: bool = False, unknown: str = "error",
                     replacement: str | None = None, group: str | None = None, normalize: str | None = "auto"):
@@ -439,7 +462,7 @@ class RunnerEngine:
             total = float(b.sum())
             out.append(ScoreResult(len(b), total, b if per_char else None,
                                    State(sf, s.chars + len(b), s.bits + total, prep.last_symbol), prep.report,
-                                   prep.offsets if per_char else None, prep.text if per_char else None))
+                                   prep.offsets if per_char else None, prep.text if per_char else None, **self._units))
         return out
 
     def advance(self, text, state=None, unknown: str = "error", replacement: str | None = None,
@@ -511,4 +534,6 @@ class RunnerEngine:
 def load_baseline_engine(path: str | Path) -> RunnerEngine:
     """A baseline bundle on the numpy reference backend. Raises BundleFormatError (see load_baseline_bundle)."""
     m, p, alphabet = load_baseline_bundle(path)
+    if p.K != len(alphabet):
+        p = expand_baseline_inputs(p, alphabet.input_map)
     return RunnerEngine(NumpyBaselineRunner(p), alphabet, m, source=str(path), path="reference")

@@ -1,4 +1,4 @@
-"""The bundle directory (format version 2; version 1 still loads; DESIGN.md section 3).
+"""The bundle directory (format version 3; versions 1 and 2 still load; DESIGN.md section 3).
 
 A bundle is a directory with ``manifest.json`` and ``weights.safetensors`` (float32 ``W``,
 ``b``, ``W_ro``, ``b_ro``, ``h0`` for an ISAN), optionally ``table/`` (trie_tables), a
@@ -20,6 +20,11 @@ listed file's size and the sha256 of every file up to :data:`FAST_HASH_MAX_BYTES
 size only; the table and ONNX graphs are verified by their own loaders); ``isan verify BUNDLE``
 (:func:`verify_bundle`) hashes everything. Version-1 manifests (no ``files``, no
 ``manifest_sha256``, no ``normalizer``) still load, without these checks.
+
+Format version 3 adds token alphabets (:mod:`isan.tokens`): ``"alphabet"`` is either a list of
+one-character strings (characters, as in versions 1-2) or an object ``{"kind": "chars" | "bytes" |
+"pairs" | "words", ...}``, and ``"unit"`` names what bits are counted per (char, byte, pair, word).
+An ISAN's weights then have K = ``alphabet.K`` inputs and V = ``len(alphabet)`` outputs.
 
 Every malformed manifest (not JSON, deeply nested, huge numbers, a missing key, a wrong type)
 is a :class:`~isan.errors.BundleFormatError` whose message says how to rebuild the bundle.
@@ -44,8 +49,8 @@ BUNDLE_FORMAT = "isan-bundle"
 #: writers that do not call :func:`finalize_manifest`)
 BUNDLE_VERSION = 1
 #: the version :func:`write_bundle` and :func:`finalize_manifest` write
-CURRENT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+CURRENT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
 #: files up to this size are sha256-checked on every load; larger ones by size (and by `isan verify`)
@@ -87,7 +92,10 @@ def _check_schema(m, mpath: Path) -> None:
     _typed(m, mpath, "kind", str, "a string")
     if not 0 < len(m["kind"]) <= 64:
         raise BundleFormatError(f"{mpath}: 'kind' must be a model kind such as \"isan\"; {REBUILD}")
-    _typed(m, mpath, "alphabet", list, "a list of one-character strings")
+    if v >= 3:
+        _typed(m, mpath, "alphabet", (list, dict), "a list of one-character strings or a token alphabet object")
+    else:
+        _typed(m, mpath, "alphabet", list, "a list of one-character strings")
     _typed(m, mpath, "d", int, "an integer")
     if not 0 <= m["d"] <= 1 << 20:
         raise BundleFormatError(f"{mpath}: d={m['d']} is out of range; {REBUILD}")
@@ -96,10 +104,7 @@ def _check_schema(m, mpath: Path) -> None:
     _typed(m, mpath, "n_params", int, "an integer", required=False)
     for key in ("training", "metrics", "table", "onnx", "model", "normalizer", "files"):
         _typed(m, mpath, key, dict, "a JSON object", required=False)
-    try:
-        alphabet = Alphabet.from_list(m["alphabet"])
-    except (AlphabetError, TypeError) as e:
-        raise BundleFormatError(f"{mpath} has an invalid alphabet: {e}; {REBUILD}") from None
+    alphabet = manifest_alphabet(m, mpath)
     if v >= 2:
         for key in ("files", "manifest_sha256", "normalizer"):
             if key not in m:
@@ -116,7 +121,28 @@ def _check_schema(m, mpath: Path) -> None:
                                         f"{REBUILD}")
     from isan.engine.normalize import from_manifest
 
-    from_manifest({**m, "alphabet": alphabet.to_list()}, str(mpath))  # a known normaliser that fits the alphabet
+    from_manifest({**m, "alphabet": normalizer_view(alphabet)}, str(mpath))  # a known normaliser that fits it
+
+
+def manifest_alphabet(m: dict, where="manifest.json"):
+    """The alphabet a manifest declares: a character :class:`~isan.alphabet.Alphabet` (a list) or a
+    token alphabet (:func:`isan.tokens.alphabet_from_json`). Raises BundleFormatError if malformed."""
+    from isan.tokens import alphabet_from_json
+
+    try:
+        return alphabet_from_json(m["alphabet"])
+    except (AlphabetError, TypeError, ValueError) as e:
+        raise BundleFormatError(f"{where} has an invalid alphabet: {e}; {REBUILD}") from None
+
+
+def normalizer_view(alphabet) -> list[str] | None:
+    """The characters a normaliser's output must fall in: a character alphabet's symbols, a pair
+    alphabet's base symbols; None (no check) for bytes and words."""
+    if alphabet.kind == "chars":
+        return alphabet.to_list()
+    if alphabet.kind == "pairs":
+        return alphabet.base.to_list()
+    return None
 
 
 def _safe_relpath(name) -> bool:
@@ -256,7 +282,7 @@ def verify_bundle(path: str | Path) -> dict:
         from isan.trie_tables.format import load_table
 
         try:
-            load_table(path / "table", m["params_sha256"], Alphabet.from_list(m["alphabet"]), m["d"], verify=True)
+            load_table(path / "table", m["params_sha256"], key_alphabet(manifest_alphabet(m)), m["d"], verify=True)
             report["table"] = "ok"
         except TableFormatError as e:
             report["table"] = str(e)
@@ -277,8 +303,22 @@ def file_records_names(directory: Path) -> list[str]:
     return out
 
 
+def key_alphabet(alphabet) -> Alphabet:
+    """The character alphabet a trie table's keys are written in: a character alphabet itself; for a
+    token alphabet, token id i is the character U+E000 + i (Unicode's private use area), so tables,
+    their codes and their marisa-trie keys work on tokens unchanged (V <= 6,400)."""
+    if alphabet.kind == "chars":
+        return alphabet
+    V = len(alphabet)
+    if V > 6400:
+        raise BundleFormatError(f"a token alphabet of {V} symbols is too large for trie tables (at most 6,400)")
+    return Alphabet(tuple(chr(0xE000 + i) for i in range(V)))
+
+
 def load_isan_bundle(path: str | Path, verify: str = "fast") -> tuple[dict, ISANParams, Alphabet]:
     """Load an ISAN bundle: (manifest, float32 parameters, alphabet).
+
+    The parameters are as stored: K = ``alphabet.K`` inputs, V = ``len(alphabet)`` outputs.
 
     Raises:
         BundleFormatError: anything missing, corrupt, mismatched with the manifest, or not an ISAN.
@@ -291,11 +331,11 @@ def load_isan_bundle(path: str | Path, verify: str = "fast") -> tuple[dict, ISAN
     params = ISANParams(**{n: t[n] for n in ISAN_TENSORS if n in t}) if all(n in t for n in ISAN_TENSORS) else None
     if params is None:
         raise BundleFormatError(f"{path / WEIGHTS} lacks ISAN tensors; has {sorted(t)}; expected {list(ISAN_TENSORS)}")
-    alphabet = Alphabet.from_list(m["alphabet"])
-    if params.K != len(alphabet) or params.V != len(alphabet) or params.d != m["d"]:
+    alphabet = manifest_alphabet(m, path / MANIFEST)
+    if params.K != alphabet.K or params.V != len(alphabet) or params.d != m["d"]:
         raise BundleFormatError(
             f"{path}: weights have K={params.K}, V={params.V}, d={params.d} but the manifest says "
-            f"{len(alphabet)} symbols and d={m['d']}; re-run `isan export`")
+            f"{alphabet.K} inputs, {len(alphabet)} outputs and d={m['d']}; re-run `isan export`")
     sha = params.sha256()
     if sha != m["params_sha256"]:
         raise BundleFormatError(f"{path}: weights do not match the manifest's params_sha256 (corrupt or edited); re-run `isan export`")
@@ -337,7 +377,8 @@ def write_bundle(out_dir: str | Path, tensors: dict[str, np.ndarray], alphabet: 
     d = int(tensors["W"].shape[1]) if kind == "isan" else int((extra or {}).get("d", 0))
     manifest = {
         "format": BUNDLE_FORMAT, "format_version": CURRENT_VERSION, "kind": kind,
-        "alphabet": alphabet.to_list(), "d": d,
+        "alphabet": alphabet.to_list() if alphabet.kind == "chars" else alphabet.to_json(), "d": d,
+        "unit": alphabet.unit,
         "params_sha256": tensors_sha256(tensors, names),
         "n_params": int(sum(np.asarray(v).size for v in tensors.values())),
         "normalizer": normalizer_decl(normalizer) if normalizer is not None else {"name": "none", "version": 1},
@@ -346,7 +387,8 @@ def write_bundle(out_dir: str | Path, tensors: dict[str, np.ndarray], alphabet: 
     manifest.update(extra or {})
     from isan.engine.normalize import from_manifest
 
-    from_manifest(manifest, "the bundle being written")  # the normaliser must fit the alphabet
+    from_manifest({**manifest, "alphabet": normalizer_view(alphabet)},
+                  "the bundle being written")  # the normaliser must fit the alphabet
     with atomic_directory(out_dir, overwrite=overwrite) as tmp:
         save_tensors(tmp / WEIGHTS, tensors, metadata={"format": BUNDLE_FORMAT, "kind": kind})
         for name, src in (files or {}).items():

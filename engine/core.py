@@ -103,15 +103,45 @@ class ScoreResult:
     per_char_offsets: np.ndarray | None = None
     text: str | None = None
     scoring: dict | None = None
+    unit: str = "char"
+    V: int | None = None
+
+    @property
+    def text_chars(self) -> int:
+        """Characters of the scored text: ``chars`` for a character model; for a token model
+        (``unit`` byte, pair or word; ``chars`` then counts tokens) the characters they cover."""
+        if self.unit == "char" or not self.normalization:
+            return self.chars
+        return int(self.normalization.get("chars_scored", self.chars))
 
     @property
     def bpc(self) -> float:
+        """Bits per character of the scored text."""
+        n = self.text_chars
+        return self.bits / n if n else float("nan")
+
+    @property
+    def bits_per_token(self) -> float:
+        """Bits per scored symbol (per character, byte, pair or word: ``unit``)."""
         return self.bits / self.chars if self.chars else float("nan")
 
+    @property
+    def nnl(self) -> float:
+        """Mean negative log-likelihood in base V, the number of output classes (Cernansky et al.
+        2008, eq. 7): ``bits_per_token / log2(V)``; NaN without V."""
+        return self.bits_per_token / np.log2(self.V) if self.V and self.V > 1 else float("nan")
+
     def to_json(self, per_char: bool = False) -> dict:
-        """``{"chars", "bits", "bpc", "normalization"}`` (+ ``per_char_bits``, ``per_char_offsets``);
-        never NaN (``bpc`` is null when nothing was scored)."""
-        out = {"chars": self.chars, "bits": float(self.bits), "bpc": finite_or_none(self.bpc) if self.chars else None}
+        """``{"chars", "bits", "bpc", "nnl", "normalization"}`` (+ ``per_char_bits``, ``per_char_offsets``);
+        a token model adds ``{"tokens", "unit", "bits_per_token"}`` (``chars`` is then the characters
+        the tokens cover and ``bpc`` bits per character). Never NaN (null when nothing was scored)."""
+        out = {"chars": self.text_chars, "bits": float(self.bits),
+               "bpc": finite_or_none(self.bpc) if self.chars else None}
+        if self.unit != "char":
+            out.update({"tokens": self.chars, "unit": self.unit,
+                        "bits_per_token": finite_or_none(self.bits_per_token) if self.chars else None})
+        if self.V:
+            out["nnl"] = finite_or_none(self.nnl) if self.chars else None
         if self.normalization is not None:
             out["normalization"] = self.normalization
         if self.scoring is not None:
@@ -147,16 +177,20 @@ class Attribution:
     alphabet: Alphabet = field(repr=False)
     normalization: dict | None = None
     input_offsets: np.ndarray | None = field(default=None, repr=False)
+    ids: np.ndarray | None = field(default=None, repr=False)
+
+    def _ids(self) -> np.ndarray:
+        return self.ids if self.ids is not None else self.alphabet.encode(self.text)
 
     def next_char_contributions(self) -> np.ndarray:
         """(T, S): contributions to the logit of the character that actually comes next
         (for the last position, of the most likely next character)."""
-        ids = self.alphabet.encode(self.text)
+        ids = self._ids()
         nxt = np.append(ids[1:], int(np.argmax(self.logits[-1])))
         return self.kappa[np.arange(len(ids)), :, nxt]
 
     def to_json(self, full: bool = False) -> dict:
-        ids = self.alphabet.encode(self.text)
+        ids = self._ids()
         nxt = np.append(ids[1:], int(np.argmax(self.logits[-1])))
         out = {
             "text": self.text, "by": self.by, "sources": self.sources,
@@ -240,13 +274,22 @@ class Engine:
 
     def __init__(self, params: ISANParams, alphabet: Alphabet, manifest: dict | None = None,
                  source: str | None = None, table=None, path: str | None = None, threads: int | None = None):
-        if params.K != len(alphabet) or params.V != len(alphabet):
-            raise IsanError(f"params have K={params.K}, V={params.V} but the alphabet has {len(alphabet)} symbols")
+        if params.V != len(alphabet) or params.K not in (alphabet.K, len(alphabet)):
+            raise IsanError(f"params have K={params.K}, V={params.V} but the alphabet has {alphabet.K} inputs and "
+                            f"{len(alphabet)} outputs")
+        #: the parameters as stored (K inputs); ``params`` and ``params32`` are read by output id
+        self.input_params = params
+        if params.K != len(alphabet):
+            # a token alphabet with K < V inputs (bytes: 70 inputs, 256 outputs): every output id gets its
+            # input's (W, b), so that the engine reads one id sequence (the text's output ids) everywhere
+            params = expand_inputs(params, alphabet.input_map)
         self.params32 = params.astype(np.float32)
         self.params = params.astype(np.float64)  # reference path dtype
         self.alphabet = alphabet
         self.manifest = dict(manifest or {})
-        self.normalizer: Normalizer = from_manifest({"alphabet": alphabet.to_list(), **self.manifest},
+        from isan.engine.bundle import normalizer_view
+
+        self.normalizer: Normalizer = from_manifest({**self.manifest, "alphabet": normalizer_view(alphabet)},
                                                     f"{source or 'the model'}/manifest.json")
         self.source = source
         self.table = table
@@ -302,7 +345,7 @@ class Engine:
 
     def with_path(self, path: str) -> "Engine":
         """The same model on another computation path (``"composed"``, ``"chunked"`` or ``"reference"``)."""
-        return Engine(self.params32, self.alphabet, self.manifest, self.source, self.table, path, self.threads)
+        return Engine(self.input_params, self.alphabet, self.manifest, self.source, self.table, path, self.threads)
 
     def _streams(self):
         """The weights in the compiled kernels' layout (built on first use, ~30 ms)."""
@@ -313,6 +356,10 @@ class Engine:
         return self._streams_model
 
     # ---- basic facts --------------------------------------------------------------------
+    @property
+    def _units(self) -> dict:
+        return {"unit": self.alphabet.unit, "V": len(self.alphabet)}
+
     @property
     def d(self) -> int:
         return self.params.d
@@ -325,7 +372,9 @@ class Engine:
         from isan.engine.kernels import native_status
 
         k = native_status()
-        out = {"kind": "isan", "d": self.d, "alphabet": "".join(self.alphabet.symbols),
+        out = {"kind": "isan", "d": self.d,
+               "alphabet": "".join(self.alphabet.symbols) if self.alphabet.kind == "chars" else self.alphabet.describe(),
+               "unit": self.alphabet.unit,
                "path": self.path, "backend": self.backend, "source": self.source,
                "params_sha256": self.params_sha256, "normalizer": self.normalizer.id,
                "kernels": {"compiled": k["available"], "isa": k["isa"], "threads": self.threads}}
@@ -415,7 +464,7 @@ class Engine:
         if len(ids) == 0:
             if streaming and len(text):
                 return ScoreResult(0, 0.0, np.zeros(0) if per_char else None, state, prep.report,
-                                   np.zeros(0, dtype=np.int64) if per_char else None, "" if per_char else None)
+                                   np.zeros(0, dtype=np.int64) if per_char else None, "" if per_char else None, **self._units)
             raise EmptyTextError("the text is empty (after normalisation and removing unknown characters); "
                                  "give at least one character")
         try:
@@ -425,7 +474,8 @@ class Engine:
         total = float(bits.sum())
         new = State(h, state.chars + len(ids), state.bits + total, prep.last_symbol)
         return ScoreResult(len(ids), total, bits if per_char else None, new, prep.report,
-                           prep.offsets if per_char else None, prep.text if per_char else None, scoring)
+                           prep.offsets if per_char else None, prep.text if per_char else None, scoring,
+                           **self._units)
 
     def _path_for(self, n: int, path: str | None) -> str:
         """The path a text of n characters takes: the call's or the engine's, with long texts on
@@ -560,7 +610,7 @@ class Engine:
             out.append(ScoreResult(len(b), total, b if per_char else None,
                                    State(hf.astype(np.float64), s.chars + len(b), s.bits + total, prep.last_symbol),
                                    prep.report, prep.offsets if per_char else None, prep.text if per_char else None,
-                                   scoring))
+                                   scoring, **self._units))
         return out
 
     def advance(self, text: str | np.ndarray, state: State | None = None, unknown: str = "error",
@@ -693,19 +743,22 @@ class Engine:
                 self._diverged(ids, h, "attribution", detected_at=bad)
             except StateDivergedError as e:
                 raise in_input_terms(e, prep, self.alphabet.symbols) from None
-        if by == "char":
+        if by == "char" or self.alphabet.kind == "words":
             spans = [(i, i + 1) for i in range(len(ids))]
             kappa = kappa_ref(p, ids, h)
         else:
-            spans = [m.span() for m in re.finditer(r"[^ ]+| +", text)]
+            spans = word_spans(ids, text, self.alphabet)
             kappa = segment_kappa_ref(p, ids, spans, h)
         logits = H @ p.W_ro.T + p.b_ro
         err = float(np.abs(p.b_ro + kappa.sum(axis=1) - logits).max())
         if err > tol * max(1.0, float(np.abs(logits).max())):
             raise AttributionCheckError(f"b_ro + sum kappa differs from the logits by {err:.3g}")
-        sources = ["<h0>"] + [text[i:j] for i, j in spans]
+        if self.alphabet.kind == "chars":
+            sources = ["<h0>"] + [text[i:j] for i, j in spans]
+        else:
+            sources = ["<h0>"] + [self.alphabet.decode(ids[i:j]) for i, j in spans]
         return Attribution(text, by, sources, [(0, 0)] + spans, kappa, logits, p.b_ro.copy(), err, self.alphabet,
-                           prep.report, prep.offsets)
+                           prep.report, prep.offsets, ids)
 
     # ---- diagnostics ----------------------------------------------------------------------
     def check_divergence(self, max_chars: int = 2000) -> dict:
@@ -713,7 +766,20 @@ class Engine:
         range, and after how many characters (see :func:`isan.engine.divergence.repeat_divergence`)."""
         from isan.engine.divergence import repeat_divergence
 
-        return repeat_divergence(self.params, self.alphabet.symbols, max_chars=max_chars)
+        return repeat_divergence(self.input_params, self.alphabet.input_labels, max_chars=max_chars)
+
+
+def word_spans(ids: np.ndarray, text: str, alphabet) -> list[tuple[int, int]]:
+    """Word sources as spans of symbol positions: maximal runs of non-space or of space symbols
+    (characters: of the text; bytes: the space byte; pairs: a pair is a space only if both its
+    characters are)."""
+    if alphabet.kind == "chars":
+        return [m.span() for m in re.finditer(r"[^ ]+| +", text)]
+    labels = np.array([alphabet.decode([int(i)]).strip() == "" for i in range(len(alphabet))])
+    space = labels[np.asarray(ids)]
+    cuts = np.flatnonzero(np.diff(space.astype(np.int8))) + 1
+    bounds = [0, *cuts.tolist(), len(ids)]
+    return [(bounds[k], bounds[k + 1]) for k in range(len(bounds) - 1)]
 
 
 def find_table(bundle: Path, manifest: dict, params: ISANParams, alphabet: Alphabet, progress_bar: bool = True):
@@ -722,12 +788,32 @@ def find_table(bundle: Path, manifest: dict, params: ISANParams, alphabet: Alpha
     from isan.trie_tables.build import RECIPE, cached_table
     from isan.trie_tables.format import load_table
 
+    from isan.engine.bundle import key_alphabet
+
     sha = manifest["params_sha256"]
+    if params.K != len(alphabet):
+        params = expand_inputs(params, alphabet.input_map)
+    keys = key_alphabet(alphabet)  # tables are keyed by output ids (tokens: private-use characters)
     if (bundle / "table").exists():
-        return load_table(bundle / "table", sha, alphabet, params.d)
+        return load_table(bundle / "table", sha, keys, params.d)
     if (bundle / RECIPE).exists():
-        return cached_table(bundle / RECIPE, params, alphabet, sha, progress_bar=progress_bar)
+        return cached_table(bundle / RECIPE, params, keys, sha, progress_bar=progress_bar)
     return None
+
+
+def expand_inputs(params: ISANParams, input_map: np.ndarray | None) -> ISANParams:
+    """The parameters read by output id: ``W[input_map]``, ``b[input_map]`` (V, d, d), (V, d).
+
+    A token alphabet with fewer inputs than outputs (:class:`isan.tokens.ByteAlphabet`: bytes
+    outside the K - 1 frequent ones share the ``other`` input) is scored as a model whose input
+    symbols are its outputs: the same arithmetic, one id sequence. Identity when ``input_map`` is None.
+    """
+    if input_map is None:
+        return params
+    m = np.asarray(input_map, dtype=np.int64)
+    if m.ndim != 1 or (len(m) and (m.min() < 0 or m.max() >= params.K)):
+        raise IsanError(f"input_map must map outputs to inputs in [0, {params.K})")
+    return ISANParams(W=params.W[m], b=params.b[m], W_ro=params.W_ro, b_ro=params.b_ro, h0=params.h0)
 
 
 def verify_all(bundle: str | Path) -> dict:
@@ -762,7 +848,9 @@ def verify_all(bundle: str | Path) -> dict:
                                  ).hexdigest()[:20]
             path = cache_dir() / "tables" / key
             if (path / "header.json").exists():
-                load_table(path, m["params_sha256"], Alphabet.from_list(m["alphabet"]), m["d"], verify=True)
+                from isan.engine.bundle import key_alphabet, manifest_alphabet
+
+                load_table(path, m["params_sha256"], key_alphabet(manifest_alphabet(m)), m["d"], verify=True)
                 r["cached_table"] = "ok"
             else:
                 r["cached_table"] = None  # not composed yet: nothing to check

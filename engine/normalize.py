@@ -303,6 +303,8 @@ def prepare(text: str | Sequence[int] | np.ndarray, alphabet: Alphabet, normaliz
         offs = np.arange(len(ids), dtype=np.int64)
         return Prepared(ids, offs, alphabet.decode(ids), _report("ids", len(ids), len(ids)))
     norm_text, offsets, changed, dropped = normalizer.apply(text, context)
+    if alphabet.kind != "chars":
+        return _prepare_tokens(text, norm_text, offsets, changed, dropped, alphabet, normalizer, unknown, replacement)
     raw = alphabet.raw_ids(norm_text)
     bad = raw < 0
     skipped = replaced = 0
@@ -334,3 +336,54 @@ def prepare(text: str | Sequence[int] | np.ndarray, alphabet: Alphabet, normaliz
     report = _report(normalizer.id, len(text), len(raw), n_changed, n_dropped, skipped, replaced,
                      most)
     return Prepared(raw.astype(np.int64, copy=False), offsets.astype(np.int64, copy=False), norm_text, report)
+
+
+def _prepare_tokens(text: str, norm_text: str, offsets: np.ndarray, changed, dropped, alphabet, normalizer: Normalizer,
+                    unknown: str, replacement: str | None) -> Prepared:
+    """:func:`prepare` for token alphabets (:mod:`isan.tokens`): pairs apply the unknown policy to
+    their base characters and then pair them; bytes never meet an unknown; words apply it to whole
+    words. ``offsets`` of a token: the input offset of its first character."""
+    skipped = replaced = 0
+    if alphabet.kind == "pairs":
+        base = prepare(norm_text, alphabet.base, NONE, unknown, replacement)
+        skipped, replaced = base.report["skipped"], base.report["replaced"]
+        chars = base.ids
+        ids = alphabet.as_ids(alphabet._pairs(chars))
+        offs = offsets[base.offsets[0::2]] if len(chars) else np.zeros(0, dtype=np.int64)
+    elif alphabet.kind == "bytes":
+        ids, char_of = alphabet.tokenize(norm_text)
+        offs = offsets[char_of] if len(ids) else np.zeros(0, dtype=np.int64)
+    else:  # words
+        words, starts = alphabet._split(norm_text)
+        raw = np.array([alphabet._index.get(w, -1) for w in words], dtype=np.int64)
+        starts = np.asarray(starts, dtype=np.int64)
+        bad = raw < 0
+        if bad.any():
+            if unknown == "error":
+                j = int(np.argmax(bad))
+                off = int(offsets[starts[j]])
+                raise AlphabetError(f"word {words[j]!r} at offset {off} is not in the model's vocabulary "
+                                    f"{alphabet.describe()}; pass unknown='skip' or unknown='replace'",
+                                    char=words[j], offset=off)
+            if unknown == "skip":
+                skipped = int(bad.sum())
+                raw, starts = raw[~bad], starts[~bad]
+            else:
+                rep = replacement if replacement is not None else alphabet.unk
+                if rep is None:
+                    raise AlphabetError("unknown='replace' needs a replacement word (CLI: --replacement)")
+                replaced = int(bad.sum())
+                raw = raw.copy()
+                raw[bad] = alphabet.id(rep)
+        ids = raw
+        offs = offsets[starts] if len(ids) else np.zeros(0, dtype=np.int64)
+    if changed is None:
+        most, n_changed, n_dropped = [], 0, 0
+    else:
+        most = _most_changed(text, changed | dropped) if normalizer is not NONE else []
+        n_changed, n_dropped = int(changed.sum()), int(dropped.sum())
+    scored = alphabet.decode(ids)
+    report = _report(normalizer.id, len(text), len(scored), n_changed, n_dropped, skipped, replaced, most)
+    report["tokens"] = int(len(ids))
+    report["unit"] = alphabet.unit
+    return Prepared(np.asarray(ids, dtype=np.int64), np.asarray(offs, dtype=np.int64), scored, report)

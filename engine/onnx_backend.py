@@ -116,7 +116,9 @@ class OnnxRunner:
         self.b_ro = np.array(readout_b, dtype=np.float64)  # (V,)
         self._init = np.array(h_init, dtype=np.float64)
         self.V, self.d = self.W_ro.shape
-        self.K = len(manifest["alphabet"])
+        from isan.engine.bundle import manifest_alphabet
+
+        self.K = len(manifest_alphabet(manifest))  # the graphs read output ids (token inputs are expanded)
         self.state_names = ["h", "c"] if self.kind == "lstm" else ["h"]
         self.state_size = len(self.state_names) * self.d
         self._step = step_session
@@ -455,12 +457,12 @@ def load_onnx_engine(path: str | Path, device: str = "cpu", path_mode: str = "au
     Raises:
         BundleFormatError, BackendUnavailableError, IsanError (see :meth:`OnnxRunner.load`).
     """
-    from isan.alphabet import Alphabet
-
     if path_mode == "composed":
         raise IsanError("--path composed runs trie-table jumps in numpy; use --backend numpy, or --path auto")
     if path_mode not in ("auto", "reference"):
         raise IsanError(f"path must be auto, composed or reference; got {path_mode!r}")
     runner = OnnxRunner.load(path, device=device, chunk=chunk)
-    return RunnerEngine(runner, Alphabet.from_list(runner.manifest["alphabet"]), runner.manifest,
+    from isan.engine.bundle import manifest_alphabet
+
+    return RunnerEngine(runner, manifest_alphabet(runner.manifest), runner.manifest,
                         source=str(path), path="onnx-sequence")

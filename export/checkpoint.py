@@ -6,14 +6,19 @@ safetensors only, so exporting an ISAN needs no torch.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
 
 from isan.alphabet import Alphabet
+from isan.tokens import alphabet_from_json
 from isan.engine.bundle import write_bundle
-from isan.errors import CheckpointError
+from isan.errors import AlphabetError, CheckpointError
 from isan.params import ISAN_TENSORS, load_tensors
+
+
+log = logging.getLogger(__name__)
 
 
 def read_checkpoint(ckpt_dir: str | Path, which: str = "best") -> tuple[dict, dict[str, np.ndarray]]:
@@ -37,8 +42,11 @@ def read_checkpoint(ckpt_dir: str | Path, which: str = "best") -> tuple[dict, di
     model = cfg.get("model")
     if not isinstance(model, dict) or not isinstance(model.get("kind"), str):
         raise CheckpointError(f"{cfg_path} lacks the 'model' config (with its 'kind'); {fix}")
-    if not isinstance(cfg.get("alphabet"), list) or not all(isinstance(a, str) for a in cfg["alphabet"]):
-        raise CheckpointError(f"{cfg_path} lacks the 'alphabet' (a list of symbols); {fix}")
+    try:
+        alphabet_from_json(cfg.get("alphabet"))
+    except AlphabetError as e:
+        raise CheckpointError(f"{cfg_path} lacks a valid 'alphabet' (a list of symbols or a token alphabet: {e}); "
+                              f"{fix}") from None
     for key in ("train", "corpus"):
         if key in cfg and not isinstance(cfg[key], (dict, str, type(None))):
             raise CheckpointError(f"{cfg_path}: {key!r} has the wrong type; {fix}")
@@ -74,7 +82,8 @@ def normalizer_for(cfg: dict, alphabet: Alphabet) -> str:
     trained on text8 (their text went through wikifil.pl), ``"none"`` for any other text."""
     train = cfg.get("train") if isinstance(cfg.get("train"), dict) else {}
     on_text8 = cfg.get("corpus") == "text8-10M" or train.get("dataset") == "text8"
-    return "text8" if on_text8 and alphabet == Alphabet.text8() else "none"
+    chars = alphabet.base if alphabet.kind == "pairs" else alphabet
+    return "text8" if on_text8 and chars == Alphabet.text8() else "none"
 
 
 def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, which: str = "best", overwrite: bool = False,
@@ -90,7 +99,7 @@ def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, which: str = "b
     ckpt_dir = Path(ckpt_dir)
     cfg, tensors = read_checkpoint(ckpt_dir, which)
     kind = cfg["model"]["kind"]
-    alphabet = Alphabet.from_list(cfg["alphabet"])
+    alphabet = alphabet_from_json(cfg["alphabet"])
     files = {}
     if include_log and (ckpt_dir / "train_log.jsonl").is_file():
         files["train_log.jsonl"] = ckpt_dir / "train_log.jsonl"
@@ -121,12 +130,25 @@ def export_bundle(ckpt_dir: str | Path, out_dir: str | Path, which: str = "best"
         from isan.params import ISANParams
 
         corpus, dataset = table_options_from(cfg, table_corpus, table_dataset)
-        alphabet = Alphabet.from_list(cfg["alphabet"])
+        alphabet = alphabet_from_json(cfg["alphabet"])
 
         def table_hook(tmp, manifest):
             from safetensors.numpy import load_file
 
             t = load_file(str(tmp / "weights.safetensors"))
+            from isan.trie_tables.build import DTYPES, parse_bytes
+            from isan.trie_tables.mining import entry_bytes
+
+            V, d = t["W_ro"].shape
+            singles = V * entry_bytes(1, d, V, np.dtype(DTYPES[table_dtype]).itemsize) if table_dtype in DTYPES else 0
+            if singles > parse_bytes(table_budget):
+                # a large output alphabet (bytes, pairs): the budget does not even hold one entry a symbol; the
+                # engine then scores chunk-parallel (its fast path for long texts) without a table
+                log.warning("no trie table: the %s budget does not hold the %d single-symbol entries (%s bytes); "
+                            "pass --table-budget to build one", table_budget, V, f"{singles:,}")
+                manifest["table"] = {"mode": "none", "reason": f"the budget {table_budget} holds fewer than the {V} "
+                                                                f"single-symbol entries ({singles:,} bytes)"}
+                return
             make_table(tmp, manifest, ISANParams(**{n: t[n] for n in ISAN_TENSORS}), alphabet, corpus, dataset,
                        budget=table_budget, max_len=table_max_len, dtype=table_dtype, mode=table_mode,
                        progress_bar=progress_bar)

@@ -157,7 +157,7 @@ def _isan_update_nodes(tok: str, h: str, out: str, prefix: str) -> list:
     ]
 
 
-def isan_onnx_models(params: ISANParams, opset: int = DEFAULT_OPSET) -> tuple[dict, dict]:
+def isan_onnx_models(params: ISANParams, opset: int = DEFAULT_OPSET, sha: str | None = None) -> tuple[dict, dict]:
     """The ISAN's step and sequence ModelProtos (checked) and the manifest ``"onnx"`` section.
 
     Returns:
@@ -167,7 +167,7 @@ def isan_onnx_models(params: ISANParams, opset: int = DEFAULT_OPSET) -> tuple[di
 
     p = params.astype(np.float32)
     d, V = p.d, p.V
-    sha = p.sha256()
+    sha = sha or p.sha256()  # the stored weights' hash (token models: before their inputs are expanded)
     io = graph_io("isan", d, V)
     axes = [_init("axis_last", np.array([2], dtype=np.int64))]
     weights = [_init("W", p.W), _init("b", p.b), _init("W_ro", p.W_ro), _init("b_ro", p.b_ro)]
@@ -200,7 +200,7 @@ def isan_onnx_models(params: ISANParams, opset: int = DEFAULT_OPSET) -> tuple[di
     return models, _info("isan", io, sha, opset)
 
 
-def export_isan_onnx(params: ISANParams, out_dir: str | Path, opset: int = DEFAULT_OPSET) -> dict:
+def export_isan_onnx(params: ISANParams, out_dir: str | Path, opset: int = DEFAULT_OPSET, sha: str | None = None) -> dict:
     """Write ``model.onnx`` and ``sequence.onnx`` of an ISAN into ``out_dir`` (each file atomically).
 
     Args:
@@ -220,7 +220,7 @@ def export_isan_onnx(params: ISANParams, out_dir: str | Path, opset: int = DEFAU
         {'name': 'tokens', 'dtype': 'int64', 'shape': ['B', 'T']}
     """
     _check_opset(opset)
-    models, info = isan_onnx_models(params, opset)
+    models, info = isan_onnx_models(params, opset, sha)
     _write(models, Path(out_dir), info)
     log.info("wrote ISAN ONNX graphs (d=%d, opset %d) into %s", params.d, opset, out_dir)
     return info
@@ -385,9 +385,25 @@ def _export_for_manifest(directory: Path, manifest: dict, opset: int, out_dir: P
     if manifest.get("params_sha256") not in (None, sha):
         raise BundleFormatError(f"{directory}: weights do not match the manifest's params_sha256; re-run `isan export`")
     out_dir = directory if out_dir is None else out_dir
+    from isan.engine.bundle import manifest_alphabet
+
+    alphabet = manifest_alphabet(manifest)
+    config = manifest.get("model")
+    if alphabet.input_map is not None:
+        # a token alphabet with fewer inputs than outputs (bytes): the graphs read output ids, each
+        # gathering its input's weights (the same expansion as the numpy engine's)
+        m = np.asarray(alphabet.input_map, dtype=np.int64)
+        if kind == "isan":
+            from isan.engine.core import expand_inputs
+
+            params = expand_inputs(params, m)
+        else:
+            key = "E" if "E" in tensors else "emb"
+            tensors = {**tensors, key: np.ascontiguousarray(np.asarray(tensors[key])[m])}
+            config = {**config, "K": len(m)}
     if kind == "isan":
-        return export_isan_onnx(params, out_dir, opset)
-    return export_baseline_onnx_tensors(manifest["model"], tensors, out_dir, opset, sha)
+        return export_isan_onnx(params, out_dir, opset, sha)
+    return export_baseline_onnx_tensors(config, tensors, out_dir, opset, sha)
 
 
 def onnx_hook(tmp_dir: str | Path, manifest: dict, opset: int = DEFAULT_OPSET) -> None:

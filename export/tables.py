@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from isan.alphabet import Alphabet
+from isan.tokens import alphabet_from_json
 from isan.engine.bundle import load_isan_bundle
 from isan.engine.data import read_text, read_text8_split
 from isan.errors import IsanError
@@ -96,14 +97,27 @@ def corpus_record(corpus: str | Path, dataset: str, bundle_dir: str | Path) -> d
     return {"path": Path(rel).as_posix(), "dataset": dataset, "split": "train"}
 
 
-def _plan(alphabet: Alphabet, params: ISANParams, corpus: str, dataset: str, budget, max_len: int, dtype: str) -> dict:
+def table_view(params: ISANParams, alphabet) -> tuple[ISANParams, Alphabet]:
+    """(parameters read by output id, the character alphabet of the table's keys): a character
+    model as it is; a token model (:mod:`isan.tokens`) with ``W``, ``b`` expanded to its V outputs
+    and token i keyed by the private-use character U+E000 + i (:func:`isan.engine.bundle.key_alphabet`)."""
+    from isan.engine.bundle import key_alphabet
+    from isan.engine.core import expand_inputs
+
+    if params.K != len(alphabet):
+        params = expand_inputs(params, alphabet.input_map)
+    return params, key_alphabet(alphabet)
+
+
+def _plan(alphabet, params: ISANParams, corpus: str, dataset: str, budget, max_len: int, dtype: str) -> dict:
     """Mine the train split of ``corpus``; the expected match length is measured on its valid split if any."""
     train = corpus_ids(alphabet, corpus, dataset, "train")
     try:
         heldout = corpus_ids(alphabet, corpus, dataset, "valid")
     except IsanError:
         heldout = None
-    return plan_table(train, params, alphabet, budget=budget, max_len=max_len, dtype=dtype, heldout_ids=heldout)
+    tparams, keys = table_view(params, alphabet)
+    return plan_table(train, tparams, keys, budget=budget, max_len=max_len, dtype=dtype, heldout_ids=heldout)
 
 
 def make_table(bundle_tmp: Path, manifest: dict, params: ISANParams, alphabet: Alphabet, corpus: str, dataset: str,
@@ -116,7 +130,7 @@ def make_table(bundle_tmp: Path, manifest: dict, params: ISANParams, alphabet: A
     if mode == "recipe":
         write_recipe(bundle_tmp / RECIPE, recipe)
     elif mode == "full":
-        build_from_recipe(bundle_tmp / "table", recipe, params, alphabet, manifest["params_sha256"],
+        build_from_recipe(bundle_tmp / "table", recipe, *table_view(params, alphabet), manifest["params_sha256"],
                           progress_bar=progress_bar)
     else:
         raise IsanError(f"table mode must be full or recipe; got {mode!r}")
@@ -159,7 +173,7 @@ def build_bundle_table(bundle: str | Path, corpus: str | None = None, dataset: s
     info = {k: recipe.get(k) for k in ("budget_bytes", "avg_match_length", "avg_match_length_on", "mining")}
     info["corpus"] = rec
     if mode == "full":
-        out = build_table(target, params, alphabet, recipe["keys"], m["params_sha256"], dtype=dtype,
+        out = build_table(target, *table_view(params, alphabet), recipe["keys"], m["params_sha256"], dtype=dtype,
                           max_len=recipe["max_len"], build_info=info, overwrite=overwrite, progress_bar=progress_bar)
         (bundle / RECIPE).unlink(missing_ok=True)
     else:
@@ -186,7 +200,7 @@ def dry_run(ckpt_or_bundle: str | Path, corpus: str | None, dataset: str | None,
     else:
         cfg, tensors = read_checkpoint(p)
         params = ISANParams(**{n: tensors[n] for n in ("W", "b", "W_ro", "b_ro", "h0")})
-        alphabet = Alphabet.from_list(cfg["alphabet"])
+        alphabet = alphabet_from_json(cfg["alphabet"])
         corpus, dataset = table_options_from(cfg, corpus, dataset)
     r = _plan(alphabet, params, corpus, dataset, budget, max_len, dtype)
     return {"entries": len(r["keys"]), "bytes": r["expected_bytes"], "budget_bytes": r["budget_bytes"],

@@ -30,6 +30,10 @@ class Alphabet:
     _index: dict = field(init=False, repr=False, compare=False)
     _lut: np.ndarray | None = field(init=False, repr=False, compare=False)
 
+    #: the interface shared with the token alphabets of :mod:`isan.tokens`
+    kind = "chars"
+    unit = "char"
+
     def __post_init__(self) -> None:
         symbols = tuple(self.symbols)
         object.__setattr__(self, "symbols", symbols)
@@ -62,6 +66,28 @@ class Alphabet:
 
     def __len__(self) -> int:
         return len(self.symbols)
+
+    @property
+    def K(self) -> int:
+        """Input symbols: the same as the outputs for characters."""
+        return len(self.symbols)
+
+    @property
+    def input_map(self) -> None:
+        """Output id -> input id: None, the identity (see :mod:`isan.tokens`)."""
+        return None
+
+    @property
+    def input_labels(self) -> tuple[str, ...]:
+        return self.symbols
+
+    def tokenize(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """(ids int64 (n,), offsets int64 (n,): character i is token i). Raises AlphabetError for unknowns."""
+        ids = self.encode(text)
+        return ids, np.arange(len(ids), dtype=np.int64)
+
+    def to_json(self) -> dict:
+        return {"kind": "chars", "symbols": self.to_list()}
 
     def __contains__(self, ch: str) -> bool:
         return ch in self._index

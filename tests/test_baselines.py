@@ -309,7 +309,7 @@ def test_ngram_bundle_round_trip(small_split, tmp_path):
     model = ngram.fit(tr, 27, 4)
     out = ngram.save_ngram(model, tmp_path / "ng", Alphabet.text8(), training={"train_chars": len(tr)})
     m = json.loads((out / "manifest.json").read_text())
-    assert (m["format"], m["format_version"], m["kind"], m["d"]) == ("isan-bundle", 2, "ngram", 4)
+    assert (m["format"], m["format_version"], m["kind"], m["d"]) == ("isan-bundle", 3, "ngram", 4)
     _, back, alphabet = ngram.load_ngram(out)
     np.testing.assert_array_equal(back.bits(va[:5000]), model.bits(va[:5000]))
     eng = ngram.load_ngram_engine(out)

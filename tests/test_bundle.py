@@ -16,7 +16,7 @@ from conftest import random_params
 
 def test_round_trip(small_bundle, small_params):
     m = read_manifest(small_bundle)
-    assert m["format"] == "isan-bundle" and m["format_version"] == 2 and m["kind"] == "isan"
+    assert m["format"] == "isan-bundle" and m["format_version"] == 3 and m["kind"] == "isan"
     assert m["normalizer"] == {"name": "none", "version": 1} and m["manifest_sha256"] == manifest_sha256(m)
     assert set(m["files"]) == {"weights.safetensors"}
     assert m["alphabet"] == list(" abcdefghijklmnopqrstuvwxyz") and m["d"] == 16
@@ -58,10 +58,10 @@ def edit_manifest(b, reseal=True, **changes):
 
 def test_version_and_mismatch(small_bundle, tmp_path):
     b = copy_bundle(small_bundle, tmp_path)
-    edit_manifest(b, format_version=3)
+    edit_manifest(b, format_version=4)
     with pytest.raises(BundleFormatError, match="format_version"):
         Engine.load(b)
-    edit_manifest(b, format_version=2, params_sha256="0" * 64)
+    edit_manifest(b, format_version=3, params_sha256="0" * 64)
     with pytest.raises(BundleFormatError, match="params_sha256"):
         Engine.load(b)
     edit_manifest(b, params_sha256=random_params().sha256(), d=17)

@@ -28,7 +28,8 @@ def test_score_json_matches_library(small_bundle, text8_valid_head, tmp_path):
     f.write_text(text8_valid_head[:3000])
     out = json.loads(isan("score", "--model", small_bundle, "--json", f).stdout)
     lib = Engine.load(small_bundle).score(text8_valid_head[:3000])
-    assert out["chars"] == 3000 and set(out) == {"chars", "bits", "bpc", "normalization", "scoring"}
+    assert out["chars"] == 3000 and set(out) == {"chars", "bits", "bpc", "nnl", "normalization", "scoring"}
+    assert out["nnl"] == pytest.approx(out["bpc"] / np.log2(27), rel=1e-12)  # base-|A| log-likelihood (eq. 7)
     assert out["normalization"]["normalizer"] == "none-v1" and out["normalization"]["chars_read"] == 3000
     assert out["bits"] == pytest.approx(lib.bits, rel=1e-12)
     per = json.loads(isan("score", "--model", small_bundle, "--json", "--per-char", "-", input=text8_valid_head[:50]).stdout)

@@ -177,7 +177,7 @@ HOSTILE = {
                                   "record of"),
     "manifest_normalizer_unknown": (_set(M, "normalizer", {"name": "nfkc", "version": 1}), BundleFormatError,
                                     "unknown normaliser"),
-    "manifest_version_3": (_set(M, "format_version", 3), BundleFormatError, "format_version"),
+    "manifest_version_4": (_set(M, "format_version", 4), BundleFormatError, "format_version"),
     "manifest_sha_not_hex": (_set(M, "params_sha256", "xyz"), BundleFormatError, "params_sha256"),
     # weights
     "weights_truncated": (_truncate("weights.safetensors"), BundleFormatError, "truncated"),
@@ -347,7 +347,7 @@ def test_fuzz_manifest_parser(fuzz_dirs, key, value, drop, reseal):
         out = read_manifest(b)
     except BundleFormatError:
         return
-    assert isinstance(out, dict) and out["format_version"] in (1, 2)
+    assert isinstance(out, dict) and out["format_version"] in (1, 2, 3)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

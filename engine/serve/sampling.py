@@ -65,12 +65,21 @@ class StreamSampler:
         self._whole: str | None = None
         start = state if state is not None else engine.initial_state()
         self.start = start
-        if not isinstance(engine, Engine):
+        tokens = getattr(engine.alphabet, "kind", "chars") != "chars"
+        if not isinstance(engine, Engine) or tokens:
+            # sampled whole, handed out in pieces; a token model (bytes, pairs, words) generates n tokens,
+            # whose text is then what is handed out (n becomes its length in characters)
+            temperature = self.temperature
             if inverse_temperature is not None:
-                raise IsanError("inverse_temperature needs an ISAN on the numpy backend; give temperature")
-            smp = engine.sample(prompt, n=n, temperature=self.temperature, top_k=top_k, seed=self.seed,
+                if not isinstance(engine, Engine) or not inverse_temperature > 0:
+                    raise IsanError("inverse_temperature needs an ISAN of characters on the numpy backend (and, for "
+                                    "token models, beta > 0); give temperature")
+                temperature = 1.0 / inverse_temperature
+            smp = engine.sample(prompt, n=n, temperature=temperature, top_k=top_k, seed=self.seed,
                                 **({"state": state} if state is not None else {}), normalize=normalize)
             self._whole, self._whole_bits = smp.text, float(smp.bits)
+            if tokens:
+                self.n = len(smp.text)
             self.prompt_text, self.normalization = smp.prompt_normalized, smp.normalization
             self.state = None
             return

@@ -167,6 +167,8 @@ class KernelRounds:
         self.fallback = Float64Fallback(engine.params32)
         self.W, self.b = engine.params.W, engine.params.b
         self.symbols = tuple(engine.alphabet.symbols)
+        a = engine.alphabet  # the last character each symbol leaves (a normaliser's context)
+        self.last_chars = self.symbols if a.kind == "chars" else tuple(a.decode([i])[-1:] for i in range(len(a)))
         self.d = engine.d
 
     @staticmethod
@@ -417,7 +419,7 @@ class Scheduler:
             for (job, a, b), bb, hf in zip(items, bits, finals):
                 total = float(bb.sum())
                 st = job.state
-                last = self._kernel.symbols[int(job.ids[b - 1])]
+                last = self._kernel.last_chars[int(job.ids[b - 1])]
                 res = _Slice(total, bb, State(hf, st.chars + (b - a), st.bits + total, last))
                 out.append(((job, a, b), res))
             return out

@@ -60,9 +60,13 @@ class ModelInfo:
 
     @classmethod
     def of_manifest(cls, manifest: dict, source: str | None) -> "ModelInfo":
-        symbols = tuple(manifest["alphabet"])
+        from isan.engine.bundle import manifest_alphabet
+
+        alphabet = manifest_alphabet(manifest)
+        symbols = tuple(alphabet.symbols)
         d = int(manifest.get("d") or 0)
-        desc = {"kind": manifest.get("kind"), "d": d, "alphabet": "".join(symbols),
+        desc = {"kind": manifest.get("kind"), "d": d,
+                "alphabet": "".join(symbols) if alphabet.kind == "chars" else alphabet.describe(),
                 "params_sha256": manifest.get("params_sha256"), "source": source}
         return cls(symbols, d, manifest.get("params_sha256") or "", public_describe(desc))
 
