@@ -15,8 +15,27 @@ TEXT8_SYMBOLS: tuple[str, ...] = tuple(" abcdefghijklmnopqrstuvwxyz")
 UNKNOWN_POLICIES = ("error", "skip", "replace")
 
 
+class SameInputs:
+    """The input side of an alphabet whose inputs are its outputs (characters, pairs, words):
+    K = V, ``input_map`` None (the identity), ``input_labels`` = ``symbols``."""
+
+    @property
+    def K(self) -> int:
+        """Input symbols: as many as the outputs."""
+        return len(self)
+
+    @property
+    def input_map(self) -> None:
+        """Output id -> input id: None, the identity (see :mod:`isan.tokens`)."""
+        return None
+
+    @property
+    def input_labels(self) -> tuple[str, ...]:
+        return tuple(self.symbols)
+
+
 @dataclass(frozen=True)
-class Alphabet:
+class Alphabet(SameInputs):
     """An ordered set of single-character symbols; ``symbols[i]`` is input symbol and output class i.
 
     Args:
@@ -66,20 +85,6 @@ class Alphabet:
 
     def __len__(self) -> int:
         return len(self.symbols)
-
-    @property
-    def K(self) -> int:
-        """Input symbols: the same as the outputs for characters."""
-        return len(self.symbols)
-
-    @property
-    def input_map(self) -> None:
-        """Output id -> input id: None, the identity (see :mod:`isan.tokens`)."""
-        return None
-
-    @property
-    def input_labels(self) -> tuple[str, ...]:
-        return self.symbols
 
     def tokenize(self, text: str) -> tuple[np.ndarray, np.ndarray]:
         """(ids int64 (n,), offsets int64 (n,): character i is token i). Raises AlphabetError for unknowns."""

@@ -28,7 +28,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from isan.alphabet import UNKNOWN_POLICIES, Alphabet
+from isan.alphabet import UNKNOWN_POLICIES, Alphabet, SameInputs
 from isan.errors import AlphabetError
 
 #: alphabet kinds, by the ``kind`` field of their JSON
@@ -150,7 +150,7 @@ class ByteAlphabet:
 
 
 @dataclass(frozen=True)
-class PairAlphabet:
+class PairAlphabet(SameInputs):
     """Pairs of characters of ``base``: id ``i * n + j`` is ``base[i] + base[j]`` (K = V = n^2).
 
     Args:
@@ -176,18 +176,6 @@ class PairAlphabet:
     def symbols(self) -> tuple[str, ...]:
         s = self.base.symbols
         return tuple(a + b for a in s for b in s)
-
-    @property
-    def K(self) -> int:
-        return self.n * self.n
-
-    @property
-    def input_map(self) -> None:
-        return None
-
-    @property
-    def input_labels(self) -> tuple[str, ...]:
-        return self.symbols
 
     def __len__(self) -> int:
         return self.n * self.n
@@ -240,7 +228,7 @@ class PairAlphabet:
 
 
 @dataclass(frozen=True)
-class WordAlphabet:
+class WordAlphabet(SameInputs):
     """Whitespace-separated words of a fixed vocabulary (K = V = len(words)).
 
     Args:
@@ -279,18 +267,6 @@ class WordAlphabet:
 
     @property
     def symbols(self) -> tuple[str, ...]:
-        return self.words
-
-    @property
-    def K(self) -> int:
-        return len(self.words)
-
-    @property
-    def input_map(self) -> None:
-        return None
-
-    @property
-    def input_labels(self) -> tuple[str, ...]:
         return self.words
 
     def __len__(self) -> int:
