@@ -1,0 +1,289 @@
+"""The paper's figures drawn from the analyses' results (matplotlib, Agg backend; the ``plot`` extra).
+
+One function per figure; each takes the numbers a study computed (never recomputes them) and
+writes one PNG atomically (:func:`isan.atomic.atomic_path`), sized to stay under about 300 KB.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+DPI = 100
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, out: str | Path) -> Path:
+    from isan.atomic import atomic_path
+
+    out = Path(out)
+    if not fig.get_constrained_layout():
+        fig.tight_layout()
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png", dpi=DPI)
+    _plt().close(fig)
+    return out
+
+
+def _show(c: str) -> str:
+    return "_" if c == " " else c
+
+
+def _diverging(ax, M, **kw):
+    vmax = float(np.abs(M).max()) or 1.0
+    return ax.imshow(M, cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto", interpolation="nearest", **kw)
+
+
+def fig2_stack(stack, out) -> Path:
+    """Figure 2: the full prediction stack of a text. Top: one row per source (the start state, then
+    each character labelled with its position), then the b_ro row and the logit row; each time step t
+    is a block of V columns (one per output character), separated by grey lines, and the logit row
+    is the sum of the rows above. Bottom: the softmax at each t, labelled with its most likely
+    character. The last block is boxed."""
+    plt = _plt()
+    T, S, V = stack.kappa.shape
+    M = np.vstack([stack.kappa.transpose(1, 0, 2).reshape(S, T * V), np.tile(stack.b_ro, T)[None],
+                   stack.logits.reshape(1, T * V)])
+    labels = stack.source_labels + ["b_ro", "logits"]
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(min(22, 2 + 0.75 * T), 0.22 * len(M) + 4.5), sharex=True,
+                                  gridspec_kw={"height_ratios": [len(M), 7]}, layout="constrained")
+    im = _diverging(ax, M)
+    for t in range(1, T):
+        ax.axvline(t * V - 0.5, color="0.6", lw=0.6)
+        ax2.axvline(t * V - 0.5, color="0.6", lw=0.6)
+    ax.axhline(S - 0.5, color="k", lw=1.0)
+    ax.add_patch(plt.Rectangle(((T - 1) * V - 0.5, -0.5), V, len(M), fill=False, ec="C3", lw=1.5))
+    ax.set_yticks(range(len(M)))
+    ax.set_yticklabels(labels, fontsize=7)
+    ax.set_title(f"prediction stack of {stack.text.replace(' ', '_')!r}: logits = b_ro + sum of the kappa rows "
+                 f"(max error {stack.max_abs_error:.1e})", fontsize=9)
+    fig.colorbar(im, ax=[ax, ax2], fraction=0.02, pad=0.01, label="logit units (top pane)")
+    x = np.arange(T * V)
+    ax2.bar(x, stack.probs.reshape(-1), width=1.0, color="0.55")
+    for t in range(T):
+        top = int(stack.probs[t].argmax())
+        ax2.bar([t * V + top], [stack.probs[t, top]], width=1.0, color="C3")
+        ax2.annotate(_show(stack.symbols[top]), (t * V + top, stack.probs[t, top]), ha="center", va="bottom",
+                     fontsize=8, color="C3")
+    ax2.set_ylim(0, 1.15)
+    ax2.set_ylabel("softmax")
+    ax2.set_xticks([t * V + V / 2 for t in range(T)])
+    ax2.set_xticklabels([f"{t}:{_show(c)}" for t, c in enumerate(stack.text)], fontsize=7)
+    ax2.set_xlabel("time step t: the character read (each block: the V output characters a-z and _)")
+    return _save(fig, out)
+
+
+def fig3_contributions(cf: dict, out) -> Path:
+    """Figure 3: each source's contribution to two logits, and the prediction with and without a word."""
+    plt = _plt()
+    chars = list(cf["contributions"])
+    labels = cf["source_labels"]
+    S = len(labels)
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 1.3]})
+    w = 0.4
+    for i, c in enumerate(chars):
+        ax.bar(np.arange(S) + (i - 0.5) * w, cf["contributions"][c][:S], w, label=f"logit of {_show(c)!r}")
+    lo, hi = cf["removed_sources"]
+    ax.axvspan(lo + 0.5, hi + 1.5, color="0.9", zorder=0, label=f"removed: {cf['removed'].replace(' ', '_')!r}")
+    ax.set_xticks(range(S))
+    ax.set_xticklabels(labels, fontsize=7, rotation=90)
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set_ylabel("kappa (logit units)")
+    ax.set_title(f"contributions to the next character after {cf['text'].replace(' ', '_')!r}", fontsize=9)
+    ax.legend(fontsize=7)
+    full, wo = cf["full"], cf["without"]
+    x = np.arange(len(chars))
+    ax2.bar(x - 0.2, [full["probs"][c] for c in chars], 0.4, label="all sources")
+    ax2.bar(x + 0.2, [wo["probs"][c] for c in chars], 0.4, label=f"without {cf['removed'].strip()!r}")
+    ax2.set_xticks(x)
+    ax2.set_xticklabels([repr(_show(c)) for c in chars])
+    ax2.set_yscale("log")
+    ax2.set_ylabel("probability")
+    ax2.set_title(f"greedy: {full['greedy'].replace(' ', '_')!r} vs {wo['greedy'].replace(' ', '_')!r}", fontsize=8)
+    ax2.legend(fontsize=7)
+    return _save(fig, out)
+
+
+def fig4_decay(stats, fit: dict, out, min_count: int = 1000) -> Path:
+    """Figure 4: (a) mean ||kappa[t, t-k]|| against the lag with two fitted rates, (b) bits by position
+    in the word with all kappa / only the space's / without the space's (positions seen at least
+    ``min_count`` times), (c) bits keeping the last n kappa."""
+    plt = _plt()
+    fig, axs = plt.subplots(1, 3, figsize=(14, 4))
+    ax = axs[0]
+    k = np.arange(len(stats.kappa_norm_mean))
+    ax.semilogy(k, stats.kappa_norm_mean, "o", ms=3, label="mean ||kappa[t, t-k]||")
+    b = fit["break_lag"]
+    ax.semilogy(k[:b], np.exp(fit["intercept_fast"] + fit["rate_fast"] * k[:b]), "C1",
+                label=f"rate {fit['rate_fast']:.3f}/char (k<{b})")
+    ax.semilogy(k[b:], np.exp(fit["intercept_slow"] + fit["rate_slow"] * k[b:]), "C2",
+                label=f"rate {fit['rate_slow']:.3f}/char (k>={b})")
+    ax.set_xlabel("t - s (characters back)")
+    ax.set_ylabel("logit units")
+    ax.set_title("(a) size of a source's contribution", fontsize=9)
+    ax.legend(fontsize=7)
+    ax = axs[1]
+    m = stats.word_counts >= min_count
+    pos = stats.word_positions[m]
+    ax.plot(pos, stats.word_bits_full[m], "o-", ms=3, label="all kappa")
+    ax.plot(pos, stats.word_bits_space_only[m], "s-", ms=3, label="only the space's kappa")
+    ax.plot(pos, stats.word_bits_no_space[m], "^-", ms=3, label="the space's kappa removed")
+    ax.set_xlabel("characters since the last space (0: after the space)")
+    ax.set_ylabel("cross entropy (bits/char)")
+    ax.set_title(f"(b) by position in the word (positions seen >= {min_count:,} times)", fontsize=9)
+    ax.legend(fontsize=7)
+    ax = axs[2]
+    n = np.arange(len(stats.bits_keep_last))
+    ax.plot(n, stats.bits_keep_last, "o-", ms=3, label="only the last n kappa (+ b_ro)")
+    ax.axhline(stats.bits_full, color="k", ls="--", lw=0.8, label=f"all kappa: {stats.bits_full:.3f}")
+    ax.set_xlabel("n (sources kept)")
+    ax.set_ylabel("cross entropy (bits/char)")
+    ax.set_ylim(min(stats.bits_full, stats.bits_keep_last.min()) - 0.1, min(5.0, stats.bits_keep_last.max()) + 0.1)
+    ax.set_title("(c) truncated history", fontsize=9)
+    ax.legend(fontsize=7)
+    return _save(fig, out)
+
+
+def fig5_words(wc, symbols, out) -> Path:
+    """Figure 5: ||kappa[t, word]|| over a sentence, and the probability of the next character given
+    only the last k words."""
+    plt = _plt()
+    T = len(wc.text)
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(max(8, 0.17 * T + 2), 6.5), sharex=True, layout="constrained")
+    labels = ["h0"] + [w.replace(" ", "_") for w in wc.words]
+    im = ax.imshow(wc.norms.T, aspect="auto", cmap="viridis", interpolation="nearest")
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels(labels, fontsize=7)
+    ax.set_title("||kappa[t, word]|| (L2 over the logits)", fontsize=9)
+    fig.colorbar(im, ax=[ax, ax2], fraction=0.02, pad=0.01)
+    for a, k in enumerate(wc.keep):
+        ax2.plot(range(T), wc.prob_next[a], "-o", ms=2, lw=1,
+                 label=("all sources" if k is None else f"last {k} word{'s' if k > 1 else ''}")
+                 + f" ({wc.bits_mean[a]:.2f} bits/char)")
+    ax2.set_xticks(range(T))
+    ax2.set_xticklabels([_show(c) for c in wc.text], fontsize=7)
+    ax2.set_ylabel("P(next character)")
+    ax2.set_xlabel("character read at t")
+    ax2.legend(fontsize=7, ncol=3)
+    return _save(fig, out)
+
+
+def fig6_7_basis(bs: dict, symbols, out) -> Path:
+    """Figures 6-7: ||b_x|| against log P(x) in the readout subspace and its complement, and the cosine
+    distances between the b_x in each."""
+    plt = _plt()
+    fig, axs = plt.subplots(1, 4, figsize=(17, 4.2))
+    lp = np.asarray(bs["logprob"])
+    for ax, sub in zip(axs[:2], ("readout", "complement")):
+        nr = np.asarray(bs["norms"][sub])
+        ax.scatter(lp, nr, s=10)
+        for i, c in enumerate(symbols):
+            ax.annotate(_show(c), (lp[i], nr[i]), fontsize=8)
+        r = bs["correlation"][sub]
+        ax.set_title(f"{sub} subspace: r = {r:.2f}" if r is not None else sub, fontsize=9)
+        ax.set_xlabel("unigram log P(x) (nats)")
+        ax.set_ylabel("||b_x|| in the subspace")
+    order = bs["order"]
+    for ax, sub in zip(axs[2:], ("readout", "complement")):
+        D = np.asarray(bs["cosine"][sub])
+        im = ax.imshow(D, cmap="magma", vmin=0, vmax=2, interpolation="nearest")
+        ax.set_xticks(range(len(order)))
+        ax.set_xticklabels([_show(c) for c in order], fontsize=6)
+        ax.set_yticks(range(len(order)))
+        ax.set_yticklabels([_show(c) for c in order], fontsize=6)
+        ax.set_title(f"cosine distance of b_x, {sub}", fontsize=9)
+        fig.colorbar(im, ax=ax, fraction=0.04)
+    return _save(fig, out)
+
+
+def fig8_ngram(ng: dict, out) -> Path:
+    """Figure 8: softmax(b_ro) against the unigram distribution, softmax(W_ro b_x + b_ro) against the
+    bigram for every x, and the correlations per x."""
+    plt = _plt()
+    sym = ng["symbols"]
+    fig, axs = plt.subplots(1, 3, figsize=(15, 4.2))
+    ax = axs[0]
+    u, m = np.asarray(ng["unigram"]["data"]), np.asarray(ng["unigram"]["model"])
+    ax.scatter(u, m, s=10)
+    for i, c in enumerate(sym):
+        ax.annotate(_show(c), (u[i], m[i]), fontsize=8)
+    hi = max(u.max(), m.max()) * 1.05
+    ax.plot([0, hi], [0, hi], "k--", lw=0.6)
+    ax.set_xlabel("unigram P(x) (train split)")
+    ax.set_ylabel("softmax(b_ro)")
+    ax.set_title(f"r = {ng['unigram']['correlation']:.3f}, KL(unigram || model) = {ng['unigram']['kl_bits']:.2f} bits",
+                 fontsize=9)
+    ax = axs[1]
+    B, M = np.asarray(ng["bigram"]["data"]), np.asarray(ng["bigram"]["model"])
+    ax.scatter(B.ravel(), M.ravel(), s=3, alpha=0.5)
+    ax.plot([0, 1], [0, 1], "k--", lw=0.6)
+    ax.set_xlabel("bigram P(next | x)")
+    ax.set_ylabel("softmax(W_ro b_x + b_ro)")
+    ax.set_title(f"every (x, next): r = {ng['bigram']['correlation_all']:.3f}", fontsize=9)
+    ax = axs[2]
+    r = np.array([np.nan if v is None else v for v in ng["bigram"]["correlation"]], dtype=float)
+    ax.bar(range(len(r)), r)
+    ax.set_xticks(range(len(r)))
+    ax.set_xticklabels([_show(c) for c in sym], fontsize=7)
+    ax.set_ylim(min(0.0, np.nanmin(r) - 0.05), 1.0)
+    ax.set_ylabel("correlation with the bigram")
+    ax.set_title(f"per input x (median {ng['bigram']['correlation_median']:.3f})", fontsize=9)
+    return _save(fig, out)
+
+
+def fig1b_pca(spectra: dict, out, first: int = 210) -> Path:
+    """Figure 1b: explained-variance ratio of the first components of the hidden states, per model."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, sp in spectra.items():
+        r = np.asarray(sp["ratio"])[:first]
+        ax.semilogy(np.arange(1, len(r) + 1), np.maximum(r, 1e-12), label=f"{name} (d={len(sp['ratio'])}, "
+                    f"{sp['dims_for']['0.9']} comps for 90%)")
+    ax.set_xlabel("principal component")
+    ax.set_ylabel("explained variance ratio")
+    ax.set_title("PCA of hidden states on the test split", fontsize=9)
+    ax.legend(fontsize=7)
+    return _save(fig, out)
+
+
+def fig9_parentheses(tb, Z: np.ndarray, ids: np.ndarray, symbols, effective: np.ndarray, ideal: np.ndarray,
+                     out, steps: int = 48) -> Path:
+    """Figure 9: the states of the parentheses ISAN in the task basis over a stretch of input, and each
+    symbol's transition on the k-hot coordinates next to the exact delay-line solution."""
+    plt = _plt()
+    K = effective.shape[0]
+    fig = plt.figure(figsize=(3.1 * (K + 1), 8))
+    gs = fig.add_gridspec(2, K + 1, height_ratios=[1.1, 1])
+    ax = fig.add_subplot(gs[0, :])
+    im = _diverging(ax, Z[:steps].T)
+    for _, (i, j) in tb.blocks.items():
+        ax.axhline(j - 0.5, color="k", lw=0.8)
+    ax.set_xticks(range(min(steps, len(Z))))
+    ax.set_xticklabels([symbols[i] for i in ids[:steps]], fontsize=8)
+    ax.set_ylabel("coordinate (readout | current | rest)", fontsize=8)
+    ax.set_title("states in the task basis (each column: the state after the symbol below)", fontsize=9)
+    fig.colorbar(im, ax=ax, fraction=0.02)
+    n2 = effective.shape[1]
+    for x in range(K):
+        a = fig.add_subplot(gs[1, x])
+        _diverging(a, effective[x])
+        a.axhline(n2 / 2 - 0.5, color="k", lw=0.5)
+        a.axvline(n2 / 2 - 0.5, color="k", lw=0.5)
+        a.set_title(f"W'[{symbols[x]!r}] (code block, projected)", fontsize=8)
+        a.set_xticks([])
+        a.set_yticks([])
+    a = fig.add_subplot(gs[1, K])
+    _diverging(a, ideal)
+    a.set_title("exact solution for '(' (projected)", fontsize=8)
+    a.set_xticks([])
+    a.set_yticks([])
+    return _save(fig, out)

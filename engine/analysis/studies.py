@@ -1,0 +1,282 @@
+"""The paper's studies, one function each: compute the numbers, draw the figure, return JSON-able numbers.
+
+Each ``study_*`` takes an ISAN's parameters and its symbols (and the text it needs), writes one PNG
+into ``out_dir`` when given, and returns a dict of plain floats, ints, strings and lists (no NaN or
+inf: :func:`finite` turns them into None). ``isan analyze`` calls these; engine/ never imports
+train/, so the parentheses study takes the task's symbols and counts from the caller.
+
+Paper: Foerster et al., "Input Switched Affine Networks: An RNN Architecture Designed for
+Interpretability", ICML 2017 (arXiv:1611.09434).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from isan.engine.analysis import attribution, basis, decay, figures, parentheses, pca, stack
+from isan.engine.analysis.blas import blas_threads
+from isan.errors import IsanError
+from isan.params import ISANParams
+
+log = logging.getLogger(__name__)
+
+#: the paper's Figure 3 example: the next character after "_annual_reve" ('n' for revenue, 'r' for reverse)
+FIG3_TEXT = "the annual reve"
+FIG2_TEXT = "the annual revenue"
+FIG5_TEXT = "the company said that its annual revenue rose by ten percent"
+
+
+def finite(obj):
+    """A copy of ``obj`` with numpy scalars and arrays turned into Python values and NaN/inf into None."""
+    if isinstance(obj, dict):
+        return {str(k): finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return finite(obj.tolist())
+    if isinstance(obj, (np.floating, float)):
+        x = float(obj)
+        return x if math.isfinite(x) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    return obj
+
+
+def encode(text: str, symbols) -> np.ndarray:
+    """Ids of ``text`` (every character must be a symbol; raises IsanError naming the first that is not)."""
+    index = {c: i for i, c in enumerate(symbols)}
+    try:
+        return np.fromiter((index[c] for c in text), dtype=np.int64, count=len(text))
+    except KeyError as e:
+        raise IsanError(f"the character {e.args[0]!r} is not in the model's alphabet") from None
+
+
+def _fig(out_dir, name):
+    return None if out_dir is None else Path(out_dir) / name
+
+
+def _timed(fn):
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        out = fn(*args, **kwargs)
+        out["seconds"] = round(time.perf_counter() - t0, 2)
+        return out
+
+    wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
+    return wrapper
+
+
+@_timed
+def study_stack(p: ISANParams, symbols, text: str = FIG2_TEXT, out_dir=None) -> dict:
+    """Figure 2: the prediction stack after the last character of ``text`` (from h0).
+
+    Returns {"text", "position", "top" (most likely next symbol), "top_prob", "max_abs_error" (of
+    b_ro + sum kappa = logits), "largest_sources" (the 5 sources with the largest ||kappa||), "figure"}.
+    """
+    ids = encode(text, symbols)
+    st = stack.prediction_stack(p, ids, symbols)
+    t = len(ids) - 1
+    norms = np.linalg.norm(st.kappa[t, : t + 2], axis=1)
+    order = np.argsort(norms)[::-1][:5]
+    out = {"text": text, "position": t, "top": st.top[t], "top_prob": float(st.probs[t].max()),
+           "max_abs_error": st.max_abs_error,
+           "largest_sources": [{"source": st.source_labels[i], "norm": float(norms[i])} for i in order],
+           "b_ro_norm": float(np.linalg.norm(st.b_ro))}
+    f = _fig(out_dir, "fig2_stack.png")
+    if f:
+        out["figure"] = figures.fig2_stack(st, f).name
+    return finite(out)
+
+
+@_timed
+def study_contributions(p: ISANParams, symbols, text: str = FIG3_TEXT, word: str = "annual", chars=("n", "r"),
+                        out_dir=None) -> dict:
+    """Figure 3: the contributions to two logits after the last character of ``text``, and the prediction
+    with the kappa of ``word`` and the space before it removed (exact: the logits are a sum).
+
+    Returns the dict of :func:`isan.engine.analysis.stack.counterfactual` without the stack, plus
+    "word_contribution" (the removed characters' summed kappa on each of ``chars``' logits)."""
+    ids = encode(text, symbols)
+    i = text.find(" " + word)
+    if i < 0:
+        raise IsanError(f"{word!r} (with a space before it) is not in {text!r}")
+    first, last = i, i + len(word)
+    cf = stack.counterfactual(p, ids, symbols, len(ids) - 1, first, last, chars=chars)
+    cf.pop("stack")
+    cf["word_contribution"] = {c: float(sum(cf["contributions"][c][first + 1 : last + 2])) for c in chars}
+    f = _fig(out_dir, "fig3_contributions.png")
+    if f:
+        cf["figure"] = figures.fig3_contributions(cf, f).name
+    return finite(cf)
+
+
+@_timed
+def study_decay(p: ISANParams, symbols, text: str, window: int = 50, out_dir=None, segments: int = 128) -> dict:
+    """Figure 4a-c over ``text`` (the test split), window N = ``window`` sources kept exactly.
+
+    Returns {"positions", "kappa_norm_mean" (N,), "fit" (two rates, :func:`decay.fit_two_rates`),
+    "bits_full", "bits_keep_last" (N + 1,), "keep_last_within" (the smallest n within 0.01 and 0.1
+    bits/char of all sources), "word": {"positions", "bits_full", "bits_space_only", "bits_no_space",
+    "counts"}, "max_abs_error", "segments", "warmup_error", "figure"}."""
+    ids = encode(text, symbols)
+    space = symbols.index(" ") if " " in symbols else None
+    with blas_threads(1):
+        st = decay.window_statistics(p, ids, window=window, segments=segments, space_id=space)
+    fit = decay.fit_two_rates(st.kappa_norm_mean)
+    gap = st.bits_keep_last - st.bits_full
+    within = {str(tol): int(np.argmax(gap <= tol)) if (gap <= tol).any() else None for tol in (0.01, 0.1)}
+    m = st.word_counts > 0
+    out = {"text_chars": len(ids), "positions": st.positions, "window": window,
+           "kappa_norm_mean": st.kappa_norm_mean, "history_norm_mean": st.history_norm_mean, "fit": fit,
+           "bits_full": st.bits_full, "bits_keep_last": st.bits_keep_last, "keep_last_within": within,
+           "word": {"positions": st.word_positions[m], "bits_full": st.word_bits_full[m],
+                    "bits_space_only": st.word_bits_space_only[m], "bits_no_space": st.word_bits_no_space[m],
+                    "counts": st.word_counts[m], "space_outside_window": st.space_outside_window},
+           "max_abs_error": st.max_abs_error, "segments": st.segments, "warmup_error": st.warmup_error}
+    f = _fig(out_dir, "fig4_decay.png")
+    if f:
+        out["figure"] = figures.fig4_decay(st, fit, f).name
+    return finite(out)
+
+
+@_timed
+def study_words(p: ISANParams, symbols, text: str = FIG5_TEXT, keep=(1, 2, 3, 4, None), out_dir=None) -> dict:
+    """Figure 5: word-level kappa norms over ``text`` and the next-character probabilities conditioned on
+    the last k words only. Returns {"words", "keep", "bits_mean" per k, "prob_next" (len(keep), T),
+    "norms" (T, W + 1), "max_abs_error", "figure"}."""
+    ids = encode(text, symbols)
+    wc = stack.word_conditioning(p, ids, symbols, keep=keep)
+    out = {"text": text, "words": wc.words, "keep": ["all" if k is None else k for k in wc.keep],
+           "bits_mean": wc.bits_mean, "prob_next": wc.prob_next, "norms": wc.norms, "max_abs_error": wc.max_abs_error}
+    f = _fig(out_dir, "fig5_words.png")
+    if f:
+        out["figure"] = figures.fig5_words(wc, symbols, f).name
+    return finite(out)
+
+
+@_timed
+def study_basis(p: ISANParams, symbols, train_text: str, out_dir=None) -> dict:
+    """Figures 6-7 (section 3.5): the b_x in the readout subspace and its complement against the unigram
+    log-probability of x in ``train_text``; see :func:`basis.bias_study`."""
+    uni, _ = basis.unigram_bigram(encode(train_text, symbols), len(symbols))
+    out = basis.bias_study(p, uni, symbols)
+    f = _fig(out_dir, "fig6_7_basis.png")
+    if f:
+        out["figure"] = figures.fig6_7_basis(finite(out), symbols, f).name
+    return finite(out)
+
+
+@_timed
+def study_ngram(p: ISANParams, symbols, train_text: str, out_dir=None) -> dict:
+    """Figure 8 (section 3.6): softmax(b_ro) against the unigram and softmax(W_ro b_x + b_ro) against the
+    bigram of ``train_text``; see :func:`basis.ngram_agreement`."""
+    uni, big = basis.unigram_bigram(encode(train_text, symbols), len(symbols))
+    out = finite(basis.ngram_agreement(p, uni, big, symbols))
+    f = _fig(out_dir, "fig8_ngram.png")
+    if f:
+        out["figure"] = figures.fig8_ngram(out, f).name
+    return out
+
+
+@_timed
+def study_pca(models: dict, text: str, out_dir=None, segments: int = 256) -> dict:
+    """Figure 1b: the PCA spectrum of hidden states over ``text`` for each model.
+
+    Args:
+        models: name -> (kind, params, symbols): kind ``"isan"`` with :class:`ISANParams`, or a
+            baseline kind with :class:`isan.engine.baseline_ref.BaselineParams`.
+    Returns {name: {"kind", "d", "ratio" (first 250), "dims_for", "participation_ratio", "states",
+    "warmup_error"}, "figure"}."""
+    spectra = {}
+    with blas_threads(1):
+        for name, (kind, params, symbols) in models.items():
+            ids = encode(text, symbols)
+            if kind == "isan":
+                sp = pca.isan_states_spectrum(params, ids, segments=segments)
+            else:
+                sp = pca.baseline_states_spectrum(params, ids, segments=segments)
+            sp["kind"], sp["d"] = kind, len(sp["ratio"])
+            spectra[name] = sp
+            log.info("pca %s: %s comps for 90%%", name, sp["dims_for"]["0.9"])
+    out = {"models": {k: {**v, "ratio": v["ratio"][:250]} for k, v in spectra.items()}}
+    f = _fig(out_dir, "fig1b_pca.png")
+    if f:
+        out["figure"] = figures.fig1b_pca(spectra, f).name
+    return finite(out)
+
+
+@_timed
+def study_attribution(p: ISANParams, symbols, text: str, window: int = 50) -> dict:
+    """The attribution options: windowed attribution of ``text[:-1]`` (last ``window`` sources exact, the
+    rest one history source) with the log-probability of the character that follows as the target.
+
+    Returns {"chars" (positions attributed), "window", "max_abs_error" (logits), "target_max_abs_error"
+    (log-prob completeness), "quadrature_nodes", "memory_bytes": {"windowed", "full"} (float64 kappa
+    of T (N + 1) V against T (T + 1) V), "history_share" (mean over positions of |history| / sum of |contributions|),
+    "bits" (mean bits of the next character, from the attributed log-probabilities)}."""
+    ids = encode(text, symbols)
+    if len(ids) < 2:
+        raise IsanError("the attribution study needs at least two characters")
+    wa = attribution.windowed_attribution(p, ids[:-1], window, target="logprob", char=ids[1:])
+    c = np.abs(wa.contributions)
+    T, V = len(ids) - 1, len(symbols)
+    return finite({"chars": T, "window": window, "max_abs_error": wa.max_abs_error,
+                   "target_max_abs_error": wa.target.max_abs_error, "quadrature_nodes": wa.target.nodes,
+                   "memory_bytes": {"windowed": 8 * T * (window + 1) * V, "full": 8 * T * (T + 1) * V},
+                   "history_share": float((c[:, 0] / np.maximum(c.sum(1), 1e-300)).mean()),
+                   "bits": float(-wa.target.value.mean() / math.log(2))})
+
+
+@_timed
+def study_parentheses(p: ISANParams, symbols, ids: np.ndarray, target_counts: np.ndarray, counts: np.ndarray,
+                      kinds: int, levels: int, hold: int, out_dir=None, skip: int = 100) -> dict:
+    """Section 4, Figure 9: the parentheses ISAN in the task basis.
+
+    Args:
+        ids: (T,) a fresh input stream, read from h0.
+        target_counts: (T, kinds) the counts the output read from the state after symbol s must
+            report (the counts after symbol s - 1; zero before the start).
+        counts: (T, kinds) the counts after each symbol (what the state must hold for the next step).
+        hold: the symbol that changes no count (the noise symbol).
+        skip: states left out of the k-hot measure at the start of the stream.
+    Returns {"accuracy", "exact" (task), "same_outputs_max_abs" (rotated vs original model),
+    "k_hot" (:func:`parentheses.k_hotness`), "blocks" (:func:`parentheses.block_structure`),
+    "rest_rms", "figure"}.
+    """
+    from isan.engine.reference import states_ref
+
+    p64 = p.astype(np.float64)
+    ids = np.asarray(ids, dtype=np.int64)
+    n = kinds * levels
+    H = states_ref(p64, ids, p64.h0)
+    outputs = H @ p64.W_ro.T + p64.b_ro
+    acc = parentheses.task_accuracy(outputs, target_counts, kinds, levels)
+    tb = parentheses.task_basis(p64, ids, hold)
+    Z = states_ref(tb.params, ids, tb.params.h0)
+    same = float(np.abs(Z @ tb.params.W_ro.T + tb.params.b_ro - outputs).max())
+
+    def khot(c):
+        out = np.zeros((len(c), n))
+        for k in range(kinds):
+            out[np.arange(len(c)), k * levels + np.asarray(c)[:, k]] = 1.0
+        return out
+
+    codes = np.concatenate([khot(target_counts), khot(counts)], axis=1)
+    kh = parentheses.k_hotness(Z[skip:], codes[skip:], tb.blocks)
+    ideal = parentheses.ideal_transitions(kinds, levels)
+    bs = parentheses.block_structure(tb, ideal, levels)
+    out = {"chars": len(ids), "accuracy": acc["accuracy"], "exact": acc["exact"], "same_outputs_max_abs": same,
+           "k_hot": kh, "blocks": bs, "rest_rms": tb.fit_rmse, "d": p.d, "symbols": list(symbols)}
+    f = _fig(out_dir, "fig9_parentheses.png")
+    if f:
+        eff = parentheses.effective_transitions(tb, levels)
+        proj = parentheses.code_projector(2 * n, levels)
+        out["figure"] = figures.fig9_parentheses(tb, Z, ids, symbols, eff, ideal[0] @ proj, f).name
+    return finite(out)
