@@ -4,7 +4,32 @@ A run directory holds (all written atomically):
   config.json           model kind and size, alphabet, training config, data source
   latest/               weights.safetensors, optimizer.safetensors, progress.json (resume point)
   best.safetensors      the weights with the best validation bpc so far
-  train_log.jsonl       one JSON object per line: step, valid, nonfinite and done events
+  train_log.jsonl       one JSON object per line: start/resume, step, valid, nonfinite and done events,
+                        each with "time" (Unix seconds)
+
+Token alphabets (:mod:`isan.tokens`, ``TrainConfig.alphabet``): the corpus holds output ids X; the
+model reads ``input_map[X]`` (K inputs) and is trained to predict X (V classes). Bits are per token:
+the keys stay ``train_bpc`` / ``valid_bpc`` / ``best_valid_bpc`` so that existing tools keep working,
+and the log's first event (start or resume) names the unit (``"unit": "char" | "byte" | "pair" |
+"word"``). config.json's ``"alphabet"`` is a list of characters for a character alphabet (as before)
+and ``alphabet_to_json(alphabet)`` (a dict with ``kind``) for the others, beside ``"unit"``.
+
+Auxiliary losses (the contract): a model may define ``aux_loss(progress_fraction: float) ->
+torch.Tensor | None``. Each training step the loop calls it after the forward pass with the fraction of
+the planned training done so far (``chars_seen / max_chars``; without a character budget
+``step / max_steps``; without either ``chars_seen / (max_epochs * train tokens)``; clamped to [0, 1]),
+and adds the returned scalar (a 0-d tensor on the model's device, differentiable in the model's
+parameters) to the loss before ``backward``; None adds nothing. Its value is logged as ``aux_loss``
+(the mean over the logging window) in step events; the logged ``train_bpc`` is the data loss alone.
+Under data parallelism every rank adds the same term (it must depend on the parameters only, not on
+the rank's data), so the averaged gradient is that of a single process; DistributedDataParallel
+also needs every parameter it reads to be used by ``forward`` too (tests/test_ddp.py runs one).
+
+Data parallelism (:mod:`isan.train.ddp`): with a :class:`isan.train.ddp.DistContext` the model runs
+inside DistributedDataParallel; rank r trains streams ``[r B / W, (r + 1) B / W)`` of the B streams,
+the averaged gradient equals the full batch's, rank 0 alone evaluates (and broadcasts the result),
+logs and writes checkpoints; the carried state of every rank is gathered into the one checkpoint, so
+a run resumes with any number of processes that divides B (one included).
 """
 
 from __future__ import annotations
@@ -22,6 +47,7 @@ from safetensors.torch import load_file, save_file
 
 from isan.atomic import atomic_directory, atomic_path, write_json_atomic
 from isan.errors import CheckpointError, IsanError
+from isan.tokens import alphabet_to_json
 from isan.train.data import Corpus, load_corpus
 from isan.train.models import build_model
 from isan.train.parentheses import task_for
@@ -59,6 +85,9 @@ class TrainConfig:
     log_every: int = 20  # chunks between step log lines
     max_steps: int | None = None  # stop after this many optimizer steps (tests, smoke runs)
     init_scale: float | None = None  # irnn only: W_hh starts at init_scale * I (None: the model's 1.0)
+    alphabet: str = "chars"  # token alphabet kind: chars, bytes, pairs or words (isan.train.data)
+    inputs: int = 70  # bytes only: K input symbols (the K - 1 most frequent train bytes + other)
+    valid_data: str | None = None  # dataset "text" only: all of `data` is train, this file is valid
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -101,17 +130,28 @@ def _state_from(tensors: dict):
     return parts[0] if len(parts) == 1 else tuple(parts)
 
 
+def alphabet_config(alphabet) -> dict:
+    """config.json's alphabet fields: ``{"alphabet": [characters]}`` for a character alphabet (as
+    runs before token alphabets wrote it), else ``{"alphabet": alphabet_to_json(a), "unit": a.unit}``."""
+    if getattr(alphabet, "kind", "chars") == "chars":
+        return {"alphabet": alphabet.to_list()}
+    return {"alphabet": alphabet_to_json(alphabet), "unit": alphabet.unit}
+
+
 @torch.no_grad()
-def evaluate_bpc(model, ids: np.ndarray, streams: int = 100, bptt: int = 256, device: str = "cpu") -> float:
-    """Bits per character of ``ids`` split into ``streams`` contiguous pieces, each from the initial state."""
+def evaluate_bpc(model, ids: np.ndarray, streams: int = 100, bptt: int = 256, device: str = "cpu",
+                 input_map: torch.Tensor | np.ndarray | None = None) -> float:
+    """Bits per token of ``ids`` (output ids) split into ``streams`` contiguous pieces, each from the
+    initial state; the model reads ``input_map[ids]`` (None: the ids themselves)."""
     model.eval()
     n = len(ids) // streams
     X = torch.as_tensor(ids[: n * streams].reshape(streams, n).T.copy(), device=device)  # (n, streams)
+    imap = None if input_map is None else torch.as_tensor(input_map, device=device)
     state = model.initial_state(streams)
     total = 0.0
     for s in range(0, n, bptt):
         x = X[s : s + bptt]
-        logits, state = model(x, state)
+        logits, state = model(x if imap is None else imap[x], state)
         total += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x.reshape(-1), reduction="sum").item()
     model.train()
     return total / (n * streams) / LN2
@@ -124,17 +164,28 @@ class Trainer:
     RESUME_OVERRIDES = ("max_epochs", "max_chars", "max_steps", "patience", "threads", "device")
 
     def __init__(self, cfg: TrainConfig, out_dir: str | Path, corpus: Corpus | None = None, progress_bar: bool = True,
-                 overrides: dict | None = None):
+                 overrides: dict | None = None, dist=None):
+        """``dist``: a :class:`isan.train.ddp.DistContext` for data-parallel training (None: one process)."""
         self.out = Path(out_dir)
-        self.progress_bar = progress_bar
+        self.dist = dist
+        self.main = dist is None or dist.is_main
+        self.progress_bar = progress_bar and self.main
         cfg_path = self.out / "config.json"
-        self.resumed = (self.out / "latest" / "progress.json").exists()
+        # rank 0 reads the run directory and sends it to the others (they need not see it)
+        stored = self._read_run_dir() if self.main else None
+        if dist is not None:
+            stored = dist.broadcast(stored)
+        if isinstance(stored, Exception):
+            raise stored
+        self.resumed = stored is not None
         if self.resumed:
-            saved = json.loads(cfg_path.read_text())
+            saved = stored["config"]
             if saved.get("format") != CHECKPOINT_FORMAT:
                 raise CheckpointError(f"{cfg_path} is not an isan checkpoint config")
             cfg = TrainConfig.from_dict({**saved["train"], **{k: v for k, v in (overrides or {}).items()
                                                                if k in self.RESUME_OVERRIDES and v is not None}})
+        if dist is not None:
+            cfg = TrainConfig.from_dict({**asdict(cfg), "device": dist.device})
         self.cfg = cfg
         if cfg.device.startswith("cuda") and not torch.cuda.is_available():
             raise IsanError("--device cuda was asked for but torch sees no CUDA GPU; use --device cpu")
@@ -143,9 +194,18 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         # a task (isan.train.parentheses) brings its own data, outputs, loss and metric; else a language model
         self.task = task_for(cfg.model)
+        if self.task and cfg.alphabet != "chars":
+            raise IsanError(f"the {cfg.model} task brings its own symbols; --alphabet {cfg.alphabet} does not apply")
         self.metric = self.task.metric if self.task else "bpc"
-        self.corpus = corpus or (self.task.corpus(cfg.seed) if self.task else load_corpus(cfg.data, cfg.dataset))
-        K = V = len(self.corpus.alphabet)
+        self.corpus = corpus or (self.task.corpus(cfg.seed) if self.task else
+                                 load_corpus(cfg.data, cfg.dataset, kind=cfg.alphabet, inputs=cfg.inputs,
+                                             valid_data=cfg.valid_data))
+        alphabet = self.corpus.alphabet
+        self.unit = getattr(alphabet, "unit", "char")
+        K, V = int(getattr(alphabet, "K", len(alphabet))), len(alphabet)
+        imap = getattr(alphabet, "input_map", None)
+        self.input_map = None if imap is None else \
+            torch.as_tensor(np.asarray(imap), dtype=torch.int64, device=cfg.device)  # output id -> input id (V,)
         if self.task:
             V = self.task.n_outputs
         self.model = build_model(self.task.model_kind if self.task else cfg.model, K, V, d=cfg.d, params=cfg.params,
@@ -153,23 +213,62 @@ class Trainer:
                                  **({"init_scale": cfg.init_scale} if cfg.init_scale is not None else {})).to(cfg.device)
         self.n_params = sum(p.numel() for p in self.model.parameters())
         self.constrain = getattr(self.model, "constrain_", None)
+        self.aux = getattr(self.model, "aux_loss", None)
+        self.streams = slice(0, cfg.batch_size) if dist is None else dist.shard(cfg.batch_size)
+        self.B_local = self.streams.stop - self.streams.start
+        self.forward = self.model
+        if dist is not None:
+            from torch.nn.parallel import DistributedDataParallel
+
+            # find_unused_parameters: h0 (and c0) get a gradient only on an epoch's first chunk
+            self.forward = DistributedDataParallel(
+                self.model, device_ids=[dist.local_rank] if dist.backend == "nccl" else None,
+                find_unused_parameters=True)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay) \
             if cfg.weight_decay else torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
         self.progress = Progress(lr=cfg.lr)
         self.carry = None
+        alpha = alphabet_config(alphabet)
         if self.resumed:
-            self._load_latest()
-        else:
+            if not self.task and stored["config"].get("alphabet") != alpha["alphabet"]:
+                raise CheckpointError(f"the data now gives another alphabet than {cfg_path} records; "
+                                      f"train with the data the run started with, or start a new --out")
+            self._load_latest(*stored["latest"])
+        elif self.main:
             self.out.mkdir(parents=True, exist_ok=True)
             write_json_atomic(cfg_path, {
                 "format": CHECKPOINT_FORMAT, "format_version": 1,
                 "model": self.model.config(), "n_params": self.n_params,
-                "alphabet": self.corpus.alphabet.to_list(), "corpus": self.corpus.name,
+                **alpha, "corpus": self.corpus.name,
                 "train": asdict(cfg), **({"task": self.task.config()} if self.task else {}),
             })
 
+    def _read_run_dir(self):
+        """What a resume needs from ``out`` ({"config", "latest": (weights, optimizer, progress)}), None
+        for a new run, or the exception to raise (so that every rank raises it)."""
+        d = self.out / "latest"
+        if not (d / "progress.json").exists():
+            return None
+        try:
+            config = json.loads((self.out / "config.json").read_text())
+        except Exception as e:
+            return CheckpointError(f"cannot read {self.out / 'config.json'}: {e}")
+        try:
+            w = load_file(str(d / "weights.safetensors"))
+            o = load_file(str(d / "optimizer.safetensors"))
+            prog = json.loads((d / "progress.json").read_text())
+        except Exception as e:
+            return CheckpointError(f"cannot resume from {d}: {e}; delete {d} to restart from the last best weights")
+        return {"config": config, "latest": (w, o, prog)}
+
     # ---- checkpoints -------------------------------------------------------------------
     def _save_latest(self) -> None:
+        carry = self.carry
+        if self.dist is not None and carry is not None:  # every rank's streams into the one checkpoint
+            carry = tuple(self.dist.gather_streams(c) for c in carry) if isinstance(carry, tuple) \
+                else self.dist.gather_streams(carry)
+        if not self.main:
+            return
         with atomic_directory(self.out / "latest", overwrite=True) as tmp:
             save_file({k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}, str(tmp / "weights.safetensors"))
             opt_t = {}
@@ -179,19 +278,15 @@ class Trainer:
                     opt_t[f"{name}.exp_avg"] = st["exp_avg"].cpu().contiguous()
                     opt_t[f"{name}.exp_avg_sq"] = st["exp_avg_sq"].cpu().contiguous()
                     opt_t[f"{name}.step"] = torch.as_tensor(float(st["step"])).reshape(1)
-            if self.carry is not None:
-                opt_t.update({k: v.cpu() for k, v in _state_tensors(self.carry).items()})
+            if carry is not None:
+                opt_t.update({k: v.cpu() for k, v in _state_tensors(carry).items()})
             save_file(opt_t, str(tmp / "optimizer.safetensors"))
             write_json_atomic(tmp / "progress.json", asdict(self.progress))
 
-    def _load_latest(self) -> None:
-        d = self.out / "latest"
-        try:
-            w = load_file(str(d / "weights.safetensors"), device=self.cfg.device)
-            o = load_file(str(d / "optimizer.safetensors"), device=self.cfg.device)
-            prog = json.loads((d / "progress.json").read_text())
-        except Exception as e:
-            raise CheckpointError(f"cannot resume from {d}: {e}; delete {d} to restart from the last best weights") from None
+    def _load_latest(self, w: dict, o: dict, prog: dict) -> None:
+        dev = self.cfg.device
+        w = {k: v.to(dev) for k, v in w.items()}
+        o = {k: v.to(dev) for k, v in o.items()}
         self.model.load_state_dict(w)
         for name, p in self.model.named_parameters():
             if f"{name}.exp_avg" in o:
@@ -201,6 +296,13 @@ class Trainer:
                 }
         carry = {k: v for k, v in o.items() if k.startswith("carry.")}
         self.carry = _state_from(carry) if carry else None
+        if self.carry is not None:  # this rank's streams of the saved (B, ...) carry
+            parts = self.carry if isinstance(self.carry, tuple) else (self.carry,)
+            if parts[0].shape[0] != self.cfg.batch_size:
+                raise CheckpointError(f"the carried state in {self.out / 'latest'} has {parts[0].shape[0]} streams; "
+                                      f"the run has {self.cfg.batch_size}")
+            parts = tuple(c[self.streams].contiguous() for c in parts)
+            self.carry = parts if isinstance(self.carry, tuple) else parts[0]
         self.progress = Progress(**prog)
         p = self.progress
         if p.done and p.stop_reason in ("max_steps", "max_chars", "max_epochs"):
@@ -212,13 +314,17 @@ class Trainer:
         self._set_lr(p.lr)
 
     def _save_best(self) -> None:
+        if not self.main:
+            return
         with atomic_path(self.out / "best.safetensors") as tmp:
             save_file({k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}, str(tmp),
                       metadata={"valid_bpc": str(self.progress.best_valid_bpc), "epoch": str(self.progress.best_epoch)})
 
     def _log(self, event: dict) -> None:
+        if not self.main:
+            return
         with open(self.out / "train_log.jsonl", "a") as f:
-            f.write(json.dumps(event) + "\n")
+            f.write(json.dumps({**event, "time": round(time.time(), 3)}) + "\n")  # Unix seconds
 
     def _set_lr(self, lr: float) -> None:
         for g in self.opt.param_groups:
@@ -230,17 +336,34 @@ class Trainer:
         ids = self.task.epoch_ids(epoch, cfg.seed) if self.task else self.corpus.train
         shift = int(np.random.default_rng(cfg.seed * 100003 + epoch).integers(0, cfg.bptt))
         L = (len(ids) - cfg.bptt) // cfg.batch_size
-        X = ids[shift : shift + L * cfg.batch_size].reshape(cfg.batch_size, L).T.copy()  # (L, B)
-        return torch.as_tensor(X, device=cfg.device)
+        X = ids[shift : shift + L * cfg.batch_size].reshape(cfg.batch_size, L).T  # (L, B)
+        return torch.as_tensor(X[:, self.streams].copy(), device=cfg.device)  # this rank's streams (L, B / W)
 
     def _evaluate(self) -> tuple[float, dict]:
-        """(the validation metric: bpc, or a task's loss; a task's further numbers for the log)."""
+        """(the validation metric: bits per token, or a task's loss; a task's further numbers for the log).
+        With data parallelism rank 0 evaluates and every rank gets its result."""
+        result = self._evaluate_here() if self.main else None
+        return result if self.dist is None else self.dist.broadcast(result)
+
+    def _evaluate_here(self) -> tuple[float, dict]:
         ids = self.corpus.valid
         if self.cfg.max_valid_chars:
             ids = ids[: self.cfg.max_valid_chars]
         if self.task:
             return self.task.evaluate(self.model, ids, streams=self.cfg.valid_streams, device=self.cfg.device)
-        return evaluate_bpc(self.model, ids, streams=self.cfg.valid_streams, device=self.cfg.device), {}
+        return evaluate_bpc(self.model, ids, streams=self.cfg.valid_streams, device=self.cfg.device,
+                            input_map=self.input_map), {}
+
+    def _progress_fraction(self) -> float:
+        """The fraction of the planned training done (the aux_loss contract in the module docstring)."""
+        p, cfg = self.progress, self.cfg
+        if cfg.max_chars:
+            f = p.chars_seen / cfg.max_chars
+        elif cfg.max_steps:
+            f = p.step / cfg.max_steps
+        else:
+            f = p.chars_seen / max(1, cfg.max_epochs * len(self.corpus.train))
+        return min(1.0, max(0.0, f))
 
     def _after_eval(self, bpc: float, extra: dict | None = None) -> None:
         """Record an evaluation; ``bpc`` is the validation metric (a task's loss for a task run:
@@ -271,13 +394,17 @@ class Trainer:
         from tqdm.auto import tqdm
 
         cfg, p, model = self.cfg, self.progress, self.model
+        world = 1 if self.dist is None else self.dist.world
+        where = {"unit": self.unit, "processes": world}
         if not self.resumed:
             p.next_eval_chars = int(cfg.eval_every * len(self.corpus.train))
-            self._log({"event": "start", "model": model.config(), "n_params": self.n_params, "config": asdict(cfg)})
+            self._log({"event": "start", **where, "model": model.config(), "n_params": self.n_params,
+                       "config": asdict(cfg)})
         else:
-            self._log({"event": "resume", "epoch": p.epoch, "chunk": p.chunk, "step": p.step,
+            self._log({"event": "resume", **where, "epoch": p.epoch, "chunk": p.chunk, "step": p.step,
                        "budget": {k: getattr(cfg, k) for k in self.RESUME_OVERRIDES}})
         model.train()
+        imap = self.input_map
         while not p.done:
             if p.epoch >= cfg.max_epochs:
                 p.done, p.stop_reason = True, "max_epochs"
@@ -286,28 +413,33 @@ class Trainer:
             Y = self.task.stream_targets(X) if self.task else None  # a task's targets, (L, B, outputs)
             n_chunks = X.shape[0] // cfg.bptt
             if p.chunk == 0 or self.carry is None:
-                self.carry = _detach(model.initial_state(cfg.batch_size))
+                self.carry = _detach(model.initial_state(self.B_local))
             bar = tqdm(total=n_chunks, initial=p.chunk, desc=f"epoch {p.epoch + 1}", unit="chunk",
                        disable=not self.progress_bar, dynamic_ncols=True)
-            window_nats, window_chars, t_window = 0.0, 0, time.perf_counter()
+            window_nats, window_chars, window_aux, window_steps, t_window = 0.0, 0, 0.0, 0, time.perf_counter()
             while p.chunk < n_chunks and not p.done:
-                x = X[p.chunk * cfg.bptt : (p.chunk + 1) * cfg.bptt]
+                x = X[p.chunk * cfg.bptt : (p.chunk + 1) * cfg.bptt]  # output ids (T, B / W)
                 t0 = time.perf_counter()
-                state_in = self.carry if p.chunk > 0 else model.initial_state(cfg.batch_size)
-                logits, state = model(x, state_in)
+                state_in = self.carry if p.chunk > 0 else model.initial_state(self.B_local)
+                logits, state = self.forward(x if imap is None else imap[x], state_in)
                 if self.task:
                     loss = self.task.loss(logits, Y[p.chunk * cfg.bptt : (p.chunk + 1) * cfg.bptt])
                 else:
                     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x.reshape(-1))
+                aux = self.aux(self._progress_fraction()) if self.aux is not None else None
+                total = loss if aux is None else loss + aux
                 self.opt.zero_grad(set_to_none=True)
-                loss.backward()
+                total.backward()
                 gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
-                if not (torch.isfinite(loss) and torch.isfinite(gnorm)):
+                finite = bool(torch.isfinite(total) and torch.isfinite(gnorm))
+                if self.dist is not None:
+                    finite = self.dist.all_true(finite)  # every rank skips the step together
+                if not finite:
                     # Guard (DESIGN.md section 6): skip the step, restart the streams, lower the rate.
                     p.nonfinite += 1
                     p.lr *= 0.5
                     self._set_lr(p.lr)
-                    self.carry = _detach(model.initial_state(cfg.batch_size))
+                    self.carry = _detach(model.initial_state(self.B_local))
                     self._log({"event": "nonfinite", "step": p.step, "epoch": p.epoch, "lr": p.lr})
                     if p.nonfinite > 10:
                         p.done, p.stop_reason = True, "too many non-finite losses"
@@ -320,19 +452,26 @@ class Trainer:
                 p.train_seconds += time.perf_counter() - t0
                 p.chunk += 1
                 p.step += 1
-                p.chars_seen += x.numel()
+                p.chars_seen += x.numel() * world
                 window_nats += loss.item() * x.numel()
                 window_chars += x.numel()
+                window_steps += 1
+                if aux is not None:
+                    window_aux += float(aux.detach())
                 bar.update(1)
                 if p.step % cfg.log_every == 0:
                     dt = time.perf_counter() - t_window
+                    if self.dist is not None:  # every rank's streams
+                        window_nats, window_chars = self.dist.sum(window_nats, window_chars)
                     m = self.metric
                     bpc = window_nats / window_chars / (LN2 if m == "bpc" else 1.0)  # a task's loss is its mean
                     bar.set_postfix({m: f"{bpc:.3g}", "chars_s": f"{window_chars / dt:,.0f}"})
                     self._log({"event": "step", "epoch": p.epoch, "step": p.step, "chars_seen": p.chars_seen,
                                f"train_{m}": round(bpc, 5 if m == "bpc" else 8), "lr": p.lr,
-                               "chars_per_s": round(window_chars / dt)})
-                    window_nats, window_chars, t_window = 0.0, 0, time.perf_counter()
+                               "chars_per_s": round(window_chars / dt),
+                               **({"aux_loss": round(window_aux / max(window_steps, 1), 8)}
+                                  if self.aux is not None else {})})
+                    window_nats, window_chars, window_aux, window_steps, t_window = 0.0, 0, 0.0, 0, time.perf_counter()
                 if p.chars_seen >= p.next_eval_chars:
                     p.next_eval_chars += int(cfg.eval_every * len(self.corpus.train))
                     self._after_eval(*self._evaluate())
@@ -356,10 +495,12 @@ class Trainer:
         return p
 
 
-def train(cfg: TrainConfig, out_dir: str | Path, progress_bar: bool = True, overrides: dict | None = None) -> Progress:
+def train(cfg: TrainConfig, out_dir: str | Path, progress_bar: bool = True, overrides: dict | None = None,
+          dist=None) -> Progress:
     """Train (or resume, if ``out_dir`` holds a run) and return the final progress.
 
     On resume the saved config is used, except for the budget fields in ``overrides``
-    (:attr:`Trainer.RESUME_OVERRIDES`).
+    (:attr:`Trainer.RESUME_OVERRIDES`). ``dist``: a :class:`isan.train.ddp.DistContext` for
+    data-parallel training (every rank calls this with the same arguments).
     """
-    return Trainer(cfg, out_dir, progress_bar=progress_bar, overrides=overrides).run()
+    return Trainer(cfg, out_dir, progress_bar=progress_bar, overrides=overrides, dist=dist).run()
