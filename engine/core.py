@@ -913,6 +913,21 @@ def load_engine(model: str | Path | None = None, path: str = "auto", backend: st
             from isan.engine.linear_ref import load_linear_engine
 
             return load_linear_engine(src)
+        from isan.engine.occam_ref import OCCAM_KINDS
+        from isan.engine.reservoir_ref import RESERVOIR_KINDS
+
+        if kind in RESERVOIR_KINDS:  # ESN and NPM baselines (Cernansky et al. 2008)
+            from isan.engine.baseline_ref import RunnerEngine
+            from isan.engine.reservoir_ref import load_reservoir_bundle
+
+            runner = load_reservoir_bundle(src)
+            return RunnerEngine(runner, runner.alphabet, runner.manifest, source=str(src), path="reference")
+        if kind in OCCAM_KINDS:  # the Occam-gated LSTM (Raiman and Sidor)
+            from isan.engine.baseline_ref import RunnerEngine, load_params_bundle
+            from isan.engine.occam_ref import NumpyOccamRunner, OccamParams
+
+            m, p, alphabet = load_params_bundle(src, OCCAM_KINDS, OccamParams)
+            return RunnerEngine(NumpyOccamRunner(p), alphabet, m, source=str(src), path="reference")
         from isan.engine.baseline_ref import load_baseline_engine
 
         return load_baseline_engine(src)

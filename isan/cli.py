@@ -60,7 +60,8 @@ def main(verbose: bool) -> None:
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8, text8.zip, text8_head.txt, or any text file with --dataset text.")
 @click.option("--dataset", type=click.Choice(["text8", "text"]), default="text8", show_default=True, help="text8: the text8-10M split; text: first 90% train, last 10% valid.")
 @click.option("--params", type=float, default=1.28e6, show_default=True, help="Parameter budget; the largest hidden size within it is used.")
-@click.option("--d", "d", type=int, default=None, help="Hidden size (overrides --params).")
+@click.option("--d", "--hidden", "d", type=int, default=None,
+              help="Hidden size (overrides --params); under torchrun write --hidden (torchrun reads --d as its own).")
 @click.option("--batch-size", type=int, default=256, show_default=True, help="Parallel streams B.")
 @click.option("--bptt", type=int, default=64, show_default=True, help="Truncated BPTT length T.")
 @click.option("--lr", type=float, default=2e-3, show_default=True)
@@ -80,16 +81,31 @@ def main(verbose: bool) -> None:
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.option("--orders", default="2,3,4,5,6,7,8", show_default=True,
               help="ngram only: orders to try; the best on valid is kept.")
+@click.option("--alphabet", "alphabet", type=click.Choice(["chars", "bytes", "pairs", "words"]), default="chars",
+              show_default=True,
+              help="Tokens: characters; UTF-8 bytes (256 outputs, --inputs inputs); pairs of characters "
+                   "(27^2 for text8); whitespace words. Bits (bpc in the logs) are per token.")
+@click.option("--inputs", type=int, default=70, show_default=True,
+              help="bytes only: input symbols K, the K-1 most frequent bytes of the train part plus one 'other'.")
+@click.option("--valid-data", default=None, type=click.Path(dir_okay=False),
+              help="With --dataset text: all of --data is train and this file is valid.")
+@click.option("--distributed", is_flag=True,
+              help="Data-parallel training under torchrun (gloo on CPU, nccl on CUDA); "
+                   "torchrun --nproc_per_node N -m isan.train.ddp MODEL ... adds it.")
 @friendly
 def train(model, out_dir, data, dataset, params, d, batch_size, bptt, lr, lr_decay, weight_decay, clip, max_epochs,
-          max_chars, max_steps, patience, eval_every, seed, device, threads, init_scale, progress, orders):
+          max_chars, max_steps, patience, eval_every, seed, device, threads, init_scale, progress, orders,
+          alphabet, inputs, valid_data, distributed):
     """Train MODEL (default: isan) on text8-10M or a text file; resumes a run found in --out.
 
     MODEL: isan, rnn, irnn, gru, lstm, linear, linear_nlro, isan_nobias, or ngram (interpolated
     Kneser-Ney, counted in numpy; --out is then the bundle directory). Writes a checkpoint
-    directory for `isan export`.
+    directory for `isan export`. Several processes or machines: run it under torchrun with
+    --distributed (see isan.train.ddp).
     """
     if model == "ngram":
+        if alphabet != "chars" or valid_data or distributed:
+            raise click.UsageError("ngram trains on characters in one process (no --alphabet, --valid-data, --distributed)")
         from isan.engine.ngram import train_ngram
 
         info = train_ngram(data, out_dir, orders=tuple(int(o) for o in orders.split(",")), dataset=dataset)
@@ -103,16 +119,32 @@ def train(model, out_dir, data, dataset, params, d, batch_size, bptt, lr, lr_dec
                       batch_size=batch_size, bptt=bptt, lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
                       clip=clip, max_epochs=max_epochs, max_chars=int(max_chars) if max_chars else None,
                       max_steps=max_steps, patience=patience, eval_every=eval_every, seed=seed, device=device,
-                      threads=threads, init_scale=init_scale)
+                      threads=threads, init_scale=init_scale, alphabet=alphabet, inputs=inputs,
+                      valid_data=valid_data)
     overrides = {"max_epochs": max_epochs, "max_chars": cfg.max_chars, "max_steps": max_steps,
                  "patience": patience, "threads": threads, "device": device}
-    tr = Trainer(cfg, out_dir, progress_bar=progress, overrides=overrides)
-    verb = "resuming" if tr.resumed else "training"
-    click.echo(f"{verb} {tr.cfg.model} with {tr.n_params:,} parameters ({json.dumps(tr.model.config())}) in {out_dir}", err=True)
-    p = tr.run()
-    click.echo(json.dumps({"out": str(out_dir), "n_params": tr.n_params, "best_valid_bpc": p.best_valid_bpc,
-                           "best_epoch": p.best_epoch, "steps": p.step, "chars_seen": p.chars_seen,
-                           "stop_reason": p.stop_reason}))
+    dist = None
+    if distributed:
+        from isan.train.ddp import init_from_env
+
+        dist = init_from_env(device)
+    try:
+        tr = Trainer(cfg, out_dir, progress_bar=progress, overrides=overrides, dist=dist)
+        verb = "resuming" if tr.resumed else "training"
+        if tr.main:
+            where = f" on {dist.world} processes ({dist.backend})" if dist else ""
+            click.echo(f"{verb} {tr.cfg.model} with {tr.n_params:,} parameters ({json.dumps(tr.model.config())}) "
+                       f"in {out_dir}{where}", err=True)
+        p = tr.run()
+    finally:
+        if dist is not None:
+            from isan.train.ddp import shutdown
+
+            shutdown()
+    if tr.main:
+        click.echo(json.dumps({"out": str(out_dir), "n_params": tr.n_params, "unit": tr.unit,
+                               "best_valid_bpc": p.best_valid_bpc, "best_epoch": p.best_epoch, "steps": p.step,
+                               "chars_seen": p.chars_seen, "stop_reason": p.stop_reason}))
 
 
 # --------------------------------------------------------------------------------------- shared options
@@ -192,10 +224,13 @@ def read_input(file, text8_split):
 @click.option("--text8-split", type=click.Choice(["train", "valid", "test", "unseen"]), default=None,
               help="Score one split of text8-10M from FILE (text8, text8.zip or text8_head.txt); unseen: the "
                    "characters after the splits (from offset 10,000,000), for speed measurements.")
+@click.option("--text-split", type=click.Choice(["train", "valid"]), default=None,
+              help="Score one part of FILE as `isan train --dataset text` splits it: the first 90% of its "
+                   "characters (train) or the last 10% (valid; for ASCII text the same bytes as --alphabet bytes).")
 @normalize_option
 @friendly
 def score(file, model, path_mode, threads, backend, device, unknown, replacement, as_json, per_char, text8_split,
-          normalize):
+          text_split, normalize):
     """Score FILE (or stdin, '-') in bits: total bits and bits per character (bpc).
 
     The text first goes through the model's normaliser (--normalize auto); the report says how
@@ -205,11 +240,20 @@ def score(file, model, path_mode, threads, backend, device, unknown, replacement
     """
     engine = load_engine(model, path_mode, backend, device, threads)
     text = read_input(file, text8_split)
+    if text_split:
+        if text8_split:
+            raise UserError("give --text8-split or --text-split, not both")
+        cut = int(len(text) * 0.9)
+        text = text[:cut] if text_split == "train" else text[cut:]
     r = engine.score(text, per_char=per_char, unknown=unknown, replacement=replacement, normalize=normalize)
     if as_json:
         emit_json(r.to_json(per_char))
         return
-    click.echo(f"chars  {r.chars}\nbits   {r.bits:.3f}\nbpc    {r.bpc:.4f}")
+    if r.unit == "char":
+        click.echo(f"chars  {r.chars}\nbits   {r.bits:.3f}\nbpc    {r.bpc:.4f}")
+    else:  # a token model: bits per byte, pair or word, and per character of the text
+        click.echo(f"{r.unit}s  {r.chars}\nchars  {r.text_chars}\nbits   {r.bits:.3f}\n"
+                   f"bits/{r.unit}  {r.bits_per_token:.4f}\nbpc    {r.bpc:.4f}")
     n = r.normalization or {}
     if n and n.get("normalizer") != "none-v1" or n.get("skipped") or n.get("replaced"):
         click.echo(f"normalized  {n['normalizer']}: read {n['chars_read']:,}, scored {n['chars_scored']:,}, "
@@ -218,6 +262,12 @@ def score(file, model, path_mode, threads, backend, device, unknown, replacement
                    + (f", replaced {n['replaced']:,}" if n.get("replaced") else ""))
     if per_char:
         click.echo("offset\tinput\tscored\tbits")
+        if r.unit != "char":  # a token: the input from its offset to the next token's
+            offs = r.per_char_offsets.tolist()
+            for i, (off, b) in enumerate(zip(offs, r.per_char_bits)):
+                end = offs[i + 1] if i + 1 < len(offs) else len(text)
+                click.echo(f"{off}\t{text[off:max(end, off + 1)]!r}\t{r.unit}\t{b:.4f}")
+            return
         for off, sym, b in zip(r.per_char_offsets.tolist(), r.text, r.per_char_bits):
             click.echo(f"{off}\t{text[off]!r}\t{sym!r}\t{b:.4f}")
 
@@ -226,15 +276,25 @@ def score(file, model, path_mode, threads, backend, device, unknown, replacement
 @main.command()
 @click.option("--prompt", default="", help="Text to condition on (consumed before sampling).")
 @click.option("-n", "n", type=int, default=200, show_default=True, help="Characters to generate.")
-@click.option("--temperature", type=float, default=1.0, show_default=True)
+@click.option("--temperature", type=float, default=None, help="Logits are divided by it (default 1).")
+@click.option("--inverse-temperature", "inverse_temperature", type=float, default=None,
+              help="Logits are multiplied by it (the paper's section 3.1 samples at 1.5 and 2); instead of --temperature.")
 @click.option("--top-k", type=int, default=None, help="Sample among the k most likely characters only.")
 @click.option("--seed", type=int, default=None, help="Random seed; the same seed gives the same text.")
 @click.option("--json", "as_json", is_flag=True)
 @model_options
 @normalize_option
 @friendly
-def sample(prompt, n, temperature, top_k, seed, as_json, model, path_mode, threads, backend, device, normalize):
+def sample(prompt, n, temperature, inverse_temperature, top_k, seed, as_json, model, path_mode, threads, backend,
+           device, normalize):
     """Generate text after --prompt (the prompt goes through the model's normaliser first)."""
+    if temperature is not None and inverse_temperature is not None:
+        raise UserError("give --temperature or --inverse-temperature, not both")
+    if inverse_temperature is not None:
+        if not inverse_temperature > 0:
+            raise UserError(f"--inverse-temperature must be positive; got {inverse_temperature}")
+        temperature = 1.0 / inverse_temperature
+    temperature = 1.0 if temperature is None else temperature
     engine = load_engine(model, path_mode, backend, device, threads)
     s = engine.sample(prompt, n=n, temperature=temperature, top_k=top_k, seed=seed, normalize=normalize)
     if as_json:
@@ -656,5 +716,16 @@ def bench_serve_cmd(model, data, clients, text_chars, duration, streams, chunks,
         click.echo(f"\nwrote {out}")
 
 
+# ------------------------------------------------------------------------ command groups in other modules
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # `python -m isan.cli`: run the module proper (isan.cli), whose command groups below import it back
+    from isan.cli import main as _main
+
+    sys.exit(_main())
+else:
+    from isan.cli_analyze import analyze  # the paper's studies (isan/cli_analyze.py)
+
+    main.add_command(analyze)
+    from isan.cli_studies import study  # the related work's baselines (isan/cli_studies.py)
+
+    main.add_command(study)

@@ -89,3 +89,4 @@ def build_model(kind: str, K: int, V: int, d: int | None = None, params: float |
             raise ValueError("give the hidden size d or a parameter budget")
         return cls.for_budget(K, V, params, seed=seed, **init)
     return cls(K, V, d, seed=seed, **init)
+from isan.train.occam import OCCAM as _OCCAM; MODELS.update(_OCCAM)  # noqa: E402,E702  (issue #15: Occam-gated LSTM)
