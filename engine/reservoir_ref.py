@@ -269,46 +269,8 @@ def load_reservoir_bundle(path: str | Path) -> NumpyReservoirRunner:
         >>> r = load_reservoir_bundle("results/elman/bundles/esn-100")   # doctest: +SKIP
         >>> r.score_text("boy who dogs chase sees girl .")["nnl"]          # doctest: +SKIP
     """
-    from isan.engine.bundle import BUNDLE_FORMAT, MANIFEST, WEIGHTS, file_records, manifest_sha256
-    from isan.jsonfile import read_json
-    from isan.params import load_tensors
-    from isan.tokens import alphabet_from_json
+    from isan.engine.baseline_ref import load_params_bundle
 
-    path = Path(path)
-    mpath = path / MANIFEST
-    if not mpath.is_file():
-        raise BundleFormatError(f"{path} is not an isan bundle (no {MANIFEST}); {REBUILD}")
-    m = read_json(mpath, BundleFormatError, REBUILD, what="bundle manifest")
-    if not isinstance(m, dict) or m.get("format") != BUNDLE_FORMAT:
-        raise BundleFormatError(f"{mpath} is not an isan bundle manifest; {REBUILD}")
-    if m.get("kind") not in RESERVOIR_KINDS:
-        raise BundleFormatError(f"{path} holds a {m.get('kind')!r} model, not one of {', '.join(RESERVOIR_KINDS)}")
-    if m.get("format_version") != RESERVOIR_FORMAT_VERSION:
-        raise BundleFormatError(f"{mpath} has format_version {m.get('format_version')!r}; reservoir bundles are "
-                                f"version {RESERVOIR_FORMAT_VERSION}; {REBUILD}")
-    for key in ("alphabet", "model", "files", "manifest_sha256", "params_sha256", "d"):
-        if key not in m:
-            raise BundleFormatError(f"{mpath} lacks the field {key!r}; {REBUILD}")
-    if manifest_sha256(m) != m["manifest_sha256"]:
-        raise BundleFormatError(f"{mpath} does not match its manifest_sha256 (edited or corrupt); {REBUILD}")
-    actual = file_records(path)
-    if not isinstance(m["files"], dict) or actual != m["files"]:
-        recorded = m["files"] if isinstance(m["files"], dict) else {}
-        diff = [n for n in sorted(set(actual) | set(recorded)) if actual.get(n) != recorded.get(n)]
-        raise BundleFormatError(f"{path}: files {diff} do not match the manifest's records (missing, extra, "
-                                f"truncated or edited); {REBUILD}")
-    config = m["model"]
-    if not isinstance(config, dict) or config.get("kind") != m["kind"]:
-        raise BundleFormatError(f"{mpath}: the 'model' config is missing or of another kind; {REBUILD}")
-    t = load_tensors(path / WEIGHTS)
-    if baseline_sha256(t) != m["params_sha256"]:
-        raise BundleFormatError(f"{path}: weights do not match params_sha256 (corrupt or edited); {REBUILD}")
-    p = ReservoirParams.from_tensors(config, t)
-    try:
-        alphabet = alphabet_from_json(m["alphabet"])
-    except Exception as e:  # AlphabetError and malformed JSON alike
-        raise BundleFormatError(f"{mpath} has an invalid alphabet: {e}; {REBUILD}") from None
-    if p.K != len(alphabet) or p.V != len(alphabet) or p.d != m["d"]:
-        raise BundleFormatError(f"{path}: the model has K={p.K}, V={p.V}, d={p.d} but the manifest says "
-                                f"{len(alphabet)} symbols and d={m['d']}; {REBUILD}")
+    # the manifest's schema and hash, every file's record, params_sha256, shapes, K and V against the alphabet
+    m, p, alphabet = load_params_bundle(path, RESERVOIR_KINDS, ReservoirParams)
     return NumpyReservoirRunner(p, manifest=m, alphabet=alphabet)
