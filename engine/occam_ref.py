@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from isan.errors import BundleFormatError
-from isan.engine.baseline_ref import RunnerParams, _sigmoid, bits_from_logits
+from isan.engine.baseline_ref import NumpyBaselineRunner, RunnerParams, _sigmoid, bits_from_logits
 
 OCCAM_KINDS = ("occam", "occam_nopenalty", "occam2", "occam_strong")
 
@@ -103,32 +103,12 @@ def occam_score_ref(p: OccamParams, ids: np.ndarray, state: np.ndarray) -> tuple
     return bits_from_logits(p.readout(before), ids), S[-1].copy()
 
 
-class NumpyOccamRunner:
-    """The runner protocol (see :class:`isan.engine.baseline_ref.NumpyBaselineRunner`) over an Occam LSTM."""
+def _occam_states(p: OccamParams, ids: np.ndarray, state: np.ndarray) -> np.ndarray:
+    return occam_states_ref(p, ids, state)[0]
 
-    backend = "numpy"
-    provider = "numpy"
 
-    def __init__(self, params: OccamParams):
-        self.params = params
-        self.kind, self.K, self.V, self.d = params.kind, params.K, params.V, params.d
-        self.state_names = params.state_names
-        self.state_size = params.state_size
+class NumpyOccamRunner(NumpyBaselineRunner):
+    """The runner protocol of :class:`isan.engine.baseline_ref.NumpyBaselineRunner` over an Occam LSTM."""
 
-    def initial_state(self) -> np.ndarray:
-        return self.params.initial_state()
-
-    def readout(self, state: np.ndarray) -> np.ndarray:
-        return self.params.readout(np.asarray(state, dtype=np.float64))
-
-    def score_ids(self, ids: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return occam_score_ref(self.params, ids, state)
-
-    def advance_ids(self, ids: np.ndarray, state: np.ndarray) -> np.ndarray:
-        if len(ids) == 0:
-            return np.array(state, dtype=np.float64)
-        return occam_states_ref(self.params, np.asarray(ids, dtype=np.int64), state)[0][-1]
-
-    def score_batch(self, ids_list, states=None):
-        states = states if states is not None else [self.initial_state()] * len(ids_list)
-        return [self.score_ids(x, s) for x, s in zip(ids_list, states)]
+    score_ref = staticmethod(occam_score_ref)
+    states_ref = staticmethod(_occam_states)
