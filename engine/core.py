@@ -733,7 +733,10 @@ class Engine:
         if len(ids) == 0:
             raise EmptyTextError("the text to attribute is empty (after normalisation); give at least one character")
         if len(ids) > MAX_ATTRIBUTION_CHARS:
-            raise TextTooLongError(f"attribution of {len(ids)} characters needs O(T^2) memory; give at most {MAX_ATTRIBUTION_CHARS}")
+            raise TextTooLongError(f"attribution of {len(ids)} characters needs O(T^2) memory; give at most "
+                                   f"{MAX_ATTRIBUTION_CHARS}, or attribute with a window (memory O(T N); "
+                                   "isan.engine.analysis.attribution.windowed_attribution, `isan analyze attribute "
+                                   "--window N`)")
         h = state.h
         p = self.params
         H = states_ref(p, ids, h)

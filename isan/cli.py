@@ -319,7 +319,9 @@ def attribute(text, by, as_json, full, plot, top, model, unknown, replacement, n
     """Exact attribution of each prediction to the initial state and the characters or words before it.
 
     kappa[t, s] = W_ro (W[x_t] ... W[x_{s+1}]) b[x_s] (Foerster et al. 2017, eqs. 4-6);
-    b_ro + sum_s kappa[t, s] equals the logits, and this is checked on every call.
+    b_ro + sum_s kappa[t, s] equals the logits, and this is checked on every call. For a chosen
+    target (a logit, a log-probability, a difference of logits) or long texts (the last N sources
+    exact, older ones summed), see `isan analyze attribute`.
     """
     engine = load_engine(model)
     a = engine.attribute(text, by=by, unknown=unknown, replacement=replacement, normalize=normalize)
