@@ -49,11 +49,10 @@ from typing import Sequence
 import numpy as np
 
 from isan.errors import BundleFormatError
-from isan.engine.baseline_ref import RunnerParams, baseline_sha256, validated_tensors
+from isan.engine.baseline_ref import RunnerParams, validated_tensors
 
 RESERVOIR_KINDS = ("esn", "npm")
 VARIANTS = {"esn": ("esn", "esn+"), "npm": ("npm-u", "npm-u+", "npm-t")}
-RESERVOIR_FORMAT_VERSION = 3
 REBUILD = "rebuild it with `isan study elman export` (or restore the bundle from a good copy)"
 LOG2E = 1.0 / math.log(2.0)
 
@@ -233,10 +232,7 @@ def write_reservoir_bundle(out_dir: str | Path, kind: str, config: dict, tensors
     Returns:
         the bundle path.
     """
-    from isan.atomic import atomic_directory, write_json_atomic
-    from isan.engine.bundle import BUNDLE_FORMAT, MANIFEST, WEIGHTS, file_records, manifest_sha256
-    from isan.params import save_tensors
-    from isan.tokens import alphabet_to_json
+    from isan.engine.bundle import write_bundle
 
     config = {**config, "kind": kind}
     shapes = reservoir_shapes(config)
@@ -244,17 +240,8 @@ def write_reservoir_bundle(out_dir: str | Path, kind: str, config: dict, tensors
     validated_tensors(kind, shapes, t32, np.float32)
     if len(alphabet) != config["V"] or config["K"] != config["V"]:
         raise ValueError(f"alphabet has {len(alphabet)} symbols; config has K={config['K']}, V={config['V']}")
-    m = {"format": BUNDLE_FORMAT, "format_version": RESERVOIR_FORMAT_VERSION, "kind": kind,
-         "alphabet": alphabet_to_json(alphabet), "d": int(config["d"]), "unit": getattr(alphabet, "unit", "char"),
-         "params_sha256": baseline_sha256(t32),
-         "n_params": int(sum(a.size for a in t32.values())), "model": config,
-         "normalizer": {"name": "none", "version": 1}, "training": training or {}, "metrics": metrics or {}}
-    with atomic_directory(out_dir, overwrite=overwrite) as tmp:
-        save_tensors(tmp / WEIGHTS, t32, metadata={"format": BUNDLE_FORMAT, "kind": kind})
-        m["files"] = file_records(tmp)
-        m["manifest_sha256"] = manifest_sha256(m)
-        write_json_atomic(tmp / MANIFEST, m)
-    return Path(out_dir)
+    return write_bundle(out_dir, t32, alphabet, kind=kind, training=training, metrics=metrics,
+                        extra={"model": config, "d": int(config["d"])}, overwrite=overwrite)
 
 
 def load_reservoir_bundle(path: str | Path) -> NumpyReservoirRunner:
