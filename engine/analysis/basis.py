@@ -1,5 +1,4 @@
-"""Change of basis: the readout subspace and its complement (paper section 3.5, Figures 6-7), and
-rewriting an ISAN in any basis (section 4).
+"""Change of basis: the readout subspace and its complement (paper section 3.5, Figures 6-7).
 
 The readout subspace is the span of the rows of ``W_ro`` (V <= d directions); only a state's part
 there reaches the logits. Its orthogonal complement is the "computational" subspace: what the
@@ -7,15 +6,14 @@ model keeps for later. :func:`readout_basis` returns orthonormal bases of both, 
 :func:`bias_study` splits each input bias ``b_x`` into the two and compares their norms with the
 unigram log-probability of x and with each other (cosine distances).
 
-:func:`change_basis` rewrites the model in a basis M (``h = M z``): ``W'_x = M^-1 W_x M``,
-``b'_x = M^-1 b_x``, ``h0' = M^-1 h0``, ``W_ro' = W_ro M``; the outputs are unchanged.
+Rewriting the model in another basis (``h = origin + M z``, the outputs unchanged) is
+:func:`isan.engine.analysis.parentheses.change_basis_affine`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from isan.errors import IsanError
 from isan.params import ISANParams
 
 
@@ -27,23 +25,6 @@ def readout_basis(W_ro: np.ndarray, rtol: float = 1e-10) -> tuple[np.ndarray, np
     _, s, Vt = np.linalg.svd(W_ro, full_matrices=True)
     r = int((s > rtol * s.max()).sum())
     return Vt[:r].T.copy(), Vt[r:].T.copy() if r < d else np.zeros((d, 0))
-
-
-def change_basis(p: ISANParams, M: np.ndarray) -> ISANParams:
-    """The same ISAN in the basis M (columns: the new basis vectors in the old coordinates).
-
-    Raises:
-        IsanError: M is not square of size d or not invertible.
-    """
-    p = p.astype(np.float64)
-    M = np.asarray(M, dtype=np.float64)
-    if M.shape != (p.d, p.d):
-        raise IsanError(f"the basis must be ({p.d}, {p.d}); got {M.shape}")
-    cond = np.linalg.cond(M)
-    if not np.isfinite(cond) or cond > 1e12:
-        raise IsanError(f"the basis is not invertible (condition number {cond:.3g})")
-    Minv = np.linalg.inv(M)
-    return ISANParams(W=Minv @ p.W @ M, b=p.b @ Minv.T, W_ro=p.W_ro @ M, b_ro=p.b_ro, h0=Minv @ p.h0)
 
 
 def unigram_bigram(ids: np.ndarray, V: int) -> tuple[np.ndarray, np.ndarray]:
