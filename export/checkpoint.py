@@ -137,10 +137,10 @@ def export_bundle(ckpt_dir: str | Path, out_dir: str | Path, which: str = "best"
 
             t = load_file(str(tmp / "weights.safetensors"))
             from isan.trie_tables.build import DTYPES, parse_bytes
-            from isan.trie_tables.mining import entry_bytes
+            from isan.trie_tables.mining import singles_bytes
 
             V, d = t["W_ro"].shape
-            singles = V * entry_bytes(1, d, V, np.dtype(DTYPES[table_dtype]).itemsize) if table_dtype in DTYPES else 0
+            singles = singles_bytes(V, d, V, np.dtype(DTYPES[table_dtype]).itemsize) if table_dtype in DTYPES else 0
             if singles > parse_bytes(table_budget):
                 # a large output alphabet (bytes, pairs): the budget does not even hold one entry a symbol; the
                 # engine then scores chunk-parallel (its fast path for long texts) without a table

@@ -29,6 +29,11 @@ def entry_bytes(k: int, d: int, V: int, itemsize: int = 4) -> int:
     return (d * (d + 1) + k * V * (d + 1)) * itemsize
 
 
+def singles_bytes(K: int, d: int, V: int, itemsize: int = 4) -> int:
+    """Bytes of the K single-symbol entries every table holds (the least a budget must allow)."""
+    return K * entry_bytes(1, d, V, itemsize)
+
+
 def parse_bytes(s: str | int) -> int:
     """'512MB' -> 536870912 (binary units: KB = 1024 bytes, MB, GB); plain integers are bytes."""
     if isinstance(s, int):
@@ -100,10 +105,10 @@ def select_entries(ids: np.ndarray, K: int, V: int, d: int, budget_bytes: int, m
     """
     sample = ids[:sample_chars]
     singles = np.array([k + 1 for k in range(K)], dtype=np.uint64)  # code of a single symbol x is x + 1
-    budget = budget_bytes - K * entry_bytes(1, d, V, itemsize)
+    budget = budget_bytes - singles_bytes(K, d, V, itemsize)
     if budget < 0:
         raise ValueError(f"a budget of {budget_bytes:,} bytes does not hold the {K} single-symbol entries "
-                         f"({K * entry_bytes(1, d, V, itemsize):,} bytes)")
+                         f"({singles_bytes(K, d, V, itemsize):,} bytes)")
     counted = count_substrings(ids, K, max_len, min_count)
     cand_codes = np.concatenate([c for c, _ in counted.values()]) if counted else np.zeros(0, np.uint64)
     cand_len = np.concatenate([np.full(len(c), k) for k, (c, _) in counted.items()]) if counted else np.zeros(0, int)
