@@ -258,7 +258,7 @@ def load_params_bundle(path: str | Path, kinds: tuple[str, ...], params_cls):
 
 
 def expand_baseline_inputs(p: "BaselineParams", input_map) -> "BaselineParams":
-    """The baseline read by output id (as :func:`isan.engine.core.expand_inputs` for the ISAN): the
+    """The baseline read by output id (as :func:`isan.params.expand_inputs` for the ISAN): the
     input term of output y is that of its input ``input_map[y]`` (rows of ``E`` or ``emb``)."""
     if input_map is None:
         return p
@@ -360,9 +360,10 @@ class RunnerEngine:
         return {"unit": self.alphabet.unit, "V": len(self.alphabet)}
 
     def describe(self) -> dict:
+        from isan.tokens import alphabet_label
+
         a = self.alphabet
-        return {"kind": self.kind, "d": self.d, "unit": a.unit,
-                "alphabet": "".join(a.symbols) if a.kind == "chars" else a.describe(), "path": self.path,
+        return {"kind": self.kind, "d": self.d, "unit": a.unit, "alphabet": alphabet_label(a), "path": self.path,
                 "backend": self.backend, "provider": self.runner.provider, "source": self.source,
                 "params_sha256": self.params_sha256, "state": self.runner.state_names,
                 "normalizer": self.normalizer.id}

@@ -42,7 +42,7 @@ from isan.alphabet import Alphabet
 from isan.atomic import atomic_directory, write_json_atomic
 from isan.errors import AlphabetError, BundleFormatError
 from isan.jsonfile import canonical_sha256, file_sha256, is_sha256, read_json
-from isan.params import ISAN_TENSORS, ISANParams, load_tensors, save_tensors, tensors_sha256
+from isan.params import ISAN_TENSORS, ISANParams, expand_inputs, load_tensors, save_tensors, tensors_sha256
 
 BUNDLE_FORMAT = "isan-bundle"
 #: the legacy version: manifests without integrity records (still read, and still written by
@@ -313,6 +313,15 @@ def key_alphabet(alphabet) -> Alphabet:
     if V > 6400:
         raise BundleFormatError(f"a token alphabet of {V} symbols is too large for trie tables (at most 6,400)")
     return Alphabet(tuple(chr(0xE000 + i) for i in range(V)))
+
+
+def table_view(params: ISANParams, alphabet) -> tuple[ISANParams, Alphabet]:
+    """(parameters read by output id, the character alphabet of the table's keys): a character
+    model as it is; a token model (:mod:`isan.tokens`) with ``W``, ``b`` expanded to its V outputs
+    and token i keyed by the private-use character U+E000 + i (:func:`key_alphabet`)."""
+    if params.K != len(alphabet):
+        params = expand_inputs(params, alphabet.input_map)
+    return params, key_alphabet(alphabet)
 
 
 def load_isan_bundle(path: str | Path, verify: str = "fast") -> tuple[dict, ISANParams, Alphabet]:

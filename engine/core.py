@@ -28,7 +28,8 @@ import numpy as np
 from isan.alphabet import Alphabet
 from isan.errors import (AttributionCheckError, EmptyTextError, IsanError, StateDivergedError, TableFormatError,
                          TextTooLongError)
-from isan.params import ISANParams
+from isan.params import ISANParams, expand_inputs
+from isan.tokens import alphabet_label
 from isan.engine.bundle import load_isan_bundle
 from isan.engine.guard import MAX_STATE_ABS, check_bits, check_states, raise_diverged
 from isan.engine.normalize import Normalizer, Prepared, from_manifest, prepare, resolve
@@ -372,9 +373,7 @@ class Engine:
         from isan.engine.kernels import native_status
 
         k = native_status()
-        out = {"kind": "isan", "d": self.d,
-               "alphabet": "".join(self.alphabet.symbols) if self.alphabet.kind == "chars" else self.alphabet.describe(),
-               "unit": self.alphabet.unit,
+        out = {"kind": "isan", "d": self.d, "alphabet": alphabet_label(self.alphabet), "unit": self.alphabet.unit,
                "path": self.path, "backend": self.backend, "source": self.source,
                "params_sha256": self.params_sha256, "normalizer": self.normalizer.id,
                "kernels": {"compiled": k["available"], "isa": k["isa"], "threads": self.threads}}
@@ -791,32 +790,15 @@ def find_table(bundle: Path, manifest: dict, params: ISANParams, alphabet: Alpha
     from isan.trie_tables.build import RECIPE, cached_table
     from isan.trie_tables.format import load_table
 
-    from isan.engine.bundle import key_alphabet
+    from isan.engine.bundle import table_view
 
     sha = manifest["params_sha256"]
-    if params.K != len(alphabet):
-        params = expand_inputs(params, alphabet.input_map)
-    keys = key_alphabet(alphabet)  # tables are keyed by output ids (tokens: private-use characters)
+    params, keys = table_view(params, alphabet)  # tables are keyed by output ids (tokens: private-use characters)
     if (bundle / "table").exists():
         return load_table(bundle / "table", sha, keys, params.d)
     if (bundle / RECIPE).exists():
         return cached_table(bundle / RECIPE, params, keys, sha, progress_bar=progress_bar)
     return None
-
-
-def expand_inputs(params: ISANParams, input_map: np.ndarray | None) -> ISANParams:
-    """The parameters read by output id: ``W[input_map]``, ``b[input_map]`` (V, d, d), (V, d).
-
-    A token alphabet with fewer inputs than outputs (:class:`isan.tokens.ByteAlphabet`: bytes
-    outside the K - 1 frequent ones share the ``other`` input) is scored as a model whose input
-    symbols are its outputs: the same arithmetic, one id sequence. Identity when ``input_map`` is None.
-    """
-    if input_map is None:
-        return params
-    m = np.asarray(input_map, dtype=np.int64)
-    if m.ndim != 1 or (len(m) and (m.min() < 0 or m.max() >= params.K)):
-        raise IsanError(f"input_map must map outputs to inputs in [0, {params.K})")
-    return ISANParams(W=params.W[m], b=params.b[m], W_ro=params.W_ro, b_ro=params.b_ro, h0=params.h0)
 
 
 def verify_all(bundle: str | Path) -> dict:

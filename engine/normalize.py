@@ -348,7 +348,7 @@ def _prepare_tokens(text: str, norm_text: str, offsets: np.ndarray, changed, dro
         base = prepare(norm_text, alphabet.base, NONE, unknown, replacement)
         skipped, replaced = base.report["skipped"], base.report["replaced"]
         chars = base.ids
-        ids = alphabet.as_ids(alphabet._pairs(chars))
+        ids = alphabet._pairs(chars)
         offs = offsets[base.offsets[0::2]] if len(chars) else np.zeros(0, dtype=np.int64)
     elif alphabet.kind == "bytes":
         ids, char_of = alphabet.tokenize(norm_text)

@@ -394,7 +394,7 @@ def _export_for_manifest(directory: Path, manifest: dict, opset: int, out_dir: P
         # gathering its input's weights (the same expansion as the numpy engine's)
         m = np.asarray(alphabet.input_map, dtype=np.int64)
         if kind == "isan":
-            from isan.engine.core import expand_inputs
+            from isan.params import expand_inputs
 
             params = expand_inputs(params, m)
         else:

@@ -18,6 +18,7 @@ import numpy as np
 
 from isan.alphabet import Alphabet
 from isan.tokens import alphabet_from_json
+from isan.engine.bundle import table_view
 from isan.engine.bundle import load_isan_bundle
 from isan.engine.data import read_text, read_text8_split
 from isan.errors import IsanError
@@ -95,18 +96,6 @@ def corpus_record(corpus: str | Path, dataset: str, bundle_dir: str | Path) -> d
     except ValueError:  # another drive (Windows)
         rel = str(c)
     return {"path": Path(rel).as_posix(), "dataset": dataset, "split": "train"}
-
-
-def table_view(params: ISANParams, alphabet) -> tuple[ISANParams, Alphabet]:
-    """(parameters read by output id, the character alphabet of the table's keys): a character
-    model as it is; a token model (:mod:`isan.tokens`) with ``W``, ``b`` expanded to its V outputs
-    and token i keyed by the private-use character U+E000 + i (:func:`isan.engine.bundle.key_alphabet`)."""
-    from isan.engine.bundle import key_alphabet
-    from isan.engine.core import expand_inputs
-
-    if params.K != len(alphabet):
-        params = expand_inputs(params, alphabet.input_map)
-    return params, key_alphabet(alphabet)
 
 
 def _plan(alphabet, params: ISANParams, corpus: str, dataset: str, budget, max_len: int, dtype: str) -> dict:

@@ -15,6 +15,30 @@ TEXT8_SYMBOLS: tuple[str, ...] = tuple(" abcdefghijklmnopqrstuvwxyz")
 UNKNOWN_POLICIES = ("error", "skip", "replace")
 
 
+def validated_ids(ids, V: int) -> np.ndarray:
+    """An id sequence (array, list or any iterable) as int64 (n,). Raises AlphabetError unless it is
+    1-D with values in [0, V)."""
+    a = np.asarray(ids if isinstance(ids, (np.ndarray, list, tuple)) else list(ids), dtype=np.int64)
+    if a.ndim != 1 or (len(a) and (a.min() < 0 or a.max() >= V)):
+        raise AlphabetError(f"ids must be a 1-D array of values in [0, {V})")
+    return a
+
+
+class IdsOrText:
+    """:meth:`as_ids` of an alphabet with an ``encode(text, unknown, replacement)``."""
+
+    def as_ids(self, text_or_ids, unknown: str = "error", replacement: str | None = None) -> np.ndarray:
+        """Encode a string (see ``encode``), or validate an id sequence: int64 (n,).
+
+        Raises:
+            AlphabetError: unknown characters (per ``unknown``), or ids that are not a 1-D
+                sequence of values in [0, len(alphabet)).
+        """
+        if isinstance(text_or_ids, str):
+            return self.encode(text_or_ids, unknown, replacement)
+        return validated_ids(text_or_ids, len(self))
+
+
 class SameInputs:
     """The input side of an alphabet whose inputs are its outputs (characters, pairs, words):
     K = V, ``input_map`` None (the identity), ``input_labels`` = ``symbols``."""
@@ -35,7 +59,7 @@ class SameInputs:
 
 
 @dataclass(frozen=True)
-class Alphabet(SameInputs):
+class Alphabet(IdsOrText, SameInputs):
     """An ordered set of single-character symbols; ``symbols[i]`` is input symbol and output class i.
 
     Args:
@@ -161,20 +185,6 @@ class Alphabet(SameInputs):
         rid = self.id(replacement)
         ids = ids.copy()
         ids[bad] = rid
-        return ids
-
-    def as_ids(self, text_or_ids, unknown: str = "error", replacement: str | None = None) -> np.ndarray:
-        """Encode a string (see :meth:`encode`), or validate an id sequence: int64 (n,).
-
-        Raises:
-            AlphabetError: unknown characters (per ``unknown``), or ids that are not a 1-D
-                sequence of values in [0, len(alphabet)).
-        """
-        if isinstance(text_or_ids, str):
-            return self.encode(text_or_ids, unknown, replacement)
-        ids = np.asarray(text_or_ids, dtype=np.int64)
-        if ids.ndim != 1 or (len(ids) and (ids.min() < 0 or ids.max() >= len(self.symbols))):
-            raise AlphabetError(f"ids must be a 1-D array of values in [0, {len(self.symbols)})")
         return ids
 
     def decode(self, ids: Iterable[int]) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from isan.errors import BundleFormatError
+from isan.errors import BundleFormatError, IsanError
 
 ISAN_TENSORS = ("W", "b", "W_ro", "b_ro", "h0")
 
@@ -99,6 +99,21 @@ class ISANParams:
 
     def n_params(self) -> int:
         return sum(int(a.size) for a in self.as_dict().values())
+
+
+def expand_inputs(params: ISANParams, input_map: np.ndarray | None) -> ISANParams:
+    """The parameters read by output id: ``W[input_map]``, ``b[input_map]`` (V, d, d), (V, d).
+
+    A token alphabet with fewer inputs than outputs (:class:`isan.tokens.ByteAlphabet`: bytes
+    outside the K - 1 frequent ones share the ``other`` input) is scored as a model whose input
+    symbols are its outputs: the same arithmetic, one id sequence. Identity when ``input_map`` is None.
+    """
+    if input_map is None:
+        return params
+    m = np.asarray(input_map, dtype=np.int64)
+    if m.ndim != 1 or (len(m) and (m.min() < 0 or m.max() >= params.K)):
+        raise IsanError(f"input_map must map outputs to inputs in [0, {params.K})")
+    return ISANParams(W=params.W[m], b=params.b[m], W_ro=params.W_ro, b_ro=params.b_ro, h0=params.h0)
 
 
 def validate_isan_shapes(t: dict[str, np.ndarray]) -> None:

@@ -28,7 +28,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from isan.alphabet import UNKNOWN_POLICIES, Alphabet, SameInputs
+from isan.alphabet import UNKNOWN_POLICIES, Alphabet, IdsOrText, SameInputs, validated_ids
 from isan.errors import AlphabetError
 
 #: alphabet kinds, by the ``kind`` field of their JSON
@@ -38,13 +38,6 @@ KINDS = ("chars", "bytes", "pairs", "words")
 def _check_policy(unknown: str) -> None:
     if unknown not in UNKNOWN_POLICIES:
         raise AlphabetError(f"unknown={unknown!r}; choose one of {', '.join(UNKNOWN_POLICIES)}")
-
-
-def _validated_ids(text_or_ids, V: int) -> np.ndarray:
-    ids = np.asarray(text_or_ids, dtype=np.int64)
-    if ids.ndim != 1 or (len(ids) and (ids.min() < 0 or ids.max() >= V)):
-        raise AlphabetError(f"ids must be a 1-D array of values in [0, {V})")
-    return ids
 
 
 def byte_label(b: int) -> str:
@@ -135,11 +128,11 @@ class ByteAlphabet:
     def as_ids(self, text_or_ids, unknown: str = "error", replacement: str | None = None) -> np.ndarray:
         if isinstance(text_or_ids, (str, bytes)):
             return self.encode(text_or_ids if isinstance(text_or_ids, str) else text_or_ids.decode("utf-8", "replace"))
-        return _validated_ids(text_or_ids, 256)
+        return validated_ids(text_or_ids, 256)
 
     def decode(self, ids: Iterable[int]) -> str:
         """Bytes back to text; bytes that are not valid UTF-8 become U+FFFD."""
-        a = _validated_ids(np.asarray(ids if isinstance(ids, np.ndarray) else list(ids), dtype=np.int64), 256)
+        a = validated_ids(ids, 256)
         return a.astype(np.uint8).tobytes().decode("utf-8", "replace")
 
     def to_list(self) -> list[str]:
@@ -150,7 +143,7 @@ class ByteAlphabet:
 
 
 @dataclass(frozen=True)
-class PairAlphabet(SameInputs):
+class PairAlphabet(IdsOrText, SameInputs):
     """Pairs of characters of ``base``: id ``i * n + j`` is ``base[i] + base[j]`` (K = V = n^2).
 
     Args:
@@ -210,13 +203,8 @@ class PairAlphabet(SameInputs):
         """Characters by ``base.encode`` (with its unknown policy), then paired. int64 (ceil(n/2),)."""
         return self._pairs(self.base.encode(text, unknown, replacement))
 
-    def as_ids(self, text_or_ids, unknown: str = "error", replacement: str | None = None) -> np.ndarray:
-        if isinstance(text_or_ids, str):
-            return self.encode(text_or_ids, unknown, replacement)
-        return _validated_ids(text_or_ids, len(self))
-
     def decode(self, ids: Iterable[int]) -> str:
-        a = _validated_ids(np.asarray(ids if isinstance(ids, np.ndarray) else list(ids), dtype=np.int64), len(self))
+        a = validated_ids(ids, len(self))
         chars = np.stack([a // self.n, a % self.n], axis=1).ravel()
         return self.base.decode(chars)
 
@@ -228,7 +216,7 @@ class PairAlphabet(SameInputs):
 
 
 @dataclass(frozen=True)
-class WordAlphabet(SameInputs):
+class WordAlphabet(IdsOrText, SameInputs):
     """Whitespace-separated words of a fixed vocabulary (K = V = len(words)).
 
     Args:
@@ -327,13 +315,8 @@ class WordAlphabet(SameInputs):
         ids[ids < 0] = self.id(rep)
         return ids
 
-    def as_ids(self, text_or_ids, unknown: str = "error", replacement: str | None = None) -> np.ndarray:
-        if isinstance(text_or_ids, str):
-            return self.encode(text_or_ids, unknown, replacement)
-        return _validated_ids(text_or_ids, len(self))
-
     def decode(self, ids: Iterable[int]) -> str:
-        a = _validated_ids(np.asarray(ids if isinstance(ids, np.ndarray) else list(ids), dtype=np.int64), len(self))
+        a = validated_ids(ids, len(self))
         return " ".join(self.words[i] for i in a.tolist())
 
     def to_list(self) -> list[str]:
@@ -341,6 +324,12 @@ class WordAlphabet(SameInputs):
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "words": list(self.words), **({"unk": self.unk} if self.unk else {})}
+
+
+def alphabet_label(alphabet) -> str:
+    """How ``describe()`` of an engine names its alphabet: a character alphabet's symbols joined, a
+    token alphabet's ``describe()``."""
+    return "".join(alphabet.symbols) if alphabet.kind == "chars" else alphabet.describe()
 
 
 def alphabet_to_json(alphabet) -> dict:

@@ -61,12 +61,13 @@ class ModelInfo:
     @classmethod
     def of_manifest(cls, manifest: dict, source: str | None) -> "ModelInfo":
         from isan.engine.bundle import manifest_alphabet
+        from isan.tokens import alphabet_label
 
         alphabet = manifest_alphabet(manifest)
         symbols = tuple(alphabet.symbols)
         d = int(manifest.get("d") or 0)
         desc = {"kind": manifest.get("kind"), "d": d,
-                "alphabet": "".join(symbols) if alphabet.kind == "chars" else alphabet.describe(),
+                "alphabet": alphabet_label(alphabet),
                 "params_sha256": manifest.get("params_sha256"), "source": source}
         return cls(symbols, d, manifest.get("params_sha256") or "", public_describe(desc))
 
