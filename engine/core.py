@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+import isan.errors as isan_errors
 from isan.alphabet import Alphabet
 from isan.errors import (AttributionCheckError, EmptyTextError, IsanError, StateDivergedError, TableFormatError,
                          TextTooLongError)
@@ -47,8 +47,13 @@ CHUNKED_MIN_CHARS = 10_000
 
 
 def default_model_path() -> Path:
-    """Path of the default model bundle shipped inside the package."""
-    return Path(str(resources.files("isan") / "models" / DEFAULT_MODEL))
+    """Path of the default model bundle shipped inside the package (``isan/models/``).
+
+    Found beside :mod:`isan.errors`, not through ``isan.__file__``: run from the parent of a
+    checkout named ``isan`` with the editable install, ``isan`` itself is imported as a namespace
+    package of the checkout's root, while its modules still come from the package folder.
+    """
+    return Path(isan_errors.__file__).resolve().parent / "models" / DEFAULT_MODEL
 
 
 def finite_or_none(x: float) -> float | None:

@@ -10,6 +10,16 @@ Subpackages: :mod:`isan.engine` (numpy inference), :mod:`isan.trie_tables`
 
 __version__ = "0.1.0"
 
+from pathlib import Path as _Path
+
+# Run from a source checkout without the editable install (say from the repository's root after
+# `pip install .`), this folder shadows the installed package; the subpackages live beside it
+# (engine/, export/, train/, trie_tables/), so look for them there too. An installed copy has no
+# such siblings and is unchanged.
+_checkout = _Path(__file__).resolve().parent.parent
+if (_checkout / "pyproject.toml").is_file() and (_checkout / "engine" / "__init__.py").is_file():
+    __path__.append(str(_checkout))  # noqa: F821 (a package's __path__)
+
 from isan.errors import (  # noqa: F401
     AlphabetError,
     BundleFormatError,

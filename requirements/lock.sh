@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Regenerate requirements/ci.txt, the locked test environment that .ci/run and the README's test
+# command install with (`pip install -c requirements/ci.txt ...`). Run it on purpose, to upgrade
+# the locked versions, then run the whole suite before committing the new lock.
+#   pip install pip-tools && bash requirements/lock.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+pip-compile -q --upgrade --no-strip-extras --no-emit-index-url --no-emit-find-links \
+    --extra train --extra onnx --extra serve --extra dev --extra plot \
+    -c requirements/torch-cpu.in -o requirements/ci.txt pyproject.toml
+# The CPU wheel carries a local version label (2.13.0+cpu); pin the public version, which pip
+# satisfies with that wheel where it is offered, as `pip install torch==2.13.0` does.
+sed -i -E 's/^torch==([0-9.]+)\+cpu$/torch==\1/' requirements/ci.txt
