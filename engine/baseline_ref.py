@@ -359,6 +359,11 @@ class RunnerEngine:
     def _units(self) -> dict:
         return {"unit": self.alphabet.unit, "V": len(self.alphabet)}
 
+    @property
+    def _scoring(self) -> dict:
+        """How the bits were computed (``ScoreResult.scoring``): this runner's path, backend and provider."""
+        return {"path": self.path, "backend": self.backend, "provider": self.runner.provider}
+
     def describe(self) -> dict:
         from isan.tokens import alphabet_label
 
@@ -433,7 +438,8 @@ class RunnerEngine:
         total = float(bits.sum())
         return ScoreResult(len(ids), total, bits if per_char else None,
                            State(s, state.chars + len(ids), state.bits + total, prep.last_symbol), prep.report,
-                           prep.offsets if per_char else None, prep.text if per_char else None, **self._units)
+                           prep.offsets if per_char else None, prep.text if per_char else None, self._scoring,
+                           **self._units)
 
     def score_batch(self, texts, states=None, per_char: bool = False, unknown: str = "error",
                     replacement: str | None = None, group: str | None = None, normalize: str | None = "auto"):
@@ -463,7 +469,8 @@ class RunnerEngine:
             total = float(b.sum())
             out.append(ScoreResult(len(b), total, b if per_char else None,
                                    State(sf, s.chars + len(b), s.bits + total, prep.last_symbol), prep.report,
-                                   prep.offsets if per_char else None, prep.text if per_char else None, **self._units))
+                                   prep.offsets if per_char else None, prep.text if per_char else None,
+                                   self._scoring, **self._units))
         return out
 
     def advance(self, text, state=None, unknown: str = "error", replacement: str | None = None,

@@ -277,6 +277,9 @@ def verify_bundle(path: str | Path) -> dict:
                 problems.append(f"{path / name} {problem}")
         listed = set(m["files"])
         report["unlisted"] = [n for n in file_records_names(path) if n not in listed]
+        for name in report["unlisted"]:
+            problems.append(f"{path / name} is not listed in the manifest (an extra file: remove it, or re-export "
+                            "the bundle)")
     if (path / "table").is_dir():
         from isan.errors import TableFormatError
         from isan.trie_tables.format import load_table

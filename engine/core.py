@@ -246,6 +246,22 @@ def with_prefix(e: Exception, prefix: str) -> Exception:
     return new
 
 
+_HINT = re.compile(r", after \d+ characters repeating (symbol id [\d+]+|'[^']*'|\"[^\"]*\")")
+
+
+def with_repeat_hint(msg: str, ids: np.ndarray, t: int, symbols=None) -> str:
+    """``msg`` with its "after N characters repeating 'z'" hint computed over all of ``ids`` (the
+    path that raised may have seen only a chunk or a block of the run)."""
+    from isan.engine.guard import _repeat_hint
+
+    hint = _repeat_hint(ids, t, symbols)
+    if _HINT.search(msg):
+        return _HINT.sub(lambda _: hint, msg, count=1)
+    if hint and "path)" in msg:
+        return msg.replace("path)", "path)" + hint, 1)
+    return msg
+
+
 def in_input_terms(e: StateDivergedError, prep: Prepared, symbols=None) -> StateDivergedError:
     """The same error with the offset in the caller's input as well (``.input_offset``), and the
     letter or pair whose repeats led there named when the path that raised did not."""
@@ -257,11 +273,7 @@ def in_input_terms(e: StateDivergedError, prep: Prepared, symbols=None) -> State
     if symbols is not None:  # name the repeated letter or pair (paths without the alphabet give ids)
         from isan.engine.guard import _repeat_hint
 
-        hint = _repeat_hint(prep.ids, off, symbols)
-        if re.search(r", after \d+ characters repeating symbol id [\d+]+", msg):
-            msg = re.sub(r", after \d+ characters repeating symbol id [\d+]+", lambda _: hint, msg, count=1)
-        elif hint and "repeating" not in msg and "path)" in msg:
-            msg = msg.replace("path)", "path)" + hint, 1)
+        msg = with_repeat_hint(msg, prep.ids, off, symbols)
     norm = prep.report.get("normalizer")
     if inp != off:
         msg = msg.replace(f"character offset {off} ", f"input offset {inp} (scored character {off}, after "
@@ -768,12 +780,23 @@ class Engine:
                            prep.report, prep.offsets, ids)
 
     # ---- diagnostics ----------------------------------------------------------------------
-    def check_divergence(self, max_chars: int = 2000) -> dict:
-        """Which letters, and which pairs of letters, when repeated from h0 drive the state out of
-        range, and after how many characters (see :func:`isan.engine.divergence.repeat_divergence`)."""
-        from isan.engine.divergence import repeat_divergence
+    def check_divergence(self, max_chars: int = 2000, beam: int = 16, search_chars: int = 200) -> dict:
+        """Whether any input can make this model's state diverge (``isan model check``).
 
-        return repeat_divergence(self.input_params, self.alphabet.input_labels, max_chars=max_chars)
+        Returns :func:`isan.engine.divergence.repeat_divergence`'s report (every repeated letter
+        and pair decided by its spectral radius, with the characters until the state leaves the
+        range) plus ``"certificate"`` (:func:`isan.engine.certificate.check_certificate`, recomputed
+        from the bundle's files; None without one) and ``"adversarial"``
+        (:func:`isan.engine.divergence.adversarial_search`: the worst text a beam search finds).
+        """
+        from isan.engine.certificate import check_certificate
+        from isan.engine.divergence import adversarial_search, repeat_divergence
+
+        p, labels = self.input_params, self.alphabet.input_labels
+        out = repeat_divergence(p, labels, max_chars=max_chars)
+        out["certificate"] = check_certificate(self.source, self.manifest, p.W, p.b, p.h0) if self.source else None
+        out["adversarial"] = adversarial_search(p, labels, beam=beam, chars=search_chars)
+        return out
 
 
 def word_spans(ids: np.ndarray, text: str, alphabet) -> list[tuple[int, int]]:
@@ -803,6 +826,12 @@ def find_table(bundle: Path, manifest: dict, params: ISANParams, alphabet: Alpha
         return load_table(bundle / "table", sha, keys, params.d)
     if (bundle / RECIPE).exists():
         return cached_table(bundle / RECIPE, params, keys, sha, progress_bar=progress_bar)
+    mode = (manifest.get("table") or {}).get("mode")
+    if mode in ("full", "recipe"):  # the manifest promises a table that is not there
+        where = bundle / ("table" if mode == "full" else RECIPE)
+        raise TableFormatError(f"{where} is missing, but {bundle / 'manifest.json'} lists a {mode} table; rebuild it "
+                               f"with `isan table build --model {bundle} --table-mode {mode}`, or score without it "
+                               "with --path chunked")
     return None
 
 
@@ -869,8 +898,9 @@ def load_engine(model: str | Path | None = None, path: str = "auto", backend: st
     """Load a bundle (``None``: the default model) with the chosen computation path and backend.
 
     Args:
-        path: ``"auto"`` (composed when the bundle has a table, else reference), ``"composed"``
-            or ``"reference"``.
+        path: ``"auto"`` (ISAN bundles: composed when the bundle has a table, else chunked; other
+            models: their runner's own path), ``"composed"``, ``"chunked"`` (chunk-parallel through
+            the compiled kernels, ISAN bundles only) or ``"reference"``.
         backend: ``"numpy"`` or ``"onnx"`` (onnxruntime over the bundle's ONNX graphs; the
             provider that runs is reported in ``describe()``, never silently swapped).
         device: for the onnx backend: ``"cpu"``, ``"cuda"`` or ``"auto"``.
@@ -884,8 +914,8 @@ def load_engine(model: str | Path | None = None, path: str = "auto", backend: st
 
     if backend not in ("numpy", "onnx"):
         raise IsanError(f"backend must be numpy or onnx; got {backend!r}")
-    if path not in ("auto", "composed", "reference"):
-        raise IsanError(f"path must be auto, composed or reference; got {path!r}")
+    if path not in ("auto",) + PATHS:
+        raise IsanError(f"path must be auto or one of {', '.join(PATHS)}; got {path!r}")
     src = default_model_path() if model is None else Path(model)
     if backend == "onnx":
         from isan.engine.onnx_backend import load_onnx_engine
@@ -893,8 +923,9 @@ def load_engine(model: str | Path | None = None, path: str = "auto", backend: st
         return load_onnx_engine(src, device=device, path_mode=path)
     kind = read_manifest(src, verify="none")["kind"]  # the loader below verifies
     if kind != "isan":
-        if path == "composed":
-            raise IsanError("trie tables exist only for ISAN bundles; use --path auto or reference")
+        if path in ("composed", "chunked"):
+            raise IsanError(f"the {path} path runs ISAN bundles only (this is a {kind!r} bundle); "
+                            "use --path auto or reference")
         if kind == "ngram":
             from isan.engine.ngram import load_ngram_engine
 

@@ -44,7 +44,8 @@ What a call changed is reported (:class:`Prepared.report`, ``ScoreResult.normali
 something else: lower-cased, spelled out, turned into a space), ``dropped`` (input characters that
 left nothing: squeezed spaces), and from the unknown-character policy ``skipped`` and
 ``replaced``, plus ``most_changed`` (the five most frequent changed or dropped input
-characters). ``Prepared.offsets`` maps every scored character back to the offset of the input
+characters). A byte-order mark (U+FEFF) that starts a text (not a streamed continuation) is
+dropped and counted in ``dropped``, whatever the normaliser. ``Prepared.offsets`` maps every scored character back to the offset of the input
 character it came from (a spelled-out digit's characters all map to the digit).
 
 Example:
@@ -69,6 +70,10 @@ from isan.errors import AlphabetError, BundleFormatError, IsanError
 DEFAULT_DECLARED = {"name": "none", "version": 1}
 
 _TEXT8_BYTES = b" abcdefghijklmnopqrstuvwxyz"
+
+#: a byte-order mark (U+FEFF) at the start of a text is dropped (and counted as dropped) by every
+#: normaliser, ``none`` included: it marks the file's encoding, it is not text
+BOM = "\ufeff"
 
 DIGIT_WORDS = (" zero ", " one ", " two ", " three ", " four ", " five ", " six ", " seven ", " eight ", " nine ")
 
@@ -302,7 +307,14 @@ def prepare(text: str | Sequence[int] | np.ndarray, alphabet: Alphabet, normaliz
         ids = alphabet.as_ids(text)
         offs = np.arange(len(ids), dtype=np.int64)
         return Prepared(ids, offs, alphabet.decode(ids), _report("ids", len(ids), len(ids)))
-    norm_text, offsets, changed, dropped = normalizer.apply(text, context)
+    if text.startswith(BOM) and not context:  # a byte-order mark starts a file; it is not text
+        norm_text, offsets, changed, dropped = normalizer.apply(text[1:], context)
+        offsets = offsets + 1
+        n = len(text) - 1
+        changed = np.concatenate([[False], changed if changed is not None else np.zeros(n, bool)])
+        dropped = np.concatenate([[True], dropped if dropped is not None else np.zeros(n, bool)])
+    else:
+        norm_text, offsets, changed, dropped = normalizer.apply(text, context)
     if alphabet.kind != "chars":
         return _prepare_tokens(text, norm_text, offsets, changed, dropped, alphabet, normalizer, unknown, replacement)
     raw = alphabet.raw_ids(norm_text)

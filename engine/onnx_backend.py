@@ -457,10 +457,10 @@ def load_onnx_engine(path: str | Path, device: str = "cpu", path_mode: str = "au
     Raises:
         BundleFormatError, BackendUnavailableError, IsanError (see :meth:`OnnxRunner.load`).
     """
-    if path_mode == "composed":
-        raise IsanError("--path composed runs trie-table jumps in numpy; use --backend numpy, or --path auto")
+    if path_mode in ("composed", "chunked"):
+        raise IsanError(f"--path {path_mode} runs isan's own kernels; use --backend numpy, or --path auto")
     if path_mode not in ("auto", "reference"):
-        raise IsanError(f"path must be auto, composed or reference; got {path_mode!r}")
+        raise IsanError(f"path must be auto, composed, chunked or reference; got {path_mode!r}")
     runner = OnnxRunner.load(path, device=device, chunk=chunk)
     from isan.engine.bundle import manifest_alphabet
 

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Regenerate requirements/ci.txt, the locked test environment that .ci/run and the README's test
-# command install with (`pip install -c requirements/ci.txt ...`). Run it on purpose, to upgrade
-# the locked versions, then run the whole suite before committing the new lock.
-#   pip install pip-tools && bash requirements/lock.sh
+# command install with (`pip install -c requirements/ci.txt ...`), after a change of pyproject.toml's
+# dependencies: the pins already there are kept. `--upgrade` moves every pin to the newest release
+# the ranges allow: do that on purpose, then run the whole suite before committing the new lock.
+#   pip install pip-tools && bash requirements/lock.sh [--upgrade]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pip-compile -q --upgrade --no-strip-extras --no-emit-index-url --no-emit-find-links \
+pip-compile -q "$@" --no-strip-extras --no-emit-index-url --no-emit-find-links \
     --extra train --extra onnx --extra serve --extra dev --extra plot \
     -c requirements/torch-cpu.in -o requirements/ci.txt pyproject.toml
 # The CPU wheel carries a local version label (2.13.0+cpu); pin the public version, which pip

@@ -205,6 +205,46 @@ def test_model_check_on_the_shipped_model(default_engine):
     assert pairs["qx"] == 42
 
 
+def test_model_check_decides_by_spectral_radius_past_any_finite_run(default_engine):
+    """Issue #19: a run of 2,000 characters missed 'a' (2,088), 'r' (2,775) and 'h' (26,808)."""
+    r = default_engine.check_divergence(max_chars=2000)
+    W = default_engine.params.W
+    letters = {x["symbol"]: x for x in r["letters"]}
+    radius = {s: float(np.abs(np.linalg.eigvals(W[A8.id(s)].astype(np.float64))).max()) for s in A8.symbols}
+    assert set(letters) == {s for s, rho in radius.items() if rho > 1}  # exactly the letters above 1
+    for s in letters:
+        assert letters[s]["spectral_radius"] == pytest.approx(radius[s], rel=1e-9)
+    p = default_engine.params
+    for s in ("a", "r", "h"):  # slow ones, found past the 2,000 stepped characters, checked by a plain run
+        n = letters[s]["after_chars"]
+        assert n > 2000
+        assert first_out_of_range(p.W, p.b, A8.encode(s * (n + 5)), p.h0) + 1 == n
+    # a letter below 1 converges however long it repeats: it scores
+    calm = min(radius, key=radius.get)
+    assert calm not in letters and radius[calm] < 1
+    assert np.isfinite(default_engine.score(calm * 100_000).bits)
+    # the pairs' radii: rho(W[y] W[x]) for a few
+    for x in r["pairs"][:3] + r["pairs"][-3:]:
+        a, b = A8.id(x["pair"][0]), A8.id(x["pair"][1])
+        rho = np.abs(np.linalg.eigvals(W[b].astype(np.float64) @ W[a].astype(np.float64))).max()
+        assert x["spectral_radius"] == pytest.approx(rho, rel=1e-9) and rho > 1
+    assert r["certificate"] is None
+    assert r["adversarial"]["diverged"] and r["adversarial"]["chars"] <= 20
+
+
+@pytest.mark.parametrize("path", ["composed", "chunked"])
+def test_the_repeat_count_in_the_message_covers_the_whole_run(default_engine, path):
+    """Issue #19: 26,808 h's were reported as 2,232 and a 1M-character 'a' body as 40."""
+    text = "the " + "h" * 30_000
+    with pytest.raises(StateDivergedError) as e:
+        default_engine.score(text, path=path)
+    t = e.value.offset
+    assert f"after {t - 3} characters repeating 'h'" in str(e.value)
+    with pytest.raises(StateDivergedError) as e:
+        default_engine.score("a" * 1_000_000, path=path)
+    assert "after 2088 characters repeating 'a'" in str(e.value)
+
+
 # ---- CLI and server --------------------------------------------------------------------------------
 def isan(*args, input=None):
     return subprocess.run([sys.executable, "-m", "isan.cli", *map(str, args)], input=input, capture_output=True,
@@ -222,7 +262,8 @@ def test_cli_exit_2_and_no_nan(tmp_path):
     r = isan("model", "check", "--model", b, "--json", "--max-chars", 300)
     j = json.loads(r.stdout)
     assert r.returncode == 0 and [x["symbol"] for x in j["letters"]] == ["z"]
-    assert "letters that diverge (1 of 27" in isan("model", "check", "--model", b, "--max-chars", 300).stdout
+    out = isan("model", "check", "--model", b, "--max-chars", 300).stdout
+    assert "letters (1): 'z'" in out and "above 1: 1 of 27 letters" in out and "certificate: none" in out
 
 
 def test_server_answers_422_and_never_nan(default_engine):

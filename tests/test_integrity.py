@@ -142,6 +142,29 @@ def _set(rel, key, value, reseal=True):
     return _edit_json(rel, lambda o: o.__setitem__(key, value), reseal=reseal)
 
 
+def _fortran_table(b):
+    """Issue #19: Ac.npy rewritten in Fortran order with every hash recomputed (header and manifest)."""
+    import hashlib
+
+    ac = np.load(b / "table" / "Ac.npy")
+    np.save(b / "table" / "Ac.npy", np.asfortranarray(ac))
+    data = (b / "table" / "Ac.npy").read_bytes()
+    rec = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    hp = b / H
+    h = json.loads(hp.read_text())
+    h["sections"]["Ac.npy"] = rec
+    h["header_sha256"] = header_sha256(h)
+    hp.write_text(json.dumps(h, indent=1))
+    mp = b / M
+    m = json.loads(mp.read_text())
+    m["files"]["table/Ac.npy"] = {**m["files"]["table/Ac.npy"], **rec}
+    hdata = hp.read_bytes()
+    m["files"]["table/header.json"] = {**m["files"]["table/header.json"], "bytes": len(hdata),
+                                       "sha256": hashlib.sha256(hdata).hexdigest()}
+    m["manifest_sha256"] = manifest_sha256(m)
+    mp.write_text(json.dumps(m, indent=1))
+
+
 DEEP = "[" * 100_000 + "]" * 100_000
 HUGE_INT = '{"format": "isan-bundle", "format_version": ' + "9" * 5000 + "}"
 M, H, R = "manifest.json", "table/header.json", "table_recipe.json"
@@ -198,6 +221,8 @@ HOSTILE = {
     "table_Ac_truncated": (_truncate("table/Ac.npy"), TableFormatError, "truncated"),
     "table_R_bit_flip": (_flip("table/R.npy"), TableFormatError, "sha256"),
     "table_keys_garbage": (_write("table/keys.marisa", b"\0" * 64), TableFormatError, "bytes"),
+    "table_Ac_fortran_order_resealed": (_fortran_table, TableFormatError, "Fortran order"),
+    "table_deleted": (lambda b: shutil.rmtree(b / "table"), TableFormatError, "table is missing|lists a full table"),
 }
 
 
@@ -303,6 +328,18 @@ def test_isan_verify_cli(good, tmp_path):
     r = isan("verify", b)
     assert r.returncode == 2 and "BAD\ttable/Ac.npy" in r.stdout and "note\tstray.txt" in r.stdout
     assert r.stderr.startswith("Error: ") and "Traceback" not in r.stderr
+    # an extra file alone is a problem too (issue #19: it was reported but verify said ok)
+    b2 = copy(good, tmp_path, "b2")
+    (b2 / "stray.txt").write_text("x")
+    r = isan("verify", b2, "--json")
+    assert r.returncode == 2 and any("stray.txt" in p for p in json.loads(r.stdout)["problems"])
+    # a table in Fortran order with every hash recomputed (issue #19: a traceback, and verify said ok)
+    b3 = copy(good, tmp_path, "b3")
+    _fortran_table(b3)
+    r = isan("verify", b3)
+    assert r.returncode == 2 and "Fortran order" in r.stdout + r.stderr
+    r = isan("score", "--model", b3, "-", input="hello")
+    assert r.returncode == 2 and "Fortran order" in r.stderr and "Traceback" not in r.stderr
     r = isan("verify", tmp_path / "nothing")
     assert r.returncode == 2 and "does not exist" in r.stderr
 

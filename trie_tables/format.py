@@ -257,6 +257,10 @@ def load_table(path: str | Path, params_sha256: str | None = None, alphabet: Alp
         raise TableFormatError(f"{path}/Ac.npy has shape {Ac.shape} {Ac.dtype}; expected {(n, dd, dd + 1)} {h['dtype']}; {rebuild}")
     if R.shape != (rows, V, dd + 1) or R.dtype != np_dtype:
         raise TableFormatError(f"{path}/R.npy has shape {R.shape}; expected {(rows, V, dd + 1)}; {rebuild}")
+    for name, arr in (("Ac.npy", Ac), ("R.npy", R), ("index.npy", index)):
+        if not arr.flags.c_contiguous:  # a Fortran-order .npy: the kernels read rows in C order
+            raise TableFormatError(f"{path}/{name} is stored in Fortran order; tables MUST be stored in C order "
+                                   f"(FORMAT.md); {rebuild}")
     if index.shape != (n, 2) or index.dtype != np.int64:
         raise TableFormatError(f"{path}/index.npy has shape {index.shape}; expected {(n, 2)}; {rebuild}")
     if len(trie) != n:

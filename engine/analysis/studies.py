@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from isan.engine.analysis import attribution, basis, decay, figures, parentheses, pca, stack
-from isan.engine.analysis.blas import blas_threads
 from isan.errors import IsanError
 from isan.params import ISANParams
 
@@ -127,7 +127,7 @@ def study_decay(p: ISANParams, symbols, text: str, window: int = 50, out_dir=Non
     "counts"}, "max_abs_error", "segments", "warmup_error", "figure"}."""
     ids = encode(text, symbols)
     space = symbols.index(" ") if " " in symbols else None
-    with blas_threads(1):
+    with threadpool_limits(1, user_api="blas"):  # small GEMMs: one BLAS thread is faster (DESIGN.md 6)
         st = decay.window_statistics(p, ids, window=window, segments=segments, space_id=space)
     fit = decay.fit_two_rates(st.kappa_norm_mean)
     gap = st.bits_keep_last - st.bits_full
@@ -195,7 +195,7 @@ def study_pca(models: dict, text: str, out_dir=None, segments: int = 256) -> dic
     Returns {name: {"kind", "d", "ratio" (first 250), "dims_for", "participation_ratio", "states",
     "warmup_error"}, "figure"}."""
     spectra = {}
-    with blas_threads(1):
+    with threadpool_limits(1, user_api="blas"):  # small GEMMs: one BLAS thread is faster (DESIGN.md 6)
         for name, (kind, params, symbols) in models.items():
             ids = encode(text, symbols)
             if kind == "isan":
