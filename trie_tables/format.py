@@ -147,7 +147,12 @@ class Table:
     def info(self) -> dict:
         h = self.header
         hist = np.bincount(self.lengths).tolist()
-        return {"path": str(self.path), "entries": self.n_entries, "bytes": self.nbytes, "dtype": h["dtype"],
+        item = np.dtype(DTYPES[h["dtype"]]).itemsize
+        matrices = item * (h["d"] + 1) * (h["n_entries"] * h["d"] + h["n_readout_rows"] * h["V"])
+        # "bytes" counts what a budget counts (the stored matrices: isan export and the manifest say
+        # the same); "bytes_on_disk" adds the .npy headers, the index, the trie and the header
+        return {"path": str(self.path), "entries": self.n_entries, "bytes": int(matrices),
+                "bytes_on_disk": self.nbytes + (self.path / "header.json").stat().st_size, "dtype": h["dtype"],
                 "d": self.d, "max_len": self.max_len, "params_sha256": h["params_sha256"],
                 "length_histogram": {str(k): c for k, c in enumerate(hist) if c},
                 "expected_avg_match_length": h.get("build", {}).get("avg_match_length"),
