@@ -318,20 +318,24 @@ def test_connection_limits(small_bundle):
         assert ans.startswith("HTTP/1.1 408") and '"status":408' in ans and "headers" in ans and time.time() - t0 < 5
         ans = _raw(addr, b"")  # connects and sends nothing
         assert ans.startswith("HTTP/1.1 408")
-        ans = _raw(addr, b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"text\": \"ab")
+        ans = _raw(addr, b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+               b"{\"text\": \"ab")
         assert ans.startswith("HTTP/1.1 408") and "body" in ans
-        # 50 connections that send part of their body: 20 wait (then 408), 30 are refused at once
+        # 50 connections that send part of their body: 20 wait (then 408), the others are refused at once
         socks = []
         for _ in range(50):
             s = socket.create_connection((host, int(port)))
-            s.sendall(b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"text\": \"ab")
+            s.sendall(b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 1000\r\n\r\n{\"text\": \"ab")
             socks.append(s)
         statuses = []
         for s in socks:
             s.settimeout(10)
             statuses.append(s.recv(4096).decode("latin-1").split(" ")[1])
             s.close()
-        assert statuses.count("503") == 30 and statuses.count("408") == 20, statuses
+        # at the cap, a connection that waited --read-timeout (0.5 s here) may give its slot to a later one
+        assert statuses.count("408") >= 20 and statuses.count("503") >= 20 and len(statuses) == 50, statuses
+        assert set(statuses) <= {"408", "503"}, statuses
         assert app.state.service.budget.used == 0
         r = httpx.post(f"http://{addr}/v1/score", json={"text": "the cat"})
         assert r.status_code == 200

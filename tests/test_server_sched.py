@@ -172,10 +172,14 @@ def test_snapshot_round_trip_and_refusals(small_params):
     with pytest.raises(SnapshotError) as e:
         decode_state(encode_state(State(h * 1e6), sha, key), sha, key, 16, 1e4)
     assert e.value.status == 422
-    for junk in ("", "!!!", "QUJD", tok[:40]):
+    for junk in ("", "!!!", "QUJD", "x" + tok):
         with pytest.raises(SnapshotError) as e:
             decode_state(junk, sha, key, 16)
         assert e.value.status == 400
+    for cut in (tok[:40], tok[:-1], tok + "A", tok[:200]):  # a snapshot cut or lengthened: changed
+        with pytest.raises(SnapshotError) as e:
+            decode_state(cut, sha, key, 16)
+        assert e.value.status == 403
 
 
 @settings(max_examples=60, deadline=None)

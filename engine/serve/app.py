@@ -50,7 +50,6 @@ from isan.engine.serve.metrics import Metrics
 from isan.engine.serve.models import (AttributeResponse, BatchResponse, ErrorResponse, HealthResponse, NextResponse,
                                       SampleResponse, ScoreResponse, build_models, parse)
 from isan.engine.serve.service import Client, ClientGone, ModelInfo, Service, encode_json
-from isan.engine.serve.snapshot import token_chars
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +67,14 @@ All texts of all requests and stream frames are scored by one scheduler that bat
 work of every client into rounds (continuous batching). Limits (see `GET /healthz`): texts up to
 `max_chars` characters; request data held at once up to `max_pending_mb` (503 with `Retry-After`
 beyond); `request_timeout_s` per text (503); headers and body each within `read_timeout_s` (408);
-`max_connections` HTTP connections and `max_streams` streams (503). Errors are always
-`{"error", "status", ...}`, the message saying what to fix.
+`max_connections` HTTP connections and `max_streams` streams (503). Request bodies are JSON sent
+with `Content-Type: application/json` (415 otherwise), each key once (422 otherwise). Errors are
+always `{"error", "status", ...}`, the message saying what to fix: 400 for a request this schema
+refuses (a text outside the alphabet read raw is 422, with its offset), 422 for text the model
+cannot score.
+
+Scores are in bits (`bits`, `bpc`) and, as `isan score --json` gives it, `nnl`: the mean negative
+log-likelihood in base V, the alphabet's size (`bpc / log2(V)`); running totals have `total_*`.
 
 **WebSocket `/v1/stream`** (not described by OpenAPI): send JSON frames `{"text": "chunk"}` (with the
 options of `POST /v1/score`), `{"reset": true}`, `{"restore": "<snapshot>"}`, `{"snapshot": true}`;
@@ -87,7 +92,9 @@ def _error_responses(*codes: int) -> dict:
     what = {400: "bad request (the message names the field)", 401: "a missing or wrong API key",
             403: "a snapshot changed or signed by another server", 404: "no such endpoint", 405: "method not allowed",
             408: "the headers or body were too slow to arrive", 409: "a snapshot of another model",
-            413: "text or body over the limit", 422: "text the model cannot score (alphabet, diverging state)",
+            413: "text or body over the limit", 415: "a body not sent as Content-Type: application/json",
+            422: "text the model cannot score (characters outside its alphabet, nothing left after normalisation, "
+                 "a diverging state), or a key given twice",
             426: "a WebSocket endpoint", 500: "internal error",
             503: "busy, loading or timed out: retry after Retry-After"}
     return {c: {"model": ErrorResponse, "description": what.get(c, "error")} for c in codes}
@@ -154,11 +161,14 @@ class IsanApp:
         (:mod:`isan.engine.serve.protocol`) and timeouts."""
         import uvicorn
 
-        from isan.engine.serve.protocol import protocol_class
+        from isan.engine.serve.protocol import protocol_class, ws_protocol_class
 
         cfg = self.service.config
         http = protocol_class(cfg.max_connections, cfg.read_timeout_s)
         extra = {"http": http} if http is not None else {"limit_concurrency": cfg.max_connections + cfg.max_streams}
+        ws = ws_protocol_class()
+        if ws is not None:
+            extra["ws"] = ws
         # frames up to a MiB over the limit are read and answered 413; larger ones close the stream with
         # 1009 (message too big), as the WebSocket protocol has it
         return uvicorn.Config(self, host=host, port=port, log_level=log_level, ws_max_size=cfg.max_body_bytes + 2**20,
@@ -171,6 +181,23 @@ async def send_json(send, status: int, body: bytes, headers: dict | None = None)
     hs += [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": hs})
     await send({"type": "http.response.body", "body": body})
+
+
+def check_json_body(scope) -> None:
+    """415 unless the request declares its body ``Content-Type: application/json`` (parameters such
+    as ``charset`` aside). The types a browser may send from any page without asking the server
+    first (text/plain, forms) are refused, so a page cannot make a visitor's browser use a server
+    that has no API key."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-type":
+            if value.split(b";", 1)[0].strip().lower() == b"application/json":
+                return
+            got = value.decode("latin-1")[:80]
+            break
+    else:
+        got = None
+    raise RequestError(415, f"the body must be JSON sent with the header 'Content-Type: application/json'; "
+                            f"{'it came as ' + repr(got) if got is not None else 'the request has no Content-Type'}")
 
 
 async def read_body(scope, receive, res: Reservation, config: ServeConfig) -> bytes:
@@ -260,7 +287,7 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
         raise ValueError("give an engine or a loader")
     metrics = Metrics()
     service = Service(engine, config, metrics, info=info)
-    models = build_models(service.symbols, config.max_chars, choices(), token_chars(max(1, service.state_size)),
+    models = build_models(service.symbols, config.max_chars, choices(), service.info.raw_normalize,
                           config.max_batch_texts, config.max_sample_chars, config.max_attribute_chars)
 
     async def load() -> None:
@@ -353,6 +380,7 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
         watcher = None
         try:
             try:
+                check_json_body(scope)
                 raw = await read_body(scope, receive, res, config)
                 watcher = asyncio.ensure_future(_watch_disconnect(receive, client))
                 out = await work(raw, client, res)
@@ -496,7 +524,12 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
                 yield "chars", {"text": p, "offset": offset}
                 offset += len(p)
                 k = SAMPLE_PIECE
-            yield "done", finish()
+            try:
+                done = finish()
+            except RequestError as e:  # a snapshot of running totals out of range
+                yield "error", e.body()
+                return
+            yield "done", done
 
         return _SSE(events())
 
@@ -512,7 +545,7 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
         schema["additionalProperties"] = False
         return {"requestBody": {"required": True, "content": {JSON: {"schema": schema}}}}
 
-    def declare(path: str, model, response, summary: str, codes=(400, 401, 403, 408, 409, 413, 422, 500, 503),
+    def declare(path: str, model, response, summary: str, codes=(400, 401, 403, 408, 409, 413, 415, 422, 500, 503),
                 extra_200: dict | None = None):
         route_handler = http_routes[("POST", path)]
 

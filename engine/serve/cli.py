@@ -10,6 +10,8 @@ from isan.errors import IsanError
 from isan.engine.serve.config import DEFAULT_MAX_CHARS, ServeConfig
 
 _D = ServeConfig()
+#: the engine's computation paths that ``--path`` takes (those of ``load_engine``)
+PATH_CHOICES = ("auto", "composed", "chunked", "reference")
 
 
 def read_key(path: str | None) -> str | None:
@@ -39,8 +41,9 @@ def read_secret(path: str | None) -> bytes | None:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
-@click.option("--path", "path_mode", type=click.Choice(["auto", "composed", "reference"]), default="auto", show_default=True,
-              help="The engine's path; used as it is with --no-batching (reference implies it).")
+@click.option("--path", "path_mode", type=click.Choice(list(PATH_CHOICES)), default="auto", show_default=True,
+              help="The engine's path (auto: composed with a trie table, else chunked; chunked: chunk-parallel, no "
+                   "table loaded); used as it is with --no-batching (reference implies it).")
 @click.option("--backend", type=click.Choice(["numpy", "onnx"]), default="numpy", show_default=True)
 @click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True)
 @click.option("--max-chars", default=DEFAULT_MAX_CHARS, show_default=True, type=int, help="Largest text per request or frame.")
@@ -65,7 +68,8 @@ def read_secret(path: str | None) -> bytes | None:
 @click.option("--keep-alive-timeout", default=_D.keep_alive_s, show_default=True, type=float,
               help="Seconds an idle keep-alive connection stays open.")
 @click.option("--max-connections", default=_D.max_connections, show_default=True, type=int,
-              help="Open HTTP connections (streams are counted by --max-streams); beyond: 503 and closed.")
+              help="Open HTTP connections (streams are counted by --max-streams). At the cap, connections that "
+                   "have waited a second for their client are closed (408) to make room; beyond: 503 and closed.")
 @click.option("--max-batch-texts", default=_D.max_batch_texts, show_default=True, type=int,
               help="Texts in one POST /v1/score/batch.")
 @click.option("--max-sample-chars", default=_D.max_sample_chars, show_default=True, type=int,

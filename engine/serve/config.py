@@ -45,9 +45,10 @@ class ServeConfig:
             seconds (408 and the connection closed): a client that trickles bytes cannot hold a
             connection and its reserved memory for long.
         keep_alive_s: an idle keep-alive HTTP connection is closed after this many seconds.
-        max_connections: open HTTP connections (WebSocket streams are counted by ``max_streams``);
-            a request on a connection beyond it is answered 503 with ``Retry-After`` and the
-            connection closed.
+        max_connections: open HTTP connections (WebSocket streams are counted by ``max_streams``).
+            A connection that arrives at the cap first closes every connection that has kept its
+            slot waiting a second for its client (408; :mod:`isan.engine.serve.protocol`); if none
+            did, its request is answered 503 with ``Retry-After`` and the connection closed.
         max_batch_texts: texts in one ``POST /v1/score/batch``.
         max_sample_chars: characters one ``POST /v1/sample`` may generate.
         max_attribute_chars: characters of one ``POST /v1/attribute`` text (its kappa takes

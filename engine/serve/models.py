@@ -8,16 +8,31 @@ names the field and says what to send instead.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
 
 from isan.engine.serve.errors import RequestError
+from isan.engine.serve.snapshot import MAX_TOKEN_CHARS, TOKEN_PATTERN, TOKEN_PREFIX
 
 UNKNOWN = ("error", "skip", "replace")
-#: a snapshot token is base64url without padding
-TOKEN_PATTERN = r"^[A-Za-z0-9_-]+$"
+#: the largest seed: 2^53 - 1, the largest integer every JSON reader (a JavaScript client too) holds exactly
+MAX_SEED = 2**53 - 1
+
+
+def _integral(v):
+    """A number with no fraction is an integer, as JSON Schema has it (``5.0`` is a valid ``integer``)."""
+    if type(v) is float and v.is_integer():
+        return int(v)
+    return v
+
+
+def integer(ge: int, le: int):
+    """An integer field from ``ge`` to ``le``: JSON integers, and numbers such as 5.0 (strings and
+    booleans are refused); its schema is ``{"type": "integer", "minimum", "maximum"}``."""
+    return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_integral)]
 
 
 class NextChar(BaseModel):
@@ -44,6 +59,8 @@ class ScoreResponse(BaseModel):
     chars: int = Field(description="characters scored (after normalisation)")
     bits: float = Field(description="total bits of the scored characters (log base 2)")
     bpc: Optional[float] = Field(description="bits per character; null when no character was scored")
+    nnl: Optional[float] = Field(None, description="mean negative log-likelihood in base V, the alphabet's size: bpc / "
+                                                 "log2(V), as `isan score --json`; null when no character was scored")
     normalization: Optional[Normalization] = None
     scoring: Optional[dict[str, Any]] = Field(None, description="how the bits were computed")
     per_char_bits: Optional[list[float]] = Field(None, description="with per_char: the bits of each scored character")
@@ -51,6 +68,7 @@ class ScoreResponse(BaseModel):
     total_chars: Optional[int] = Field(None, description="running total since the initial state (with a state)")
     total_bits: Optional[float] = None
     total_bpc: Optional[float] = None
+    total_nnl: Optional[float] = Field(None, description="the running total's nnl")
     state: Optional[str] = Field(None, description="with return_state: the snapshot of the state after the text")
     next: Optional[list[NextChar]] = Field(None, description="with top_k: the k most likely next characters")
 
@@ -81,6 +99,7 @@ class BatchResponse(BaseModel):
     chars: int = Field(description="characters scored over all texts")
     bits: float = Field(description="bits over all texts")
     bpc: Optional[float] = None
+    nnl: Optional[float] = Field(None, description="bpc / log2(V) over all texts")
 
 
 class NextResponse(BaseModel):
@@ -91,9 +110,11 @@ class NextResponse(BaseModel):
     chars: int = Field(description="characters of `text` scored (0 without text)")
     bits: float = 0.0
     bpc: Optional[float] = None
+    nnl: Optional[float] = Field(None, description="bpc / log2(V) of `text`; null without text")
     total_chars: int
     total_bits: float
     total_bpc: Optional[float] = None
+    total_nnl: Optional[float] = None
     state: Optional[str] = None
 
 
@@ -141,16 +162,25 @@ class Models:
         return tuple(model.model_fields)
 
 
-def build_models(symbols: tuple[str, ...], max_chars: int, normalize_choices: list[str], max_state_chars: int,
-                 max_batch_texts: int = 1024, max_sample_chars: int = 10_000,
-                 max_attribute_chars: int = 500) -> Models:
+def build_models(symbols: tuple[str, ...], max_chars: int, normalize_choices: list[str],
+                 raw_normalize: tuple[str, ...] = ("none", "none-v1"), max_batch_texts: int = 1024,
+                 max_sample_chars: int = 10_000, max_attribute_chars: int = 500) -> Models:
     """Pydantic models of the requests and stream frames for a model with these symbols.
+
+    Their JSON schemas (``/openapi.json``) say what the server accepts, so that a request valid per
+    the schema is never answered 400: a ``state`` must look like a snapshot (its prefix and
+    length; a token of any model, so that one of another model gets its 409), ``"unknown":
+    "replace"`` needs ``replacement``, a text read raw (``normalize`` in ``raw_normalize`` and
+    ``"unknown": "error"``) must be made of the alphabet's symbols (422 otherwise, with the
+    offset), and a sample takes one of the two temperatures. What no schema can say (a text that
+    normalises to nothing, a diverging state, a snapshot's signature) is 403, 409, 413 or 422.
 
     Args:
         symbols: the model's alphabet (``replacement`` must be one of them; ``top_k`` at most its size).
         max_chars: the largest text.
-        max_state_chars: the longest snapshot token of the model (:func:`~isan.engine.serve.snapshot.token_chars`).
         normalize_choices: accepted values of ``normalize``.
+        raw_normalize: the values of ``normalize`` that read the text as it is (``"auto"`` too when
+            the model declares no normaliser).
         max_batch_texts, max_sample_chars, max_attribute_chars: the limits of those endpoints.
     """
     V = len(symbols)
@@ -160,61 +190,95 @@ def build_models(symbols: tuple[str, ...], max_chars: int, normalize_choices: li
     text_opts = dict(
         unknown=(Unk, Field("error", description="characters outside the alphabet after normalisation: error (422), "
                                                  "skip, or replace with `replacement`")),
-        replacement=(Optional[Sym], Field(None, description="the symbol that replaces unknown characters")),
-        normalize=(Norm, Field("auto", description="auto: the model's normaliser; none: raw text; or a normaliser name")),
+        replacement=(Optional[Sym], Field(None, description='the symbol that replaces unknown characters (required '
+                                                            'with "unknown": "replace")')),
+        normalize=(Norm, Field("auto", description="auto: the model's normaliser; none: raw text (every character a "
+                                                   "symbol of the alphabet, unless `unknown` says otherwise); or a "
+                                                   "normaliser name")),
     )
     common = dict(
         per_char=(bool, Field(False, description="also answer the bits and input offset of every scored character")),
         **text_opts,
         return_state=(bool, Field(False, description="answer a snapshot of the state after the text (`state`)")),
-        top_k=(int, Field(0, ge=0, le=V, description="answer the k most likely next characters (`next`)")),
+        top_k=(integer(0, V), Field(0, description="answer the k most likely next characters (`next`)")),
     )
 
     def state_field(what: str):
-        return (Optional[str], Field(None, min_length=1, max_length=max_state_chars, pattern=TOKEN_PATTERN,
-                                     description=what))
+        return (Optional[str], Field(None, max_length=MAX_TOKEN_CHARS, pattern=TOKEN_PATTERN,
+                                     description=what + " (a token answered as `state` by this server)"))
 
-    cfg = ConfigDict(extra="forbid", strict=True)
+    raw_text = _raw_text_pattern(symbols)
+    raw_values = [v for v in raw_normalize if v in normalize_choices]
+
+    def rules(text_field: str | None, unknown: bool = True, temperatures: bool = False):
+        """The schema's cross-field rules (``allOf`` of ``if``/``then``) for a request model."""
+        out = []
+        if unknown:
+            out.append({"if": {"required": ["unknown"], "properties": {"unknown": {"const": "replace"}}},
+                        "then": {"required": ["replacement"], "properties": {"replacement": {"enum": list(symbols)}}}})
+        if text_field and raw_text and raw_values:
+            cond: dict = {"properties": {"normalize": {"enum": raw_values}}}
+            if unknown:
+                cond["properties"]["unknown"] = {"const": "error"}
+            if "auto" not in raw_values:
+                cond["required"] = ["normalize"]
+            text = {"pattern": raw_text}
+            then = {"items": text} if text_field == "texts" else text
+            out.append({"if": cond, "then": {"properties": {text_field: then}}})
+        if temperatures:
+            out.append({"not": {"required": ["temperature", "inverse_temperature"],
+                                "properties": {"temperature": {"type": "number"},
+                                               "inverse_temperature": {"type": "number"}}}})
+
+        def extra(schema: dict) -> None:
+            if out:
+                schema["allOf"] = out
+        return extra
+
+    def config(**rule_args):
+        return ConfigDict(extra="forbid", strict=True, json_schema_extra=rules(**rule_args))
+
     score = create_model(
-        "ScoreRequest", __config__=cfg,
+        "ScoreRequest", __config__=config(text_field="text"),
         text=(str, Field(min_length=1, max_length=max_chars, description="the text to score")),
         state=state_field("a snapshot (from return_state) to continue from; totals then run on"),
         **common)
     frame = create_model(
-        "StreamFrame", __config__=cfg,
+        "StreamFrame", __config__=config(text_field="text"),
         text=(Optional[str], Field(None, max_length=max_chars, description="the next chunk of the stream's text")),
         reset=(bool, Field(False, description="first go back to the initial state")),
         restore=state_field("first continue from this snapshot"),
         snapshot=(bool, Field(False, description="answer a snapshot of the state (after the text, if any)")),
         **common)
     batch = create_model(
-        "BatchRequest", __config__=cfg,
+        "BatchRequest", __config__=config(text_field="texts"),
         texts=(list[Annotated[str, Field(min_length=1, max_length=max_chars)]],
                Field(min_length=1, max_length=max_batch_texts,
                      description=f"independent texts, each scored from the initial state (at most {max_batch_texts:,}, "
                                  f"{max_chars:,} characters in all)")),
         **common)
     nxt = create_model(
-        "NextRequest", __config__=cfg,
+        "NextRequest", __config__=config(text_field="text"),
         text=(Optional[str], Field(None, max_length=max_chars,
                                    description="text to read first (scored: its bits are answered too); none: the "
                                                "distribution at `state` or at the initial state")),
         state=state_field("a snapshot to start from (default: the initial state)"),
-        k=(int, Field(5, ge=1, le=V, description=f"how many next characters (up to the alphabet's {V}: the whole "
+        k=(integer(1, V), Field(5, description=f"how many next characters (up to the alphabet's {V}: the whole "
                                                   "distribution)")),
         return_state=(bool, Field(False, description="answer a snapshot of the state after the text (`state`)")),
         **text_opts)
     sample = create_model(
-        "SampleRequest", __config__=cfg,
+        "SampleRequest", __config__=config(text_field="prompt", unknown=False, temperatures=True),
         prompt=(str, Field("", max_length=max_chars, description="text the model reads before generating")),
-        n=(int, Field(200, ge=1, le=max_sample_chars, description="characters to generate")),
+        n=(integer(1, max_sample_chars), Field(200, description="characters to generate")),
         temperature=(Optional[float], Field(None, ge=0.01, le=100.0,
                                             description="logits are divided by it (default 1; give this or "
                                                         "inverse_temperature)")),
         inverse_temperature=(Optional[float], Field(None, ge=0.0, le=100.0,
                                                     description="logits are multiplied by it (0: uniform)")),
-        top_k=(Optional[int], Field(None, ge=1, le=V, description="sample only among the k most likely characters")),
-        seed=(Optional[int], Field(None, ge=0, le=2**63 - 1,
+        top_k=(Optional[integer(1, V)],
+               Field(None, description="sample only among the k most likely characters")),
+        seed=(Optional[integer(0, MAX_SEED)], Field(None,
                                    description="seed of the random generator (default: drawn by the server and "
                                                "answered): the same seed gives the same text")),
         state=state_field("a snapshot to start from (default: the initial state)"),
@@ -224,7 +288,7 @@ def build_models(symbols: tuple[str, ...], max_chars: int, normalize_choices: li
         return_state=(bool, Field(False, description="answer a snapshot of the state after the generated text")),
     )
     attribute = create_model(
-        "AttributeRequest", __config__=cfg,
+        "AttributeRequest", __config__=config(text_field="text"),
         text=(str, Field(min_length=1, max_length=max_attribute_chars,
                          description="the text whose logits are attributed (memory grows with its length squared)")),
         by=(Literal["char", "word"], Field("char", description="sources: each character, or each word and run of spaces")),
@@ -232,6 +296,15 @@ def build_models(symbols: tuple[str, ...], max_chars: int, normalize_choices: li
         full=(bool, Field(False, description="also answer the whole kappa (T, S, V), the logits and b_ro")),
         **text_opts)
     return Models(score, frame, batch, nxt, sample, attribute, max_chars)
+
+
+def _raw_text_pattern(symbols: tuple[str, ...]) -> str | None:
+    """The pattern of a text made only of ``symbols`` (after an optional byte-order mark, which is
+    dropped), or None when a symbol is not one character of the Basic Multilingual Plane."""
+    if not symbols or any(len(c) != 1 or ord(c) > 0xFFFF or 0xD800 <= ord(c) <= 0xDFFF for c in symbols):
+        return None
+    cls = "".join(c if c.isascii() and c.isalnum() else f"\\u{ord(c):04x}" for c in sorted(set(symbols)))
+    return f"^\\ufeff?[{cls}]*$"
 
 
 def _field(loc) -> str:
@@ -245,13 +318,40 @@ def parse(model: type[BaseModel], raw: bytes | str, allowed: tuple[str, ...], ma
     """Validate ``raw`` JSON against ``model``.
 
     Raises:
-        RequestError: 400 (not JSON, not an object, missing, unknown or bad fields, empty text) or
-            413 (a text, or a list of texts, over its limit), the message naming every problem.
+        RequestError: 400 (not JSON, not an object, missing, unknown or bad fields, empty text),
+            413 (a text, or a list of texts, over its limit), the message naming every problem, or
+            422 (an object that names a key twice).
     """
     try:
-        return model.model_validate_json(raw)
+        out = model.model_validate_json(raw)
     except ValidationError as e:
         raise describe(e, allowed, max_chars, what) from None
+    dup = duplicate_keys(raw)
+    if dup:
+        raise RequestError(422, f"the {what} names {', '.join(json.dumps(k) for k in dup)} more than once (JSON "
+                                "leaves duplicate keys undefined, so this server reads none of them); give each "
+                                "field once")
+    return out
+
+
+def duplicate_keys(raw: bytes | str) -> list[str]:
+    """The keys that some object of the JSON text ``raw`` has more than once (``raw`` is valid JSON:
+    the request model has read it)."""
+    dups: list[str] = []
+
+    def pairs(items):
+        seen = set()
+        for k, _ in items:
+            if k in seen and k not in dups:
+                dups.append(k)
+            seen.add(k)
+        return None  # the values are not needed
+
+    try:
+        json.loads(raw, object_pairs_hook=pairs)
+    except (ValueError, RecursionError):  # pragma: no cover - pydantic has accepted it
+        pass
+    return dups
 
 
 _TEXTS = ("text", "texts", "prompt")
@@ -312,8 +412,8 @@ def describe(e: ValidationError, allowed: tuple[str, ...], max_chars: int, what:
             bound = next(iter(ctx.values()), "?")
             msgs.append(f'"{name}" must be {lo_hi} {bound}')
         elif name in ("state", "restore") and typ in ("string_pattern_mismatch", "string_too_short", "string_too_long"):
-            msgs.append(f'"{name}" is not a state snapshot of this model (a base64url string); take one with '
-                        '"return_state": true or {"snapshot": true}')
+            msgs.append(f'"{name}" is not a state snapshot (a token that starts {TOKEN_PREFIX!r}, as a server '
+                        'answers it in "state"); take one with "return_state": true or {"snapshot": true}')
         else:
             msgs.append(f'"{name}": {err["msg"]}')
     if extra_fields:

@@ -11,8 +11,19 @@ protocol with:
   (:func:`isan.engine.serve.app.read_body`), and idle keep-alive connections are closed by
   uvicorn's ``timeout_keep_alive``;
 * a **connection cap**: at most ``max_connections`` open HTTP connections (WebSocket streams
-  leave the count when they upgrade: ``--max-streams`` bounds them). Every request on a connection
-  opened beyond the cap is answered 503 with ``Retry-After`` and the connection is closed.
+  leave the count when they upgrade: ``--max-streams`` bounds them). When a connection arrives
+  at the cap, every admitted connection that has kept its slot waiting for its client for
+  :data:`SATURATED_GRACE_S` (1 s, or ``read_timeout_s`` if shorter) is closed to make room: one
+  that sent nothing since it opened, is in the middle of its headers, or has sent no byte of its
+  body for that long is answered 408; one kept alive after an answer and silent since is closed
+  as its keep-alive timeout would. So idle connections cannot lock clients out for
+  ``read_timeout_s``: at the cap, that deadline becomes the grace. A connection whose request
+  is being answered is never closed. If no slot frees, the new connection is refused: its
+  request is answered 503 with ``Retry-After`` (or, if none comes within the grace, 503 then)
+  and the connection is closed;
+* **malformed HTTP** (a request httptools cannot parse) is answered 400 with the JSON error shape,
+  not uvicorn's plain text; so is a WebSocket handshake that the websockets library refuses
+  (:func:`ws_protocol_class`: a missing or bad ``Sec-WebSocket-Key``, another version).
 
 Example:
     >>> cls = protocol_class(max_connections=256, read_timeout_s=10)
@@ -22,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import logging
+from http import HTTPStatus
 
 from isan.engine.serve.errors import RequestError, busy
 
@@ -32,7 +44,7 @@ def _raw_response(e: RequestError) -> bytes:
     from isan.engine.serve.service import encode_json
 
     body = encode_json(e.body())
-    reason = {408: "Request Timeout", 503: "Service Unavailable"}.get(e.status, "Error")
+    reason = HTTPStatus(e.status).phrase
     head = [f"HTTP/1.1 {e.status} {reason}", "content-type: application/json", f"content-length: {len(body)}",
             "connection: close", *(f"{k.lower()}: {v}" for k, v in e.headers.items())]
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
@@ -57,16 +69,32 @@ def _refuse_app(max_connections: int):
 
 
 class ConnectionCount:
-    """Open HTTP connections of one server (shared by its protocol instances; the event loop's thread only)."""
+    """Open HTTP connections of one server (shared by its protocol instances; the event loop's thread only).
+
+    Attributes:
+        open: admitted connections (at most ``max_connections``).
+        conns: the admitted connections' protocols.
+        refused, header_timeouts, evicted: how many connections were refused at the cap, answered
+            408 for slow headers, and closed at the cap because they kept a slot waiting.
+    """
 
     def __init__(self):
         self.open = 0
+        self.conns: set = set()
         self.refused = 0
         self.header_timeouts = 0
+        self.evicted = 0
+
+
+#: at the connection cap, a connection that has waited this long for its client (or
+#: ``--read-timeout`` if shorter) gives its slot to a new one; a refused connection gets this
+#: long to send its request (then 503 and closed)
+SATURATED_GRACE_S = 1.0
 
 
 def protocol_class(max_connections: int, read_timeout_s: float, count: ConnectionCount | None = None):
-    """A uvicorn HTTP protocol class with the header deadline and the connection cap (module docstring).
+    """A uvicorn HTTP protocol class with the header deadline, the connection cap and JSON answers
+    to malformed HTTP (module docstring).
 
     Args:
         count: where the open connections are counted (default: a new :class:`ConnectionCount`,
@@ -81,20 +109,80 @@ def protocol_class(max_connections: int, read_timeout_s: float, count: Connectio
         return None
     count = count or ConnectionCount()
     refuse = _refuse_app(max_connections)
+    grace = min(SATURATED_GRACE_S, read_timeout_s)
     timeout_answer = _raw_response(RequestError(
         408, f"the request's headers did not arrive within {read_timeout_s:g} s (--read-timeout); the connection is "
              "closed"))
+    evicted_answer = _raw_response(RequestError(
+        408, f"the server is at its limit of {max_connections} HTTP connections (--max-connections) and this one "
+             f"waited {grace:g} s or more for its request; it is closed to let another client in: send the request "
+             "right after connecting"))
+    refused_answer = _raw_response(busy(
+        f"the server has {max_connections} open HTTP connections, its limit (--max-connections), and this one sent "
+        f"no request within {grace:g} s; retry shortly, and reuse connections (keep-alive)"))
+    bad_answer = _raw_response(RequestError(
+        400, "the request is not valid HTTP/1.1 (the server could not parse it); send a request line such as "
+             "'POST /v1/score HTTP/1.1', headers of the form 'Name: value' and at most one Content-Length"))
+
+    def evict_waiting(now: float) -> None:
+        """Close every admitted connection that has kept its slot waiting for its client ``grace`` s or more."""
+        for conn in [c for c in count.conns if c._isan_waiting_since(now) is not None]:
+            conn._isan_evict()
 
     class IsanHttpProtocol(HttpToolsProtocol):
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             self._isan_timer = None
-            self._isan_counted = True
-            count.open += 1
-            if count.open > max_connections:
+            self._isan_counted = False
+            self._isan_refused = False
+            self._isan_in_headers = False
+            self._isan_sent = False  # a byte came on this connection since its last answer
+            self._isan_since = self.loop.time()  # when it began to wait for its client
+            self._isan_last = self._isan_since  # its last byte
+            if count.open >= max_connections:
+                evict_waiting(self._isan_since)
+            if count.open < max_connections:
+                self._isan_counted = True
+                count.open += 1
+                count.conns.add(self)
+                self._isan_arm()
+            else:  # refused: 503 when its request comes, or when it has not come within the grace
                 count.refused += 1
+                self._isan_refused = True
                 self.app = refuse
-            self._isan_arm()
+                self._isan_timer = self.loop.call_later(grace, self._isan_expired)
+
+        def _isan_waiting_since(self, now: float) -> float | None:
+            """When this connection began to wait for bytes its client owes (None if it is busy
+            answering, or has waited less than ``grace``)."""
+            cycle = self.cycle
+            if self._isan_in_headers:
+                since = self._isan_since  # headers, even trickled, take milliseconds
+            elif cycle is None or cycle.response_complete:
+                if self.pipeline:  # pragma: no cover - pipelined requests are being answered
+                    return None
+                since = self._isan_since  # idle: new, or kept alive after an answer
+            elif cycle.more_body and not cycle.response_started:
+                since = self._isan_last  # the body: no byte for a while
+            else:
+                return None
+            return since if now - since >= grace else None
+
+        def _isan_evict(self) -> None:
+            self._isan_disarm()
+            self._isan_uncount()
+            count.evicted += 1
+            if self.transport.is_closing():
+                return
+            cycle = self.cycle
+            # a connection kept alive after an answer, silent since, is closed as its keep-alive timeout would;
+            # one that was opened, or began a request, is answered 408
+            if not (cycle is not None and cycle.response_complete and not self._isan_sent):
+                self.transport.write(evicted_answer)
+            if cycle is not None and not cycle.response_complete:  # the app waits for the body: it is gone
+                cycle.disconnected = True
+                cycle.message_event.set()
+            self.transport.close()
 
         def _isan_arm(self) -> None:
             if self._isan_timer is None:
@@ -109,6 +197,7 @@ def protocol_class(max_connections: int, read_timeout_s: float, count: Connectio
             if self._isan_counted:
                 self._isan_counted = False
                 count.open -= 1
+                count.conns.discard(self)
 
         def _isan_expired(self) -> None:
             self._isan_timer = None
@@ -117,17 +206,40 @@ def protocol_class(max_connections: int, read_timeout_s: float, count: Connectio
             if self.cycle is not None and not self.cycle.response_complete:  # pragma: no cover - pipelining
                 self.cycle.keep_alive = False
                 return
-            count.header_timeouts += 1
-            self.transport.write(timeout_answer)
+            if self._isan_refused:
+                self.transport.write(refused_answer)
+            else:
+                count.header_timeouts += 1
+                self.transport.write(timeout_answer)
             self.transport.close()
+
+        def data_received(self, data: bytes) -> None:
+            self._isan_last = self.loop.time()
+            self._isan_sent = True
+            super().data_received(data)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            self._isan_arm()
+            self._isan_in_headers = True
+            self._isan_since = self.loop.time()
+            if not self._isan_refused:
+                self._isan_arm()
 
         def on_headers_complete(self) -> None:
+            self._isan_in_headers = False
             self._isan_disarm()
             super().on_headers_complete()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._isan_since = self.loop.time()  # idle (kept alive) from now
+            self._isan_sent = False
+
+        def send_400_response(self, msg: str) -> None:  # malformed HTTP: the JSON error shape, not plain text
+            self._isan_disarm()
+            if not self.transport.is_closing():
+                self.transport.write(bad_answer)
+                self.transport.close()
 
         def handle_websocket_upgrade(self) -> None:
             self._isan_disarm()
@@ -141,3 +253,38 @@ def protocol_class(max_connections: int, read_timeout_s: float, count: Connectio
 
     IsanHttpProtocol.count = count
     return IsanHttpProtocol
+
+
+def ws_protocol_class():
+    """uvicorn's WebSocket protocol (websockets, sans-I/O) answering a refused handshake with the
+    JSON error shape instead of the library's plain text; None when that protocol is missing
+    (uvicorn's choice is then used as is)."""
+    try:
+        from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+    except ImportError:  # pragma: no cover - websockets is in the serve extra
+        return None
+
+    from isan.engine.serve.service import encode_json
+
+    class IsanWebSocketProtocol(WebSocketsSansIOProtocol):
+        def handle_connect(self, event) -> None:
+            accept = self.conn.accept
+
+            def json_accept(request):
+                response = accept(request)
+                if response.status_code != 101:
+                    why = bytes(response.body).decode("utf-8", "replace").strip().rstrip(".")
+                    why = why.removeprefix("Failed to open a WebSocket connection: ") or "the handshake failed"
+                    body = encode_json(RequestError(response.status_code, (
+                        f"the WebSocket handshake was refused ({why}); connect with a WebSocket client "
+                        "(ws://HOST:PORT/v1/stream), which sends Upgrade, Connection, Sec-WebSocket-Key and "
+                        "Sec-WebSocket-Version: 13")).body())
+                    response.body = body
+                    response.headers["Content-Type"] = "application/json"
+                    response.headers["Content-Length"] = str(len(body))
+                return response
+
+            self.conn.accept = json_accept
+            super().handle_connect(event)
+
+    return IsanWebSocketProtocol

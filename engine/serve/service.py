@@ -50,13 +50,22 @@ class ModelInfo:
     state_size: int
     params_sha256: str
     describe: dict
+    #: the name of the normaliser ``"normalize": "auto"`` uses (None: not known)
+    normalizer: str | None = None
+
+    @property
+    def raw_normalize(self) -> tuple[str, ...]:
+        """The values of ``normalize`` that read a text as it is (the identity normaliser)."""
+        return ("none", "none-v1") + (("auto",) if self.normalizer == "none" else ())
 
     @classmethod
     def of_engine(cls, engine) -> "ModelInfo":
         sha = getattr(engine, "params_sha256", None)
         if not sha:  # engines without one: a stable id of what they serve
             sha = hashlib.sha256(json.dumps(engine.describe(), sort_keys=True, default=str).encode()).hexdigest()
-        return cls(tuple(engine.alphabet.symbols), len(engine.initial_state().h), sha, public_describe(engine.describe()))
+        norm = getattr(getattr(engine, "normalizer", None), "name", None)
+        return cls(tuple(engine.alphabet.symbols), len(engine.initial_state().h), sha, public_describe(engine.describe()),
+                   norm if isinstance(norm, str) else None)
 
     @classmethod
     def of_manifest(cls, manifest: dict, source: str | None) -> "ModelInfo":
@@ -69,7 +78,10 @@ class ModelInfo:
         desc = {"kind": manifest.get("kind"), "d": d,
                 "alphabet": alphabet_label(alphabet),
                 "params_sha256": manifest.get("params_sha256"), "source": source}
-        return cls(symbols, d, manifest.get("params_sha256") or "", public_describe(desc))
+        decl = manifest.get("normalizer", {"name": "none"})
+        norm = decl.get("name") if isinstance(decl, dict) else None
+        return cls(symbols, d, manifest.get("params_sha256") or "", public_describe(desc),
+                   norm if isinstance(norm, str) else None)
 
 
 def public_describe(desc: dict) -> dict:
@@ -198,7 +210,12 @@ class Service:
 
     # ---- states -------------------------------------------------------------------------
     def snapshot(self, state) -> str:
-        return encode_state(state, self.params_sha256, self.secret)
+        """The signed token of ``state``; raises RequestError 422 when its running totals are beyond
+        what a snapshot carries (:func:`~isan.engine.serve.snapshot.encode_state`)."""
+        try:
+            return encode_state(state, self.params_sha256, self.secret)
+        except IsanError as e:
+            raise from_isan(e) from None
 
     def restore(self, token: str):
         """The State in ``token``; raises RequestError (400, 403, 409 or 422 as the snapshot module says)."""
@@ -207,10 +224,16 @@ class Service:
         except IsanError as e:
             raise from_isan(e) from None
 
-    @staticmethod
-    def totals(state) -> dict:
-        return {"total_chars": int(state.chars), "total_bits": float(state.bits),
-                "total_bpc": float(state.bits / state.chars) if state.chars else None}
+    def nnl(self, bits: float, chars: int) -> float | None:
+        """Mean negative log-likelihood in base V, the alphabet's size (``ScoreResult.nnl``, the
+        ``nnl`` of ``isan score --json``); None when nothing was scored."""
+        V = len(self.symbols)
+        return float(bits / chars / np.log2(V)) if chars and V > 1 else None
+
+    def totals(self, state) -> dict:
+        chars, bits = int(state.chars), float(state.bits)
+        return {"total_chars": chars, "total_bits": bits, "total_bpc": bits / chars if chars else None,
+                "total_nnl": self.nnl(bits, chars)}
 
     def next_chars(self, state, k: int) -> list[dict]:
         return self.ready().top_k(state, k)
@@ -268,10 +291,13 @@ class Service:
         n = len(prep.ids)
         report = prep.report
         if n == 0:
-            if not streaming or not text:
-                raise from_isan(EmptyTextError("the text is empty after normalisation and removing unknown "
-                                               "characters; give at least one character"))
-            out = {"chars": 0, "bits": 0.0, "bpc": None, "normalization": report, "scoring": {"path": "none", "rounds": 0}}
+            if not text:
+                raise from_isan(EmptyTextError("the text is empty; give at least one character"))
+            if not streaming:  # a well-formed request whose text the model cannot score
+                raise RequestError(422, "the text is empty after normalisation and removing unknown characters; give "
+                                        "at least one character the model reads")
+            out = {"chars": 0, "bits": 0.0, "bpc": None, "nnl": None, "normalization": report,
+                   "scoring": {"path": "none", "rounds": 0}}
             if per_char:
                 out["per_char_bits"], out["per_char_offsets"] = [], []
             return out, start
@@ -283,7 +309,8 @@ class Service:
         return self._fields(job, report, per_char), job.state
 
     def _fields(self, job: Job, report: dict, per_char: bool) -> dict:
-        out = {"chars": job.n, "bits": float(job.total), "bpc": float(job.total / job.n), "normalization": report,
+        out = {"chars": job.n, "bits": float(job.total), "bpc": float(job.total / job.n),
+               "nnl": self.nnl(float(job.total), job.n), "normalization": report,
                "scoring": {"path": "batched" if self.batching else job.scoring.get("path"), "rounds": job.rounds}}
         if per_char:
             out["per_char_bits"] = job.bits
@@ -312,8 +339,8 @@ class Service:
                 e.extra["index"] = i
                 raise
             if len(prep.ids) == 0:
-                raise RequestError(400, f"texts[{i}] is empty after normalisation and removing unknown characters; "
-                                        "give at least one character", {"index": i})
+                raise RequestError(422, f"texts[{i}] is empty after normalisation and removing unknown characters; "
+                                        "give at least one character the model reads", {"index": i})
             jobs.append(Job(prep.ids, start, per_char=per_char, offsets=prep.offsets.astype(np.int32),
                             normalizer=prep.report.get("normalizer")))
             reports.append(prep.report)
@@ -337,18 +364,20 @@ class Service:
             results.append(out)
         chars = sum(j.n for j in jobs)
         bits = float(sum(j.total for j in jobs))
-        return {"results": results, "chars": chars, "bits": bits, "bpc": bits / chars if chars else None}
+        return {"results": results, "chars": chars, "bits": bits, "bpc": bits / chars if chars else None,
+                "nnl": self.nnl(bits, chars)}
 
     async def next_after(self, req, res: Reservation, client: Client) -> dict:
         """``POST /v1/next``: the k most likely next characters after ``req.text`` (scored), from
         ``req.state`` or the initial state."""
         eng = self.ready()
+        self._check_opts(req)
         state = self.restore(req.state) if req.state is not None else eng.initial_state()
         if req.text:
             fields, state = await self.score_text(req.text, state, True, req, res, client)
-            out = {k: fields[k] for k in ("chars", "bits", "bpc", "normalization")}
+            out = {k: fields[k] for k in ("chars", "bits", "bpc", "nnl", "normalization")}
         else:
-            out = {"chars": 0, "bits": 0.0, "bpc": None}
+            out = {"chars": 0, "bits": 0.0, "bpc": None, "nnl": None}
         out["next"] = self.next_chars(state, req.k)
         out.update(self.totals(state))
         if req.return_state:
@@ -434,6 +463,9 @@ class Service:
             try:
                 a = await asyncio.to_thread(eng.attribute, req.text, req.by, state, req.unknown, req.replacement,
                                             normalize=req.normalize)
+            except EmptyTextError:  # a well-formed text the model cannot read (nothing left after normalisation)
+                raise RequestError(422, "the text is empty after normalisation and removing unknown characters; give "
+                                        "at least one character the model reads") from None
             except IsanError as e:
                 raise from_isan(e) from None
             out = await asyncio.to_thread(a.to_json, req.full)

@@ -40,6 +40,17 @@ _HEAD = struct.Struct("<8sB32sIQd")
 TAG_BYTES = 32
 #: longest token accepted (a d = 4096 state is about 44,000 characters)
 MAX_TOKEN_CHARS = 200_000
+#: the largest running total of characters a snapshot carries (2^53: exact as a JSON number
+#: everywhere; scoring a billion characters a second would take 285 years to reach it)
+MAX_TOTAL_CHARS = 2**53
+#: the most bits a character may add to the running total (far above any model's; keeps sums finite)
+MAX_BITS_PER_CHAR = 1e6
+#: a token starts with this: base64url of MAGIC and VERSION (9 bytes, 12 characters)
+TOKEN_PREFIX = "SVNBTlNUQVQB"
+#: every token of every model matches this (the prefix, then base64url for at least the rest of
+#: the header, the length byte and the tag), so a string that is not one is refused by the
+#: schema (400); one that matches but was changed is refused by its signature (403)
+TOKEN_PATTERN = r"^SVNBTlNUQVQB[A-Za-z0-9_-]{114,}$"
 
 
 class SnapshotError(IsanError, ValueError):
@@ -65,8 +76,25 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
 
 
+def _totals_error(chars, bits) -> str | None:
+    """Why running totals are out of range (None when they are not)."""
+    if not 0 <= chars <= MAX_TOTAL_CHARS:
+        return f"{chars:,} characters, beyond the {MAX_TOTAL_CHARS:,} a snapshot carries"
+    if not (np.isfinite(bits) and 0.0 <= bits <= MAX_BITS_PER_CHAR * chars):
+        return f"{bits!r} bits over {chars:,} characters, which no scoring gives"
+    return None
+
+
 def encode_state(state, params_sha256: str, secret: bytes) -> str:
-    """A signed token for ``state`` (an :class:`isan.engine.State`) of the model ``params_sha256``."""
+    """A signed token for ``state`` (an :class:`isan.engine.State`) of the model ``params_sha256``.
+
+    Raises:
+        SnapshotError: 422 when the running totals are beyond what a snapshot carries.
+    """
+    why = _totals_error(int(state.chars), float(state.bits))
+    if why is not None:
+        raise SnapshotError(f"the state's running totals are out of range ({why}); no snapshot can be made of it: "
+                            'start again from the initial state ({"reset": true} on a stream)', status=422)
     h = np.ascontiguousarray(state.h, dtype="<f8")
     sym = (state.last_symbol or "").encode("utf-8")
     payload = (_HEAD.pack(MAGIC, VERSION, bytes.fromhex(params_sha256), len(h), int(state.chars), float(state.bits))
@@ -84,7 +112,10 @@ def decode_state(token, params_sha256: str, secret: bytes, state_size: int, max_
         max_abs: the largest ``|h_i|`` accepted (:data:`isan.engine.guard.MAX_STATE_ABS`).
     Raises:
         SnapshotError: with ``status`` 400 (not a snapshot, another version), 403 (changed, or
-            signed with another secret) or 409 (another model).
+            signed with another secret), 409 (another model: its hash, or the length of its
+            state) or 422 (a state or running totals out of range: more than
+            :data:`MAX_TOTAL_CHARS` characters, negative bits, more than
+            :data:`MAX_BITS_PER_CHAR` bits a character; only a holder of the secret can make one).
     """
     from isan.engine.core import State
 
@@ -93,12 +124,16 @@ def decode_state(token, params_sha256: str, secret: bytes, state_size: int, max_
         raise SnapshotError(f'"state" must be a snapshot string; {how}')
     if len(token) > MAX_TOKEN_CHARS:
         raise SnapshotError(f'"state" has {len(token):,} characters, longer than any snapshot ({MAX_TOKEN_CHARS:,}); {how}')
+    if not token.startswith(TOKEN_PREFIX):
+        raise SnapshotError(f'"state" is not an isan state snapshot (one starts {TOKEN_PREFIX!r}); {how}')
+    changed = SnapshotError("the snapshot's signature does not match: it was changed (it is not base64url of a "
+                            f"whole snapshot); {how}", status=403)
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-    except (binascii.Error, ValueError):
-        raise SnapshotError(f'"state" is not a snapshot (not base64url); {how}') from None
+    except (binascii.Error, ValueError):  # a character added or cut: the token was changed
+        raise changed from None
     if len(raw) < _HEAD.size + 1 + TAG_BYTES or not raw.startswith(MAGIC):
-        raise SnapshotError(f'"state" is not an isan state snapshot; {how}')
+        raise changed
     payload, tag = raw[:-TAG_BYTES], raw[-TAG_BYTES:]
     magic, version, sha, n, chars, bits = _HEAD.unpack_from(payload)
     if version != VERSION:
@@ -127,6 +162,10 @@ def decode_state(token, params_sha256: str, secret: bytes, state_size: int, max_
     h = np.frombuffer(body, dtype="<f8")
     if len(h) != n or n != state_size:
         raise SnapshotError(f"the snapshot's state has {len(h)} values; this model's has {state_size}", status=409)
-    if not (np.all(np.isfinite(h)) and np.abs(h).max(initial=0.0) <= max_abs and np.isfinite(bits)):
-        raise SnapshotError("the snapshot's state is out of range", status=422)
+    if not (np.all(np.isfinite(h)) and np.abs(h).max(initial=0.0) <= max_abs):
+        raise SnapshotError(f"the snapshot's state is out of range; {how}", status=422)
+    why = _totals_error(chars, bits)
+    if why is not None:
+        raise SnapshotError(f"the snapshot's running totals are out of range ({why}); {how}, or start from the "
+                            "initial state", status=422)
     return State(h.astype(np.float64), int(chars), float(bits), sym)
