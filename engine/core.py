@@ -18,7 +18,6 @@ character back to its input offset. No call returns NaN or inf: a state that lea
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -34,6 +33,9 @@ from isan.engine.bundle import load_isan_bundle
 from isan.engine.guard import MAX_STATE_ABS, check_bits, check_states, raise_diverged
 from isan.engine.normalize import Normalizer, Prepared, from_manifest, prepare, resolve
 from isan.engine.reference import LOG2E, kappa_ref, log_softmax, logits_ref, segment_kappa_ref, states_ref
+# the values the engine returns live in results.py; they are importable from here as before
+from isan.engine.results import (Attribution, Sample, ScoreResult, State, finite_or_none,  # noqa: F401
+                                 in_input_terms, with_prefix, with_repeat_hint)
 
 DEFAULT_MODEL = "text8-d216"
 MAX_ATTRIBUTION_CHARS = 2000
@@ -54,233 +56,6 @@ def default_model_path() -> Path:
     package of the checkout's root, while its modules still come from the package folder.
     """
     return Path(isan_errors.__file__).resolve().parent / "models" / DEFAULT_MODEL
-
-
-def finite_or_none(x: float) -> float | None:
-    """``float(x)``, or None where it is NaN or infinite (JSON has no NaN)."""
-    x = float(x)
-    return x if np.isfinite(x) else None
-
-
-@dataclass(frozen=True)
-class State:
-    """The recurrent state between two calls: ``h`` (d,) float64 (read-only), plus running totals.
-
-    A value: every engine call returns a new State and never changes the one passed in.
-    ``chars`` and ``bits`` count what was scored since the initial state; ``last_symbol`` is
-    the last symbol the state consumed ("" at the start), which a normaliser needs to treat a
-    chunk boundary as the whole text would (text8: a space after a space is squeezed).
-    """
-
-    h: np.ndarray
-    chars: int = 0
-    bits: float = 0.0
-    last_symbol: str = ""
-
-    def __post_init__(self) -> None:
-        h = np.array(self.h, dtype=np.float64, copy=True)
-        h.setflags(write=False)
-        object.__setattr__(self, "h", h)
-
-    @property
-    def bpc(self) -> float:
-        return self.bits / self.chars if self.chars else float("nan")
-
-
-@dataclass(frozen=True)
-class ScoreResult:
-    """Scoring of one text: ``chars`` (characters scored), total ``bits``, ``bpc`` = bits / chars,
-    optional ``per_char_bits`` (chars,) float64, and the ``state`` after the text.
-
-    ``normalization`` reports what the normaliser and the unknown-character policy did
-    (:mod:`isan.engine.normalize`); with ``per_char``, ``per_char_offsets`` (chars,) int64 gives
-    the input offset each scored character came from and ``text`` the scored characters.
-    ``scoring`` says how the bits were computed: ``{"path": "composed" | "reference" | "chunked",
-    ...}``, for chunk-parallel scoring with its ``chunks``, ``extra_fraction`` (work beyond one
-    step a character), the ``residual`` its corrections stopped at (``max|e| / max(1, max|h|)``),
-    ``rtol``, ``margin`` and ``fallback_chunks`` (:mod:`isan.engine.kernels.chunked`).
-    """
-
-    chars: int
-    bits: float
-    per_char_bits: np.ndarray | None
-    state: State
-    normalization: dict | None = None
-    per_char_offsets: np.ndarray | None = None
-    text: str | None = None
-    scoring: dict | None = None
-    unit: str = "char"
-    V: int | None = None
-
-    @property
-    def text_chars(self) -> int:
-        """Characters of the scored text: ``chars`` for a character model; for a token model
-        (``unit`` byte, pair or word; ``chars`` then counts tokens) the characters they cover."""
-        if self.unit == "char" or not self.normalization:
-            return self.chars
-        return int(self.normalization.get("chars_scored", self.chars))
-
-    @property
-    def bpc(self) -> float:
-        """Bits per character of the scored text."""
-        n = self.text_chars
-        return self.bits / n if n else float("nan")
-
-    @property
-    def bits_per_token(self) -> float:
-        """Bits per scored symbol (per character, byte, pair or word: ``unit``)."""
-        return self.bits / self.chars if self.chars else float("nan")
-
-    @property
-    def nnl(self) -> float:
-        """Mean negative log-likelihood in base V, the number of output classes (Cernansky et al.
-        2008, eq. 7): ``bits_per_token / log2(V)``; NaN without V."""
-        return self.bits_per_token / np.log2(self.V) if self.V and self.V > 1 else float("nan")
-
-    def to_json(self, per_char: bool = False) -> dict:
-        """``{"chars", "bits", "bpc", "nnl", "normalization"}`` (+ ``per_char_bits``, ``per_char_offsets``);
-        a token model adds ``{"tokens", "unit", "bits_per_token"}`` (``chars`` is then the characters
-        the tokens cover and ``bpc`` bits per character). Never NaN (null when nothing was scored)."""
-        out = {"chars": self.text_chars, "bits": float(self.bits),
-               "bpc": finite_or_none(self.bpc) if self.chars else None}
-        if self.unit != "char":
-            out.update({"tokens": self.chars, "unit": self.unit,
-                        "bits_per_token": finite_or_none(self.bits_per_token) if self.chars else None})
-        if self.V:
-            out["nnl"] = finite_or_none(self.nnl) if self.chars else None
-        if self.normalization is not None:
-            out["normalization"] = self.normalization
-        if self.scoring is not None:
-            out["scoring"] = self.scoring
-        if per_char and self.per_char_bits is not None:
-            out["per_char_bits"] = [float(b) for b in self.per_char_bits]
-            if self.per_char_offsets is not None:
-                out["per_char_offsets"] = self.per_char_offsets.tolist()
-        return out
-
-
-@dataclass(frozen=True)
-class Attribution:
-    """Exact attribution of logits to sources (paper eqs. 4-6).
-
-    ``kappa`` (T, S, V) float64: ``kappa[t, s]`` is source s's contribution to the logits after
-    character t (which predict character t+1). Sources: ``sources[0]`` is ``"<h0>"`` (the
-    initial state), then characters (``by="char"``) or words and spaces (``by="word"``).
-    ``logits`` (T, V) are computed independently by the reference path, and
-    ``max_abs_error`` = max |b_ro + sum_s kappa[t, s] - logits[t]|. ``text`` is the attributed
-    (normalised) text; ``input_offsets`` (T,) maps its characters to the input, and
-    ``normalization`` reports what changed.
-    """
-
-    text: str
-    by: str
-    sources: list[str]
-    source_spans: list[tuple[int, int]]
-    kappa: np.ndarray
-    logits: np.ndarray
-    b_ro: np.ndarray
-    max_abs_error: float
-    alphabet: Alphabet = field(repr=False)
-    normalization: dict | None = None
-    input_offsets: np.ndarray | None = field(default=None, repr=False)
-    ids: np.ndarray | None = field(default=None, repr=False)
-
-    def _ids(self) -> np.ndarray:
-        return self.ids if self.ids is not None else self.alphabet.encode(self.text)
-
-    def next_char_contributions(self) -> np.ndarray:
-        """(T, S): contributions to the logit of the character that actually comes next
-        (for the last position, of the most likely next character)."""
-        ids = self._ids()
-        nxt = np.append(ids[1:], int(np.argmax(self.logits[-1])))
-        return self.kappa[np.arange(len(ids)), :, nxt]
-
-    def to_json(self, full: bool = False) -> dict:
-        ids = self._ids()
-        nxt = np.append(ids[1:], int(np.argmax(self.logits[-1])))
-        out = {
-            "text": self.text, "by": self.by, "sources": self.sources,
-            "source_spans": [list(s) for s in self.source_spans],
-            "targets": [self.alphabet.symbols[i] for i in nxt],
-            "next_char_kappa": np.round(self.next_char_contributions(), 6).tolist(),
-            "check_max_abs_error": self.max_abs_error,
-        }
-        if self.normalization is not None:
-            out["normalization"] = self.normalization
-        if self.input_offsets is not None:
-            out["input_offsets"] = self.input_offsets.tolist()
-        if full:
-            out["alphabet"] = self.alphabet.to_list()
-            out["kappa"] = self.kappa.tolist()
-            out["logits"] = self.logits.tolist()
-            out["b_ro"] = self.b_ro.tolist()
-        return out
-
-
-@dataclass(frozen=True)
-class Sample:
-    prompt: str
-    text: str  # the generated characters (without the prompt)
-    bits: float  # total bits of the generated characters under the model (unscaled)
-    seed: int | None
-    temperature: float
-    top_k: int | None
-    prompt_normalized: str | None = None  # the prompt as the model read it
-    normalization: dict | None = None  # what normalising the prompt changed
-
-    def to_json(self) -> dict:
-        out = {"prompt": self.prompt, "text": self.text, "bits": float(self.bits), "seed": self.seed,
-               "temperature": self.temperature, "top_k": self.top_k}
-        if self.normalization is not None:
-            out["prompt_normalized"] = self.prompt_normalized
-            out["normalization"] = self.normalization
-        return out
-
-
-def with_prefix(e: Exception, prefix: str) -> Exception:
-    """A copy of ``e`` (same type and attributes) whose message starts with ``prefix``."""
-    import copy
-
-    new = copy.copy(e)
-    new.args = (prefix + str(e),) + tuple(e.args[1:])
-    return new
-
-
-_HINT = re.compile(r", after \d+ characters repeating (symbol id [\d+]+|'[^']*'|\"[^\"]*\")")
-
-
-def with_repeat_hint(msg: str, ids: np.ndarray, t: int, symbols=None) -> str:
-    """``msg`` with its "after N characters repeating 'z'" hint computed over all of ``ids`` (the
-    path that raised may have seen only a chunk or a block of the run)."""
-    from isan.engine.guard import _repeat_hint
-
-    hint = _repeat_hint(ids, t, symbols)
-    if _HINT.search(msg):
-        return _HINT.sub(lambda _: hint, msg, count=1)
-    if hint and "path)" in msg:
-        return msg.replace("path)", "path)" + hint, 1)
-    return msg
-
-
-def in_input_terms(e: StateDivergedError, prep: Prepared, symbols=None) -> StateDivergedError:
-    """The same error with the offset in the caller's input as well (``.input_offset``), and the
-    letter or pair whose repeats led there named when the path that raised did not."""
-    off = e.offset
-    if off is None or not 0 <= off < len(prep.offsets) or getattr(e, "input_offset", None) is not None:
-        return e
-    inp = int(prep.offsets[off])
-    msg = str(e)
-    if symbols is not None:  # name the repeated letter or pair (paths without the alphabet give ids)
-        from isan.engine.guard import _repeat_hint
-
-        msg = with_repeat_hint(msg, prep.ids, off, symbols)
-    norm = prep.report.get("normalizer")
-    if inp != off:
-        msg = msg.replace(f"character offset {off} ", f"input offset {inp} (scored character {off}, after "
-                                                   f"{norm} normalisation) ", 1)
-    new = StateDivergedError(msg, offset=off, cause=e.cause)
-    new.input_offset = inp
-    return new
 
 
 class Engine:
@@ -918,7 +693,7 @@ def load_engine(model: str | Path | None = None, path: str = "auto", backend: st
         raise IsanError(f"path must be auto or one of {', '.join(PATHS)}; got {path!r}")
     src = default_model_path() if model is None else Path(model)
     if backend == "onnx":
-        from isan.engine.onnx_backend import load_onnx_engine
+        from isan.engine.runners.onnx import load_onnx_engine
 
         return load_onnx_engine(src, device=device, path_mode=path)
     kind = read_manifest(src, verify="none")["kind"]  # the loader below verifies
@@ -927,29 +702,29 @@ def load_engine(model: str | Path | None = None, path: str = "auto", backend: st
             raise IsanError(f"the {path} path runs ISAN bundles only (this is a {kind!r} bundle); "
                             "use --path auto or reference")
         if kind == "ngram":
-            from isan.engine.ngram import load_ngram_engine
+            from isan.engine.runners.ngram import load_ngram_engine
 
             return load_ngram_engine(src)
         if kind in ("linear", "linear_nlro", "isan_nobias"):
-            from isan.engine.linear_ref import load_linear_engine
+            from isan.engine.runners.linear import load_linear_engine
 
             return load_linear_engine(src)
-        from isan.engine.occam_ref import OCCAM_KINDS
-        from isan.engine.reservoir_ref import RESERVOIR_KINDS
+        from isan.engine.runners.occam import OCCAM_KINDS
+        from isan.engine.runners.reservoir import RESERVOIR_KINDS
 
         if kind in RESERVOIR_KINDS:  # ESN and NPM baselines (Cernansky et al. 2008)
-            from isan.engine.baseline_ref import RunnerEngine
-            from isan.engine.reservoir_ref import load_reservoir_bundle
+            from isan.engine.runners.recurrent import RunnerEngine
+            from isan.engine.runners.reservoir import load_reservoir_bundle
 
             runner = load_reservoir_bundle(src)
             return RunnerEngine(runner, runner.alphabet, runner.manifest, source=str(src), path="reference")
         if kind in OCCAM_KINDS:  # the Occam-gated LSTM (Raiman and Sidor)
-            from isan.engine.baseline_ref import RunnerEngine, load_params_bundle
-            from isan.engine.occam_ref import NumpyOccamRunner, OccamParams
+            from isan.engine.runners.recurrent import RunnerEngine, load_params_bundle
+            from isan.engine.runners.occam import NumpyOccamRunner, OccamParams
 
             m, p, alphabet = load_params_bundle(src, OCCAM_KINDS, OccamParams)
             return RunnerEngine(NumpyOccamRunner(p), alphabet, m, source=str(src), path="reference")
-        from isan.engine.baseline_ref import load_baseline_engine
+        from isan.engine.runners.recurrent import load_baseline_engine
 
         return load_baseline_engine(src)
     return Engine.load(src, path_mode=path)

@@ -15,7 +15,7 @@ state *after* consuming a token, so they predict the *next* token. For the ISAN 
 graph ``logits[:, t]`` is the readout after ``tokens[:, t]``. Scoring (``bits_t = -log2
 softmax(W_ro h_{t-1} + b_ro)[x_t]``) therefore takes the first prediction from the incoming
 state, ``W_ro h + b_ro``, computed outside the graph from ``W_ro``/``b_ro`` of
-``weights.safetensors`` (:class:`isan.engine.onnx_backend.OnnxRunner` does exactly that).
+``weights.safetensors`` (:class:`isan.engine.runners.onnx.OnnxRunner` does exactly that).
 
 The graphs are built with ``onnx.helper`` from the bundle's float32 tensors, no torch:
 the ISAN as Gather/MatMul/Add (the sequence graph a ``Scan``); the baselines with the
@@ -282,7 +282,7 @@ def baseline_onnx_models(config: dict, tensors: dict[str, np.ndarray], opset: in
     """
     from onnx import helper
 
-    from isan.engine.baseline_ref import BaselineParams, baseline_sha256
+    from isan.engine.runners.recurrent import BaselineParams, baseline_sha256
 
     BaselineParams.from_tensors(config, tensors, dtype=np.float32)  # validates names and shapes
     kind, d, V = config["kind"], int(config["d"]), int(config["V"])
@@ -366,7 +366,7 @@ def _check_opset(opset: int) -> None:
 def _export_for_manifest(directory: Path, manifest: dict, opset: int, out_dir: Path | None = None) -> dict:
     """Export the graphs of the weights in ``directory`` (kind and config from ``manifest``) into
     ``out_dir`` (default ``directory``)."""
-    from isan.engine.baseline_ref import baseline_sha256
+    from isan.engine.runners.recurrent import baseline_sha256
 
     kind = manifest["kind"]
     tensors = load_tensors(directory / "weights.safetensors")
@@ -513,7 +513,7 @@ def baseline_from_bundle(bundle_dir: str | Path):
     """
     import torch
 
-    from isan.engine.baseline_ref import load_baseline_bundle
+    from isan.engine.runners.recurrent import load_baseline_bundle
     from isan.train.baselines import baseline_from_config
 
     bundle_dir = Path(bundle_dir)

@@ -20,7 +20,7 @@ from isan.alphabet import Alphabet
 from isan.tokens import alphabet_from_json
 from isan.engine.bundle import table_view
 from isan.engine.bundle import load_isan_bundle
-from isan.engine.data import read_text, read_text8_split
+from isan.data import read_text, read_text8_split
 from isan.errors import IsanError
 from isan.params import ISANParams
 from isan.trie_tables.build import DEFAULT_BUDGET, RECIPE, build_from_recipe, plan_table, write_recipe

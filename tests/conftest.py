@@ -30,7 +30,7 @@ def text8_path() -> Path:
 @pytest.fixture(scope="session")
 def text8_test(text8_path) -> str:
     """The text8-10M test split (500,000 characters)."""
-    from isan.engine.data import read_text8_split
+    from isan.data import read_text8_split
 
     return read_text8_split(text8_path, "test")
 
@@ -38,7 +38,7 @@ def text8_test(text8_path) -> str:
 @pytest.fixture(scope="session")
 def text8_valid_head(text8_path) -> str:
     """The first 20,000 characters of the text8-10M valid split."""
-    from isan.engine.data import read_text8_split
+    from isan.data import read_text8_split
 
     return read_text8_split(text8_path, "valid")[:20_000]
 

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from conftest import random_params
 from isan.cli import main
 from isan.engine.analysis import attribution, basis, decay, parentheses, pca, stack, studies
-from isan.engine.baseline_ref import BaselineParams, baseline_shapes, baseline_states_ref
+from isan.engine.runners.recurrent import BaselineParams, baseline_shapes, baseline_states_ref
 from isan.engine.reference import LOG2E, kappa_ref, log_softmax, segment_kappa_ref, states_ref
 from isan.errors import AttributionCheckError, IsanError
 from isan.params import ISANParams
@@ -278,7 +278,7 @@ def exact_parentheses_isan(seed=0, d=35, kinds=2, levels=6):
 
 
 def _task_data(n, seed=0):
-    from isan.train.parentheses import ParenthesesTask
+    from isan.train.tasks.parentheses import ParenthesesTask
 
     task = ParenthesesTask()
     ids = task.sample(n, seed)
@@ -373,7 +373,7 @@ def test_cli_attribute_window_and_target(runner, small_bundle, small_params):
 def test_cli_parentheses_on_an_exact_checkpoint(runner, tmp_path):
     pytest.importorskip("matplotlib")
     from isan.params import save_tensors
-    from isan.train.parentheses import ParenthesesTask
+    from isan.train.tasks.parentheses import ParenthesesTask
 
     task = ParenthesesTask()
     ck = tmp_path / "run"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from isan.alphabet import Alphabet
-from isan.engine.ngram import fit, save_ngram
+from isan.train.ngram import fit, save_ngram
 from isan.export.arpa import arpa_bits, arpa_words, read_arpa, symbol_words, write_arpa
 
 #: ARPA writes 7 decimals of log10 p: at most ~2e-7 bits per character, plus KenLM's float32.
@@ -21,7 +21,7 @@ TOL = 1e-5
 
 @pytest.fixture(scope="module")
 def model(text8_path):
-    from isan.engine.data import read_text8_split
+    from isan.data import read_text8_split
 
     a = Alphabet.text8()
     train = read_text8_split(text8_path, "train")[:400_000]

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from isan.errors import BundleFormatError, IsanError
-from isan.engine import ngram
+from isan.engine.runners import ngram
+from isan.train import ngram as ngram_train
 
 TEXT8 = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "text8_head" / "text8_head.txt"
 LINEAR_KINDS = ("linear", "linear_nlro", "isan_nobias")
@@ -150,7 +151,7 @@ def _torch_bits(kind, run, ids):
 
 @needs_torch
 def test_trained_bundle_matches_torch(trained, corpus):
-    from isan.engine.linear_ref import load_linear_engine
+    from isan.engine.runners.linear import load_linear_engine
 
     kind, run, bundle, p = trained
     log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
@@ -178,7 +179,7 @@ def test_linear_bundle_errors(trained, tmp_path):
     import shutil
 
     from isan.engine.bundle import manifest_sha256
-    from isan.engine.linear_ref import load_linear_engine
+    from isan.engine.runners.linear import load_linear_engine
 
     kind, run, bundle, _ = trained
     bad = tmp_path / "bad"
@@ -248,12 +249,12 @@ def test_ngram_matches_reference(corpus):
     for N in (1, 3):
         p = _reference_kn(tr, 27, N)
         ref = [-math.log2(p(list(va[max(0, t - N + 1) : t]), int(va[t]))) for t in range(len(va))]
-        np.testing.assert_allclose(ngram.fit(tr, 27, N).bits(va), ref, rtol=0, atol=1e-9)
+        np.testing.assert_allclose(ngram_train.fit(tr, 27, N).bits(va), ref, rtol=0, atol=1e-9)
 
 
 @pytest.mark.parametrize("order", [1, 2, 4, 6])
 def test_ngram_probabilities_sum_to_one(small_split, order):
-    model = ngram.fit(small_split[0], 27, order)
+    model = ngram_train.fit(small_split[0], 27, order)
     rng = np.random.default_rng(order)
     for _ in range(30):
         h = rng.integers(0, 27, order - 1)
@@ -288,26 +289,26 @@ def _add_one_bpc(train, valid, K, n):
 def test_kneser_ney_beats_add_one(small_split, order, margin_bpc):
     # measured on these slices: order 3 KN 2.940 vs add-one 2.956 (most trigrams are seen), order 5 2.171 vs 2.749
     tr, va = small_split
-    kn = ngram.fit(tr, 27, order).bpc(va)
+    kn = ngram_train.fit(tr, 27, order).bpc(va)
     assert kn < _add_one_bpc(tr, va, 27, order) - margin_bpc
 
 
 def test_choose_order(small_split):
     tr, va = small_split
-    best, results = ngram.choose_order(tr, va[:10_000], orders=(1, 2, 3, 4, 5, 6), K=27)
+    best, results = ngram_train.choose_order(tr, va[:10_000], orders=(1, 2, 3, 4, 5, 6), K=27)
     assert [r["order"] for r in results] == [1, 2, 3, 4, 5, 6]
     assert best == min(results, key=lambda r: r["valid_bpc"])["order"] and best >= 3
     assert results[0]["valid_bpc"] > results[best - 1]["valid_bpc"]
     with pytest.raises(IsanError):
-        ngram.fit(tr, 27, 13)  # codes of 13 symbols do not fit in 63 bits
+        ngram_train.fit(tr, 27, 13)  # codes of 13 symbols do not fit in 63 bits
 
 
 def test_ngram_bundle_round_trip(small_split, tmp_path):
     from isan.alphabet import Alphabet
 
     tr, va = small_split
-    model = ngram.fit(tr, 27, 4)
-    out = ngram.save_ngram(model, tmp_path / "ng", Alphabet.text8(), training={"train_chars": len(tr)})
+    model = ngram_train.fit(tr, 27, 4)
+    out = ngram_train.save_ngram(model, tmp_path / "ng", Alphabet.text8(), training={"train_chars": len(tr)})
     m = json.loads((out / "manifest.json").read_text())
     assert (m["format"], m["format_version"], m["kind"], m["d"]) == ("isan-bundle", 3, "ngram", 4)
     _, back, alphabet = ngram.load_ngram(out)
@@ -325,7 +326,7 @@ def test_ngram_bundle_round_trip(small_split, tmp_path):
     assert eng.describe()["kind"] == "ngram" and eng.describe()["d"] == 4
     assert len(eng.sample("the ", n=20, seed=0).text) == 20
     with pytest.raises(FileExistsError):
-        ngram.save_ngram(model, out, Alphabet.text8())
+        ngram_train.save_ngram(model, out, Alphabet.text8())
     with pytest.raises(IsanError):
         model.bits(va[:10], history=[3, -1, 4])  # padding only on the left
 
@@ -335,7 +336,7 @@ def test_ngram_bundle_corrupt(small_split, tmp_path):
 
     from isan.alphabet import Alphabet
 
-    good = ngram.save_ngram(ngram.fit(small_split[0][:50_000], 27, 3), tmp_path / "good", Alphabet.text8())
+    good = ngram_train.save_ngram(ngram_train.fit(small_split[0][:50_000], 27, 3), tmp_path / "good", Alphabet.text8())
     for name, damage in [("flipped", lambda b: b[:-100] + bytes([b[-100] ^ 0xFF]) + b[-99:]),
                          ("truncated", lambda b: b[: len(b) // 2]), ("garbage", lambda b: b"not safetensors")]:
         bad = tmp_path / name
@@ -355,7 +356,7 @@ def test_ngram_bundle_corrupt(small_split, tmp_path):
 def test_train_ngram_end_to_end(tmp_path):
     if not TEXT8.exists():
         pytest.skip(f"{TEXT8} is missing")
-    info = ngram.train_ngram(TEXT8, tmp_path / "ng", orders=(2, 3))
+    info = ngram_train.train_ngram(TEXT8, tmp_path / "ng", orders=(2, 3))
     assert info["order"] == 3 and 2.5 < info["valid_bpc"] < 3.5
     log = [json.loads(line) for line in (tmp_path / "ng" / "train_log.jsonl").read_text().splitlines()]
     assert [e["order"] for e in log if e["event"] == "order"] == [2, 3]
@@ -373,7 +374,7 @@ def _fake_result(root: Path, name: str, bpc: float, log: list[dict]):
 
 
 def test_table1_generator(tmp_path):
-    from isan.train import table1
+    from isan.train.studies import table1
 
     root = tmp_path / "results" / "table1"
     _fake_result(root, "isan-3.2e5", 1.8765, [
@@ -415,7 +416,7 @@ def test_table1_generator(tmp_path):
 
 def test_table1_plot(tmp_path):
     pytest.importorskip("matplotlib")
-    from isan.train import table1
+    from isan.train.studies import table1
 
     root = tmp_path / "r"
     _fake_result(root, "gru-8e4", 2.3, [{"event": "start", "n_params": 79052, "model": {"d": 145}}])
@@ -425,8 +426,8 @@ def test_table1_plot(tmp_path):
 
 def test_table1_tuning_step(tmp_path):
     """The tuning step picks the setting with the lowest valid bpc per model; a diverged run (no
-    finite validation) is never picked; lr.json is what train/table1.sh reads."""
-    from isan.train import table1
+    finite validation) is never picked; lr.json is what train/studies/table1.sh reads."""
+    from isan.train.studies import table1
 
     root = tmp_path / "tuning"
     root.mkdir()
@@ -448,5 +449,5 @@ def test_table1_tuning_step(tmp_path):
     assert table1.parse_tuning_name("irnn@0.1-lr2e-3.jsonl") == ("irnn", "0.1", "2e-3")
     assert table1.parse_tuning_name("TUNING.md") is None
     assert table1.main(["--tuning", str(root)]) == 0
-    with pytest.raises(IsanError, match="train/tune.sh"):
+    with pytest.raises(IsanError, match="train/studies/tune.sh"):
         table1.write_tuning(tmp_path / "missing")

@@ -1,4 +1,4 @@
-"""Elman's grammar (isan.train.elman): generator, checkers, true next-word distribution, NNL."""
+"""Elman's grammar (isan.train.tasks.elman): generator, checkers, true next-word distribution, NNL."""
 
 import math
 from collections import Counter
@@ -6,7 +6,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from isan.train import elman as E
+from isan.train.tasks import elman as E
 
 
 def test_alphabet_has_24_words_with_the_end_marker():

@@ -60,7 +60,7 @@ def check_kenlm_identities(out: dict, sentence: str) -> None:
 @pytest.fixture(scope="module")
 def word_arpa(tmp_path_factory, text8_path):
     """A word trigram of 200,000 characters of text8, written as ARPA by isan (kenlm loads order 3)."""
-    from isan.engine.ngram import fit
+    from isan.train.ngram import fit
     from isan.export.arpa import write_arpa
     from isan.tokens import WordAlphabet
 

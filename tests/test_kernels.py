@@ -383,7 +383,7 @@ def test_thread_chooser_follows_speed_and_backs_off():
 def test_bench_engine_runs_and_is_exact(text8_path):
     """`isan bench engine --quick` in process: every row is measured, and its exactness facts hold
     (the benchmark times; this checks what it reports, not the speed)."""
-    from isan.engine.bench import QUICK_SIZES, bench_engine, markdown
+    from isan.bench.engine import QUICK_SIZES, bench_engine, markdown
 
     r = bench_engine(None, text8_path, repeats=1, peers=False, progress=False, log=lambda m: None, sizes=QUICK_SIZES,
                      startup=False)

@@ -1,5 +1,5 @@
 """The Occam-gated LSTM (isan.train.occam) against a plain implementation and its numpy twin
-(isan.engine.occam_ref); the penalty, its annealing and the registry."""
+(isan.engine.runners.occam); the penalty, its annealing and the registry."""
 
 import math
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from isan.engine.occam_ref import OccamParams, occam_score_ref, occam_states_ref
+from isan.engine.runners.occam import OccamParams, occam_score_ref, occam_states_ref
 from isan.train.models import MODELS, build_model
 from isan.train.occam import OCCAM, OccamLSTM, anneal, occam_from_config
 
@@ -145,9 +145,9 @@ def test_registry_budget_and_config_round_trip():
 
 def test_bundle_round_trip_through_the_engine(tmp_path):
     from isan.alphabet import Alphabet
-    from isan.engine.baseline_ref import load_params_bundle
+    from isan.engine.runners.recurrent import load_params_bundle
     from isan.engine.bundle import write_bundle
-    from isan.engine.occam_ref import OCCAM_KINDS, NumpyOccamRunner
+    from isan.engine.runners.occam import OCCAM_KINDS, NumpyOccamRunner
 
     m = OccamLSTM(27, 27, 5, seed=4, gate="second")
     t = m.numpy_params()

@@ -1,4 +1,4 @@
-"""The parentheses counting task of section 4 (train/parentheses.py) against plain Python."""
+"""The parentheses counting task of section 4 (train/tasks/parentheses.py) against plain Python."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from isan.train.parentheses import SYMBOLS, ParenthesesTask, task_for
+from isan.train.tasks.parentheses import SYMBOLS, ParenthesesTask, task_for
 
 
 def plain_counts(ids, kinds=2, top=5):

@@ -49,7 +49,7 @@ def client(default_engine):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # starlette's notice about httpx
         from fastapi.testclient import TestClient
-    from isan.engine.server import create_app
+    from isan.engine.serve import create_app
 
     return TestClient(create_app(default_engine, max_chars=2_000_000))
 

@@ -1,5 +1,5 @@
 """ESN, ESN+, NPM-U, NPM-U+, NPM-T (isan.train.reservoir) and their scorers and bundles
-(isan.engine.reservoir_ref), against plain implementations."""
+(isan.engine.runners.reservoir), against plain implementations."""
 
 import json
 import math
@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from isan.engine.reservoir_ref import (ReservoirParams, load_reservoir_bundle, nearest_context,
+from isan.engine.runners.reservoir import (ReservoirParams, load_reservoir_bundle, nearest_context,
                                        reservoir_score_ref, write_reservoir_bundle)
 from isan.errors import BundleFormatError
-from isan.train import elman as EG
+from isan.train.tasks import elman as EG
 from isan.train import reservoir as R
 
 V = 24
@@ -169,7 +169,7 @@ def test_bundle_round_trip_and_integrity(ids, tmp_path):
 def test_runner_protocol(ids):
     tr, te = ids
     cfg, t = R.train_esn(tr, V, 6, seed=0)
-    from isan.engine.reservoir_ref import NumpyReservoirRunner
+    from isan.engine.runners.reservoir import NumpyReservoirRunner
 
     r = NumpyReservoirRunner(ReservoirParams.from_tensors(cfg, t))
     s0 = r.initial_state()
@@ -183,7 +183,7 @@ def test_runner_protocol(ids):
 
 
 def test_the_studys_batched_esn_equals_one_run_at_a_time(ids):
-    from isan.train.elman_study import esn_batched
+    from isan.train.studies.elman_study import esn_batched
 
     tr, te = ids
     for plus in (False, True):
@@ -194,7 +194,7 @@ def test_the_studys_batched_esn_equals_one_run_at_a_time(ids):
 
 
 def test_table_summary_and_claims():
-    from isan.train.elman_study import claims, summarise
+    from isan.train.studies.elman_study import claims, summarise
 
     recs = [{"model": m, "size": s, "run": r, "nnl": base - (0.1 if m.endswith("+") else 0) + 0.01 * r}
             for m, base in (("esn", 0.8), ("esn+", 0.8)) for s in (1, 10) for r in range(3)]

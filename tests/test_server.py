@@ -259,7 +259,7 @@ def test_isan_serve_with_no_arguments_matches_isan_score(text8_valid_head):
     cli = json.loads(subprocess.run([sys.executable, "-m", "isan.cli", "score", "--json", "-"], input=text,
                                     capture_output=True, text=True, timeout=300, check=True).stdout)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "isan.engine.server", "--port", str(port), "--log-level", "warning"],
+    proc = subprocess.Popen([sys.executable, "-m", "isan.engine.serve", "--port", str(port), "--log-level", "warning"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.time() + 120
@@ -291,13 +291,13 @@ def test_isan_serve_with_no_arguments_matches_isan_score(text8_valid_head):
 
 
 def test_isan_serve_bad_model_is_a_clean_error(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "isan.engine.server", "--model", str(tmp_path / "nope")],
+    r = subprocess.run([sys.executable, "-m", "isan.engine.serve", "--model", str(tmp_path / "nope")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "does not exist" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_isan_serve_bad_limit_is_a_clean_error():
-    r = subprocess.run([sys.executable, "-m", "isan.engine.server", "--round-chars", "0"],
+    r = subprocess.run([sys.executable, "-m", "isan.engine.serve", "--round-chars", "0"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "--round-chars" in r.stderr and "Traceback" not in r.stderr
 

@@ -83,7 +83,7 @@ def test_isan_serve_path_chunked(default_engine, text8_valid_head):
     text = text8_valid_head[:3000]
     want = default_engine.with_path("chunked").score(text)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "isan.engine.server", "--port", str(port), "--path", "chunked",
+    proc = subprocess.Popen([sys.executable, "-m", "isan.engine.serve", "--port", str(port), "--path", "chunked",
                              "--no-batching", "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.time() + 120
@@ -104,7 +104,7 @@ def test_isan_serve_path_chunked(default_engine, text8_valid_head):
     finally:
         proc.terminate()
         proc.wait(10)
-    r = subprocess.run([sys.executable, "-m", "isan.engine.server", "--help"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "isan.engine.serve", "--help"], capture_output=True, text=True,
                        timeout=60)
     assert "chunked" in r.stdout
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from isan.alphabet import Alphabet
 from isan.engine import Engine
-from isan.engine.data import read_text8_split
+from isan.data import read_text8_split
 from isan.errors import TableFormatError
 from isan.trie_tables.build import build_from_recipe, plan_table
 from isan.trie_tables.codes import code_of, decode_code, greedy_segment, longest_matches

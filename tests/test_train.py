@@ -80,7 +80,7 @@ def test_bench_train_rows_and_cli(tmp_path):
     from click.testing import CliRunner
 
     from isan.cli import main
-    from isan.train.bench import bench_train, markdown_train
+    from isan.bench.train import bench_train, markdown_train
 
     ids = np.random.default_rng(0).integers(0, 27, 5000).astype(np.int64)
     r = bench_train(ids, budgets=(("tiny", 3e3),), models=("gru", "isan"), batch=4, bptt=8, steps=2, repeats=2,

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from isan.alphabet import Alphabet
-from isan.engine.data import TEXT8_SPLITS, read_text, read_text8_split
+from isan.data import TEXT8_SPLITS, read_text, read_text8_split
 from isan.errors import IsanError
 from isan.tokens import ByteAlphabet, PairAlphabet, WordAlphabet
 

@@ -41,7 +41,7 @@ and ``export_checkpoint`` treat them like every other model. Column-vector conve
   grows at the start). It runs :func:`isan.train.scan.isan_scan` with a zero bias that is a
   non-persistent buffer: not a parameter, not in the state dict, not exported.
 
-The numpy twin is :mod:`isan.engine.linear_ref`.
+The numpy twin is :mod:`isan.engine.runners.linear`.
 """
 
 from __future__ import annotations

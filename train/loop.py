@@ -50,7 +50,7 @@ from isan.errors import CheckpointError, IsanError
 from isan.tokens import alphabet_to_json
 from isan.train.data import Corpus, load_corpus
 from isan.train.models import build_model
-from isan.train.parentheses import task_for
+from isan.train.tasks.parentheses import task_for
 
 log = logging.getLogger(__name__)
 LN2 = math.log(2.0)
@@ -192,7 +192,7 @@ class Trainer:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
-        # a task (isan.train.parentheses) brings its own data, outputs, loss and metric; else a language model
+        # a task (isan.train.tasks.parentheses) brings its own data, outputs, loss and metric; else a language model
         self.task = task_for(cfg.model)
         if self.task and cfg.alphabet != "chars":
             raise IsanError(f"the {cfg.model} task brings its own symbols; --alphabet {cfg.alphabet} does not apply")

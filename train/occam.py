@@ -24,7 +24,7 @@ excludes the penalty), with progress read from ``progress_fn``.
 Registered in :data:`isan.train.models.MODELS` as ``occam`` (first order, lam 0.05, linear
 annealing), ``occam_nopenalty`` (first order, lam 0), ``occam2`` (second order, lam 0.05, linear),
 ``occam_strong`` (first order, lam 0.2, linear).
-The numpy twin is :mod:`isan.engine.occam_ref`.
+The numpy twin is :mod:`isan.engine.runners.occam`.
 """
 
 from __future__ import annotations

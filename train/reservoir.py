@@ -4,7 +4,7 @@ Organization of Untrained Recurrent Networks": ESN, ESN+, NPM-U, NPM-U+ and NPM-
 
 Every model runs ``h_t = tanh(E[x_t] + W_hh h_{t-1})`` from ``h_0 = 0`` (``E = W_in^T``, plus the
 bias for an NPM's network) and predicts ``x_t`` from the state before it; the forward pass and the
-scorers are :mod:`isan.engine.reservoir_ref` (this module only builds and fits the weights).
+scorers are :mod:`isan.engine.runners.reservoir` (this module only builds and fits the weights).
 
 ESN (eqs. 2-5). ``n`` tanh units; ``W_hh`` uniform in (-1, 1), rescaled to spectral radius 0.98;
 input weights ``W_in`` (n, |A|) uniform in (-1, 1); a linear readout ``o = W_out h + b_out`` fitted
@@ -35,7 +35,7 @@ gamma = 1/|A|, from the counts of the symbols that followed the states of c.
   a softmax readout, Adam, truncated BPTT of 32 over 16 streams, ``epochs`` passes), then its
   states are clustered as above.
 
-Reservoir sizes, contexts and runs for the study (Fig. 1) are in :mod:`isan.train.elman_study`.
+Reservoir sizes, contexts and runs for the study (Fig. 1) are in :mod:`isan.train.studies.elman_study`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from isan.engine.reservoir_ref import ReservoirParams, reservoir_score_ref, reservoir_states_ref
+from isan.engine.runners.reservoir import ReservoirParams, reservoir_score_ref, reservoir_states_ref
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def kmeans(X: np.ndarray, k: int, seed: int, iters: int = KMEANS_ITERS) -> np.nd
         return km.cluster_centers_
     except ImportError:
         pass
-    from isan.engine.reservoir_ref import nearest_context
+    from isan.engine.runners.reservoir import nearest_context
 
     rng = np.random.default_rng(seed)
     # k-means++ seeding on a subsample (at most 20k states: the seeding is O(N k))
@@ -191,7 +191,7 @@ def fit_npm(H_before: np.ndarray, ids: np.ndarray, V: int, M: int, seed: int,
             gamma: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(centroids (M', n), counts (M', V)) of an NPM from the states before each symbol."""
     C = kmeans(H_before, M, seed)
-    from isan.engine.reservoir_ref import nearest_context
+    from isan.engine.runners.reservoir import nearest_context
 
     a = nearest_context(C, H_before)
     counts = np.zeros((len(C), V))

@@ -9,7 +9,7 @@
 * :mod:`~isan.engine.serve.protocol`: the header deadline and connection cap uvicorn lacks;
 * :mod:`~isan.engine.serve.sampling`: sampling in pieces (``/v1/sample`` as Server-Sent Events);
 * :mod:`~isan.engine.serve.docs`: ``/docs``, rendered from the schema without scripts or a CDN;
-* :mod:`~isan.engine.serve.loadgen`: the load benchmark behind ``isan bench serve``.
+* :mod:`~isan.bench.serve`: the load benchmark behind ``isan bench serve``.
 
 Importing this package needs only click; :func:`create_app` imports FastAPI.
 """

@@ -1,0 +1,532 @@
+"""Benchmarks (``isan bench``): throughput of the engine's paths on real text, with ratios.
+
+Every figure is the median of ``repeats`` runs in this process; ratios are against the
+per-character reference path measured in the same run. Results print as a Markdown table
+and are written as JSON with the machine, the command and the raw timings.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def machine() -> dict:
+    cpu = platform.processor()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
+            "platform": platform.platform()}
+
+
+def rss_mb() -> float:
+    """Current resident memory in MiB (Linux), else peak."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def median_time(fn, repeats: int) -> tuple[float, list[float]]:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), times
+
+
+#: What `isan bench engine` measures (issue "The fast engine"); sizes in characters.
+SIZES = {"long": 2_500_000, "stream_chunk": 1_000, "stream": 300_000, "batch_texts": 256, "batch_len": 2_000,
+         "ref": 100_000, "peer_stream": 20_000, "peer_batch": 256, "peer_batch_len": 200}
+#: A quick run (`isan bench engine --quick`, and the test of the benchmark itself).
+QUICK_SIZES = {"long": 60_000, "stream_chunk": 1_000, "stream": 20_000, "batch_texts": 16, "batch_len": 2_000,
+               "ref": 10_000, "peer_stream": 2_000, "peer_batch": 16, "peer_batch_len": 100,
+               "ngram_train": 500_000}
+STREAM_CHUNK = SIZES["stream_chunk"]
+
+
+def _ortho_flops(d: int, V: int) -> float:
+    """Multiply-adds x 2 of one character without composition: the step (d x (d+1)) and the readout (V x (d+1))."""
+    return 2.0 * (d + 1) * (d + V)
+
+
+def bench_engine(model: str | None, data: str | Path, repeats: int = 3, threads: int | None = None,
+                 peers: bool = True, log=print, progress: bool = True, sizes: dict | None = None,
+                 startup: bool = True) -> dict:
+    """Everything `isan bench engine` reports, measured in this process (medians of ``repeats``).
+
+    Rows (chars/s and the ratio against the per-character float64 reference run in the same
+    process): long-text scoring of 2.5M unseen characters (text8 from offset 10,000,000: the
+    chunk-parallel path), the same on one thread, streaming in 1,000-character chunks (the
+    composed table, float32 and float16), 256 texts of 2,000 characters batched, ingestion
+    without readout, and the peers: onnxruntime running an LSTM of equal parameters (548 units)
+    streaming and batched, and KenLM querying our own order-8 n-gram exported as ARPA (where its
+    Python module is installed, built with MAX_ORDER >= 8). Facts: start-up of `isan score` after
+    first use, resident memory, the table, exactness on the first 100,000 characters against
+    the reference, and where the time goes (GFLOP/s against the FLOP bound, GB/s drawn by the
+    sequential path). ``sizes`` overrides :data:`SIZES` (e.g. :data:`QUICK_SIZES`).
+    """
+    sz = {**SIZES, **(sizes or {})}
+    import subprocess
+    import tempfile
+
+    from tqdm.auto import tqdm
+
+    from isan.engine import Engine, default_model_path
+    from isan.data import read_text8_split
+    from isan.engine.kernels import default_threads, native_status
+
+    threads = threads or default_threads()
+    src = Path(model) if model else default_model_path()
+    t0 = time.perf_counter()
+    eng = Engine.load(src)  # composes the cached table on first use
+    first_load = time.perf_counter() - t0
+    if eng.table is None:
+        raise SystemExit(f"{src} has no trie table; build one with `isan export` or `isan table build`")
+    unseen = read_text8_split(data, "unseen")[: sz["long"]]
+    ids = eng.encode(unseen)
+    n = len(ids)
+    ref = eng.with_path("reference")
+    steps = ["reference", "long text", "long text, 1 thread", "streaming f32", "streaming f16", "batched",
+             "ingest", "onnx LSTM", "KenLM", "start-up"]
+    bar = tqdm(total=len(steps), desc="isan bench engine", unit="step", disable=not progress)
+    rows, raw, facts = [], {}, {}
+
+    def add(name, chars, fn, reps=repeats, baseline="reference"):
+        med, times = median_time(fn, reps)
+        cps = chars / med
+        raw[name] = {"chars": chars, "seconds": times, "median_s": med, "chars_per_s": cps}
+        base = raw.get(baseline)
+        rows.append({"name": name, "chars": chars, "chars_per_s": cps,
+                     "ratio": cps / base["chars_per_s"] if base and name != baseline else 1.0,
+                     "vs": baseline if name != baseline else "-"})
+        log(f"  {name}: {cps:,.0f} chars/s")
+        return med
+
+    # 1. the per-character float64 reference (the baseline of every ratio)
+    ref_ids = ids[: sz["ref"]]
+    ref_result = {}
+
+    def run_ref():
+        ref_result["r"] = ref.score(ref_ids, per_char=True, normalize="none")
+
+    add("reference", len(ref_ids), run_ref)
+    bar.update()
+
+    # 2. long text: chunk-parallel (auto path), all threads, then one thread
+    long_result = {}
+
+    def run_long(th=threads):
+        long_result["r"] = eng.score(ids, per_char=True, normalize="none", threads=th)
+
+    long_name = f"long text ({n:,} unseen chars, chunk-parallel)"
+    add(long_name, n, run_long)
+    r = long_result["r"]
+    err = np.abs(r.per_char_bits[: len(ref_ids)] - ref_result["r"].per_char_bits)
+    facts["long_text"] = {"scoring": r.scoring, "max_abs_bits_vs_reference": float(err.max()),
+                          "reference_chars": len(ref_ids), "bpc": r.bpc, "threads": threads}
+    bar.update()
+    add("long text, 1 thread", n, lambda: run_long(1))
+    bar.update()
+
+    # 3. streaming in 1,000-character chunks through the composed table (float32, then float16)
+    chunks = [ids[i : i + sz["stream_chunk"]] for i in range(0, min(n, sz["stream"]), sz["stream_chunk"])]
+
+    def run_stream(e):
+        st = e.initial_state()
+        for c in chunks:
+            st = e.score(c, state=st, normalize="none", path="composed").state
+
+    nstream = sum(len(c) for c in chunks)
+    med = add("streaming, 1,000-char chunks, float32 table", nstream, lambda: run_stream(eng))
+    cp = eng._composed
+    _, lengths, entries = cp.segment(ids[:nstream])
+    t = eng.table
+    V, d = eng.params.V, eng.d
+    bytes_per_char = (4 * d * (d + 1) * len(entries) + 4 * V * (d + 1) * nstream) / nstream
+    facts["streaming"] = {"avg_match_length": nstream / len(entries), "table_bytes": t.nbytes, "table_entries": t.n_entries,
+                          "bytes_read_per_char_f32": bytes_per_char, "gb_per_s_f32": bytes_per_char * nstream / med / 1e9}
+    bar.update()
+    with tempfile.TemporaryDirectory() as tmp:
+        eng16 = _float16_engine(eng, Path(tmp) / "table16")
+        med16 = add("streaming, 1,000-char chunks, float16 table", nstream, lambda e=eng16: run_stream(e))
+        r16 = eng16.score(ref_ids, per_char=True, normalize="none", path="composed")
+        facts["streaming"]["gb_per_s_f16"] = bytes_per_char / 2 * nstream / med16 / 1e9
+        facts["streaming"]["float16_max_abs_bits_vs_reference"] = float(
+            np.abs(r16.per_char_bits - ref_result["r"].per_char_bits).max())
+        del eng16
+    bar.update()
+
+    # 4. 256 texts of 2,000 characters, batched
+    bt, bl = sz["batch_texts"], sz["batch_len"]
+    texts = [ids[i * bl : (i + 1) * bl] for i in range(bt)]
+    add(f"batched, {bt} texts of {bl:,} chars", bt * bl, lambda: eng.score_batch(texts, normalize="none", threads=threads))
+    bar.update()
+
+    # 5. ingestion without readout
+    add(f"ingest ({n:,} chars, no readout)", n, lambda: eng.advance(ids, normalize="none", threads=threads))
+    bar.update()
+    flops = _ortho_flops(d, V)
+    lt = raw[long_name]
+    facts["long_text"]["gflops"] = flops * n * (1 + r.scoring.get("extra_fraction", 0.0)) / lt["median_s"] / 1e9
+    facts["long_text"]["flops_per_char"] = flops
+    facts["long_text"]["flop_bound_chars_per_s_at_100_gflops_per_core"] = 100e9 * threads / flops
+
+    facts["rss_mib_engine"] = rss_mb()  # before the peers load their models
+    facts["peak_rss_mib_engine"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    # 6. peers: onnxruntime LSTM of equal parameters; KenLM over our n-gram
+    peer_rows = []
+    if peers:
+        try:
+            peer_rows += _bench_onnx_lstm(ids, repeats, log, sz)
+        except ImportError as e:  # the onnx or train extra is missing
+            facts["onnx_lstm"] = f"not run: {e}"
+        bar.update()
+        try:
+            peer_rows += _bench_kenlm(data, ids, repeats, log, train_chars=sz.get("ngram_train"))
+        except _PeerUnavailable as e:
+            facts["kenlm"] = f"not run: {e}"
+        bar.update()
+    else:
+        bar.update(2)
+    for pr in peer_rows:
+        base = raw["reference"]["chars_per_s"]
+        rows.append({**pr, "ratio": pr["chars_per_s"] / base, "vs": "reference"})
+
+    # 7. start-up of `isan score` after first use, and memory
+    probe = unseen[:1000]
+    times = []
+    for _ in range(max(3, repeats) if startup else 0):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "isan.cli", "score", "--json", "-"] + (["--model", str(model)] if model else []),
+                       input=probe, capture_output=True, text=True, check=True)
+        times.append(time.perf_counter() - t0)
+    facts["startup_s"] = statistics.median(times) if times else None
+    t0 = time.perf_counter()
+    Engine.load(src)
+    facts["load_s_in_process"] = time.perf_counter() - t0
+    facts["first_load_s"] = first_load
+    facts["rss_mib"] = rss_mb()
+    facts["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    facts["kernels"] = native_status()
+    bar.update()
+    bar.close()
+    return {"benchmark": "engine", "machine": machine(), "command": " ".join(["isan"] + sys.argv[1:]),
+            "model": eng.describe(), "repeats": repeats, "threads": threads, "rows": rows, "facts": facts, "raw": raw}
+
+
+class _PeerUnavailable(Exception):
+    pass
+
+
+def _float16_engine(eng, out: Path):
+    """The same model with its table's keys composed into a float16 table at ``out``."""
+    from isan.engine import Engine
+    from isan.trie_tables.build import build_table
+    from isan.trie_tables.format import load_table
+
+    t = eng.table
+    keys = [k for k in t.trie.keys()]
+    build_table(out, eng.params32, eng.alphabet, keys, eng.params_sha256, dtype="float16", max_len=t.max_len)
+    table16 = load_table(out, eng.params_sha256, eng.alphabet, eng.d)
+    return Engine(eng.params32, eng.alphabet, eng.manifest, source=str(out), table=table16)
+
+
+def _bench_onnx_lstm(ids: np.ndarray, repeats: int, log, sz: dict) -> list[dict]:
+    """onnxruntime (CPU) running an LSTM of the shipped ISAN's parameter count (548 units, random
+    weights: the cost does not depend on them), streaming one text and batching 256 streams."""
+    import tempfile
+
+    import torch  # noqa: F401  (the train extra: initialises the LSTM; ImportError when missing)
+
+    from isan.alphabet import Alphabet
+    from isan.engine.bundle import write_bundle
+    from isan.engine.runners.onnx import OnnxRunner
+    from isan.export.onnx_export import onnx_hook
+    from isan.train.baselines import LSTM
+
+    a = Alphabet.text8()
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        lstm = LSTM.for_budget(27, 27, 1.28e6, seed=0)
+        tensors = {k: v.detach().numpy().astype(np.float32) for k, v in lstm.state_dict().items()}
+        lstm_dir = write_bundle(Path(tmp) / "lstm", tensors, a, kind="lstm", extra={"model": lstm.config(), "d": lstm.d},
+                                hook=onnx_hook)
+        r = OnnxRunner.load(lstm_dir, device="cpu")
+        s0 = r.initial_state()
+        x = ids[: sz["peer_stream"]]
+        med, _ = median_time(lambda: r.score_ids(x, s0), repeats)
+        n_params = int(sum(v.size for v in tensors.values()))
+        out.append({"name": f"peer: onnxruntime LSTM {lstm.d} units ({n_params:,} params), streaming", "chars": len(x),
+                    "chars_per_s": len(x) / med, "provider": r.provider})
+        pb, pl = sz["peer_batch"], sz["peer_batch_len"]
+        texts = [ids[i * pl : (i + 1) * pl] for i in range(pb)]
+        med, _ = median_time(lambda: r.score_batch(texts), repeats)
+        out.append({"name": f"peer: onnxruntime LSTM, batched {pb} streams", "chars": pb * pl,
+                    "chars_per_s": pb * pl / med, "provider": r.provider})
+    for o in out:
+        log(f"  {o['name']}: {o['chars_per_s']:,.0f} chars/s")
+    return out
+
+
+def _bench_kenlm(data, ids: np.ndarray, repeats: int, log, train_chars: int | None = None) -> list[dict]:
+    """KenLM's Python module querying our order-8 n-gram (counted on the train split, or its first
+    ``train_chars`` characters for a quick run, exported as ARPA into the cache,
+    ``$ISAN_CACHE_DIR/bench``), one character at a time, one thread. Whether this KenLM build loads
+    order 8 at all is checked first, on a tiny model, so that nothing is counted in vain."""
+    import hashlib
+
+    try:
+        import kenlm
+    except ImportError:
+        raise _PeerUnavailable("the kenlm module is not installed (MAX_ORDER=8 pip install --no-cache-dir kenlm)") from None
+    from isan.alphabet import Alphabet
+    from isan.data import read_text8_split
+    from isan.train.ngram import fit
+    from isan.export.arpa import symbol_words, write_arpa
+    from isan.trie_tables.build import cache_dir
+
+    a = Alphabet.text8()
+    probe = cache_dir() / "bench" / "probe-order8.arpa"
+    if not probe.is_file():
+        write_arpa(fit(a.encode("the quick brown fox jumps over the lazy dog " * 4), 27, 8), a, probe)
+    try:
+        kenlm.Model(str(probe))
+    except (OSError, RuntimeError) as e:
+        raise _PeerUnavailable(f"this KenLM build cannot load order-8 models ({str(e).splitlines()[0][:120]}); rebuild "
+                               "it with MAX_ORDER=8 pip install --no-cache-dir --force-reinstall kenlm") from None
+    train = read_text8_split(data, "train")
+    if train_chars:
+        train = train[:train_chars]
+    key = hashlib.sha256(train.encode()).hexdigest()[:16]
+    path = cache_dir() / "bench" / f"text8-train-{key}-order8.arpa"
+    if not path.is_file():
+        log("  counting the order-8 n-gram and writing it as ARPA (once; cached)")
+        write_arpa(fit(a.encode(train), 27, 8), a, path)
+    try:
+        m = kenlm.Model(str(path))
+    except (OSError, RuntimeError) as e:
+        raise _PeerUnavailable(f"KenLM cannot load the order-8 model ({str(e).splitlines()[0][:120]}); rebuild it with "
+                               "MAX_ORDER=8 pip install --no-cache-dir --force-reinstall kenlm") from None
+    words = np.array(symbol_words(a.symbols), dtype=object)[ids].tolist()
+    res = {}
+
+    def query():
+        s, s2 = kenlm.State(), kenlm.State()
+        m.NullContextWrite(s)
+        total = 0.0
+        score = m.BaseScore
+        for w in words:
+            total += score(s, w, s2)
+            s, s2 = s2, s
+        res["bpc"] = -total * np.log2(10.0) / len(words)
+
+    med, _ = median_time(query, repeats)
+    what = "order-8 n-gram" if not train_chars else f"order-8 n-gram of {len(train):,} train characters"
+    row = {"name": f"peer: KenLM (Python module) querying our {what}, 1 thread", "chars": len(words),
+           "chars_per_s": len(words) / med, "bpc": res["bpc"]}
+    log(f"  {row['name']}: {row['chars_per_s']:,.0f} chars/s, {row['bpc']:.4f} bpc")
+    return [row]
+
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def markdown(result: dict) -> str:
+    m = result["machine"]
+    lines = [f"Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, numpy {m['numpy']}; "
+             f"kernels {result['facts']['kernels'].get('isa')}, {result['threads']} threads",
+             f"Command: `{result['command']}`  (median of {result['repeats']} runs)", "",
+             "| measurement | chars | chars/s | vs reference |", "|---|---:|---:|---:|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['name']} | {r['chars']:,} | {r['chars_per_s']:,.0f} | {r['ratio']:.2f}x |")
+    f = result["facts"]
+    lt, sm = f["long_text"], f.get("streaming", {})
+    sc = lt["scoring"]
+    lines += ["", "| fact | value |", "|---|---|",
+              f"| long text: chunks, extra work, residual | {sc.get('chunks')}, {sc.get('extra_fraction', 0):.1%}, "
+              f"{sc.get('residual', 0):.1e} (stop at rtol {sc.get('rtol')} / margin {sc.get('margin')}) |",
+              f"| long text: max bits/char from the float64 reference (first {lt['reference_chars']:,} chars) | {lt['max_abs_bits_vs_reference']:.1e} |",
+              f"| long text: GFLOP/s ({lt['flops_per_char'] / 1e3:.0f} kFLOP a character) | {lt['gflops']:.0f} |",
+              f"| streaming: average match, bytes read a character (float32) | {sm.get('avg_match_length', 0):.2f}, "
+              f"{sm.get('bytes_read_per_char_f32', 0) / 1e3:.0f} KB |",
+              f"| streaming: bandwidth drawn (float32 / float16) | {sm.get('gb_per_s_f32', 0):.1f} / {sm.get('gb_per_s_f16', 0):.1f} GB/s |",
+              f"| float16 table: max bits/char from the reference | {sm.get('float16_max_abs_bits_vs_reference', float('nan')):.3f} |",
+              f"| table | {sm.get('table_entries', 0):,} entries, {sm.get('table_bytes', 0) / 2**20:.0f} MiB |",
+              "| start-up of `isan score` (process, after first use) | "
+              + (f"{f['startup_s']:.2f} s |" if f.get("startup_s") is not None else "not measured |"),
+              f"| resident memory of this process before the peers ran (now / peak) | {f['rss_mib_engine']:.0f} MiB / "
+              f"{f['peak_rss_mib_engine']:.0f} MiB |"]
+    for k in ("onnx_lstm", "kenlm"):
+        if isinstance(f.get(k), str):
+            lines.append(f"| {k} | {f[k]} |")
+    return "\n".join(lines)
+
+
+def write_json(result: dict, out: str | Path) -> None:
+    from isan.atomic import write_json_atomic
+
+    write_json_atomic(out, result)
+
+
+def bench_budgets(model: str | None, train_text: str, test_text: str, budgets: list[str], repeats: int = 3,
+                  chars: int = 200_000, chunk: int = STREAM_CHUNK, dtypes=("float32", "float16"),
+                  threads: int | None = None, log=print) -> dict:
+    """Streaming (``chunk``-character calls, the state carried) through tables of several sizes and
+    storage types, one thread and ``threads`` threads, against the per-character reference.
+
+    Tables are mined from ``train_text`` (the train split) and built into a temporary directory;
+    timing runs on ``test_text``. A bigger table gives longer matches (fewer jumps) but more of it
+    lives in memory rather than in the L3 cache, so each jump reads slower (DESIGN.md section 6).
+    """
+    import tempfile
+
+    from isan.engine import Engine, default_model_path
+    from isan.engine.kernels import default_threads
+    from isan.trie_tables.build import build_from_recipe, plan_table
+    from isan.trie_tables.format import load_table
+
+    threads = threads or default_threads()
+    src = Path(model) if model else default_model_path()
+    base = Engine.load(src, path_mode="reference")
+    a = base.alphabet
+    train = a.encode(train_text)
+    ids = a.encode(test_text)[:chars]
+    med, _ = median_time(lambda: base.score(ids, normalize="none"), repeats)
+    ref_cps = len(ids) / med
+    rows = [{"budget": "none (reference, float64)", "dtype": "float64", "entries": 0, "table_mib": 0.0,
+             "avg_match_length": 1.0, "chars_per_s_1": ref_cps, "chars_per_s_n": None, "ratio": 1.0}]
+    chunks = [ids[i : i + chunk] for i in range(0, len(ids), chunk)]
+
+    def stream(eng, th):
+        st = eng.initial_state()
+        for c in chunks:
+            st = eng.score(c, state=st, normalize="none", path="composed", threads=th).state
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for b in budgets:
+            for dt in dtypes:
+                rec = plan_table(train, base.params32, a, budget=b, dtype=dt)
+                d = build_from_recipe(Path(tmp) / f"{b}-{dt}", rec, base.params32, a, base.params_sha256)
+                table = load_table(d, base.params_sha256, a, base.d)
+                eng = Engine(base.params32, a, base.manifest, table=table)
+                med1, _ = median_time(lambda: stream(eng, 1), repeats)
+                eng2 = Engine(base.params32, a, base.manifest, table=table)  # a fresh thread chooser
+                medn, _ = median_time(lambda: stream(eng2, threads), repeats) if threads > 1 else (None, None)
+                _, _, ent = eng._composed.segment(ids)
+                rows.append({"budget": b, "dtype": dt, "entries": len(rec["keys"]), "table_mib": table.nbytes / 2**20,
+                             "avg_match_length": len(ids) / len(ent), "chars_per_s_1": len(ids) / med1,
+                             "chars_per_s_n": len(ids) / medn if medn else None, "ratio": len(ids) / med1 / ref_cps})
+                log(f"  {b} {dt}: {rows[-1]['chars_per_s_1']:,.0f} chars/s (1 thread)"
+                    + (f", {rows[-1]['chars_per_s_n']:,.0f} ({threads} threads)" if medn else ""))
+                shutil.rmtree(d, ignore_errors=True)
+    return {"benchmark": "table budgets", "machine": machine(), "command": " ".join(["isan"] + sys.argv[1:]),
+            "chars": len(ids), "chunk": chunk, "threads": threads, "repeats": repeats, "rows": rows}
+
+
+def markdown_budgets(result: dict) -> str:
+    m = result["machine"]
+    th = result["threads"]
+    lines = [f"Machine: {m['cpu']}, {m['cores']} cores, numpy {m['numpy']}",
+             f"Command: `{result['command']}`  ({result['chars']:,} chars of the test split in "
+             f"{result['chunk']:,}-character calls, median of {result['repeats']})", "",
+             f"| table budget | dtype | entries | MiB | avg match (chars) | chars/s, 1 thread | chars/s, {th} threads | 1 thread vs reference |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        n = f"{r['chars_per_s_n']:,.0f}" if r["chars_per_s_n"] else "-"
+        lines.append(f"| {r['budget']} | {r['dtype']} | {r['entries']:,} | {r['table_mib']:.0f} | {r['avg_match_length']:.2f} | "
+                     f"{r['chars_per_s_1']:,.0f} | {n} | {r['ratio']:.2f}x |")
+    return "\n".join(lines)
+
+
+def bench_onnx(text: str, repeats: int = 3, stream_chars: int = 50_000, steps: int = 2000, batch: int = 64,
+               batch_chars: int = 128_000, device: str = "cpu", log=print) -> dict:
+    """onnxruntime: the default ISAN (d=216) against an LSTM of equal parameter count (random weights).
+
+    Measures single-step latency (``model.onnx``, one character, batch 1), streaming scoring
+    through the sequence graph, and batched scoring of ``batch`` streams. Needs the ``onnx`` and
+    ``train`` extras (torch only to initialise the LSTM).
+    """
+    import tempfile
+
+    from isan.alphabet import Alphabet
+    from isan.engine import Engine, default_model_path
+    from isan.engine.bundle import write_bundle
+    from isan.engine.runners.onnx import OnnxRunner
+    from isan.export.checkpoint import export_from_bundle
+    from isan.export.onnx_export import onnx_hook
+    from isan.train.baselines import LSTM
+
+    a = Alphabet.text8()
+    ids = a.encode(text)
+    results, rows = {}, []
+    with tempfile.TemporaryDirectory() as tmp:
+        isan_dir = export_from_bundle(default_model_path(), Path(tmp) / "isan", onnx=True)
+        lstm = LSTM.for_budget(27, 27, 1.28e6, seed=0)
+        tensors = {k: v.detach().numpy().astype(np.float32) for k, v in lstm.state_dict().items()}
+        lstm_dir = write_bundle(Path(tmp) / "lstm", tensors, a, kind="lstm", extra={"model": lstm.config(), "d": lstm.d},
+                                hook=onnx_hook)
+        n_params = {"isan": Engine.load(isan_dir, path_mode="reference").params32.n_params(),
+                    "lstm": int(sum(v.size for v in tensors.values()))}
+        for name, d in (("isan", isan_dir), ("lstm", lstm_dir)):
+            r = OnnxRunner.load(d, device=device)
+            s0 = r.initial_state()
+            x = ids[:stream_chars]
+            med, _ = median_time(lambda: r.score_ids(x, s0), repeats)
+            stream = len(x) / med
+            toks = ids[:steps]
+            st = s0[None, :].astype(np.float32)
+
+            def stepper():
+                s = st
+                for t in toks:
+                    _, s = r.step(np.array([t]), s)
+
+            med, _ = median_time(stepper, repeats)
+            step_us = med / len(toks) * 1e6
+            n = batch_chars // batch
+            texts = [ids[i * n : (i + 1) * n] for i in range(batch)]
+            med, _ = median_time(lambda: r.score_batch(texts), repeats)
+            batched = n * batch / med
+            results[name] = {"provider": r.provider, "params": n_params[name], "stream_chars_per_s": stream,
+                             "step_us": step_us, "step_chars_per_s": 1e6 / step_us, "batched_chars_per_s": batched}
+            log(f"  {name}: stream {stream:,.0f} chars/s, step {step_us:.1f} us, batch {batched:,.0f} chars/s")
+    for key, label in (("step_chars_per_s", "single step, batch 1 (model.onnx)"),
+                       ("stream_chars_per_s", "streaming, 1 stream (sequence.onnx)"),
+                       ("batched_chars_per_s", f"batched, {batch} streams (sequence.onnx)")):
+        rows.append({"name": label, "isan": results["isan"][key], "lstm": results["lstm"][key],
+                     "ratio": results["isan"][key] / results["lstm"][key]})
+    return {"benchmark": "onnx", "machine": machine(), "command": " ".join(["isan"] + sys.argv[1:]),
+            "repeats": repeats, "models": results, "rows": rows}
+
+
+def markdown_onnx(result: dict) -> str:
+    m, md = result["machine"], result["models"]
+    lines = [f"Machine: {m['cpu']}, {m['cores']} cores; onnxruntime provider: {md['isan']['provider']}",
+             f"Command: `{result['command']}`  (median of {result['repeats']})",
+             f"Models: ISAN d=216 ({md['isan']['params']:,} parameters), LSTM 548 units ({md['lstm']['params']:,} parameters)", "",
+             "| measurement | ISAN chars/s | LSTM chars/s | ISAN / LSTM |", "|---|---:|---:|---:|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['name']} | {r['isan']:,.0f} | {r['lstm']:,.0f} | {r['ratio']:.2f}x |")
+    return "\n".join(lines)

@@ -1,0 +1,503 @@
+"""The load benchmark behind ``isan bench serve``: a real ``isan-serve`` process under many clients.
+
+The server runs in a subprocess (its own interpreter, so client and server do not share a GIL; they
+do share the machine's cores). Measurements, each checked against the library's offline bits:
+
+* **http**: ``clients`` closed-loop clients each POST texts of ``text_chars`` characters (slices of
+  real text) for ``duration_s`` seconds over keep-alive connections: requests/s, latency p50/p90/p99,
+  statuses, and the largest relative difference of a response's bits from ``Engine.score``.
+* **stream**: ``streams`` WebSocket streams open at once, each sending ``chunks`` chunks of
+  ``chunk_chars`` characters (a fixed size, or sizes drawn uniformly from a range such as 1-400)
+  and waiting for each answer: per-chunk latency p50/p90/p99, frames/s, every stream's running
+  total against scoring its whole text offline, and the server's resident memory before and at
+  its peak during the run.
+* **memory**: ``big_requests`` concurrent requests of ``big_chars`` characters: the server's resident
+  memory before and at its peak (sampled from /proc), the statuses (503 beyond the budget).
+* **cancel**: ``cancel_clients`` clients each send a request of ``big_chars`` characters (at most
+  500,000) and disconnect after ``cancel_after_s``; then a new stream sends a chunk: how many of
+  their characters were scored before the server dropped them (from ``/metrics``), and how long
+  the new stream waited.
+* **slow**: ``slow_conns`` connections each declare a 1,000-byte body and send 14 bytes of it:
+  how many the server refuses at once (503, ``--max-connections``), how many it answers 408
+  (``--read-timeout``) and when the last one is closed; then whether a normal request is served.
+
+Example:
+    >>> res = run_bench(model=None, data="../shared/data/text8_head/text8_head.txt", clients=100)
+    >>> res["http"]["requests_per_s"], res["http"]["latency_s"]["p99"]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from isan.errors import IsanError
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pct(xs: list[float]) -> dict:
+    if not xs:
+        return {"p50": None, "p90": None, "p99": None, "max": None}
+    a = np.asarray(xs)
+    return {"p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99)),
+            "max": float(a.max())}
+
+
+def _rss_mib(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of a process in MiB."""
+    rss = hwm = 0.0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) / 1024
+            elif line.startswith("VmHWM:"):
+                hwm = int(line.split()[1]) / 1024
+    return rss, hwm
+
+
+class ServerProcess:
+    """``python -m isan.engine.serve`` on a free port, stopped by :meth:`stop` (or as a context manager)."""
+
+    def __init__(self, args: list[str], timeout_s: float = 300.0):
+        self.port = _free_port()
+        cmd = [sys.executable, "-m", "isan.engine.serve", "--port", str(self.port), "--log-level", "warning", *args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.url = f"127.0.0.1:{self.port}"
+        deadline = time.time() + timeout_s
+        while True:  # the server listens while it loads the model: wait until /healthz says ready
+            if self.proc.poll() is not None:
+                raise IsanError(f"isan-serve exited: {self.proc.stderr.read().decode()[-2000:]}")
+            if self._ready():
+                break
+            if time.time() > deadline:
+                self.stop()
+                raise IsanError(f"isan-serve was not ready within {timeout_s:g} s")
+            time.sleep(0.2)
+
+    def _ready(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                data = b""
+                while chunk := s.recv(65536):
+                    data += chunk
+        except OSError:
+            return False
+        return b'"status":"ready"' in data
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:  # pragma: no cover
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+# ---- a small HTTP/1.1 keep-alive client (asyncio streams; cheaper than a full client per request) ----
+class HttpConn:
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+        self.reader = self.writer = None
+
+    async def open(self):
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+
+    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+        if self.writer is None:
+            await self.open()
+        head = (f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        self.writer.write(head + body)
+        await self.writer.drain()
+        status_line = await self.reader.readline()
+        if not status_line:
+            raise ConnectionError("server closed the connection")
+        status = int(status_line.split()[1])
+        length, close = 0, False
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            k, _, v = line.decode("latin-1").partition(":")
+            k = k.strip().lower()
+            if k == "content-length":
+                length = int(v)
+            elif k == "connection" and v.strip().lower() == "close":
+                close = True
+        data = await self.reader.readexactly(length) if length else b""
+        if close:
+            self.close()
+        return status, data
+
+    def close(self):
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
+async def _http_load(host, port, texts, expected, clients, duration_s):
+    lat: list[float] = []
+    statuses: dict[int, int] = {}
+    worst = [0.0]
+    stop_at = time.perf_counter() + duration_s
+    bodies = [json.dumps({"text": t}).encode() for t in texts]
+
+    async def client(k):
+        conn = HttpConn(host, port)
+        i = k
+        while time.perf_counter() < stop_at:
+            j = i % len(texts)
+            i += clients
+            t0 = time.perf_counter()
+            try:
+                st, data = await conn.request("POST", "/v1/score", bodies[j])
+            except (ConnectionError, asyncio.IncompleteReadError, OSError):
+                statuses[-1] = statuses.get(-1, 0) + 1
+                conn.close()
+                continue
+            lat.append(time.perf_counter() - t0)
+            statuses[st] = statuses.get(st, 0) + 1
+            if st == 200:
+                b = json.loads(data)["bits"]
+                worst[0] = max(worst[0], abs(b - expected[j]) / abs(expected[j]))
+        conn.close()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client(k) for k in range(clients)))
+    wall = time.perf_counter() - t0
+    ok = statuses.get(200, 0)
+    return {"clients": clients, "text_chars": len(texts[0]), "seconds": round(wall, 3), "requests": sum(statuses.values()),
+            "ok": ok, "statuses": {str(k): v for k, v in sorted(statuses.items())},
+            "requests_per_s": ok / wall, "chars_per_s": ok * len(texts[0]) / wall, "latency_s": _pct(lat),
+            "max_rel_bits_error": worst[0]}
+
+
+async def _stream_load(host, port, stream_texts, expected, plans, pid=None):
+    """Every stream sends its text in chunks of the sizes in ``plans[k]``, waiting for each answer."""
+    from websockets.asyncio.client import connect
+
+    lat: list[float] = []
+    errors: list[str] = []
+    worst = [0.0]
+    opened = asyncio.Event()
+    n_open = [0]
+    rss0 = _rss_mib(pid)[0] if pid else None
+    peak = [rss0 or 0.0]
+    done = asyncio.Event()
+
+    async def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss_mib(pid)[0])
+            await asyncio.sleep(0.05)
+
+    async def stream(k):
+        text = stream_texts[k]
+        try:
+            async with connect(f"ws://{host}:{port}/v1/stream", max_size=None, ping_interval=None,
+                               open_timeout=120, close_timeout=10) as ws:
+                n_open[0] += 1
+                if n_open[0] == len(stream_texts):
+                    opened.set()
+                await asyncio.wait_for(opened.wait(), 180)  # all streams open before any sends
+                msg = None
+                pos = 0
+                for size in plans[k]:
+                    t0 = time.perf_counter()
+                    await ws.send(json.dumps({"text": text[pos : pos + size]}))
+                    pos += size
+                    msg = json.loads(await ws.recv())
+                    lat.append(time.perf_counter() - t0)
+                    if "error" in msg:
+                        errors.append(msg["error"][:200])
+                        return
+                worst[0] = max(worst[0], abs(msg["total_bits"] - expected[k]) / abs(expected[k]))
+        except Exception as e:  # noqa: BLE001 - reported, not raised: the benchmark counts failures
+            errors.append(f"{type(e).__name__}: {e}"[:200])
+            opened.set()
+
+    sampler = asyncio.ensure_future(sample()) if pid else None
+    t0 = time.perf_counter()
+    await asyncio.gather(*(stream(k) for k in range(len(stream_texts))))
+    wall = time.perf_counter() - t0
+    done.set()
+    if sampler is not None:
+        await sampler
+    sizes = [c for p in plans for c in p]
+    out = {"streams": len(stream_texts), "chunks": len(plans[0]) if plans else 0,
+           "chunk_chars": f"{min(sizes)}-{max(sizes)}" if sizes and min(sizes) != max(sizes) else (sizes[0] if sizes else 0),
+           "mean_chunk_chars": round(float(np.mean(sizes)), 1) if sizes else 0, "seconds": round(wall, 3),
+           "frames_ok": len(lat) - len(errors), "errors": len(errors), "first_errors": errors[:3],
+           "frames_per_s": len(lat) / wall, "chars_per_s": sum(sizes) / wall if not errors else None,
+           "chunk_latency_s": _pct(lat), "max_rel_bits_error": worst[0]}
+    if pid:
+        out["rss_before_mib"], out["rss_peak_mib"] = round(rss0, 1), round(peak[0], 1)
+    return out
+
+
+async def _slow_probe(host, port, n, sent=14, declared=1000):
+    """``n`` connections that declare a body of ``declared`` bytes and send ``sent``."""
+    t0 = time.perf_counter()
+    conns = []
+    for _ in range(n):
+        try:
+            r, w = await asyncio.open_connection(host, port)
+        except OSError:
+            conns.append(None)
+            continue
+        w.write((f"POST /v1/score HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {declared}\r\n\r\n").encode() + b'{"text": "ab' + b"c" * (sent - 12))
+        conns.append((r, w))
+
+    async def outcome(c):
+        if c is None:
+            return "refused", 0.0
+        r, w = c
+        try:
+            line = await asyncio.wait_for(r.readline(), 120)
+            await asyncio.wait_for(r.read(), 10)
+        except (asyncio.TimeoutError, OSError):
+            line = b""
+        dt = time.perf_counter() - t0
+        w.close()
+        status = line.split()[1].decode() if len(line.split()) > 1 else "closed"
+        return status, dt
+
+    res = await asyncio.gather(*(outcome(c) for c in conns))
+    statuses: dict[str, int] = {}
+    for st, _ in res:
+        statuses[st] = statuses.get(st, 0) + 1
+    conn = HttpConn(host, port)
+    st, _ = await conn.request("POST", "/v1/score", json.dumps({"text": "the cat sat on the mat"}).encode())
+    conn.close()
+    return {"connections": n, "declared_bytes": declared, "sent_bytes": sent, "statuses": statuses,
+            "last_closed_after_s": round(max(dt for _, dt in res), 2), "then_a_request": st}
+
+
+async def _memory_probe(host, port, pid, big_text, n):
+    rss0, _ = _rss_mib(pid)
+    peak = [rss0]
+    done = asyncio.Event()
+
+    async def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss_mib(pid)[0])
+            await asyncio.sleep(0.02)
+
+    body = json.dumps({"text": big_text}).encode()
+
+    async def one():
+        conn = HttpConn(host, port)
+        t0 = time.perf_counter()
+        st, data = await conn.request("POST", "/v1/score", body)
+        conn.close()
+        return st, time.perf_counter() - t0
+
+    sampler = asyncio.ensure_future(sample())
+    res = await asyncio.gather(*(one() for _ in range(n)))
+    done.set()
+    await sampler
+    statuses: dict[str, int] = {}
+    for st, _ in res:
+        statuses[str(st)] = statuses.get(str(st), 0) + 1
+    ok = max(1, statuses.get("200", 0))
+    return {"requests": n, "chars": len(big_text), "statuses": statuses, "rss_before_mib": round(rss0, 1),
+            "rss_peak_mib": round(peak[0], 1), "peak_extra_mib_per_admitted_request": round((peak[0] - rss0) / ok, 1),
+            "latency_s": _pct([t for _, t in res])}
+
+
+def _metric(text: str, name: str, labels: str = "") -> float:
+    pat = re.escape(name) + (r"\{" + re.escape(labels) + r"\}" if labels else "") + r" ([0-9.eE+-]+)"
+    m = re.search(pat, text)
+    return float(m.group(1)) if m else 0.0
+
+
+async def _cancel_probe(host, port, big_text, after_s, clients=12):
+    """``clients`` clients each send ``big_text`` and disconnect after ``after_s``; then a new stream
+    sends a 200-character chunk: how much of the big texts was scored, and how long the new stream waited."""
+    from websockets.asyncio.client import connect
+
+    async def metrics():
+        c = HttpConn(host, port)
+        st, data = await c.request("GET", "/metrics")
+        c.close()
+        return data.decode()
+
+    m0 = await metrics()
+    body = json.dumps({"text": big_text}).encode()
+    writers = []
+    for _ in range(clients):
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write((f"POST /v1/score HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+        writers.append(writer)
+    await asyncio.gather(*(w.drain() for w in writers))
+    await asyncio.sleep(after_s)
+    for w in writers:
+        w.close()
+    t0 = time.perf_counter()
+    async with connect(f"ws://{host}:{port}/v1/stream", ping_interval=None, open_timeout=120) as ws:
+        await ws.send(json.dumps({"text": big_text[:200]}))
+        json.loads(await ws.recv())
+    stream_wait = time.perf_counter() - t0
+    await asyncio.sleep(max(1.0, 4 * after_s))  # the server notices, drops the jobs; in-flight rounds finish
+    m1 = await metrics()
+    scored = _metric(m1, "isan_chars_scored_total") - _metric(m0, "isan_chars_scored_total")
+    cancelled = (_metric(m1, "isan_cancelled_total", 'reason="disconnect"')
+                 - _metric(m0, "isan_cancelled_total", 'reason="disconnect"'))
+    return {"clients": clients, "chars": len(big_text), "disconnect_after_s": after_s, "chars_scored": int(scored),
+            "cancelled": int(cancelled), "new_stream_first_chunk_s": round(stream_wait, 3)}
+
+
+def parse_chunk_chars(spec) -> tuple[int, int]:
+    """``200`` -> (200, 200); ``"1-400"`` -> (1, 400)."""
+    text = str(spec)
+    lo, _, hi = text.partition("-")
+    try:
+        a, b = int(lo), int(hi or lo)
+    except ValueError:
+        raise IsanError(f"chunk sizes must be N or MIN-MAX; got {text!r}") from None
+    if not 1 <= a <= b:
+        raise IsanError(f"chunk sizes must satisfy 1 <= MIN <= MAX; got {text!r}")
+    return a, b
+
+
+def run_bench(model: str | None = None, data: str = "../shared/data/text8_head/text8_head.txt", clients: int = 100,
+              text_chars: int = 1000, duration_s: float = 10.0, streams: int = 1000, chunks: int = 5,
+              chunk_chars="1-400", big_chars: int = 1_000_000, big_requests: int = 4, cancel_after_s: float = 0.5,
+              slow_conns: int = 500, cancel_clients: int = 12, server_args: list[str] | None = None,
+              which: tuple[str, ...] = ("http", "stream", "memory", "cancel", "slow"), seed: int = 0,
+              progress=None) -> dict:
+    """Start ``isan-serve`` and measure it (see the module docstring); returns a JSON-able dict.
+
+    Texts come from the text8-10M valid split (``data``); the memory and cancel probes use the
+    test split's first ``big_chars`` characters (at most 500,000 each, repeated to length).
+    """
+    from isan.engine import load_engine
+    from isan.data import read_text8_split
+
+    say = progress or (lambda msg: None)
+    valid = read_text8_split(data, "valid")
+    test = read_text8_split(data, "test")
+    eng = load_engine(model)
+    out: dict = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                             "python": platform.python_version()},
+                 "server_args": list(server_args or [])}
+    args = list(server_args or [])
+    if model:
+        args += ["--model", str(model)]
+    with ServerProcess(args) as srv:
+        out["server_pid_rss_mib_idle"] = round(_rss_mib(srv.pid)[0], 1)
+        host, port = "127.0.0.1", srv.port
+        if "http" in which:
+            n = max(1, min(len(valid) // text_chars, max(2 * clients, 16), 200))  # distinct texts, cycled
+            texts = [valid[i * text_chars : (i + 1) * text_chars] for i in range(n)]
+            say(f"http: {clients} clients posting {text_chars}-character texts for {duration_s:g} s")
+            expected = [r.bits for r in (eng.score(t) for t in texts)]
+            asyncio.run(_http_load(host, port, texts[:2], expected[:2], 2, 1.0))  # warm-up
+            out["http"] = asyncio.run(_http_load(host, port, texts, expected, clients, duration_s))
+        if "stream" in which:
+            lo, hi = parse_chunk_chars(chunk_chars)
+            rng = np.random.default_rng(seed)
+            plans = [rng.integers(lo, hi + 1, size=chunks).tolist() for _ in range(streams)]
+            starts = rng.integers(0, max(1, len(valid) - chunks * hi), size=streams)
+            stream_texts = [valid[a : a + sum(p)] for a, p in zip(starts, plans)]
+            say(f"stream: {streams} WebSocket streams x {chunks} chunks of {lo}-{hi} characters")
+            expected = [eng.score(t).bits for t in stream_texts]  # offline, on the engine's own path
+            out["stream"] = asyncio.run(_stream_load(host, port, stream_texts, expected, plans, srv.pid))
+        big = (test * (big_chars // len(test) + 1))[:big_chars]
+        if "memory" in which:
+            say(f"memory: {big_requests} concurrent requests of {big_chars:,} characters")
+            out["memory"] = asyncio.run(_memory_probe(host, port, srv.pid, big, big_requests))
+        if "cancel" in which:
+            n = min(big_chars, 500_000)
+            say(f"cancel: {cancel_clients} clients send {n:,} characters and leave after {cancel_after_s:g} s; then a "
+                "new stream")
+            out["cancel"] = asyncio.run(_cancel_probe(host, port, big[:n], cancel_after_s, cancel_clients))
+        if "slow" in which:
+            say(f"slow: {slow_conns} connections that send 14 of the 1,000 bytes they declare")
+            out["slow"] = asyncio.run(_slow_probe(host, port, slow_conns))
+        out["server_rss_mib_end"], out["server_rss_mib_peak"] = (round(x, 1) for x in _rss_mib(srv.pid))
+    return out
+
+
+def markdown(res: dict) -> str:
+    """The results as the README's tables."""
+    lines = [f"Machine: {res['machine']['cpu']}, {res['machine']['cores']} cores, Python {res['machine']['python']}; "
+             f"server options: {' '.join(res['server_args']) or '(defaults)'}", ""]
+    f = lambda x: "-" if x is None else f"{x * 1000:,.0f} ms"  # noqa: E731
+    pct = lambda d: f"{f(d['p50'])} / {f(d['p90'])} / {f(d['p99'])}"  # noqa: E731
+    if "http" in res:
+        h = res["http"]
+        lines += ["| HTTP load | value |", "|---|---:|",
+                  f"| clients x text | {h['clients']} x {h['text_chars']:,} chars |",
+                  f"| requests/s (200) | {h['requests_per_s']:,.1f} |",
+                  f"| chars/s | {h['chars_per_s']:,.0f} |",
+                  f"| latency p50 / p90 / p99 | {pct(h['latency_s'])} |",
+                  f"| statuses | {h['statuses']} |",
+                  f"| max relative bits difference from offline | {h['max_rel_bits_error']:.2e} |", ""]
+    if "stream" in res:
+        s = res["stream"]
+        lines += ["| WebSocket load | value |", "|---|---:|",
+                  f"| streams x chunks x chars | {s['streams']} x {s['chunks']} x {s['chunk_chars']} "
+                  f"(mean {s['mean_chunk_chars']}) |",
+                  f"| frames/s | {s['frames_per_s']:,.1f} |",
+                  f"| chunk latency p50 / p90 / p99 | {pct(s['chunk_latency_s'])} |",
+                  f"| errors | {s['errors']} |",
+                  f"| max relative total-bits difference from offline | {s['max_rel_bits_error']:.2e} |"]
+        if "rss_peak_mib" in s:
+            lines.append(f"| server RSS before / peak | {s['rss_before_mib']:,.0f} / {s['rss_peak_mib']:,.0f} MiB |")
+        lines.append("")
+    if "memory" in res:
+        m = res["memory"]
+        lines += ["| memory | value |", "|---|---:|",
+                  f"| concurrent requests x chars | {m['requests']} x {m['chars']:,} |",
+                  f"| statuses | {m['statuses']} |",
+                  f"| server RSS before / peak | {m['rss_before_mib']:,.0f} / {m['rss_peak_mib']:,.0f} MiB |",
+                  f"| peak extra per admitted request | {m['peak_extra_mib_per_admitted_request']:,.1f} MiB |", ""]
+    if "cancel" in res:
+        c = res["cancel"]
+        lines += ["| cancellation | value |", "|---|---:|",
+                  f"| clients x chars / left after | {c['clients']} x {c['chars']:,} / {c['disconnect_after_s']:g} s |",
+                  f"| chars scored before the jobs were dropped | {c['chars_scored']:,} |",
+                  f"| jobs cancelled on disconnect | {c['cancelled']} |",
+                  f"| a new stream's first 200-char chunk took | {c['new_stream_first_chunk_s'] * 1000:,.0f} ms |", ""]
+    if "slow" in res:
+        w = res["slow"]
+        lines += ["| slow bodies | value |", "|---|---:|",
+                  f"| connections x bytes sent / declared | {w['connections']} x {w['sent_bytes']} / {w['declared_bytes']} |",
+                  f"| answers | {w['statuses']} |",
+                  f"| last one closed after | {w['last_closed_after_s']:g} s |",
+                  f"| then a normal request | {w['then_a_request']} |", ""]
+    return "\n".join(lines)
+
+
+def write_json(res: dict, path: str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(res, indent=2) + "\n")

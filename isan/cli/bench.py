@@ -1,0 +1,185 @@
+"""``isan bench``: engine, budgets, train, onnx, serve (the benchmarks live in :mod:`isan.bench`)."""
+
+from __future__ import annotations
+
+
+import click
+
+from isan.errors import IsanError
+
+from isan.cli.helpers import DEFAULT_TEXT8, UserError, friendly, main
+
+
+@main.group()
+def bench():
+    """Benchmarks: medians over repeats, ratios against a baseline run in the same process."""
+
+
+@bench.command("engine")
+@click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
+@click.option("--data", default=DEFAULT_TEXT8, show_default=True,
+              help="text8 file: scoring runs on the characters after text8-10M (from offset 10,000,000).")
+@click.option("--repeats", type=int, default=3, show_default=True)
+@click.option("--threads", type=int, default=None, help="Threads for the compiled kernels (default: all this process may use).")
+@click.option("--peers/--no-peers", default=True, show_default=True,
+              help="Also run onnxruntime's LSTM of equal parameters and KenLM (where installed).")
+@click.option("--quick", is_flag=True, help="Small sizes (60,000 characters of long text): a check that it runs, not a measurement.")
+@click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option("--out", default=None, help="Write the JSON results here (nothing is written without it).")
+@friendly
+def bench_engine_cmd(model, data, repeats, threads, peers, quick, progress, out):
+    """Long-text (2.5M unseen characters, chunk-parallel), streaming (1,000-character chunks, float32
+    and float16 tables), batched (256 x 2,000) and ingestion throughput against the per-character
+    reference in the same process, with onnxruntime's LSTM and KenLM as peers; start-up, memory,
+    exactness and where the time goes."""
+    from isan.bench.engine import QUICK_SIZES, bench_engine, markdown, write_json
+
+    if threads is not None and threads < 1:
+        raise UserError(f"--threads must be at least 1; got {threads}")
+    result = bench_engine(model, data, repeats=repeats, threads=threads, peers=peers, progress=progress,
+                          log=lambda m: click.echo(m, err=True), sizes=QUICK_SIZES if quick else None)
+    click.echo(markdown(result))
+    if out:
+        write_json(result, out)
+        click.echo(f"\nwrote {out}")
+
+
+@bench.command("budgets")
+@click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
+@click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8 file: mined on train, timed on test.")
+@click.option("--budgets", default="8MB,16MB,32MB,128MB", show_default=True)
+@click.option("--dtypes", default="float32,float16", show_default=True)
+@click.option("--chars", type=int, default=200_000, show_default=True, help="Test characters streamed per timing.")
+@click.option("--repeats", type=int, default=3, show_default=True)
+@click.option("--threads", type=int, default=None, help="Threads for the second column (default: all this process may use).")
+@click.option("--out", default=None, help="Write the JSON results here (nothing is written without it).")
+@friendly
+def bench_budgets_cmd(model, data, budgets, dtypes, chars, repeats, threads, out):
+    """Streaming through the table (1,000-character calls) against its size and storage type:
+    longer matches against jumps that read from memory rather than the L3 cache."""
+    from isan.bench.engine import bench_budgets, markdown_budgets, write_json
+    from isan.data import read_text8_split
+
+    result = bench_budgets(model, read_text8_split(data, "train"), read_text8_split(data, "test"),
+                           [b.strip() for b in budgets.split(",") if b.strip()], repeats=repeats, chars=chars,
+                           dtypes=tuple(d.strip() for d in dtypes.split(",") if d.strip()), threads=threads,
+                           log=lambda m: click.echo(m, err=True))
+    click.echo(markdown_budgets(result))
+    if out:
+        write_json(result, out)
+        click.echo(f"\nwrote {out}")
+
+
+@bench.command("train")
+@click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8 file; chunks of the train split are used.")
+@click.option("--budgets", default=None, help="Comma-separated parameter budgets (default: Table 1's).")
+@click.option("--models", default=None, help="Comma-separated models (default: Table 1's five, the ISAN first).")
+@click.option("--batch", type=int, default=32, show_default=True, help="Streams B (the Table 1 protocol's).")
+@click.option("--steps", type=int, default=5, show_default=True, help="Optimizer steps per timing.")
+@click.option("--repeats", type=int, default=3, show_default=True)
+@click.option("--reference/--no-reference", default=True, show_default=True,
+              help="Also time the baselines' per-step loop (forward_reference).")
+@click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's).")
+@click.option("--out", default=None, help="Write the JSON results here (nothing is written without it).")
+@friendly
+def bench_train_cmd(data, budgets, models, batch, steps, repeats, reference, threads, out):
+    """Training throughput (chars/s of forward+backward+Adam) of each Table 1 model at each budget (needs torch)."""
+    try:
+        from isan.bench.train import bench_train, markdown_train
+    except ImportError as e:
+        raise IsanError(f"`isan bench train` needs torch ({e}); pip install torch==2.13.0 -e '.[train]'") from None
+    import numpy as np
+
+    from isan.alphabet import Alphabet
+    from isan.bench.engine import write_json
+    from isan.data import read_text8_split
+    from isan.train.models import MODELS
+
+    chosen = {}  # only what was given; bench_train's defaults are Table 1's budgets and models
+    if models is not None:
+        names = tuple(m.strip() for m in models.split(",") if m.strip())
+        unknown = [m for m in names if m not in MODELS]
+        if unknown or not names:
+            raise click.BadParameter(f"unknown model(s) {unknown}; choose from {', '.join(MODELS)}", param_hint="--models")
+        chosen["models"] = names
+    if budgets is not None:
+        try:
+            chosen["budgets"] = [(b.strip(), float(b)) for b in budgets.split(",") if b.strip()]
+        except ValueError:
+            raise click.BadParameter(f"{budgets!r} is not a comma-separated list of numbers", param_hint="--budgets") from None
+    ids = Alphabet.text8().encode(read_text8_split(data, "train")[:2_000_000]).astype(np.int64)
+    result = bench_train(ids, **chosen, batch=batch, steps=steps, repeats=repeats, reference=reference,
+                         threads=threads, log=lambda m: click.echo(m, err=True))
+    if out:
+        write_json(result, out)
+    click.echo(markdown_train(result))
+    if out:
+        click.echo(f"\nwrote {out}")
+
+
+@bench.command("onnx")
+@click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8 file; the test split is used.")
+@click.option("--repeats", type=int, default=3, show_default=True)
+@click.option("--batch", type=int, default=64, show_default=True, help="Streams in the batched measurement.")
+@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True)
+@click.option("--out", default=None, help="Write the JSON results here (nothing is written without it).")
+@friendly
+def bench_onnx_cmd(data, repeats, batch, device, out):
+    """onnxruntime: ISAN d=216 vs an LSTM of equal parameters (548 units): step latency, streaming, batched."""
+    from isan.bench.engine import bench_onnx, markdown_onnx, write_json
+    from isan.data import read_text8_split
+
+    result = bench_onnx(read_text8_split(data, "test"), repeats=repeats, batch=batch, device=device,
+                        log=lambda m: click.echo(m, err=True))
+    if out:
+        write_json(result, out)
+    click.echo(markdown_onnx(result))
+    if out:
+        click.echo(f"\nwrote {out}")
+
+
+@bench.command("serve")
+@click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
+@click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8 file: texts from the valid and test splits.")
+@click.option("--clients", type=int, default=100, show_default=True, help="HTTP clients posting at once.")
+@click.option("--text-chars", type=int, default=1000, show_default=True, help="Characters per HTTP request.")
+@click.option("--duration", type=float, default=10.0, show_default=True, help="Seconds of HTTP load.")
+@click.option("--streams", type=int, default=1000, show_default=True, help="WebSocket streams open at once.")
+@click.option("--chunks", type=int, default=5, show_default=True, help="Chunks each stream sends.")
+@click.option("--chunk-chars", default="1-400", show_default=True,
+              help="Characters per chunk: N, or MIN-MAX for sizes drawn uniformly (seeded by --seed).")
+@click.option("--big-chars", type=int, default=1_000_000, show_default=True, help="Characters of the memory and cancel probes' requests.")
+@click.option("--big-requests", type=int, default=4, show_default=True, help="Concurrent big requests in the memory probe.")
+@click.option("--slow-conns", type=int, default=500, show_default=True,
+              help="Connections of the slow-body probe (each sends 14 of the 1,000 bytes it declares).")
+@click.option("--cancel-clients", type=int, default=12, show_default=True,
+              help="Clients of the cancel probe (each sends up to 500,000 characters and leaves).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the stream texts and chunk sizes.")
+@click.option("--only", default="http,stream,memory,cancel,slow", show_default=True,
+              help="Which measurements, comma-separated.")
+@click.option("--server-args", default="", help='Options for isan-serve, e.g. "--no-batching --threads 1".')
+@click.option("--out", default=None, help="Also write the results as JSON here.")
+@friendly
+def bench_serve_cmd(model, data, clients, text_chars, duration, streams, chunks, chunk_chars, big_chars, big_requests,
+                    slow_conns, cancel_clients, seed, only, server_args, out):
+    """isan-serve under load (a real server process on localhost): HTTP requests/s and latency, WebSocket
+    chunk latency and memory, memory under concurrent big requests, the work dropped when a client leaves,
+    and connections that send their body slowly; every answer is checked against the library's offline bits."""
+    import shlex
+
+    from isan.bench.serve import markdown, run_bench, write_json
+
+    which = tuple(w.strip() for w in only.split(",") if w.strip())
+    bad = [w for w in which if w not in ("http", "stream", "memory", "cancel", "slow")]
+    if bad:
+        raise click.BadParameter(f"unknown measurement(s) {bad}; choose from http, stream, memory, cancel, slow",
+                                 param_hint="--only")
+    result = run_bench(model=model, data=data, clients=clients, text_chars=text_chars, duration_s=duration,
+                       streams=streams, chunks=chunks, chunk_chars=chunk_chars, big_chars=big_chars,
+                       big_requests=big_requests, slow_conns=slow_conns, cancel_clients=cancel_clients, seed=seed,
+                       server_args=shlex.split(server_args), which=which,
+                       progress=lambda m: click.echo(m, err=True))
+    click.echo(markdown(result))
+    if out:
+        write_json(result, out)
+        click.echo(f"\nwrote {out}")

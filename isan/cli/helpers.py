@@ -1,0 +1,128 @@
+"""What every command shares: the ``isan`` group, errors (one ``Error:`` line, exit status 2, no
+traceback), JSON output (never NaN or inf), the options of many commands, engine loading and input.
+
+Every command takes ``--help``. Errors in the input (unknown characters, missing or corrupt files,
+empty text, a diverging model state) print one ``Error:`` line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from isan.errors import IsanError
+
+DEFAULT_TEXT8 = "../shared/data/text8_head/text8_head.txt"
+
+
+class UserError(click.ClickException):
+    exit_code = 2
+
+
+def friendly(fn):
+    """Turn library errors into one-line CLI errors (exit 2) instead of tracebacks."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (IsanError, FileExistsError, FileNotFoundError) as e:
+            raise UserError(str(e)) from None
+        except PermissionError as e:
+            raise UserError(f"permission denied: {e.filename or e}") from None
+        except ModuleNotFoundError as e:
+            extra = {"torch": "train", "onnx": "onnx", "onnxruntime": "onnx", "fastapi": "serve",
+                     "uvicorn": "serve", "matplotlib": "plot"}.get((e.name or "").split(".")[0])
+            if extra:
+                raise UserError(f"this command needs {e.name}: pip install 'isan[{extra}]'") from None
+            raise
+
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", is_flag=True, help="Log progress messages to stderr.")
+@click.version_option(package_name="isan")
+def main(verbose: bool) -> None:
+    """isan: score, sample, attribute, export and train Input Switched Affine Networks."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+
+def model_options(fn):
+    fn = click.option("--model", "model", default=None, help="Bundle directory (default: the shipped text8 model).")(fn)
+    fn = click.option("--path", "path_mode", type=click.Choice(["auto", "composed", "chunked", "reference"]),
+                      default="auto", show_default=True,
+                      help="composed: trie-table jumps (texts of 10,000+ characters go chunk-parallel); chunked: "
+                           "chunk-parallel batches in the compiled kernels; reference: per-character float64 numpy.")(fn)
+    fn = click.option("--threads", type=int, default=None,
+                      help="Threads for the compiled kernels (default: the CPUs this process may use; ISAN_NUM_THREADS).")(fn)
+    fn = click.option("--backend", type=click.Choice(["numpy", "onnx"]), default="numpy", show_default=True,
+                      help="numpy engine, or onnxruntime over the bundle's ONNX graphs (isan export --onnx).")(fn)
+    fn = click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True,
+                      help="onnx backend: onnxruntime's CPU or CUDA provider (auto: CUDA when present).")(fn)
+    return fn
+
+
+def emit_json(obj) -> None:
+    """Print one JSON document; NaN or inf would be a bug, so it raises instead of printing them."""
+    click.echo(json.dumps(obj, allow_nan=False))
+
+
+def normalize_option(fn):
+    from isan.engine.normalize import choices
+
+    return click.option("--normalize", "normalize", type=click.Choice(choices()), default="auto", show_default=True,
+                        help="Text normalisation: auto (the model's declared normaliser; text8 models: "
+                             "lower-case, digits spelled out, other characters to spaces), none (raw text), "
+                             "or a named normaliser.")(fn)
+
+
+def unknown_options(fn):
+    fn = click.option("--unknown", type=click.Choice(["error", "skip", "replace"]), default="error", show_default=True,
+                      help="What to do with characters outside the model's alphabet.")(fn)
+    fn = click.option("--replacement", default=None, help="Symbol used with --unknown replace.")(fn)
+    return fn
+
+
+def load_engine(model, path_mode="auto", backend="numpy", device="cpu", threads=None):
+    from isan.engine import load_engine as _load
+
+    if threads is not None and threads < 1:
+        raise UserError(f"--threads must be at least 1; got {threads}")
+    engine = _load(model, path=path_mode, backend=backend, device=device)
+    if threads is not None and hasattr(engine, "threads"):
+        engine.threads = threads
+    logging.getLogger("isan").info("engine: %s", engine.describe())
+    return engine
+
+
+def read_input(file, text8_split):
+    if text8_split:
+        from isan.data import read_text8_split
+
+        if file in (None, "-"):
+            raise UserError("--text8-split needs the path of text8, text8.zip or text8_head.txt")
+        return read_text8_split(file, text8_split)
+    if file in (None, "-"):
+        return sys.stdin.read()
+    p = Path(file)
+    if not p.is_file():
+        raise UserError(f"{file} does not exist")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{file} is not UTF-8 text ({e})") from None
+
+
+def table_options(fn):
+    fn = click.option("--table-budget", default="16MB", show_default=True, help="Memory budget of the trie table (e.g. 8MB, 128MB); see `isan bench budgets`.")(fn)
+    fn = click.option("--table-max-len", type=int, default=12, show_default=True, help="Longest substring in the table.")(fn)
+    fn = click.option("--table-dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True)(fn)
+    fn = click.option("--table-corpus", default=None, help="Text to mine (default: the model's training data, train split).")(fn)
+    fn = click.option("--table-dataset", type=click.Choice(["text8", "text"]), default=None, help="How to split --table-corpus.")(fn)
+    return fn

@@ -1,0 +1,142 @@
+"""``isan score``, ``isan sample`` and ``isan attribute``."""
+
+from __future__ import annotations
+
+
+import click
+
+from isan.cli.helpers import (UserError, emit_json, friendly, load_engine, main, model_options,
+                              normalize_option, read_input, unknown_options)
+
+
+@main.command()
+@click.argument("file", required=False, default="-")
+@model_options
+@unknown_options
+@click.option("--json", "as_json", is_flag=True, help='Print {"chars", "bits", "bpc"} as JSON.')
+@click.option("--per-char", is_flag=True, help="Also give the bits of every character.")
+@click.option("--text8-split", type=click.Choice(["train", "valid", "test", "unseen"]), default=None,
+              help="Score one split of text8-10M from FILE (text8, text8.zip or text8_head.txt); unseen: the "
+                   "characters after the splits (from offset 10,000,000), for speed measurements.")
+@click.option("--text-split", type=click.Choice(["train", "valid"]), default=None,
+              help="Score one part of FILE as `isan train --dataset text` splits it: the first 90% of its "
+                   "characters (train) or the last 10% (valid; for ASCII text the same bytes as --alphabet bytes).")
+@normalize_option
+@friendly
+def score(file, model, path_mode, threads, backend, device, unknown, replacement, as_json, per_char, text8_split,
+          text_split, normalize):
+    """Score FILE (or stdin, '-') in bits: total bits and bits per character (bpc).
+
+    The text first goes through the model's normaliser (--normalize auto); the report says how
+    many characters were read, scored, changed and dropped. The prediction for each character
+    comes from the state before it, starting at h0. With --per-char each scored character is
+    listed with the offset of the input character it came from.
+    """
+    engine = load_engine(model, path_mode, backend, device, threads)
+    text = read_input(file, text8_split)
+    if text_split:
+        if text8_split:
+            raise UserError("give --text8-split or --text-split, not both")
+        cut = int(len(text) * 0.9)
+        text = text[:cut] if text_split == "train" else text[cut:]
+    r = engine.score(text, per_char=per_char, unknown=unknown, replacement=replacement, normalize=normalize)
+    if as_json:
+        emit_json(r.to_json(per_char))
+        return
+    if r.unit == "char":
+        click.echo(f"chars  {r.chars}\nbits   {r.bits:.3f}\nbpc    {r.bpc:.4f}")
+    else:  # a token model: bits per byte, pair or word, and per character of the text
+        click.echo(f"{r.unit}s  {r.chars}\nchars  {r.text_chars}\nbits   {r.bits:.3f}\n"
+                   f"bits/{r.unit}  {r.bits_per_token:.4f}\nbpc    {r.bpc:.4f}")
+    n = r.normalization or {}
+    if n and n.get("normalizer") != "none-v1" or n.get("skipped") or n.get("replaced"):
+        click.echo(f"normalized  {n['normalizer']}: read {n['chars_read']:,}, scored {n['chars_scored']:,}, "
+                   f"changed {n['changed']:,}, dropped {n['dropped']:,}"
+                   + (f", skipped {n['skipped']:,}" if n.get("skipped") else "")
+                   + (f", replaced {n['replaced']:,}" if n.get("replaced") else ""))
+    if per_char:
+        click.echo("offset\tinput\tscored\tbits")
+        if r.unit != "char":  # a token: the input from its offset to the next token's
+            offs = r.per_char_offsets.tolist()
+            for i, (off, b) in enumerate(zip(offs, r.per_char_bits)):
+                end = offs[i + 1] if i + 1 < len(offs) else len(text)
+                click.echo(f"{off}\t{text[off:max(end, off + 1)]!r}\t{r.unit}\t{b:.4f}")
+            return
+        for off, sym, b in zip(r.per_char_offsets.tolist(), r.text, r.per_char_bits):
+            click.echo(f"{off}\t{text[off]!r}\t{sym!r}\t{b:.4f}")
+
+
+# --------------------------------------------------------------------------------------- sample
+@main.command()
+@click.option("--prompt", default="", help="Text to condition on (consumed before sampling).")
+@click.option("-n", "n", type=int, default=200, show_default=True, help="Characters to generate.")
+@click.option("--temperature", type=float, default=None, help="Logits are divided by it (default 1).")
+@click.option("--inverse-temperature", "inverse_temperature", type=float, default=None,
+              help="Logits are multiplied by it (the paper's section 3.1 samples at 1.5 and 2); instead of --temperature.")
+@click.option("--top-k", type=int, default=None, help="Sample among the k most likely characters only.")
+@click.option("--seed", type=int, default=None, help="Random seed; the same seed gives the same text.")
+@click.option("--json", "as_json", is_flag=True)
+@model_options
+@normalize_option
+@friendly
+def sample(prompt, n, temperature, inverse_temperature, top_k, seed, as_json, model, path_mode, threads, backend,
+           device, normalize):
+    """Generate text after --prompt (the prompt goes through the model's normaliser first)."""
+    if temperature is not None and inverse_temperature is not None:
+        raise UserError("give --temperature or --inverse-temperature, not both")
+    if inverse_temperature is not None:
+        if not inverse_temperature > 0:
+            raise UserError(f"--inverse-temperature must be positive; got {inverse_temperature}")
+        temperature = 1.0 / inverse_temperature
+    temperature = 1.0 if temperature is None else temperature
+    engine = load_engine(model, path_mode, backend, device, threads)
+    s = engine.sample(prompt, n=n, temperature=temperature, top_k=top_k, seed=seed, normalize=normalize)
+    if as_json:
+        emit_json(s.to_json())
+    else:
+        click.echo(s.prompt + s.text)
+
+
+# --------------------------------------------------------------------------------------- attribute
+@main.command()
+@click.option("--text", required=True, help="The text to attribute.")
+@click.option("--by", type=click.Choice(["char", "word"]), default="word", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the attribution as JSON.")
+@click.option("--full", is_flag=True, help="With --json: include the whole kappa tensor (T, S, V) and the logits.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a heatmap PNG (like the paper's Figure 2).")
+@click.option("--top", type=int, default=3, show_default=True, help="Sources listed per position in the text output.")
+@click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
+@unknown_options
+@normalize_option
+@friendly
+def attribute(text, by, as_json, full, plot, top, model, unknown, replacement, normalize):
+    """Exact attribution of each prediction to the initial state and the characters or words before it.
+
+    kappa[t, s] = W_ro (W[x_t] ... W[x_{s+1}]) b[x_s] (Foerster et al. 2017, eqs. 4-6);
+    b_ro + sum_s kappa[t, s] equals the logits, and this is checked on every call. For a chosen
+    target (a logit, a log-probability, a difference of logits) or long texts (the last N sources
+    exact, older ones summed), see `isan analyze attribute`.
+    """
+    engine = load_engine(model)
+    a = engine.attribute(text, by=by, unknown=unknown, replacement=replacement, normalize=normalize)
+    if plot:
+        from isan.engine.analysis.plot import plot_attribution
+
+        plot_attribution(a, plot)
+    if as_json:
+        emit_json(a.to_json(full=full))
+        return
+    contrib = a.next_char_contributions()
+    click.echo(f"sources: {len(a.sources)} ({by}s and <h0>); check max |b_ro + sum kappa - logits| = {a.max_abs_error:.2e}")
+    n = a.normalization or {}
+    if n.get("changed") or n.get("dropped") or n.get("skipped") or n.get("replaced"):
+        click.echo(f"normalized {n['normalizer']}: {n['chars_read']} characters read, {n['chars_scored']} attributed "
+                   f"({n['changed']} changed, {n['dropped']} dropped, {n['skipped']} skipped, {n['replaced']} replaced)")
+    for t, ch in enumerate(a.text):
+        nxt = a.text[t + 1] if t + 1 < len(a.text) else None
+        label = repr(nxt) if nxt is not None else f"{a.alphabet.symbols[int(a.logits[t].argmax())]!r} (predicted)"
+        order = [int(i) for i in abs(contrib[t]).argsort()[::-1][:top] if contrib[t][i] != 0]
+        parts = ", ".join(f"{a.sources[i]!r} {contrib[t][i]:+.2f}" for i in order)
+        click.echo(f"{t:4d} {ch!r} -> {label:16s} {parts}")
+    if plot:
+        click.echo(f"wrote {plot}")

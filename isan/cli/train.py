@@ -1,0 +1,102 @@
+"""``isan train``: every model of train/, the n-gram, data parallelism."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from isan.cli.helpers import DEFAULT_TEXT8, friendly, main
+
+
+@main.command()
+@click.argument("model", default="isan")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Run directory (checkpoints, log); an existing run there is resumed.")
+@click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8, text8.zip, text8_head.txt, or any text file with --dataset text.")
+@click.option("--dataset", type=click.Choice(["text8", "text"]), default="text8", show_default=True, help="text8: the text8-10M split; text: first 90% train, last 10% valid.")
+@click.option("--params", type=float, default=1.28e6, show_default=True, help="Parameter budget; the largest hidden size within it is used.")
+@click.option("--d", "--hidden", "d", type=int, default=None,
+              help="Hidden size (overrides --params); under torchrun write --hidden (torchrun reads --d as its own).")
+@click.option("--batch-size", type=int, default=256, show_default=True, help="Parallel streams B.")
+@click.option("--bptt", type=int, default=64, show_default=True, help="Truncated BPTT length T.")
+@click.option("--lr", type=float, default=2e-3, show_default=True)
+@click.option("--lr-decay", type=float, default=0.5, show_default=True, help="Rate factor when valid bpc does not improve.")
+@click.option("--weight-decay", type=float, default=0.0, show_default=True)
+@click.option("--clip", type=float, default=1.0, show_default=True, help="Gradient norm clipping.")
+@click.option("--max-epochs", type=int, default=30, show_default=True)
+@click.option("--max-chars", type=float, default=None, help="Budget in training characters seen.")
+@click.option("--max-steps", type=int, default=None, help="Stop after this many optimizer steps.")
+@click.option("--patience", type=int, default=2, show_default=True, help="Evaluations without improvement before early stopping.")
+@click.option("--eval-every", type=float, default=1.0, show_default=True, help="Epochs between validation evaluations.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
+@click.option("--threads", type=int, default=None, help="torch CPU threads.")
+@click.option("--init-scale", type=float, default=None,
+              help="irnn only: the recurrent matrix starts at this multiple of the identity (Le et al. 2015; default 1).")
+@click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option("--orders", default="2,3,4,5,6,7,8", show_default=True,
+              help="ngram only: orders to try; the best on valid is kept.")
+@click.option("--alphabet", "alphabet", type=click.Choice(["chars", "bytes", "pairs", "words"]), default="chars",
+              show_default=True,
+              help="Tokens: characters; UTF-8 bytes (256 outputs, --inputs inputs); pairs of characters "
+                   "(27^2 for text8); whitespace words. Bits (bpc in the logs) are per token.")
+@click.option("--inputs", type=int, default=70, show_default=True,
+              help="bytes only: input symbols K, the K-1 most frequent bytes of the train part plus one 'other'.")
+@click.option("--valid-data", default=None, type=click.Path(dir_okay=False),
+              help="With --dataset text: all of --data is train and this file is valid.")
+@click.option("--distributed", is_flag=True,
+              help="Data-parallel training under torchrun (gloo on CPU, nccl on CUDA); "
+                   "torchrun --nproc_per_node N -m isan.train.ddp MODEL ... adds it.")
+@friendly
+def train(model, out_dir, data, dataset, params, d, batch_size, bptt, lr, lr_decay, weight_decay, clip, max_epochs,
+          max_chars, max_steps, patience, eval_every, seed, device, threads, init_scale, progress, orders,
+          alphabet, inputs, valid_data, distributed):
+    """Train MODEL (default: isan) on text8-10M or a text file; resumes a run found in --out.
+
+    MODEL: isan, rnn, irnn, gru, lstm, linear, linear_nlro, isan_nobias, or ngram (interpolated
+    Kneser-Ney, counted in numpy; --out is then the bundle directory). Writes a checkpoint
+    directory for `isan export`. Several processes or machines: run it under torchrun with
+    --distributed (see isan.train.ddp).
+    """
+    if model == "ngram":
+        if alphabet != "chars" or valid_data or distributed:
+            raise click.UsageError("ngram trains on characters in one process (no --alphabet, --valid-data, --distributed)")
+        from isan.train.ngram import train_ngram
+
+        info = train_ngram(data, out_dir, orders=tuple(int(o) for o in orders.split(",")), dataset=dataset)
+        click.echo(json.dumps(info))
+        return
+    if init_scale is not None and model != "irnn":
+        raise click.UsageError("--init-scale applies to irnn only")
+    from isan.train.loop import TrainConfig, Trainer
+
+    cfg = TrainConfig(model=model, d=d, params=None if d else params, data=data, dataset=dataset,
+                      batch_size=batch_size, bptt=bptt, lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
+                      clip=clip, max_epochs=max_epochs, max_chars=int(max_chars) if max_chars else None,
+                      max_steps=max_steps, patience=patience, eval_every=eval_every, seed=seed, device=device,
+                      threads=threads, init_scale=init_scale, alphabet=alphabet, inputs=inputs,
+                      valid_data=valid_data)
+    overrides = {"max_epochs": max_epochs, "max_chars": cfg.max_chars, "max_steps": max_steps,
+                 "patience": patience, "threads": threads, "device": device}
+    dist = None
+    if distributed:
+        from isan.train.ddp import init_from_env
+
+        dist = init_from_env(device)
+    try:
+        tr = Trainer(cfg, out_dir, progress_bar=progress, overrides=overrides, dist=dist)
+        verb = "resuming" if tr.resumed else "training"
+        if tr.main:
+            where = f" on {dist.world} processes ({dist.backend})" if dist else ""
+            click.echo(f"{verb} {tr.cfg.model} with {tr.n_params:,} parameters ({json.dumps(tr.model.config())}) "
+                       f"in {out_dir}{where}", err=True)
+        p = tr.run()
+    finally:
+        if dist is not None:
+            from isan.train.ddp import shutdown
+
+            shutdown()
+    if tr.main:
+        click.echo(json.dumps({"out": str(out_dir), "n_params": tr.n_params, "unit": tr.unit,
+                               "best_valid_bpc": p.best_valid_bpc, "best_epoch": p.best_epoch, "steps": p.step,
+                               "chars_seen": p.chars_seen, "stop_reason": p.stop_reason}))

@@ -1,0 +1,450 @@
+"""The Elman-grammar study (issue #15): Čerňanský, Makula and Beňušková (2008), Fig. 1, on our grammar
+(:mod:`isan.train.tasks.elman`), plus an ISAN and an LSTM trained on the same data.
+
+Three steps, each a command (``isan study elman ...``); the last reads only committed files:
+
+1. ``data``: writes the train / valid / test text files (seeded; not committed, regenerated the same)
+   and ``entropy.json``: sizes, the test set's entropy H (NNL and bits) from the grammar's true
+   next-word distribution, and the checkers' verdict on every generated sentence.
+2. ``fig1``: for each of ``runs`` seeds, ESN and ESN+ at each reservoir size, NPM-U, NPM-U+ and NPM-T
+   at each number of contexts, trained on train and scored on test (NNL, eq. 7); one JSON line per
+   (model, size, run) in ``fig1_runs.jsonl`` (with the seconds it took), and a ridge check on the
+   validation sentences. ``export`` writes one bundle per reservoir model (run 0, size 100 / 100
+   contexts) under ``bundles/`` and checks that the engine's scorer gives the logged NNL.
+3. ``table``: ``TABLE.md``, ``table.json`` and ``fig1.png`` (NNL against reservoir size and number
+   of contexts, mean and standard deviation over the runs, H as a line) from the logs, plus the
+   trained models' scores (``neural/*.json``) and the kappa study (``kappa.json``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from isan.train.tasks import elman as EG
+from isan.train import reservoir as RS
+
+log = logging.getLogger(__name__)
+
+ESN_SIZES = (1, 2, 5, 10, 20, 50, 100, 200, 400)
+NPM_CONTEXTS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+MODELS = ("esn", "esn+", "npm-u", "npm-u+", "npm-t")
+SRN_EPOCHS = 5
+LABELS = {"esn": "ESN", "esn+": "ESN+", "npm-u": "NPM-U", "npm-u+": "NPM-U+", "npm-t": "NPM-T"}
+
+
+def study_ids() -> dict[str, np.ndarray]:
+    return {k: EG.encode(v) for k, v in EG.study_data().items()}
+
+
+# --------------------------------------------------------------------------------------------- data
+def write_data(out: Path, data_dir: Path) -> dict:
+    """Write the text files into ``data_dir`` and ``entropy.json`` into ``out``; returns the summary."""
+    data = EG.study_data()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = {"grammar": {k: getattr(EG.ElmanConfig(), k) for k in EG.ElmanConfig.__dataclass_fields__},
+               "alphabet": list(EG.SYMBOLS), "seeds": {"train": EG.TRAIN_SEED, "valid": EG.VALID_SEED,
+                                                        "test": EG.TEST_SEED}, "splits": {}}
+    for split, sents in data.items():
+        (data_dir / f"{split}.txt").write_text(EG.to_text(sents))
+        ids = EG.encode(sents)
+        plain = sum(EG.is_grammatical_plain(s) for s in sents)
+        oracle = sum(EG.is_grammatical(s) for s in sents)
+        rec = {"text_sha256": hashlib.sha256(EG.to_text(sents).encode()).hexdigest(), "sentences": len(sents), "symbols": int(len(ids)), "mean_sentence_symbols": len(ids) / len(sents),
+               "grammatical_recursive_descent": plain, "grammatical_oracle": oracle,
+               "with_relative_clause": sum("who" in s for s in sents)}
+        if split in ("test", "train"):
+            rec["entropy"] = EG.stream_entropy(ids)
+        summary["splits"][split] = rec
+    (out / "entropy.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+# ------------------------------------------------------------------------------------------- fig 1
+def _scored(lp_before: np.ndarray, ids: np.ndarray) -> float:
+    """NNL from natural-log probabilities (T, V) of the symbols that came."""
+    return float(-lp_before[np.arange(len(ids)), ids].mean() / math.log(lp_before.shape[1]))
+
+
+def fig1_records(run: int, ids: dict, esn_sizes=ESN_SIZES, contexts=NPM_CONTEXTS, models=MODELS):
+    """Yield one record per (model, size) of run ``run`` (seed = 1000 * run + size-independent offset)."""
+    from isan.engine.runners.reservoir import ReservoirParams
+
+    tr, te, V = ids["train"], ids["test"], len(EG.SYMBOLS)
+    for plus in (False, True):
+        name = "esn+" if plus else "esn"
+        if name not in models:
+            continue
+        for n in esn_sizes:
+            t0 = time.perf_counter()
+            cfg, tz = RS.train_esn(tr, V, n, seed=1000 * run + n, plus=plus)
+            p = ReservoirParams.from_tensors(cfg, tz)
+            Hte = RS.states_before(p.tensors["E"], p.tensors["W_hh"], te, p.initial_state())
+            yield {"model": name, "size": n, "run": run, "nnl": _scored(p.log_probs(Hte), te),
+                   "seconds": round(time.perf_counter() - t0, 3)}
+    yield from npm_records(run, ids, contexts, models)
+
+
+def _batched_states(E: np.ndarray, W: np.ndarray, ids: np.ndarray, block: int = 2048):
+    """Yield (t0, H) blocks of the states *before* each symbol for R networks at once:
+    E (R, V, n), W (R, n, n) -> H (R, len(block), n); the recurrence of
+    :func:`isan.engine.runners.reservoir.reservoir_states_ref` (h0 = 0), one Python step for all runs."""
+    Rn, _, n = E.shape
+    h = np.zeros((Rn, n))
+    WT = np.ascontiguousarray(np.transpose(W, (0, 2, 1)))
+    buf = np.empty((Rn, block, n))
+    k = t0 = 0
+    for x in ids.tolist():
+        buf[:, k] = h
+        k += 1
+        h = np.tanh(E[:, x, :] + np.matmul(h[:, None, :], WT)[:, 0, :])
+        if k == block:
+            yield t0, buf[:, :k]
+            t0 += k
+            k = 0
+    if k:
+        yield t0, buf[:, :k]
+
+
+def esn_batched(runs: list[int], ids: dict, n: int, plus: bool, ridge: float = RS.ESN_RIDGE) -> list[float]:
+    """Test NNL of the ESN (or ESN+) of size n of each run, all runs in one pass over the data.
+
+    The same networks as :func:`isan.train.reservoir.train_esn` with ``seed = 1000 run + n`` and the
+    same ridge solution (accumulated blockwise), so the numbers equal the unbatched path's to rounding.
+    """
+    tr, te, V = ids["train"], ids["test"], len(EG.SYMBOLS)
+    Rm = RS.cooccurrence_ratios(tr, V) if plus else None
+    nets = [RS.esn_network(n, V, np.random.default_rng(1000 * r + n), Rm) for r in runs]
+    E = np.stack([e for e, _ in nets])
+    W = np.stack([w for _, w in nets])
+    Rn = len(runs)
+    G = np.zeros((Rn, n + 1, n + 1))
+    Y = np.zeros((Rn, n + 1, V))
+    for t0, H in _batched_states(E, W, tr):
+        lo = max(0, RS.WASHOUT - t0)
+        if lo >= H.shape[1]:
+            continue
+        Xa = np.concatenate([H[:, lo:], np.ones((Rn, H.shape[1] - lo, 1))], axis=2)
+        G += np.matmul(np.transpose(Xa, (0, 2, 1)), Xa)
+        y = tr[t0 + lo: t0 + H.shape[1]]
+        for r in range(Rn):
+            np.add.at(Y[r].T, y, Xa[r])
+    outs = []
+    for r in range(Rn):
+        lam = ridge * float(np.mean(np.diag(G[r])[:n]))
+        reg = np.full(n + 1, lam)
+        reg[-1] = 0.0
+        outs.append(np.linalg.solve(G[r] + np.diag(reg) + 1e-12 * np.eye(n + 1), Y[r]))
+    nats = np.zeros(Rn)
+    for t0, H in _batched_states(E, W, te):
+        y = te[t0: t0 + H.shape[1]]
+        for r in range(Rn):
+            o = H[r] @ outs[r][:n] + outs[r][n]
+            o = np.maximum(o, RS.O_MIN)
+            lp = np.log(o[np.arange(len(y)), y]) - np.log(o.sum(1))
+            nats[r] -= lp.sum()
+    return [float(v / len(te) / math.log(V)) for v in nats]
+
+
+def npm_records(run: int, ids: dict, contexts=NPM_CONTEXTS, models=MODELS):
+    """One record per number of contexts for each NPM model of ``models`` (run ``run``)."""
+    from isan.engine.runners.reservoir import ReservoirParams
+
+    tr, te, V = ids["train"], ids["test"], len(EG.SYMBOLS)
+    for name in ("npm-u", "npm-u+", "npm-t"):
+        if name not in models:
+            continue
+        t0 = time.perf_counter()
+        rng = np.random.default_rng(1000 * run + 7)
+        info = {}
+        if name == "npm-t":
+            E, W, info = RS.train_srn(tr, V, seed=run, epochs=SRN_EPOCHS)
+        else:
+            R = RS.cooccurrence_ratios(tr, V) if name == "npm-u+" else None
+            E, W = RS.untrained_network(V, rng, R=R)
+        h0 = np.zeros(W.shape[0])
+        Htr = RS.states_before(E, W, tr, h0)
+        Hte = RS.states_before(E, W, te, h0)
+        t_net = time.perf_counter() - t0
+        for M in contexts:
+            t1 = time.perf_counter()
+            C, counts = RS.fit_npm(Htr, tr, V, M, seed=1000 * run + M)
+            cfg, tz = RS.npm_bundle_parts(name, E, W, h0, C, counts, 1.0 / V, run)
+            p = ReservoirParams.from_tensors(cfg, tz)
+            rec = {"model": name, "size": M, "contexts_found": int(len(C)), "run": run,
+                   "nnl": _scored(p.log_probs(Hte), te),
+                   "seconds": round(time.perf_counter() - t1 + (t_net if M == contexts[0] else 0.0), 3)}
+            if info and M == contexts[0]:
+                rec["srn"] = info
+            yield rec
+
+
+def ridge_check(ids: dict, n: int = 100, ridges=(1e-9, 1e-7, 1e-5, 1e-3, 1e-1)) -> list[dict]:
+    """The ESN readout's ridge constant against valid NNL (run 0, size n)."""
+    out = []
+    for plus in (False, True):
+        for r in ridges:
+            cfg, tz = RS.train_esn(ids["train"], len(EG.SYMBOLS), n, seed=n, plus=plus, ridge=r)
+            out.append({"event": "ridge", "model": "esn+" if plus else "esn", "size": n, "ridge": r,
+                        "valid_nnl": RS.score(cfg, tz, ids["valid"]).nnl})
+    return out
+
+
+def run_fig1(out: Path, runs: int = 10, models=MODELS, esn_sizes=ESN_SIZES, contexts=NPM_CONTEXTS,
+             log_name: str = "fig1_runs.jsonl", resume: bool = True) -> Path:
+    """Append every record to ``out/log_name`` (records already there are skipped when resuming)."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / log_name
+    done = set()
+    if resume:
+        last = {"esn": max(esn_sizes), "esn+": max(esn_sizes)}
+        for r in all_records(out):
+            if r.get("event") != "ridge" and r["size"] == last.get(r["model"], max(contexts)):
+                done.add((r["model"], r["run"]))
+    ids = study_ids()
+    with open(path, "a") as f:
+        if not any(r.get("event") == "ridge" for r in all_records(out)):
+            for r in ridge_check(ids):
+                f.write(json.dumps(r) + "\n")
+                f.flush()
+        for m in models:
+            if m.startswith("esn"):
+                todo = [r for r in range(runs) if (m, r) not in done]
+                for n in esn_sizes if todo else ():
+                    t0 = time.perf_counter()
+                    nnls = esn_batched(todo, ids, n, plus=m == "esn+")
+                    sec = round((time.perf_counter() - t0) / len(todo), 3)
+                    for run, v in zip(todo, nnls):
+                        r = {"model": m, "size": n, "run": run, "nnl": v, "seconds": sec, "batched_runs": len(todo)}
+                        f.write(json.dumps(r) + "\n")
+                        log.info("%s", r)
+                    f.flush()
+                continue
+            for run in range(runs):
+                if (m, run) in done:
+                    continue
+                for r in npm_records(run, ids, contexts, (m,)):
+                    f.write(json.dumps(r) + "\n")
+                    f.flush()
+                    log.info("%s", r)
+    return path
+
+
+def all_records(results: Path) -> list[dict]:
+    """Every record of every ``fig1*.jsonl`` log under ``results`` (the study may run as several
+    processes, one log each), the first of any duplicate (model, size, run) kept."""
+    out, seen = [], set()
+    for p in sorted(Path(results).glob("fig1*.jsonl")):
+        for line in p.read_text().splitlines():
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            key = ("ridge", r["model"], r["ridge"]) if r.get("event") == "ridge" else (r["model"], r["size"], r["run"])
+            if key not in seen:
+                seen.add(key)
+                out.append(r)
+    return out
+
+
+def export_bundles(out: Path, size: int = 100, contexts: int = 100) -> list[dict]:
+    """One bundle per reservoir model (run 0) under ``out/bundles``; each is loaded back and scored by
+    :func:`isan.engine.runners.reservoir.load_reservoir_bundle` on the test text. Returns their records."""
+    from isan.engine.runners.reservoir import load_reservoir_bundle, write_reservoir_bundle
+
+    ids = study_ids()
+    tr, V = ids["train"], len(EG.SYMBOLS)
+    alphabet = EG.elman_alphabet()
+    test_text = EG.to_text(EG.study_data()["test"])
+    recs = []
+    for name in MODELS:
+        if name.startswith("esn"):
+            cfg, tz = RS.train_esn(tr, V, size, seed=size, plus=name == "esn+")
+            label = f"{name}-{size}"
+        elif name == "npm-t":
+            cfg, tz = RS.train_npm_t(tr, V, contexts, seed=0, epochs=SRN_EPOCHS)
+            label = f"{name}-{contexts}"
+        else:
+            cfg, tz = RS.train_npm_u(tr, V, contexts, seed=0, plus=name == "npm-u+")
+            label = f"{name}-{contexts}"
+        direct = RS.score(cfg, tz, ids["test"])
+        path = out / "bundles" / label.replace("+", "plus")
+        write_reservoir_bundle(path, cfg["kind"], cfg, tz, alphabet, overwrite=True,
+                               training={"data": "isan study elman data (train split, seed %d)" % EG.TRAIN_SEED,
+                                         "command": "isan study elman export"},
+                               metrics={"test_nnl": direct.nnl, "test_bits_per_word": direct.bits_per_symbol})
+        runner = load_reservoir_bundle(path)
+        s = runner.score_text(test_text)
+        recs.append({"model": name, "bundle": str(path), "nnl_direct": direct.nnl, "nnl_bundle": s["nnl"],
+                     "bits_per_word": s["bits_per_token"], "tokens": s["tokens"]})
+    (out / "bundles.json").write_text(json.dumps(recs, indent=1) + "\n")
+    return recs
+
+
+# ------------------------------------------------------------------------------------------- table
+def load_log(path: Path) -> list[dict]:
+    return [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
+
+
+def summarise(records: list[dict]) -> dict:
+    """{model: {size: {"mean", "std", "runs", "min", "max"}}} of NNL over runs (std: population, ddof=0)."""
+    out: dict = {}
+    for r in records:
+        if r.get("event") == "ridge" or "nnl" not in r:
+            continue
+        out.setdefault(r["model"], {}).setdefault(int(r["size"]), []).append(r["nnl"])
+    return {m: {s: {"mean": float(np.mean(v)), "std": float(np.std(v)), "runs": len(v), "min": float(np.min(v)),
+                    "max": float(np.max(v))} for s, v in sorted(d.items())} for m, d in out.items()}
+
+
+def _fmt(x, nd=3):
+    return "—" if x is None else f"{x:.{nd}f}"
+
+
+def claims(summary: dict) -> dict:
+    """The paper's two claims, checked size by size: ESN+ below ESN, NPM-U+ below NPM-U (mean NNL),
+    and whether the difference exceeds the two standard deviations combined."""
+    out = {}
+    for plus, base in (("esn+", "esn"), ("npm-u+", "npm-u")):
+        if plus not in summary or base not in summary:
+            continue
+        rows = []
+        for s in sorted(set(summary[plus]) & set(summary[base])):
+            a, b = summary[plus][s], summary[base][s]
+            diff = b["mean"] - a["mean"]
+            rows.append({"size": s, "plus": a["mean"], "base": b["mean"], "base_minus_plus": diff,
+                         "plus_better": diff > 0, "beyond_std": abs(diff) > a["std"] + b["std"]})
+        out[f"{plus} vs {base}"] = {"sizes_plus_better": sum(r["plus_better"] for r in rows), "sizes": len(rows),
+                                    "rows": rows}
+    return out
+
+
+def write_table(results: Path, readme_out: Path | None = None) -> dict:
+    """TABLE.md, table.json and fig1.png from the committed logs under ``results``."""
+    results = Path(results)
+    ent = json.loads((results / "entropy.json").read_text())
+    H = ent["splits"]["test"]["entropy"]["nnl"]
+    recs = all_records(results)
+    summ = summarise(recs)
+    ridge = [r for r in recs if r.get("event") == "ridge"]
+    neural = {}
+    for f in sorted((results / "neural").glob("*.json")) if (results / "neural").exists() else []:
+        neural[f.stem] = json.loads(f.read_text())
+    neural = dict(sorted(neural.items(), key=lambda kv: (kv[1].get("kind", ""), kv[1].get("d", 0))))
+    kappa = json.loads((results / "kappa.json").read_text()) if (results / "kappa.json").exists() else None
+    bundles = json.loads((results / "bundles.json").read_text()) if (results / "bundles.json").exists() else None
+    table = {"entropy_nnl": H, "entropy_bits": ent["splits"]["test"]["entropy"]["bits_per_symbol"],
+             "fig1": summ, "claims": claims(summ), "ridge_check": ridge, "neural": neural, "kappa": kappa,
+             "bundles": bundles}
+    (results / "table.json").write_text(json.dumps(table, indent=1) + "\n")
+    lines = ["# Elman's grammar: untrained-network baselines (Čerňanský et al. 2008, Fig. 1), ISAN and LSTM", "",
+             "Written by `isan study elman table --results results/elman` from the committed logs "
+             "(`fig1_runs.jsonl`, `entropy.json`, `neural/`, `kappa.json`); commands in `command.txt`.", "",
+             f"Test set: {ent['splits']['test']['sentences']:,} sentences, {ent['splits']['test']['symbols']:,} "
+             f"symbols; train: {ent['splits']['train']['sentences']:,} sentences, "
+             f"{ent['splits']['train']['symbols']:,} symbols. Grammar entropy of the test set "
+             f"H = {H:.4f} NNL ({table['entropy_bits']:.4f} bits/word). Every generated sentence passes both "
+             f"checkers: {ent['splits']['train']['grammatical_oracle']:,}/{ent['splits']['train']['sentences']:,} "
+             f"train, {ent['splits']['test']['grammatical_oracle']:,}/{ent['splits']['test']['sentences']:,} test.",
+             "", "NNL on the test set (mean ± std over runs; lower is better; H is the floor):", ""]
+    for group, sizes, label in (("esn", ESN_SIZES, "reservoir units n"), ("npm", NPM_CONTEXTS, "contexts M")):
+        models = [m for m in MODELS if m.startswith(group) and m in summ]
+        if not models:
+            continue
+        allsizes = sorted(set().union(*[summ[m].keys() for m in models]))
+        lines += [f"| {label} | " + " | ".join(LABELS[m] for m in models) + " |",
+                  "|---:|" + "---:|" * len(models)]
+        for s in allsizes:
+            cells = [f"{summ[m][s]['mean']:.4f} ± {summ[m][s]['std']:.4f}" if s in summ[m] else "—" for m in models]
+            lines.append(f"| {s} | " + " | ".join(cells) + " |")
+        runs = sorted({summ[m][s]["runs"] for m in models for s in summ[m]})
+        lines += ["", f"Runs per cell: {', '.join(map(str, runs))}.", ""]
+    lines += ["The paper's claims, size by size (mean NNL):", ""]
+    for k, v in table["claims"].items():
+        beyond = sum(r["beyond_std"] and r["plus_better"] for r in v["rows"])
+        worse = [r["size"] for r in v["rows"] if not r["plus_better"]]
+        lines.append(f"- {k}: the + variant is better at {v['sizes_plus_better']} of {v['sizes']} sizes "
+                     f"({beyond} by more than the two standard deviations combined)"
+                     + (f"; not at {worse}" if worse else "") + ".")
+    if neural:
+        lines += ["", "Trained models on the same data (one run each; valid and test NNL scored as one stream from "
+                  "the initial state; the figure shows, per architecture, the run with the best valid NNL):", "",
+                  "| model | parameters | valid NNL | test NNL | test bits/word | training log |",
+                  "|---|---:|---:|---:|---:|---|"]
+        for name, r in neural.items():
+            lines.append(f"| {r.get('label', name)} | {r.get('n_params', 0):,} | {r['valid_nnl']:.4f} | "
+                         f"{r['test_nnl']:.4f} | {r['test_bits_per_word']:.4f} | [neural/{name}/](neural/{name}/) |")
+    if kappa:
+        lines += ["", "ISAN word-level attribution (kappa) at the main verb after a relative clause: "
+                  "the plural-minus-singular verb logit that each earlier word contributes (DESIGN.md section 2):", ""]
+        for ex in kappa["examples"]:
+            lines.append(f"- `{ex['sentence']}` (predicting the word after `{ex['prefix'].split()[-1]}`, the "
+                         f"main verb; head noun `{ex['head']}`, relative-clause noun `{ex['rc_noun']}`): "
+                         + ", ".join(f"{w} {c:+.2f}" for w, c in ex["contributions"])
+                         + f"; margin {ex['margin']:+.2f}; after swapping "
+                         + ", ".join(f"{w}->{v['swapped_to']}: {v['margin_after_swap']:+.2f}" for w, v in ex["swaps"].items())
+                         + f"; P(plural verb) = {ex['p_plural_verb']:.3f}, true {ex['true_p_plural_verb']:.3f}.")
+        lines.append("")
+        lines.append(f"Over {kappa['n_sentences']} test sentences of that shape: the head noun's contribution has "
+                     f"the sign of its number in {kappa['head_sign_agrees']:.1%} of them, the relative clause "
+                     f"noun's in {kappa['rc_sign_agrees']:.1%}; mean |head| {kappa['mean_abs_head']:.2f} against "
+                     f"mean |rc noun| {kappa['mean_abs_rc']:.2f}; the model puts more mass on the correct verb "
+                     f"number in {kappa['correct_number_rate']:.1%}. Swapping a noun for its other number (its "
+                     f"matrix and bias together) flips the predicted number in "
+                     f"{kappa['swap_head_flips_number']:.1%} of sentences for the head noun and "
+                     f"{kappa['swap_rc_noun_flips_number']:.1%} for the relative clause's noun.")
+    if bundles:
+        lines += ["", "Bundles (run 0; `bundles/`), scored through `load_reservoir_bundle` against the direct "
+                  "computation:", "", "| bundle | NNL (direct) | NNL (bundle) |", "|---|---:|---:|"]
+        for b in bundles:
+            lines.append(f"| {Path(b['bundle']).name} | {b['nnl_direct']:.6f} | {b['nnl_bundle']:.6f} |")
+    if ridge:
+        lines += ["", "ESN ridge check (run 0, n = 100, valid NNL): " + "; ".join(
+            f"{r['model']} {r['ridge']:g}: {r['valid_nnl']:.4f}" for r in ridge) + "."]
+    (results / "TABLE.md").write_text("\n".join(lines) + "\n")
+    chosen = {}  # per kind, the run with the best valid NNL (the one the figure shows)
+    for k, r in neural.items():
+        if r.get("kind") not in chosen or r["valid_nnl"] < neural[chosen[r["kind"]]]["valid_nnl"]:
+            chosen[r.get("kind")] = k
+    table["chosen_on_valid"] = chosen
+    (results / "table.json").write_text(json.dumps(table, indent=1) + "\n")
+    plot_fig1(summ, H, results / "fig1.png", {neural[k].get("label", k) + " (test)": neural[k]["test_nnl"]
+                                              for k in chosen.values()})
+    return table
+
+
+def plot_fig1(summ: dict, H: float, path: Path, trained: dict | None = None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=90)
+    for ax, group, xl in ((axes[0], "esn", "reservoir units n"), (axes[1], "npm", "contexts M")):
+        for m in MODELS:
+            if not m.startswith(group) or m not in summ:
+                continue
+            s = sorted(summ[m])
+            mu = np.array([summ[m][k]["mean"] for k in s])
+            sd = np.array([summ[m][k]["std"] for k in s])
+            ax.errorbar(s, mu, yerr=sd, marker="o", ms=3, capsize=2, label=LABELS[m])
+        ax.axhline(H, color="k", ls="--", lw=1, label=f"H = {H:.3f}")
+        for (name, v), c in zip(sorted((trained or {}).items()), ("tab:red", "tab:purple", "tab:brown", "tab:gray")):
+            ax.axhline(v, color=c, ls=":", lw=1.2, label=f"{name} {v:.3f}")
+        ax.set_xscale("log")
+        ax.set_xlabel(xl)
+        ax.set_ylabel("test NNL (base 24)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_title("ESN / ESN+")
+    axes[1].set_title("NPM-U / NPM-U+ / NPM-T")
+    fig.suptitle("Elman's grammar: NNL against model size (mean ± std over runs)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
