@@ -46,7 +46,7 @@ def test_lock_pins_every_dependency_of_the_tested_extras():
     pins = _pins(REPO / "requirements" / "ci.txt")
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     wanted = list(project["dependencies"])
-    for extra in ("train", "onnx", "serve", "dev", "plot"):
+    for extra in ("train", "onnx", "serve", "dev", "plot", "evalharness"):
         wanted += project["optional-dependencies"][extra]
     for req in wanted:
         name = re.match(r"[A-Za-z0-9_.\-]+", req).group(0).lower().replace("_", "-")

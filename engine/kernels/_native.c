@@ -10,7 +10,7 @@
  *   that follow rows [0, P) through the same symbols without bias and without readout, and a pair
  *   stops once its error is small against its state.
  *   Threads share every round: each owns a slice of output columns of every GEMM and a slice of
- *   the rows' readouts, with two barriers a round; no Python and no GIL inside.
+ *   the rows' readouts, with one barrier a round; no Python and no GIL inside.
  *
  * seq_composed: one stream through a trie table: for each match (entry e, k characters) the k
  *   readouts [R_i | r_i] [h; 1] and the jump h <- [A | c] [h; 1] (float32 or float16 storage).
@@ -152,81 +152,174 @@ static const Kernels *choose_kernels(const char *want) {
 }
 
 /* ------------------------------------------------------------------------------------------
- * Threads: a parallel region is nt threads (the caller is thread 0), joined at the end. Inside,
- * a sense-reversing barrier that spins briefly and then yields (the machine may be shared).
+ * Threads: a parallel region is nt threads (the caller is thread 0), created for the call and
+ * joined before it returns, so no thread and no team state outlives a call: a call that stops
+ * early (a diverging state, an allocation failure) leaves nothing behind for the next one.
+ *
+ * Inside a region, a sense-reversing barrier that spins briefly, then yields, then sleeps on a
+ * condition variable (the machine may be shared: a waiter must not hold a core that the thread
+ * it waits for needs). Every thread must leave a loop at the same phase, so every decision to
+ * leave is taken either by the barrier itself (barrier_wait_any: did any thread raise its flag in
+ * this phase?) or from data that no thread writes again before the next barrier (run_streams
+ * split by columns: every thread reaches the same schedule from the same rows). Reading a flag
+ * that threads set while they work is not enough: a faster thread may already be in the next
+ * phase and set it there, the threads then leave the loop at different phases, and one of them
+ * waits forever at a barrier the others never reach (issue 20: seq_composed hung that way on a
+ * diverging text, every time once other processes held the cores).
  * ------------------------------------------------------------------------------------------ */
 typedef struct {
-    atomic_int count;
-    atomic_int sense;
+    atomic_int count;   /* arrivals in the current phase */
+    atomic_int sense;   /* flips when a phase completes */
+    atomic_int any[2];  /* per phase parity: did any thread raise its flag (see barrier_wait_any) */
+    atomic_int sleepers;
     int n;
+    int can_sleep;      /* mu and cv are initialised */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
 } Barrier;
+
+#define BARRIER_SPINS 20000 /* pause instructions before yielding (about 1 ms) */
+#define BARRIER_YIELDS 64   /* sched_yield calls before sleeping */
 
 static void barrier_init(Barrier *b, int n) {
     atomic_init(&b->count, 0);
     atomic_init(&b->sense, 0);
+    atomic_init(&b->any[0], 0);
+    atomic_init(&b->any[1], 0);
+    atomic_init(&b->sleepers, 0);
     b->n = n;
+    b->can_sleep = 0;
+    if (n > 1 && pthread_mutex_init(&b->mu, NULL) == 0) {
+        if (pthread_cond_init(&b->cv, NULL) == 0) b->can_sleep = 1;
+        else pthread_mutex_destroy(&b->mu);
+    } /* else: waiters spin and yield only */
 }
 
-static void barrier_wait(Barrier *b, int *local_sense) {
-    if (b->n <= 1) return;
-    const int s = !*local_sense;
-    *local_sense = s;
-    if (atomic_fetch_add_explicit(&b->count, 1, memory_order_acq_rel) == b->n - 1) {
-        atomic_store_explicit(&b->count, 0, memory_order_relaxed);
-        atomic_store_explicit(&b->sense, s, memory_order_release);
-    } else {
-        int spins = 0;
-        while (atomic_load_explicit(&b->sense, memory_order_acquire) != s) {
-            if (++spins < 20000) CPU_RELAX();
-            else sched_yield();
-        }
+/* After the region has been joined (no thread is inside a barrier any more). */
+static void barrier_destroy(Barrier *b) {
+    if (b->can_sleep) {
+        pthread_cond_destroy(&b->cv);
+        pthread_mutex_destroy(&b->mu);
+        b->can_sleep = 0;
     }
 }
 
+/* Wait until all b->n threads have arrived; returns 1 if any of them passed flag != 0 in this
+ * phase, the same answer in every thread. Memory: everything a thread wrote before arriving is
+ * visible to every thread after it leaves (release by the arrivals' fetch_add, acquire by the
+ * last arrival; release by the sense store, acquire by the waiters' loads).
+ *
+ * any[] alternates between phases: the flags of this phase go to any[s] (s the new sense); the
+ * last arrival clears any[!s], the slot of the previous phase, which every thread has read
+ * (each reads its result before it arrives here) and no thread writes again before the next
+ * phase, which cannot start until this one completes. */
+static int barrier_wait_any(Barrier *b, int *local_sense, int flag) {
+    if (b->n <= 1) return flag != 0;
+    const int s = !*local_sense;
+    *local_sense = s;
+    if (flag) atomic_fetch_or_explicit(&b->any[s], 1, memory_order_relaxed);
+    if (atomic_fetch_add_explicit(&b->count, 1, memory_order_acq_rel) == b->n - 1) {
+        atomic_store_explicit(&b->any[!s], 0, memory_order_relaxed);
+        atomic_store_explicit(&b->count, 0, memory_order_relaxed);
+        /* seq_cst store and load: either a sleeper's seq_cst load of sense (below) sees the new
+         * sense, or this load sees that sleeper counted, and then it is woken under the mutex */
+        atomic_store_explicit(&b->sense, s, memory_order_seq_cst);
+        if (b->can_sleep && atomic_load_explicit(&b->sleepers, memory_order_seq_cst) > 0) {
+            pthread_mutex_lock(&b->mu);
+            pthread_cond_broadcast(&b->cv);
+            pthread_mutex_unlock(&b->mu);
+        }
+    } else {
+        int spins = 0;
+        while (atomic_load_explicit(&b->sense, memory_order_acquire) != s) {
+            if (spins < BARRIER_SPINS) {
+                CPU_RELAX();
+            } else if (spins < BARRIER_SPINS + BARRIER_YIELDS || !b->can_sleep) {
+                sched_yield();
+            } else {
+                atomic_fetch_add_explicit(&b->sleepers, 1, memory_order_seq_cst);
+                pthread_mutex_lock(&b->mu);
+                while (atomic_load_explicit(&b->sense, memory_order_seq_cst) != s) pthread_cond_wait(&b->cv, &b->mu);
+                pthread_mutex_unlock(&b->mu);
+                atomic_fetch_sub_explicit(&b->sleepers, 1, memory_order_relaxed);
+                break;
+            }
+            if (spins < BARRIER_SPINS + BARRIER_YIELDS) spins++;
+        }
+    }
+    return atomic_load_explicit(&b->any[s], memory_order_relaxed) != 0;
+}
+
+static void barrier_wait(Barrier *b, int *local_sense) { (void)barrier_wait_any(b, local_sense, 0); }
+
+/* Test hooks (inject_faults): armed by Python, taken (and disarmed) by the next kernel call. */
+static atomic_int fault_alloc_tid = -1; /* that thread of the next call's team fails its allocations */
+static atomic_int fault_max_threads = 0; /* the next call gets at most this many threads (0: no limit) */
+
 typedef void (*WorkFn)(void *arg, int tid, int nt);
+
+typedef struct { /* the start of a region: workers wait until the caller knows the team's size */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int go, nt;
+} Start;
 
 typedef struct {
     WorkFn fn;
     void *arg;
     int tid;
-    atomic_int *go;
-    const int *nt;
+    Start *start;
 } ThreadArg;
 
 static void *thread_main(void *p) {
     ThreadArg *t = (ThreadArg *)p;
-    int spins = 0;
-    while (!atomic_load_explicit(t->go, memory_order_acquire)) {
-        if (++spins < 20000) CPU_RELAX();
-        else sched_yield();
-    }
-    t->fn(t->arg, t->tid, *t->nt);
+    pthread_mutex_lock(&t->start->mu);
+    while (!t->start->go) pthread_cond_wait(&t->start->cv, &t->start->mu);
+    const int nt = t->start->nt;
+    pthread_mutex_unlock(&t->start->mu);
+    t->fn(t->arg, t->tid, nt);
     return NULL;
 }
 
-/* Run fn(arg, tid, nt) on up to nt threads (the caller is thread 0). Threads are created first
- * and released together once their number is known, so if the system refuses a thread the work
- * is shared among those that exist. set_nt(arg, n) is called with the final count before any
- * work starts. Returns the count. */
-static int run_parallel(WorkFn fn, void *arg, int nt, void (*set_nt)(void *, int)) {
+/* Run fn(arg, tid, nt) on up to nt threads (the caller is thread 0) and join them. Threads are
+ * created first and released together once their number is known, so if the system refuses a
+ * thread (or max_threads says so) the work is shared among those that exist. set_nt(arg, n) is
+ * called with the final count before any work starts. Returns the count. fn must return in
+ * every thread by the same path through its barriers (see barrier_wait_any). */
+static int run_parallel(WorkFn fn, void *arg, int nt, void (*set_nt)(void *, int), int max_threads) {
     if (nt < 1) nt = 1;
     if (nt > 64) nt = 64;
+    if (max_threads > 0 && nt > max_threads) nt = max_threads;
     pthread_t th[64];
     ThreadArg ta[64];
-    atomic_int go;
-    atomic_init(&go, 0);
-    int created = 1, final_nt = 1;
-    for (int t = 1; t < nt; t++) {
-        ta[t] = (ThreadArg){fn, arg, t, &go, &final_nt};
-        if (pthread_create(&th[t], NULL, thread_main, &ta[t]) != 0) break;
-        created++;
+    Start st;
+    st.go = 0;
+    st.nt = 1;
+    int created = 1;
+    if (nt > 1 && pthread_mutex_init(&st.mu, NULL) == 0) {
+        if (pthread_cond_init(&st.cv, NULL) == 0) {
+            for (int t = 1; t < nt; t++) {
+                ta[t] = (ThreadArg){fn, arg, t, &st};
+                if (pthread_create(&th[t], NULL, thread_main, &ta[t]) != 0) break;
+                created++;
+            }
+            set_nt(arg, created);
+            pthread_mutex_lock(&st.mu);
+            st.nt = created;
+            st.go = 1;
+            pthread_cond_broadcast(&st.cv);
+            pthread_mutex_unlock(&st.mu);
+            fn(arg, 0, created);
+            for (int t = 1; t < created; t++) pthread_join(th[t], NULL);
+            pthread_cond_destroy(&st.cv);
+            pthread_mutex_destroy(&st.mu);
+            return created;
+        }
+        pthread_mutex_destroy(&st.mu);
     }
-    final_nt = created;
-    set_nt(arg, created);
-    atomic_store_explicit(&go, 1, memory_order_release);
-    fn(arg, 0, created);
-    for (int t = 1; t < created; t++) pthread_join(th[t], NULL);
-    return created;
+    set_nt(arg, 1); /* one thread (asked for, or no synchronisation objects): the caller alone */
+    fn(arg, 0, 1);
+    return 1;
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -266,6 +359,7 @@ typedef struct {
     int div_n[2][64];
     int64_t total_steps[64];
     atomic_int fail; /* allocation failure in a thread */
+    int fault_tid;   /* test hook: this thread fails its allocations (-1: none) */
 } StreamsJob;
 
 typedef struct { /* one thread's schedule */
@@ -382,14 +476,15 @@ static void streams_work(void *arg, int tid, int nt) {
     float *sp[64];
     const float *ap[64];
     int64_t *dl[2] = {(int64_t *)malloc(sizeof(int64_t) * 2 * (nr + 1)), (int64_t *)malloc(sizeof(int64_t) * 2 * (nr + 1))};
-    int ok = S.active && S.grp_start && S.Aptr && S.Cptr && S.dead && scr && dl[0] && dl[1];
+    int ok = S.active && S.grp_start && S.Aptr && S.Cptr && S.dead && scr && dl[0] && dl[1] && J->fault_tid != tid;
     if (!ok) atomic_store(&J->fail, 1);
     J->div_list[0][tid] = dl[0];
     J->div_list[1][tid] = dl[1];
     J->div_n[0][tid] = J->div_n[1][tid] = 0;
     J->total_steps[tid] = 0;
-    barrier_wait(&J->bar, &sense); /* split by columns: every thread's lists exist, and J->fail is final */
-    if (!atomic_load(&J->fail)) {
+    /* split by columns: every thread's lists exist, and every thread stops if one has no memory
+     * (split by rows the barrier is one thread's: each runs its rows if its own memory is there) */
+    if (!barrier_wait_any(&J->bar, &sense, !ok)) {
         for (int i = 0; i < 64; i++) sp[i] = scr + (size_t)i * Vp;
         for (int s = S.r0; s < S.r1; s++) S.active[s - S.r0] = s;
         S.n_active = nr;
@@ -433,7 +528,7 @@ static void streams_work(void *arg, int tid, int nt) {
                 }
             }
             if (writes) J->total_steps[tid] += n;
-            barrier_wait(&J->bar, &sense);
+            barrier_wait(&J->bar, &sense); /* no flag: the next schedule decides (see sched_round) */
         }
     }
     barrier_wait(&J->bar, &sense); /* nobody frees a divergence list another may still read */
@@ -460,8 +555,9 @@ typedef struct {
     int nt;
     Barrier bar;
     float *hb[2];          /* the state before / after the current jump (kd + 16 floats each) */
-    atomic_llong bad;      /* first bad match, or -1 */
+    atomic_llong bad;      /* the match at which every thread stopped (a state out of range or bits not finite), or -1 */
     atomic_int fail;
+    int fault_tid;         /* test hook: this thread fails its allocation (-1: none) */
 } SeqJob;
 
 static void seq_set_nt(void *arg, int nt) {
@@ -482,15 +578,15 @@ static void seq_work(void *arg, int tid, int nt) {
     int sense = 0;
     size_t nbuf = sizeof(float) * (size_t)(J->max_len * V + Vp + 16);
     nbuf = (nbuf + 63) & ~(size_t)63;
-    float *logits = (float *)aligned_alloc(64, nbuf);
+    float *logits = J->fault_tid == tid ? NULL : (float *)aligned_alloc(64, nbuf);
     if (!logits) atomic_store(&J->fail, 1);
-    barrier_wait(&J->bar, &sense);
-    if (atomic_load(&J->fail)) { free(logits); return; }
+    if (barrier_wait_any(&J->bar, &sense, !logits)) { free(logits); return; } /* all stop if one has no memory */
     float *l1 = logits + (size_t)J->max_len * V;
     /* this thread's rows of [A | c]: multiples of 4 */
     const int r0 = 4 * ((d / 4) * tid / nt), r1 = tid == nt - 1 ? d : 4 * ((d / 4) * (tid + 1) / nt);
     int64_t pos = 0;
     for (int64_t j = 0; j < J->n_matches; j++) {
+        int bad = 0; /* this thread found bits that are not finite or a state out of range */
         const float *h = J->hb[j & 1];
         float *hn = J->hb[(j + 1) & 1];
         const int64_t e = J->entries[j];
@@ -505,10 +601,7 @@ static void seq_work(void *arg, int tid, int nt) {
                     memcpy(l1, logits + (size_t)(i - i0) * V, sizeof(float) * V);
                     const double b = K->lse_bits(l1, V, Vp, J->ids[pos + i]);
                     J->bits[pos + i] = b;
-                    if (!isfinite(b)) {
-                        long long cur = atomic_load(&J->bad);
-                        while ((cur < 0 || cur > j) && !atomic_compare_exchange_weak(&J->bad, &cur, j)) {}
-                    }
+                    if (!isfinite(b)) bad = 1;
                 }
             }
         }
@@ -518,15 +611,19 @@ static void seq_work(void *arg, int tid, int nt) {
             else K->matvec_f32((const float *)J->Ac + aoff, r1 - r0, kd, h, hn + r0);
             for (int i = r0; i < r1; i++)
                 if (!(fabsf(hn[i]) <= J->limit)) {
-                    long long cur = atomic_load(&J->bad);
-                    while ((cur < 0 || cur > j) && !atomic_compare_exchange_weak(&J->bad, &cur, j)) {}
+                    bad = 1;
                     break;
                 }
         }
         pos += k;
-        barrier_wait(&J->bar, &sense);
-        if (atomic_load(&J->bad) >= 0) { /* every thread sees it after the barrier: all stop here */
-            if (tid == 0) memcpy(J->h, hn, sizeof(float) * kd);
+        /* The barrier tells every thread whether any found a bad match: all stop at the same match
+         * (a flag read after the barrier could already carry the next match's news from a faster
+         * thread, and then the threads would stop at different matches: the hang of issue 20). */
+        if (barrier_wait_any(&J->bar, &sense, bad)) {
+            if (tid == 0) {
+                atomic_store(&J->bad, j);
+                memcpy(J->h, hn, sizeof(float) * kd);
+            }
             break;
         }
         if (tid == 0 && j == J->n_matches - 1) memcpy(J->h, hn, sizeof(float) * kd);
@@ -591,6 +688,8 @@ static PyObject *py_run_streams(PyObject *self, PyObject *args) {
             J->stop_ratio = stop_ratio; J->check_every = check_every; J->limit = limit;
             J->steps_done = (int64_t *)steps_done.buf; J->residual = (float *)residual.buf;
             J->diverged = (int64_t *)diverged.buf;
+            J->fault_tid = atomic_exchange(&fault_alloc_tid, -1);
+            const int max_threads = atomic_exchange(&fault_max_threads, 0);
             for (int s = 0; s < P; s++) {
                 J->diverged[s] = -1;
                 J->residual[s] = INFINITY;
@@ -601,7 +700,8 @@ static PyObject *py_run_streams(PyObject *self, PyObject *args) {
             if (!split_cols && nt > P) nt = P > 0 ? P : 1;
             long long total = 0;
             Py_BEGIN_ALLOW_THREADS
-            const int used = run_parallel(streams_work, J, nt, streams_set_nt);
+            const int used = run_parallel(streams_work, J, nt, streams_set_nt, max_threads);
+            barrier_destroy(&J->bar);
             for (int q = 0; q < used; q++) total += J->total_steps[q];
             /* range check of the final states */
             if (!atomic_load(&J->fail))
@@ -663,11 +763,16 @@ static PyObject *py_seq_composed(PyObject *self, PyObject *args) {
             memcpy(J->hb[0], h.buf, sizeof(float) * kd);
             J->hb[0][d] = J->hb[1][d] = 1.0f;
             atomic_init(&J->bad, -1);
+            J->fault_tid = atomic_exchange(&fault_alloc_tid, -1);
+            const int max_threads = atomic_exchange(&fault_max_threads, 0);
             if (nt < 1) nt = 1;
             if (nt > 8) nt = 8;
             if (n_m == 0) nt = 1;
             Py_BEGIN_ALLOW_THREADS
-            if (n_m > 0) run_parallel(seq_work, J, nt, seq_set_nt);
+            if (n_m > 0) {
+                run_parallel(seq_work, J, nt, seq_set_nt, max_threads);
+                barrier_destroy(&J->bar);
+            }
             Py_END_ALLOW_THREADS
             if (atomic_load(&J->fail)) PyErr_NoMemory();
             else ret = Py_BuildValue("L", (long long)atomic_load(&J->bad));
@@ -757,6 +862,17 @@ static PyObject *py_set_isa(PyObject *self, PyObject *args) {
     return PyUnicode_FromString(KERN->name);
 }
 
+/* Test hook: the next kernel call (run_streams or seq_composed, whichever comes first) runs with
+ * thread alloc_tid of its team failing its allocations (-1: none), and with at most max_threads
+ * threads as if the system refused the others (0: no limit). The call takes and clears both. */
+static PyObject *py_inject_faults(PyObject *self, PyObject *args) {
+    int alloc_tid, max_threads;
+    if (!PyArg_ParseTuple(args, "ii", &alloc_tid, &max_threads)) return NULL;
+    atomic_store(&fault_alloc_tid, alloc_tid < 0 ? -1 : alloc_tid);
+    atomic_store(&fault_max_threads, max_threads < 0 ? 0 : max_threads);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"run_streams", py_run_streams, METH_VARARGS, "Grouped multi-row scoring (see streams.py)."},
     {"seq_composed", py_seq_composed, METH_VARARGS, "One stream through a trie table (see sequential.py)."},
@@ -764,6 +880,9 @@ static PyMethodDef methods[] = {
     {"trie_segment", py_trie_segment, METH_VARARGS, "Greedy longest-match segmentation along a trie (see composed.py)."},
     {"isa", py_isa, METH_NOARGS, "The instruction set the kernels run with."},
     {"set_isa", py_set_isa, METH_VARARGS, "Choose the instruction set: generic, avx2 or avx512 (tests)."},
+    {"inject_faults", py_inject_faults, METH_VARARGS,
+     "inject_faults(alloc_tid, max_threads): the next kernel call's thread alloc_tid fails its allocations (-1: "
+     "none) and the call gets at most max_threads threads (0: no limit). For the tests of the failure paths."},
     {NULL, NULL, 0, NULL},
 };
 

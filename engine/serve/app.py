@@ -14,6 +14,9 @@ Endpoints (each in the OpenAPI schema at ``/openapi.json``, rendered at ``/docs`
 * ``POST /v1/sample``: generated text, streamed as Server-Sent Events (or one JSON answer).
 * ``POST /v1/attribute``: exact attribution of the logits to each character or word (kappa),
   with the check that they sum to the logits.
+* ``POST /v1/completions``, ``GET /v1/models``, ``GET /tokenizer_info``, ``POST /tokenize``,
+  ``POST /detokenize``: the OpenAI-compatible API (:mod:`isan.engine.serve.completions`), as vLLM
+  and the llama.cpp server offer it; its errors have OpenAI's shape.
 * WebSocket ``/v1/stream``: JSON frames ``{"text": chunk, ...the options of /v1/score...}``,
   ``{"reset": true}``, ``{"restore": snapshot}``, ``{"snapshot": true}`` (combinable: reset or
   restore first, then the text, then the snapshot); each answer has the frame's fields and the
@@ -23,8 +26,12 @@ Endpoints (each in the OpenAPI schema at ``/openapi.json``, rendered at ``/docs`
 The ``/v1`` endpoints are plain ASGI handlers in front of FastAPI (:class:`IsanApp`): FastAPI
 declares them (the schema, ``/docs``, 404 and 405) but does not sit on their path, where its
 routing and middleware took more of the event loop than the handlers themselves. Every 4xx and
-5xx, 404 and 405 included, is ``{"error": message, "status": code, ...}``; no traceback and no NaN
-reaches a client.
+5xx, 404 and 405 included, is ``{"error": message, "status": code, ...}`` (on the OpenAI-compatible
+paths ``{"error": {"message", "type", "param", "code"}}``); no traceback and no NaN reaches a client.
+
+A WebSocket whose handshake carries an ``Origin`` (a browser's) is refused (403, code 1008) unless
+that origin is the server's own, a loopback one, or one of ``--allow-origin``: without an API key,
+a web page could otherwise use the server through its visitors' browsers.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ import logging
 import time
 from contextlib import asynccontextmanager
 from typing import Callable
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
@@ -44,6 +51,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.websockets import WebSocketDisconnect
 
 from isan.engine.serve.budget import Reservation
+from isan.engine.serve.completions import (PATHS as OPENAI_PATHS, CompletionResponse, Completions, DetokenizeResponse,
+                                           ModelList, OpenAIError, TokenizeResponse, TokenizerInfo, openai_error)
 from isan.engine.serve.config import DEFAULT_MAX_CHARS, ServeConfig
 from isan.engine.serve.errors import RequestError, busy
 from isan.engine.serve.metrics import Metrics
@@ -59,7 +68,8 @@ ENCODE_INLINE_CHARS = 50_000
 #: characters of the first Server-Sent Event of a sample, and of each later one
 SAMPLE_FIRST_PIECE, SAMPLE_PIECE = 16, 64
 ENDPOINTS = ("GET /healthz, GET /metrics, POST /v1/score, POST /v1/score/batch, POST /v1/next, POST /v1/sample, "
-             "POST /v1/attribute, WebSocket /v1/stream, GET /docs, GET /openapi.json")
+             "POST /v1/attribute, POST /v1/completions, GET /v1/models, GET /tokenizer_info, POST /tokenize, "
+             "POST /detokenize, WebSocket /v1/stream, GET /docs, GET /openapi.json")
 
 DESCRIPTION = """Score, predict, sample and attribute text with an Input Switched Affine Network, in bits.
 
@@ -85,10 +95,16 @@ answered `{"error", "status"}` and the stream's state kept.
 **State snapshots**: `"return_state": true` (or `{"snapshot": true}` on a stream) answers `state`, a
 signed token of the state and the running totals; `"state"` (or `{"restore": ...}`) continues from it.
 A changed token is refused with 403, one of another model with 409.
+
+**OpenAI-compatible API** (as vLLM and the llama.cpp server offer it): `POST /v1/completions` scores
+(`echo`, `logprobs`, `max_tokens: 0`) and generates text; `GET /v1/models`; `GET /tokenizer_info`,
+`POST /tokenize`, `POST /detokenize` (lm-evaluation-harness's remote tokenizer). Tokens are the model's
+symbols (token id V, `<|endoftext|>`, may start a prompt: the initial state); log-probs are natural logs;
+errors are `{"error": {"message", "type", "param", "code"}}`.
 """
 
 
-def _error_responses(*codes: int) -> dict:
+def _error_responses(*codes: int, model=None) -> dict:
     what = {400: "bad request (the message names the field)", 401: "a missing or wrong API key",
             403: "a snapshot changed or signed by another server", 404: "no such endpoint", 405: "method not allowed",
             408: "the headers or body were too slow to arrive", 409: "a snapshot of another model",
@@ -97,7 +113,7 @@ def _error_responses(*codes: int) -> dict:
                  "a diverging state), or a key given twice",
             426: "a WebSocket endpoint", 500: "internal error",
             503: "busy, loading or timed out: retry after Retry-After"}
-    return {c: {"model": ErrorResponse, "description": what.get(c, "error")} for c in codes}
+    return {c: {"model": model or ErrorResponse, "description": what.get(c, "error")} for c in codes}
 
 
 class IsanApp:
@@ -108,7 +124,8 @@ class IsanApp:
         state: ``fastapi.state`` (``service``, ``metrics``).
     """
 
-    def __init__(self, fastapi: FastAPI, http_routes: dict, ws_routes: dict, service: Service, api_key: str | None):
+    def __init__(self, fastapi: FastAPI, http_routes: dict, ws_routes: dict, service: Service, api_key: str | None,
+                 openai_paths: tuple[str, ...] = ()):
         self.fastapi = fastapi
         self.state = fastapi.state
         self.service = service
@@ -116,6 +133,7 @@ class IsanApp:
         self._ws = ws_routes
         self._key = api_key.encode() if api_key else None
         self._protected = {path for _, path in http_routes} | set(ws_routes) | {"/metrics"}
+        self._openai = set(openai_paths)
 
     def openapi(self) -> dict:
         return self.fastapi.openapi()
@@ -144,7 +162,8 @@ class IsanApp:
                 e = RequestError(401, "this server needs an API key: send the header 'Authorization: Bearer KEY' or "
                                       "'X-API-Key: KEY'", headers={"WWW-Authenticate": 'Bearer realm="isan"',
                                                                    "Connection": "close"})
-                await send_json(send, e.status, encode_json(e.body()), e.headers)
+                body = openai_error(e) if path in self._openai else e.body()
+                await send_json(send, e.status, encode_json(body), e.headers)
                 return
             if handler is not None:
                 await handler(scope, receive, send)
@@ -263,8 +282,10 @@ async def _watch_disconnect(receive, client: Client) -> None:
 class _SSE:
     """A handler's answer that is a stream of Server-Sent Events: ``events`` yields (event, data dict)."""
 
-    def __init__(self, events):
+    def __init__(self, events, named: bool = True):
         self.events = events
+        #: False: OpenAI's form, ``data: {json}`` events ending with ``data: [DONE]``
+        self.named = named
 
 
 def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeConfig | None = None, *,
@@ -315,10 +336,11 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
     fa.state.service = service
     fa.state.metrics = metrics
 
-    def error_response(e: RequestError, endpoint: str | None = None) -> Response:
+    def error_response(e: RequestError, endpoint: str | None = None, openai: bool = False) -> Response:
         if endpoint is not None:
             metrics.requests.labels(endpoint, str(e.status)).inc()
-        return Response(encode_json(e.body()), status_code=e.status, media_type=JSON, headers=e.headers or None)
+        body = openai_error(e) if openai else e.body()
+        return Response(encode_json(body), status_code=e.status, media_type=JSON, headers=e.headers or None)
 
     # ---- one error shape for everything FastAPI answers ------------------------------------
     @fa.exception_handler(StarletteHTTPException)
@@ -335,7 +357,7 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
             msg = f"{method} is not allowed on {path}; allowed: {allow}"
         else:
             msg = str(exc.detail)
-        return error_response(RequestError(exc.status_code, msg, headers=exc.headers))
+        return error_response(RequestError(exc.status_code, msg, headers=exc.headers), openai=path in OPENAI_PATHS)
 
     @fa.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):  # pragma: no cover - no route declares params
@@ -371,7 +393,7 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
             return HTMLResponse(render_docs(fa.openapi()))
 
     # ---- the /v1 handlers (plain ASGI, see the module docstring) ----------------------------
-    async def run_http(scope, receive, send, endpoint: str, work) -> None:
+    async def run_http(scope, receive, send, endpoint: str, work, openai: bool = False) -> None:
         """Read the body, call ``work(raw, client, res)`` and send its answer (a dict as JSON, or
         Server-Sent Events); every error becomes one JSON error answer."""
         t0 = time.perf_counter()
@@ -390,7 +412,7 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
             except RequestError as e:
                 res.release()
                 metrics.requests.labels(endpoint, str(e.status)).inc()
-                await send_json(send, e.status, encode_json(e.body()), e.headers)
+                await send_json(send, e.status, encode_json(openai_error(e) if openai else e.body()), e.headers)
                 return
             except ClientGone:
                 res.release()
@@ -401,7 +423,7 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
                 log.exception("unhandled error in %s", endpoint)
                 metrics.requests.labels(endpoint, "500").inc()
                 e = RequestError(500, "internal error; the server log has the details")
-                await send_json(send, 500, encode_json(e.body()))
+                await send_json(send, 500, encode_json(openai_error(e) if openai else e.body()))
                 return
             try:
                 if isinstance(out, _SSE):
@@ -427,17 +449,34 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
                 payload = encode_json(data)
             except Exception:  # a bug (a non-finite number): the stream ends with an error event
                 log.exception("encoding a %s event failed", event)
-                event, payload = "error", encode_json(RequestError(500, "internal error; the server log has the "
-                                                                        "details").body())
-            await send({"type": "http.response.body", "more_body": True,
-                        "body": b"event: " + event.encode() + b"\ndata: " + payload + b"\n\n"})
+                err = RequestError(500, "internal error; the server log has the details")
+                event, payload = "error", encode_json(err.body() if sse.named else openai_error(err))
+            head = b"event: " + event.encode() + b"\n" if sse.named else b""
+            await send({"type": "http.response.body", "more_body": True, "body": head + b"data: " + payload + b"\n\n"})
             if event == "error":
                 break
+        else:
+            if not sse.named and not client.gone:
+                await send({"type": "http.response.body", "more_body": True, "body": b"data: [DONE]\n\n"})
         await send({"type": "http.response.body", "body": b""})
 
-    def handler(endpoint: str, work):
+    def handler(endpoint: str, work, openai: bool = False):
         async def h(scope, receive, send):
-            await run_http(scope, receive, send, endpoint, work)
+            await run_http(scope, receive, send, endpoint, work, openai)
+
+        return h
+
+    def get_handler(endpoint: str, answer):
+        """A GET endpoint of the OpenAI-compatible API: ``answer()`` as JSON (errors in OpenAI's shape)."""
+        async def h(scope, receive, send):
+            try:
+                out = answer()
+            except RequestError as e:
+                metrics.requests.labels(endpoint, str(e.status)).inc()
+                await send_json(send, e.status, encode_json(openai_error(e)), e.headers)
+                return
+            metrics.requests.labels(endpoint, "200").inc()
+            await send_json(send, 200, encode_json(out))
 
         return h
 
@@ -533,7 +572,42 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
 
         return _SSE(events())
 
-    http_routes = {("POST", "/v1/score"): handler("score", score_work),
+    # ---- the OpenAI-compatible API (isan.engine.serve.completions) ----
+    oai = Completions(service, config, metrics, config.model_name)
+
+    async def completions_work(raw, client, res):
+        service.ready()
+        m = oai.models
+        try:
+            req = parse(m.completion, raw, m.allowed(m.completion), config.max_chars)
+        except RequestError as e:
+            oai.check_model(raw)  # 404 for a model this server does not serve, as OpenAI answers
+            raise e from None
+        out = await oai.complete(req, res, client)
+        return _SSE(out, named=False) if req.stream else out
+
+    async def tokenize_work(raw, client, res):
+        service.ready()
+        m = oai.models
+        return oai.tokenize(parse(m.tokenize, raw, m.allowed(m.tokenize), config.max_chars))
+
+    async def detokenize_work(raw, client, res):
+        service.ready()
+        m = oai.models
+        return oai.detokenize(parse(m.detokenize, raw, m.allowed(m.detokenize), config.max_chars))
+
+    def ready_then(f):
+        def answer():
+            service.ready()
+            return f()
+        return answer
+
+    http_routes = {("POST", "/v1/completions"): handler("completions", completions_work, openai=True),
+                   ("POST", "/tokenize"): handler("tokenize", tokenize_work, openai=True),
+                   ("POST", "/detokenize"): handler("detokenize", detokenize_work, openai=True),
+                   ("GET", "/v1/models"): get_handler("models", ready_then(oai.model_list)),
+                   ("GET", "/tokenizer_info"): get_handler("tokenizer_info", ready_then(oai.tokenizer_info)),
+                   ("POST", "/v1/score"): handler("score", score_work),
                    ("POST", "/v1/score/batch"): handler("batch", batch_work),
                    ("POST", "/v1/next"): handler("next", next_work),
                    ("POST", "/v1/sample"): handler("sample", sample_work),
@@ -546,7 +620,7 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
         return {"requestBody": {"required": True, "content": {JSON: {"schema": schema}}}}
 
     def declare(path: str, model, response, summary: str, codes=(400, 401, 403, 408, 409, 413, 415, 422, 500, 503),
-                extra_200: dict | None = None):
+                extra_200: dict | None = None, error_model=None):
         route_handler = http_routes[("POST", path)]
 
         async def endpoint(request: Request):
@@ -556,7 +630,7 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
         if extra_200:
             ok["content"] = extra_200
         fa.post(path, response_model=None, summary=summary, description=summary,
-                responses={200: ok, **_error_responses(*codes)}, openapi_extra=body_schema(model),
+                responses={200: ok, **_error_responses(*codes, model=error_model)}, openapi_extra=body_schema(model),
                 name=path.strip("/").replace("/", "_"))(endpoint)
 
     declare("/v1/score", models.score, ScoreResponse, "Score one text: its bits, and optionally each character's, "
@@ -578,6 +652,36 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
             "character to the initial state and to each earlier character or word (kappa, paper eqs. 4-6), with "
             "the check that they sum to the logits")
 
+    oai_codes = (400, 401, 404, 408, 413, 415, 422, 500, 503)
+    declare("/v1/completions", oai.models.completion, CompletionResponse, "OpenAI-compatible completions (as vLLM "
+            "and llama.cpp): score a prompt (echo, logprobs, max_tokens 0) and generate after it. Tokens are the "
+            "model's symbols; log-probs natural logs. With \"stream\": true, Server-Sent Events `data: {chunk}` "
+            "ending with `data: [DONE]`", codes=oai_codes, error_model=OpenAIError,
+            extra_200={"text/event-stream": {"schema": {
+                "type": "object", "required": ["data"],
+                "description": "one Server-Sent Event (no event name): data is a CompletionResponse with one choice's "
+                               "piece, then `[DONE]`; an error ends the stream with {\"error\": {...}}",
+                "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}}})
+    declare("/tokenize", oai.models.tokenize, TokenizeResponse, "The token ids of a text, as the model reads it "
+            "(vLLM's /tokenize)", codes=oai_codes, error_model=OpenAIError)
+    declare("/detokenize", oai.models.detokenize, DetokenizeResponse, "The text of token ids (vLLM's /detokenize)",
+            codes=oai_codes, error_model=OpenAIError)
+
+    def declare_get(path: str, response, summary: str):
+        route_handler = http_routes[("GET", path)]
+
+        async def endpoint(request: Request):
+            return _Raw(route_handler)
+
+        fa.get(path, response_model=None, summary=summary, description=summary,
+               responses={200: {"model": response, "description": summary},
+                          **_error_responses(401, 405, 503, model=OpenAIError)},
+               name=path.strip("/").replace("/", "_"))(endpoint)
+
+    declare_get("/v1/models", ModelList, "The served model (OpenAI's model list)")
+    declare_get("/tokenizer_info", TokenizerInfo, "The tokenizer: the model's symbols, and <|endoftext|> (token id "
+                "V), which stands for the initial state (vLLM's /tokenizer_info)")
+
     @fa.websocket("/v1/stream")
     async def _declared_stream(ws: WebSocket):  # pragma: no cover - IsanApp routes streams to v1_stream
         await v1_stream(ws.scope, ws.receive, ws.send, True)
@@ -586,7 +690,13 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
     async def v1_stream(scope, receive, send, authorized: bool) -> None:
         ws = WebSocket(scope, receive, send)
         refusal = None
-        if not authorized:
+        origin = origin_refused(scope, config.allow_origins)
+        if origin is not None:
+            metrics.rejected.labels("origin").inc()
+            refusal = RequestError(403, f"a WebSocket from the web page origin {origin!r} is refused: only the "
+                                        "server's own origin and loopback ones are allowed; start the server with "
+                                        f"--allow-origin {origin} to allow it"), 1008
+        elif not authorized:
             refusal = RequestError(401, "this server needs an API key: send the header 'Authorization: Bearer KEY' "
                                         "or 'X-API-Key: KEY', or connect to /v1/stream?api_key=KEY"), 1008
         elif service.engine is None:
@@ -685,10 +795,58 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
             out["next"] = service.next_chars(s, frame.top_k)
         return out, s
 
-    app = IsanApp(fa, http_routes, {"/v1/stream": v1_stream}, service, config.api_key)
+    app = IsanApp(fa, http_routes, {"/v1/stream": v1_stream}, service, config.api_key, OPENAI_PATHS)
     if config.api_key:
         _add_security(fa, app._protected)
     return app
+
+
+_LOOPBACK = {"localhost", "127.0.0.1", "::1", "[::1]"}
+
+
+def _loopback_ip(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def origin_refused(scope, allowed: tuple[str, ...] = ()) -> str | None:
+    """The ``Origin`` of a WebSocket handshake when it is refused, else None.
+
+    Allowed: no ``Origin`` (a client that is not a browser), the server's own origin (its host and
+    port are the ``Host`` header's), a loopback origin (``localhost``, ``127.0.0.0/8``, ``[::1]``),
+    an origin in ``allowed`` (as the browser sends it, like ``https://app.example.com``) or ``*``
+    in ``allowed``. A browser always sends ``Origin`` on a WebSocket and a page cannot change it.
+    """
+    origin = host = None
+    for name, value in scope.get("headers", ()):
+        if name == b"origin":
+            origin = value.decode("latin-1").strip()
+        elif name == b"host":
+            host = value.decode("latin-1").strip().lower()
+    if origin is None:
+        return None
+    if "*" in allowed or origin in allowed or origin.rstrip("/") in allowed:
+        return None
+    try:
+        u = urlsplit(origin)
+        oh = (u.hostname or "").lower()
+        port = u.port
+    except ValueError:
+        return origin
+    if u.scheme not in ("http", "https") or not oh:
+        return origin
+    if oh in _LOOPBACK or _loopback_ip(oh):
+        return None
+    if host is not None:
+        default = 443 if u.scheme == "https" else 80
+        netloc = oh if ":" not in oh else f"[{oh}]"
+        if host in (f"{netloc}:{port or default}",) or (port in (None, default) and host == netloc):
+            return None
+    return origin
 
 
 #: prompts longer than this are read in a worker thread

@@ -82,13 +82,18 @@ def read_secret(path: str | None) -> bytes | None:
               help="Serve /docs, the API as an HTML page made by the server (no scripts, no CDN).")
 @click.option("--state-secret-file", default=None, type=click.Path(dir_okay=False),
               help="Key that signs state snapshots (default: $ISAN_STATE_SECRET, else random per process).")
+@click.option("--allow-origin", "allow_origin", multiple=True,
+              help="A web page origin (like https://app.example.com; * for any) that may open /v1/stream besides the "
+                   "server's own and loopback ones; repeat for several.")
+@click.option("--served-model-name", default=None,
+              help="The model's name in the OpenAI-compatible API (GET /v1/models; default: the bundle's directory name).")
 @click.option("--log-level", default="info", show_default=True)
 def main(host, port, model, path_mode, backend, device, max_chars, max_pending_mb, max_streams, max_stream_frames,
          round_chars, request_timeout, stream_idle_timeout, batching, threads, read_timeout, keep_alive_timeout,
          max_connections, max_batch_texts, max_sample_chars, max_attribute_chars, api_key_file, docs,
-         state_secret_file, log_level):
-    """Serve scoring over HTTP (POST /v1/score, /v1/score/batch, /v1/next, /v1/sample, /v1/attribute) and
-    WebSocket (/v1/stream) with continuous batching. The server listens at once; GET /healthz says
+         state_secret_file, allow_origin, served_model_name, log_level):
+    """Serve scoring over HTTP (POST /v1/score, /v1/score/batch, /v1/next, /v1/sample, /v1/attribute; the
+    OpenAI-compatible POST /v1/completions and GET /v1/models) and WebSocket (/v1/stream) with continuous batching. The server listens at once; GET /healthz says
     "loading" until the model is loaded, then "ready"."""
     failed: list[str] = []
     try:
@@ -99,7 +104,8 @@ def main(host, port, model, path_mode, backend, device, max_chars, max_pending_m
                              state_secret=read_secret(state_secret_file), read_timeout_s=read_timeout,
                              keep_alive_s=keep_alive_timeout, max_connections=max_connections,
                              max_batch_texts=max_batch_texts, max_sample_chars=max_sample_chars,
-                             max_attribute_chars=max_attribute_chars, api_key=read_key(api_key_file), docs=docs)
+                             max_attribute_chars=max_attribute_chars, api_key=read_key(api_key_file), docs=docs,
+                             allow_origins=tuple(allow_origin), model_name=served_model_name)
         import uvicorn
 
         from isan.engine import load_engine

@@ -57,6 +57,11 @@ class ServeConfig:
             Bearer KEY`` or ``X-API-Key: KEY``; a WebSocket may also pass ``?api_key=KEY``); 401 otherwise.
         docs: serve ``/docs``, an HTML page of the API rendered from ``/openapi.json`` by the
             server itself (no scripts, nothing from a CDN).
+        allow_origins: web page origins (``https://app.example.com``; ``*`` for any) that may open
+            a WebSocket besides the server's own and loopback ones (a handshake without ``Origin``,
+            from a client that is not a browser, is always allowed).
+        model_name: the name the OpenAI-compatible API serves the model under (``GET /v1/models``,
+            the requests' ``model``); None: the bundle directory's name.
     """
 
     max_chars: int = DEFAULT_MAX_CHARS
@@ -78,6 +83,8 @@ class ServeConfig:
     max_attribute_chars: int = 500
     api_key: str | None = None
     docs: bool = True
+    allow_origins: tuple[str, ...] = ()
+    model_name: str | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -104,6 +111,8 @@ class ServeConfig:
             raise IsanError("--max-chars must be below 2**31")
         if self.state_secret is not None and len(self.state_secret) < 16:
             raise IsanError("the state secret must be at least 16 bytes (ISAN_STATE_SECRET or --state-secret-file)")
+        if self.model_name is not None and not 1 <= len(self.model_name) <= 256:
+            raise IsanError("--served-model-name must have 1 to 256 characters")
         if self.api_key is not None and len(self.api_key) < 8:
             raise IsanError("the API key must be at least 8 characters (ISAN_API_KEY or --api-key-file)")
 
@@ -126,4 +135,5 @@ class ServeConfig:
         out["max_body_bytes"] = self.max_body_bytes
         out["state_secret"] = "configured" if self.state_secret is not None else "random per process"
         out["api_key"] = "required" if self.api_key is not None else "none"
+        out["allow_origins"] = list(self.allow_origins)
         return out

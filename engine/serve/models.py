@@ -414,6 +414,15 @@ def describe(e: ValidationError, allowed: tuple[str, ...], max_chars: int, what:
         elif name in ("state", "restore") and typ in ("string_pattern_mismatch", "string_too_short", "string_too_long"):
             msgs.append(f'"{name}" is not a state snapshot (a token that starts {TOKEN_PREFIX!r}, as a server '
                         'answers it in "state"); take one with "return_state": true or {"snapshot": true}')
+        elif typ in ("string_too_long", "too_long"):
+            what = "characters" if typ == "string_too_long" else "items"
+            status = 413 if top in ("tokens",) else status
+            msgs.append(f'"{name}" must have at most {ctx.get("max_length", "?")} {what}')
+        elif typ in ("string_too_short", "too_short"):
+            what = "characters" if typ == "string_too_short" else "items"
+            msgs.append(f'"{name}" must have at least {ctx.get("min_length", "?")} {what}')
+        elif typ == "dict_type":
+            msgs.append(f'"{name}" must be an object')
         else:
             msgs.append(f'"{name}": {err["msg"]}')
     if extra_fields:

@@ -34,7 +34,8 @@ class StreamSampler:
 
     Args:
         engine: the model; temperature / inverse_temperature: at most one (default temperature 1);
-        top_k: sample among the k most likely characters (None: all); seed: None draws one (see
+        top_k: sample among the k most likely characters (None: all); top_p: then among the most
+        likely characters whose probabilities reach top_p (nucleus sampling; None or 1: all); seed: None draws one (see
         :attr:`seed`); state: the state to start from (None: the initial state).
     Attributes:
         seed: the seed used; prompt_text, normalization: the prompt as the model read it.
@@ -45,7 +46,7 @@ class StreamSampler:
 
     def __init__(self, engine, prompt: str, n: int, temperature: float | None = None,
                  inverse_temperature: float | None = None, top_k: int | None = None, seed: int | None = None,
-                 state=None, normalize: str = "auto"):
+                 state=None, normalize: str = "auto", top_p: float | None = None):
         from isan.engine.core import Engine
         from isan.engine.sampling import check_sampling_args
 
@@ -57,7 +58,10 @@ class StreamSampler:
         self.inverse_temperature = inverse_temperature
         V = len(engine.alphabet)
         check_sampling_args(n, self.temperature if self.temperature is not None else 1.0, top_k, V)
+        if top_p is not None and not 0 < top_p <= 1:
+            raise IsanError(f"top_p must be in (0, 1]; got {top_p}")
         self.engine, self.n, self.top_k = engine, int(n), top_k
+        self.top_p = top_p if top_p is not None and top_p < 1 else None
         self.seed = int(seed) if seed is not None else secrets.randbits(53)  # exact in every JSON reader
         self.prompt = prompt
         self.text = ""
@@ -70,6 +74,9 @@ class StreamSampler:
             # sampled whole, handed out in pieces; a token model (bytes, pairs, words) generates n tokens,
             # whose text is then what is handed out (n becomes its length in characters)
             temperature = self.temperature
+            if self.top_p is not None:
+                raise IsanError("top_p (nucleus sampling) needs an ISAN of characters on the numpy backend; leave "
+                                "out top_p or give 1")
             if inverse_temperature is not None:
                 if not isinstance(engine, Engine) or not inverse_temperature > 0:
                     raise IsanError("inverse_temperature needs an ISAN of characters on the numpy backend (and, for "
@@ -121,6 +128,12 @@ class StreamSampler:
                     cut = np.partition(z, -self.top_k)[-self.top_k]
                     z = np.where(z >= cut, z, -np.inf)
                 probs = np.exp(log_softmax(z))
+                if self.top_p is not None:  # nucleus: the most likely characters whose mass reaches top_p
+                    order = np.argsort(-probs, kind="stable")
+                    keep = int(np.searchsorted(np.cumsum(probs[order]), self.top_p)) + 1
+                    mask = np.zeros(V, dtype=bool)
+                    mask[order[:keep]] = True
+                    probs = np.where(mask, probs, 0.0)
                 x = int(min(np.searchsorted(np.cumsum(probs), rng.random() * probs.sum(), side="right"), V - 1))
                 self.bits -= float(log_softmax(logits)[x] * LOG2E)
                 out.append(self._symbols[x])
