@@ -59,7 +59,7 @@ def _texts(text8: str):
     diverge at offset 169 (DESIGN.md section 8), the issue's text."""
     import numpy as np
 
-    from isan.engine.data import read_text8_split
+    from isan.data import read_text8_split
 
     test = read_text8_split(Path(text8), "test")
     rng = np.random.default_rng(0)
