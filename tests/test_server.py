@@ -313,6 +313,8 @@ def test_isan_bench_serve_runs(small_bundle, text8_path, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(out.read_text())
     assert res["http"]["ok"] > 0 and res["http"]["max_rel_bits_error"] < 1e-6
+    assert res["completions"]["ok"] > 0 and res["completions"]["max_rel_bits_error"] < 1e-6
+    assert "/v1/completions" in r.stdout
     assert res["stream"]["errors"] == 0 and res["stream"]["max_rel_bits_error"] < 1e-6
     assert res["memory"]["statuses"] == {"200": 2} and "requests/s" in r.stdout
     assert res["stream"]["rss_peak_mib"] > 0 and res["slow"]["then_a_request"] == 200

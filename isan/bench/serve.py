@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import platform
 import re
@@ -162,12 +163,30 @@ class HttpConn:
         self.reader = self.writer = None
 
 
-async def _http_load(host, port, texts, expected, clients, duration_s):
+def _score_body(t: str) -> dict:
+    return {"text": t}
+
+
+def _score_bits(answer: dict) -> float:
+    return answer["bits"]
+
+
+def _completions_body(t: str) -> dict:
+    """What a scoring client of the OpenAI API sends (lm-eval's form without generation)."""
+    return {"prompt": t, "max_tokens": 0, "echo": True, "logprobs": 1}
+
+
+def _completions_bits(answer: dict) -> float:
+    return -sum(answer["choices"][0]["logprobs"]["token_logprobs"]) / math.log(2)
+
+
+async def _http_load(host, port, texts, expected, clients, duration_s, path="/v1/score", make_body=_score_body,
+                     bits_of=_score_bits):
     lat: list[float] = []
     statuses: dict[int, int] = {}
     worst = [0.0]
     stop_at = time.perf_counter() + duration_s
-    bodies = [json.dumps({"text": t}).encode() for t in texts]
+    bodies = [json.dumps(make_body(t)).encode() for t in texts]
 
     async def client(k):
         conn = HttpConn(host, port)
@@ -177,7 +196,7 @@ async def _http_load(host, port, texts, expected, clients, duration_s):
             i += clients
             t0 = time.perf_counter()
             try:
-                st, data = await conn.request("POST", "/v1/score", bodies[j])
+                st, data = await conn.request("POST", path, bodies[j])
             except (ConnectionError, asyncio.IncompleteReadError, OSError):
                 statuses[-1] = statuses.get(-1, 0) + 1
                 conn.close()
@@ -185,7 +204,7 @@ async def _http_load(host, port, texts, expected, clients, duration_s):
             lat.append(time.perf_counter() - t0)
             statuses[st] = statuses.get(st, 0) + 1
             if st == 200:
-                b = json.loads(data)["bits"]
+                b = bits_of(json.loads(data))
                 worst[0] = max(worst[0], abs(b - expected[j]) / abs(expected[j]))
         conn.close()
 
@@ -193,7 +212,8 @@ async def _http_load(host, port, texts, expected, clients, duration_s):
     await asyncio.gather(*(client(k) for k in range(clients)))
     wall = time.perf_counter() - t0
     ok = statuses.get(200, 0)
-    return {"clients": clients, "text_chars": len(texts[0]), "seconds": round(wall, 3), "requests": sum(statuses.values()),
+    return {"path": path, "clients": clients, "text_chars": len(texts[0]), "seconds": round(wall, 3),
+            "requests": sum(statuses.values()),
             "ok": ok, "statuses": {str(k): v for k, v in sorted(statuses.items())},
             "requests_per_s": ok / wall, "chars_per_s": ok * len(texts[0]) / wall, "latency_s": _pct(lat),
             "max_rel_bits_error": worst[0]}
@@ -392,7 +412,7 @@ def run_bench(model: str | None = None, data: str = "../shared/data/text8_head/t
               text_chars: int = 1000, duration_s: float = 10.0, streams: int = 1000, chunks: int = 5,
               chunk_chars="1-400", big_chars: int = 1_000_000, big_requests: int = 4, cancel_after_s: float = 0.5,
               slow_conns: int = 500, cancel_clients: int = 12, server_args: list[str] | None = None,
-              which: tuple[str, ...] = ("http", "stream", "memory", "cancel", "slow"), seed: int = 0,
+              which: tuple[str, ...] = ("http", "completions", "stream", "memory", "cancel", "slow"), seed: int = 0,
               progress=None) -> dict:
     """Start ``isan-serve`` and measure it (see the module docstring); returns a JSON-able dict.
 
@@ -422,6 +442,15 @@ def run_bench(model: str | None = None, data: str = "../shared/data/text8_head/t
             expected = [r.bits for r in (eng.score(t) for t in texts)]
             asyncio.run(_http_load(host, port, texts[:2], expected[:2], 2, 1.0))  # warm-up
             out["http"] = asyncio.run(_http_load(host, port, texts, expected, clients, duration_s))
+        if "completions" in which:  # the same texts through the OpenAI-compatible API (echo, logprobs=1)
+            n = max(1, min(len(valid) // text_chars, max(2 * clients, 16), 200))
+            texts = [valid[i * text_chars : (i + 1) * text_chars] for i in range(n)]
+            say(f"completions: {clients} clients posting {text_chars}-character prompts (max_tokens 0, echo, "
+                f"logprobs 1) for {duration_s:g} s")
+            expected = [r.bits for r in (eng.score(t) for t in texts)]
+            out["completions"] = asyncio.run(_http_load(host, port, texts, expected, clients, duration_s,
+                                                        path="/v1/completions", make_body=_completions_body,
+                                                        bits_of=_completions_bits))
         if "stream" in which:
             lo, hi = parse_chunk_chars(chunk_chars)
             rng = np.random.default_rng(seed)
@@ -453,9 +482,11 @@ def markdown(res: dict) -> str:
              f"server options: {' '.join(res['server_args']) or '(defaults)'}", ""]
     f = lambda x: "-" if x is None else f"{x * 1000:,.0f} ms"  # noqa: E731
     pct = lambda d: f"{f(d['p50'])} / {f(d['p90'])} / {f(d['p99'])}"  # noqa: E731
-    if "http" in res:
-        h = res["http"]
-        lines += ["| HTTP load | value |", "|---|---:|",
+    for key, title in (("http", "HTTP load (/v1/score)"), ("completions", "HTTP load (/v1/completions, echo, logprobs 1)")):
+        if key not in res:
+            continue
+        h = res[key]
+        lines += [f"| {title} | value |", "|---|---:|",
                   f"| clients x text | {h['clients']} x {h['text_chars']:,} chars |",
                   f"| requests/s (200) | {h['requests_per_s']:,.1f} |",
                   f"| chars/s | {h['chars_per_s']:,.0f} |",

@@ -155,7 +155,7 @@ def bench_onnx_cmd(data, repeats, batch, device, out):
 @click.option("--cancel-clients", type=int, default=12, show_default=True,
               help="Clients of the cancel probe (each sends up to 500,000 characters and leaves).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the stream texts and chunk sizes.")
-@click.option("--only", default="http,stream,memory,cancel,slow", show_default=True,
+@click.option("--only", default="http,completions,stream,memory,cancel,slow", show_default=True,
               help="Which measurements, comma-separated.")
 @click.option("--server-args", default="", help='Options for isan-serve, e.g. "--no-batching --threads 1".')
 @click.option("--out", default=None, help="Also write the results as JSON here.")
@@ -170,7 +170,7 @@ def bench_serve_cmd(model, data, clients, text_chars, duration, streams, chunks,
     from isan.bench.serve import markdown, run_bench, write_json
 
     which = tuple(w.strip() for w in only.split(",") if w.strip())
-    bad = [w for w in which if w not in ("http", "stream", "memory", "cancel", "slow")]
+    bad = [w for w in which if w not in ("http", "completions", "stream", "memory", "cancel", "slow")]
     if bad:
         raise click.BadParameter(f"unknown measurement(s) {bad}; choose from http, stream, memory, cancel, slow",
                                  param_hint="--only")
