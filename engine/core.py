@@ -288,7 +288,7 @@ class Engine:
         chosen = self._path_for(len(ids), path)
         if chosen == "chunked":
             bits, finals, rep = self._chunked([ids], h[None], threads=threads)
-            return bits[0], finals[0].astype(np.float64), rep.to_json()
+            return bits[0], finals[0].astype(np.float64), self._chunked_report(rep)
         if chosen == "composed":
             with np.errstate(over="ignore", invalid="ignore"):  # a diverging state is reported below
                 bits, hf = self._composed.score(ids, h.astype(np.float32), threads=threads or self.threads)
@@ -302,10 +302,14 @@ class Engine:
                  threads: int | None = None, cut: bool = True):
         """Chunk-parallel scoring of texts (:func:`isan.engine.kernels.chunked.score_texts_chunked`);
         raises StateDivergedError (located by the float64 reference) naming the text and offset."""
-        from isan.engine.kernels.chunked import Float64Fallback, score_texts_chunked
+        from isan.engine.kernels.chunked import MIN_CHUNK, Float64Fallback, score_texts_chunked
 
         if self._fallback is None:
-            self._fallback = Float64Fallback(self.params)
+            bound = self.forget_bound_chars()
+            # a certified model forgets any start-state error within `bound` characters, so every
+            # chunk (at least MIN_CHUNK long) corrects itself: no chunk can need the float64 fallback
+            self._fallback = (ProvenForgetting(bound) if bound is not None and bound <= MIN_CHUNK
+                              else Float64Fallback(self.params))
         bits, finals, rep, div = score_texts_chunked(
             self._streams(), [np.asarray(x, dtype=np.int32) for x in ids_list], np.asarray(hs, dtype=np.float64),
             chunks=None if cut else [1] * len(ids_list), threads=threads or self.threads, want_bits=want_bits,
@@ -319,6 +323,39 @@ class Engine:
                 e.text_index = i
                 raise
         return bits, finals, rep
+
+    def _chunked_report(self, rep) -> dict:
+        out = rep.to_json()
+        if isinstance(self._fallback, ProvenForgetting):  # say why no chunk can fall back
+            out["forget_bound_chars"] = self._fallback.bound
+        return out
+
+    def certificate(self) -> dict | None:
+        """The model's stability certificate (:func:`isan.engine.certificate.check_certificate`,
+        recomputed from the bundle's files on first use and kept); None without one, or when it
+        does not hold."""
+        if not hasattr(self, "_certificate"):
+            from isan.engine.certificate import check_certificate
+
+            c = None
+            if self.source and self.manifest.get("certificate"):
+                p = self.input_params
+                c = check_certificate(self.source, self.manifest, p.W, p.b, p.h0)
+            self._certificate = c if c is not None and c["holds"] else None
+        return self._certificate
+
+    def forget_bound_chars(self, rtol: float | None = None, margin: float | None = None) -> int | None:
+        """Characters after which any start-state error is within chunk-parallel scoring's stopping
+        rule, proven by the certificate: ``cond(P) rho^t (2 state_bound) <= rtol / margin``
+        (two states within the bound differ by at most twice it). None without a certificate."""
+        from isan.engine.kernels.chunked import DEFAULT_MARGIN, DEFAULT_RTOL
+
+        c = self.certificate()
+        if c is None:
+            return None
+        rtol, margin = rtol or DEFAULT_RTOL, margin or DEFAULT_MARGIN
+        start = c["cond_P"] * 2.0 * max(c["state_bound"], 1.0) * margin / rtol
+        return max(1, int(np.ceil(np.log(start) / -np.log(c["rho"]))))
 
     def _score_ref(self, ids: np.ndarray, h: np.ndarray, block: int = 4096) -> tuple[np.ndarray, np.ndarray]:
         """The float64 reference (as :func:`isan.engine.reference.score_ref`), checking every state."""
@@ -389,7 +426,7 @@ class Engine:
             except StateDivergedError as e:
                 i = getattr(e, "text_index", 0)
                 raise with_prefix(in_input_terms(e, preps[i], self.alphabet.symbols), f"text {i} of the batch: ") from None
-            scoring = rep.to_json()
+            scoring = self._chunked_report(rep)
         out = []
         for i, (s, b, hf, prep) in enumerate(zip(states, bits, finals, preps)):
             if group == "entry":  # the compiled kernels check every state and bit themselves
@@ -572,6 +609,19 @@ class Engine:
         out["certificate"] = check_certificate(self.source, self.manifest, p.W, p.b, p.h0) if self.source else None
         out["adversarial"] = adversarial_search(p, labels, beam=beam, chars=search_chars)
         return out
+
+
+class ProvenForgetting:
+    """The fallback of chunk-parallel scoring for a certified model: never needed, because every
+    start-state error provably dies within ``bound`` characters, fewer than a chunk has. Called
+    anyway, it raises (a bug, not a property of the text)."""
+
+    def __init__(self, bound: int):
+        self.bound = bound
+
+    def __call__(self, ids, h):
+        raise RuntimeError(f"a certified model's chunk did not forget its start within {self.bound} characters; "
+                           "please report this as a bug of isan")
 
 
 def word_spans(ids: np.ndarray, text: str, alphabet) -> list[tuple[int, int]]:

@@ -296,3 +296,29 @@ def test_server_answers_422_and_never_nan(default_engine):
         ws.send_text(json.dumps({"text": "sat"}))          # the stream's state survived the bad frame
         after = json.loads(ws.receive_text())
         assert after["total_chars"] == first["total_chars"] + 3
+
+
+# ---- a certified model (issue #20) ---------------------------------------------------------------
+def test_a_certified_model_scores_chunk_parallel_without_the_float64_fallback(tmp_path, text8_test):
+    """Orthogonal W scaled to 0.9 is a contraction with P = I: the certificate holds, any start-state
+    error provably dies within the bound, every chunk corrects itself, and the bits are exact."""
+    from isan.engine.certificate import CERT_FILE, certificate
+    from safetensors.numpy import save_file
+
+    p = random_params(d=16, seed=3, scale=0.9)
+    c = certificate(p.W, p.b, p.h0)
+    save_file({"P": np.eye(16)}, str(tmp_path / CERT_FILE))
+    b = write_bundle(tmp_path / "cert", p.as_dict(), A8, normalizer="text8",
+                     files={CERT_FILE: tmp_path / CERT_FILE},
+                     extra={"certificate": {"rho": c["rho"], "state_bound": c["state_bound"], "file": CERT_FILE}})
+    eng = Engine.load(b, path_mode="chunked")
+    assert eng.certificate()["holds"] and eng.certificate()["rho"] == pytest.approx(0.9, rel=1e-5)
+    bound = eng.forget_bound_chars()
+    assert bound is not None and bound <= 1024
+    text = text8_test[:60_000] + "z" * 5_000 + "".join(np.random.default_rng(0).choice(list("abcxyz"), 20_000))
+    r = eng.score(text, per_char=True)
+    assert r.scoring["forget_bound_chars"] == bound and r.scoring["fallback_chunks"] == 0
+    ref = Engine.load(b, path_mode="reference").score(text, per_char=True)
+    assert np.max(np.abs(r.per_char_bits - ref.per_char_bits)) < 1e-4
+    m = eng.check_divergence(max_chars=200)
+    assert m["certificate"]["holds"] and m["letters"] == [] and m["pairs"] == []

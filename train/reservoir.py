@@ -130,20 +130,13 @@ def train_esn(train_ids: np.ndarray, V: int, n: int, seed: int, plus: bool = Fal
 def kmeans(X: np.ndarray, k: int, seed: int, iters: int = KMEANS_ITERS) -> np.ndarray:
     """Centroids (k', n), k' <= k: k-means++ seeding then Lloyd iterations (empty clusters dropped).
 
-    Uses scikit-learn's KMeans if it is installed, else a numpy implementation (scipy's kmeans2
-    redraws empty clusters at random, which would blur "k contexts" on states with few distinct
-    values; this one keeps only the centroids that own states). Which one ran is logged.
+    numpy only, whatever else is installed, so that results do not depend on the environment
+    (scikit-learn's KMeans, which an earlier version used where present, keeps k duplicate centroids
+    on states with fewer distinct values; scipy's kmeans2 redraws empty clusters at random, which
+    would blur "k contexts"; this one keeps only the centroids that own states).
     """
     X = np.asarray(X, dtype=np.float64)
     k = max(1, min(k, len(X)))
-    try:
-        from sklearn.cluster import KMeans  # noqa: F401
-
-        km = KMeans(n_clusters=k, n_init=1, max_iter=iters, random_state=seed).fit(X)
-        log.debug("kmeans: scikit-learn")
-        return km.cluster_centers_
-    except ImportError:
-        pass
     from isan.engine.runners.reservoir import nearest_context
 
     rng = np.random.default_rng(seed)

@@ -1,0 +1,15 @@
+"""Corpus scoring: score every document of a corpus (JSONL, Parquet, text) with an ISAN, on this
+machine or on a Ray cluster, into resumable Parquet shards (see :func:`score_corpus`).
+
+Rooms: :mod:`~isan.engine.corpus.readers` (inputs and formats), :mod:`~isan.engine.corpus.scoring`
+(documents to rows, batched), :mod:`~isan.engine.corpus.writers` (the output's layout),
+:mod:`~isan.engine.corpus.job` (the job and the local runner), :mod:`~isan.engine.corpus.ray_runner`
+(Ray Data), :mod:`~isan.engine.corpus.datatrove` (a datatrove pipeline block).
+"""
+
+from isan.engine.corpus.job import score_corpus
+from isan.engine.corpus.readers import Doc, InputFileError, read_docs
+from isan.engine.corpus.scoring import DocScorer, ScoreOptions
+from isan.engine.corpus.writers import read_output
+
+__all__ = ["Doc", "DocScorer", "InputFileError", "ScoreOptions", "read_docs", "read_output", "score_corpus"]

@@ -1,0 +1,293 @@
+"""The corpus job: plan the inputs, score each input file into atomic Parquet parts, summarise.
+
+:func:`score_corpus` is the entry point (``isan corpus score`` calls it). Each input file is read
+in order and cut into parts of ``part_docs`` documents (or ``part_chars`` characters); each part is
+scored and written atomically, then the file's ``KEY.done.json``. A re-run of the same job skips
+complete files and parts, so a job killed at any moment and run again ends with exactly the output
+of an uninterrupted run (the bits of a document do not depend on how it was batched; see
+:mod:`isan.engine.corpus.scoring`). The local runner scores the files one after another in this
+process with all its cores; the Ray runner (:mod:`isan.engine.corpus.ray_runner`) gives the files
+to actors, one engine each, and writes the same files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from isan.atomic import write_json_atomic
+from isan.errors import IsanError
+from isan.engine.corpus.readers import FORMATS, InputFileError, detect_format, expand_inputs, is_url, read_docs
+from isan.engine.corpus.scoring import DEFAULT_BATCH_CHARS, ROW_MAX_CHARS, DocScorer, ScoreOptions
+from isan.engine.corpus.writers import part_name, part_totals, rows_totals, shard_key, write_part
+
+log = logging.getLogger(__name__)
+
+JOB_FORMAT = "isan-corpus-job"
+JOB_VERSION = 1
+RUNNERS = ("local", "ray")
+
+
+@dataclass
+class JobConfig:
+    """What decides the output; a re-run into the same directory must ask for the same."""
+
+    model: str | None = None  # bundle directory; None: the shipped model
+    params_sha256: str = ""
+    fmt: str = "auto"
+    text_field: str = "text"
+    id_field: str | None = "id"
+    per_line: bool = False
+    normalize: str = "auto"
+    unknown: str = "error"
+    replacement: str | None = None
+    per_char_max: int = 0
+    part_docs: int = 10_000
+    part_chars: int = 32_000_000
+    row_max_chars: int = ROW_MAX_CHARS
+    # not part of the output's identity
+    batch_chars: int = field(default=DEFAULT_BATCH_CHARS, compare=False)
+
+    def identity(self) -> dict:
+        d = asdict(self)
+        d.pop("batch_chars")
+        return d
+
+    def options(self, threads: int | None = None) -> ScoreOptions:
+        return ScoreOptions(normalize=self.normalize, unknown=self.unknown, replacement=self.replacement,
+                            batch_chars=self.batch_chars, row_max_chars=self.row_max_chars,
+                            per_char_max=self.per_char_max, threads=threads)
+
+
+def load_corpus_engine(model: str | None):
+    """The model a job scores with (chunk-parallel path: no trie table is needed)."""
+    from isan.engine.core import Engine, default_model_path
+
+    return Engine.load(model or default_model_path(), path_mode="chunked", progress_bar=False)
+
+
+def _file_error_row(message: str) -> dict:
+    from isan.engine.corpus.scoring import COUNT_KEYS
+
+    return {"id": None, "index": -1, "chars_read": 0, "chars_scored": 0, "bits": 0.0, "bpc": None,
+            **{k: 0 for k in COUNT_KEYS}, "error": f"InputFileError: {message}", "per_char_bits": None}
+
+
+def process_file(scorer: DocScorer, cfg: JobConfig, path: str, shards: Path,
+                 on_part: Callable[[dict], None] | None = None) -> dict:
+    """Score one input file into its parts (skipping parts already written) and write its done record.
+
+    Returns the done record: ``{"path", "key", "parts", "documents", "chars_read", "chars_scored",
+    "bits", "errors", "file_error"}`` plus this call's work (``"new_documents"``, ``"new_chars"``,
+    ``"skipped": True`` when the file was complete already).
+    """
+    key = shard_key(path)
+    done = shards / f"{key}.done.json"
+    if done.is_file():
+        rec = json.loads(done.read_text())
+        rec.update(new_documents=0, new_chars=0, skipped=True)
+        if on_part:
+            on_part({"documents": rec["documents"], "chars_read": rec["chars_read"], "new": False})
+        return rec
+    totals = {"documents": 0, "chars_read": 0, "chars_scored": 0, "bits": 0.0, "errors": 0}
+    new = {"new_documents": 0, "new_chars": 0}
+    part = 0
+
+    def flush(docs, file_error=None):
+        nonlocal part
+        p = shards / part_name(key, part)
+        if p.is_file():
+            t = part_totals(p)
+            fresh = False
+        else:
+            rows = scorer.score(docs) if docs else []
+            if file_error:
+                rows.append(_file_error_row(file_error))
+            write_part(p, rows, path)
+            t = rows_totals(rows)
+            new["new_documents"] += t["documents"]
+            new["new_chars"] += t["chars_read"]
+            fresh = True
+        for k in totals:
+            totals[k] += t[k]
+        part += 1
+        if on_part:
+            on_part({"documents": t["documents"], "chars_read": t["chars_read"], "new": fresh})
+
+    buf, size, file_error = [], 0, None
+    try:
+        for doc in read_docs(path, cfg.fmt, cfg.text_field, cfg.id_field, cfg.per_line):
+            buf.append(doc)
+            size += doc.size
+            if len(buf) >= cfg.part_docs or size >= cfg.part_chars:
+                flush(buf)
+                buf, size = [], 0
+    except InputFileError as e:
+        file_error = str(e)
+    if buf or file_error:
+        flush(buf, file_error)
+    rec = {"path": path, "key": key, "parts": part, **totals, "file_error": file_error}
+    write_json_atomic(done, rec)
+    rec.update(new, skipped=False)
+    return rec
+
+
+def _estimate_chars(paths: list[str]) -> int | None:
+    """Characters to expect (for the progress bar's ETA): local file sizes, compressed ones x4."""
+    total = 0
+    for p in paths:
+        if is_url(p):
+            return None
+        try:
+            n = os.path.getsize(p)
+        except OSError:
+            continue
+        total += n * 4 if p.lower().endswith((".gz", ".zst", ".zstd")) else n
+    return total
+
+
+class Progress:
+    """A tqdm bar over characters read (ETA from the input sizes) with documents/s beside it."""
+
+    def __init__(self, enabled: bool, total: int | None, files: int):
+        self.t0 = time.perf_counter()
+        self.docs = 0
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="char", unit_scale=True, dynamic_ncols=True, smoothing=0.1,
+                            desc=f"scoring {files} file{'s' if files != 1 else ''}")
+
+    def update(self, docs: int, chars: int) -> None:
+        self.docs += docs
+        if self.bar is not None:
+            dt = max(time.perf_counter() - self.t0, 1e-9)
+            self.bar.set_postfix_str(f"{self.docs:,} docs, {self.docs / dt:,.0f} docs/s", refresh=False)
+            self.bar.update(chars)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _check_job(out: Path, cfg: JobConfig) -> None:
+    path = out / "job.json"
+    want = {"format": JOB_FORMAT, "format_version": JOB_VERSION, **cfg.identity()}
+    if path.is_file():
+        try:
+            have = json.loads(path.read_text())
+        except (OSError, ValueError):
+            have = None
+        if not isinstance(have, dict) or have.get("format") != JOB_FORMAT:
+            raise IsanError(f"{out} holds something other than an isan corpus job ({path} is not one); "
+                            "choose another --out")
+        diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+        if diff:
+            raise IsanError(f"{out} holds the output of another job (it differs in: {', '.join(diff)}); "
+                            "re-run with the same options to resume it, or choose another --out")
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, want)
+
+
+def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = "auto", text_field: str = "text",
+                 id_field: str | None = "id", per_line: bool = False, runner: str = "local",
+                 ray_address: str | None = None, model: str | None = None, normalize: str = "auto",
+                 unknown: str = "error", replacement: str | None = None, batch_chars: int = DEFAULT_BATCH_CHARS,
+                 per_char_max: int = 0, part_docs: int = 10_000, part_chars: int = 32_000_000,
+                 threads: int | None = None, progress: bool = True, ray_actors: int | None = None,
+                 ray_cpus_per_actor: float = 1, engine=None) -> dict:
+    """Score every document of a corpus with an ISAN and write Parquet shards and ``summary.json``.
+
+    Args:
+        inputs: paths, globs, directories or fsspec URLs of JSONL (``.gz``/``.zst``), Parquet or text files.
+        out: the output directory (created; an existing one of the same job is resumed).
+        fmt: ``auto`` (by file name), ``jsonl``, ``parquet`` or ``text``.
+        text_field, id_field: the fields (columns) holding each document's text and id.
+        per_line: with text files, one document a non-blank line (default: one a file).
+        runner: ``local`` (this process, all its cores) or ``ray`` (Ray Data; ``ray_address`` of a
+            running cluster, e.g. ``ray://head:10001`` or ``HOST:6379``, or None to start a local one).
+        model: a bundle directory (default: the shipped model). ``engine``: an Engine instead (local only).
+        normalize, unknown, replacement: as for :meth:`Engine.score`.
+        batch_chars: characters scored together in one call of the batched kernel.
+        per_char_max: also keep per-character bits of documents of at most this many scored characters.
+        part_docs, part_chars: an output part (the unit of resumption) closes after this many documents or characters.
+        threads: kernel threads of the local runner (default: all the CPUs this process may use).
+        progress: show a progress bar (stderr).
+        ray_actors, ray_cpus_per_actor: Ray actors (default: the cluster's CPUs / CPUs per actor) and CPUs each.
+    Returns:
+        the summary (also written to ``out/summary.json``).
+    Raises:
+        IsanError: bad options, no inputs, or ``out`` holding another job's output. Bad documents
+        and unreadable files never raise: they are recorded in the output.
+    """
+    if runner not in RUNNERS:
+        raise IsanError(f"runner must be local or ray; got {runner!r}")
+    detect_format("x", fmt)
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [str(inputs)]
+    paths = expand_inputs([str(p) for p in inputs])
+    if not paths:
+        raise IsanError("no input files; give paths, globs or directories of JSONL, Parquet or text files")
+    for k, v in {"part_docs": part_docs, "part_chars": part_chars, "batch_chars": batch_chars}.items():
+        if v < 1:
+            raise IsanError(f"{k} must be at least 1; got {v}")
+    if per_char_max < 0:
+        raise IsanError(f"per_char_max must be at least 0; got {per_char_max}")
+    t0 = time.perf_counter()
+    if engine is None:
+        engine = load_corpus_engine(model)
+    elif runner == "ray":
+        raise IsanError("the Ray runner loads the model on every actor: pass model=, not engine=")
+    cfg = JobConfig(model=str(model) if model else None, params_sha256=engine.params_sha256, fmt=fmt,
+                    text_field=text_field, id_field=id_field, per_line=per_line, normalize=normalize, unknown=unknown,
+                    replacement=replacement, per_char_max=per_char_max, part_docs=part_docs, part_chars=part_chars,
+                    batch_chars=batch_chars)
+    out = Path(out)
+    _check_job(out, cfg)
+    shards = out / "shards"
+    shards.mkdir(exist_ok=True)
+    bar = Progress(progress, _estimate_chars(paths), len(paths))
+    try:
+        if runner == "local":
+            scorer = DocScorer(engine, cfg.options(threads))
+            records = [process_file(scorer, cfg, p, shards, on_part=lambda t: bar.update(t["documents"], t["chars_read"]))
+                       for p in paths]
+            where = {"runner": "local", "threads": threads or scorer.engine.threads}
+        else:
+            from isan.engine.corpus.ray_runner import run_ray
+
+            records, where = run_ray(paths, cfg, out, ray_address, ray_actors, ray_cpus_per_actor,
+                                     on_file=lambda r: bar.update(r["documents"], r["chars_read"]))
+    finally:
+        bar.close()
+    seconds = time.perf_counter() - t0
+    summary = summarize(records, cfg, engine, seconds, where)
+    write_json_atomic(out / "summary.json", summary)
+    return summary
+
+
+def summarize(records: list[dict], cfg: JobConfig, engine, seconds: float, where: dict) -> dict:
+    docs = sum(r["documents"] for r in records)
+    chars_scored = sum(r["chars_scored"] for r in records)
+    bits = float(sum(r["bits"] for r in records))
+    new_docs = sum(r["new_documents"] for r in records)
+    new_chars = sum(r["new_chars"] for r in records)
+    return {
+        "format": "isan-corpus-summary", "format_version": 1,
+        "files": len(records), "documents": docs, "chars_read": sum(r["chars_read"] for r in records),
+        "chars_scored": chars_scored, "bits": bits, "bpc": bits / chars_scored if chars_scored else None,
+        "errors": sum(r["errors"] for r in records),
+        "file_errors": [{"path": r["path"], "error": r["file_error"]} for r in records if r.get("file_error")],
+        "model": {"source": engine.source, "params_sha256": engine.params_sha256, "normalizer": engine.normalizer.id},
+        "this_run": {"seconds": seconds, "documents": new_docs, "chars_read": new_chars,
+                     "docs_per_s": new_docs / seconds if seconds > 0 else None,
+                     "chars_per_s": new_chars / seconds if seconds > 0 else None,
+                     "files_skipped": sum(1 for r in records if r.get("skipped")), **where},
+    }

@@ -1,0 +1,325 @@
+"""Reading a corpus: inputs (paths, globs, directories, fsspec URLs), formats, documents.
+
+Formats (``--format auto`` picks by the file name):
+
+- ``jsonl``: one JSON object a line (``.jsonl``, ``.json``, ``.ndjson``, optionally ``.gz`` or
+  ``.zst``); the document is the ``text_field`` (default ``text``), its id the ``id_field``
+  (default ``id``) when present, else ``NAME:LINE``. Blank lines are skipped.
+- ``parquet`` (pyarrow): one document a row, the same two columns.
+- ``text``: one document a file (read in blocks, so a file of any size scores in bounded
+  memory), or with ``per_line`` one document a non-blank line.
+
+A document that cannot be read (a line that is not UTF-8 or not JSON, a missing or non-string
+text field) comes out as a :class:`Doc` with ``error`` set; a file that cannot be read at all (it
+is missing, unreadable, a corrupt compressed stream, a malformed Parquet file) raises
+:class:`InputFileError` from the iterator, after the documents read before the damage.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from isan.errors import IsanError
+
+FORMATS = ("auto", "jsonl", "parquet", "text")
+_JSONL_EXT = (".jsonl", ".json", ".ndjson")
+_COMPRESSED = (".gz", ".zst", ".zstd")
+
+
+class InputFileError(IsanError):
+    """A whole input file cannot be read (missing, unreadable, corrupt); the reason is the message."""
+
+
+@dataclass
+class Doc:
+    """One document of an input file.
+
+    Attributes:
+        index: its position in the file (0-based; a JSONL document's line is ``index`` counted
+            over non-blank lines, its ``line`` is stated in errors).
+        id: the id field's value (as a string), else ``NAME:N``.
+        text: the document (None when ``blocks`` streams it, or when ``error`` is set).
+        chars: its length in characters, when known without reading it (else -1).
+        error: why the document cannot be scored (None when it can).
+        blocks: for a file read in blocks, a function returning an iterator of its text's blocks.
+    """
+
+    index: int
+    id: str | None
+    text: str | None = None
+    error: str | None = None
+    blocks: Callable[[], Iterator[str]] | None = None
+    chars: int = -1
+
+    @property
+    def size(self) -> int:
+        """Characters, as far as known (for planning parts): the text's length or ``chars``."""
+        return len(self.text) if self.text is not None else max(self.chars, 0)
+
+
+def is_url(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def _has_magic(p: str) -> bool:
+    return any(c in p for c in "*?[")
+
+
+def expand_inputs(inputs: list[str]) -> list[str]:
+    """Paths, globs (``**`` recursive), directories (every file below, sorted) and fsspec URLs
+    (``s3://...``, globs too, where fsspec is installed) to a sorted list of unique inputs.
+
+    A path that matches nothing is kept as it is: reading it records why it is missing.
+    """
+    out: list[str] = []
+    for raw in inputs:
+        p = raw[len("file://"):] if raw.startswith("file://") else raw
+        if is_url(p):
+            try:
+                import fsspec
+            except ImportError:
+                raise IsanError(f"{p} is a URL; reading URLs needs fsspec: pip install fsspec") from None
+            fs, _, paths = fsspec.get_fs_token_paths(p)
+            proto = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
+            found = sorted(paths) if _has_magic(p) else ([q for q in sorted(fs.find(paths[0]))] if fs.isdir(paths[0])
+                                                         else list(paths))
+            out.extend(q if "://" in q else f"{proto}://{q}" for q in found)
+            continue
+        if _has_magic(p):
+            found = sorted(q for q in glob.glob(p, recursive=True) if os.path.isfile(q))
+            if not found:
+                raise IsanError(f"the pattern {raw!r} matches no file; check the path (quote it so that the shell "
+                                "does not expand it)")
+            out.extend(found)
+        elif os.path.isdir(p):
+            found = sorted(str(q) for q in Path(p).rglob("*") if q.is_file() and not q.name.startswith("."))
+            if not found:
+                raise IsanError(f"the directory {raw} holds no file")
+            out.extend(found)
+        else:
+            out.append(p)
+    seen, uniq = set(), []
+    for q in out:
+        if q not in seen:
+            seen.add(q)
+            uniq.append(q)
+    return uniq
+
+
+def detect_format(path: str, fmt: str = "auto") -> str:
+    if fmt not in FORMATS:
+        raise IsanError(f"format must be one of {', '.join(FORMATS)}; got {fmt!r}")
+    if fmt != "auto":
+        return fmt
+    name = path.lower()
+    for c in _COMPRESSED:
+        if name.endswith(c):
+            name = name[: -len(c)]
+    if name.endswith(_JSONL_EXT):
+        return "jsonl"
+    if name.endswith(".parquet") or name.endswith(".pq"):
+        return "parquet"
+    return "text"
+
+
+def _open_raw(path: str):
+    """A binary file object for a local path or an fsspec URL (raises InputFileError)."""
+    try:
+        if is_url(path):
+            import fsspec
+
+            return fsspec.open(path, "rb").open()
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise InputFileError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InputFileError(f"{path}: is a directory, not a file") from None
+    except PermissionError:
+        raise InputFileError(f"{path}: permission denied (cannot read it)") from None
+    except OSError as e:
+        raise InputFileError(f"{path}: cannot open it ({e.strerror or e})") from None
+
+
+def _open_decompressed(path: str):
+    f = _open_raw(path)
+    name = path.lower()
+    if name.endswith(".gz"):
+        return gzip.GzipFile(fileobj=f, mode="rb")
+    if name.endswith((".zst", ".zstd")):
+        try:
+            import zstandard
+        except ImportError:
+            f.close()
+            raise InputFileError(f"{path}: reading .zst needs zstandard: pip install zstandard") from None
+        return zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
+    return f
+
+
+def _name(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _id_of(value) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _lines(f, path: str) -> Iterator[bytes]:
+    """Lines of a (decompressed) binary stream; a corrupt stream raises InputFileError."""
+    buf = io.BufferedReader(f, 1 << 20) if not isinstance(f, io.BufferedIOBase) else f
+    while True:
+        try:
+            line = buf.readline()
+        except (OSError, EOFError, ValueError) as e:  # gzip.BadGzipFile, zstd errors, truncated streams
+            raise InputFileError(f"{path}: the file is damaged or truncated ({type(e).__name__}: {e})") from None
+        except Exception as e:  # noqa: BLE001  zstandard.ZstdError and the like
+            raise InputFileError(f"{path}: the file is damaged or truncated ({type(e).__name__}: {e})") from None
+        if not line:
+            return
+        yield line
+
+
+def read_jsonl(path: str, text_field: str = "text", id_field: str | None = "id") -> Iterator[Doc]:
+    name = _name(path)
+    with _open_decompressed(path) as f:
+        index = 0
+        for lineno, raw in enumerate(_lines(f, path), 1):
+            if not raw.strip():
+                continue
+            i, fallback_id = index, f"{name}:{lineno}"
+            index += 1
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield Doc(i, fallback_id, error=f"line {lineno} is not UTF-8 text ({e.reason} at byte {e.start} of the line)")
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                yield Doc(i, fallback_id, error=f"line {lineno} is not JSON ({e.msg} at column {e.colno})")
+                continue
+            if not isinstance(obj, dict):
+                yield Doc(i, fallback_id, error=f"line {lineno} is a JSON {type(obj).__name__}, not an object")
+                continue
+            doc_id = _id_of(obj.get(id_field)) if id_field else None
+            doc_id = doc_id if doc_id is not None else fallback_id
+            if text_field not in obj:
+                fields = ", ".join(sorted(map(str, obj))[:8]) or "none"
+                yield Doc(i, doc_id, error=f"line {lineno} has no field {text_field!r} (its fields: {fields}); "
+                                           "choose the field with --text-field")
+                continue
+            text = obj[text_field]
+            if not isinstance(text, str):
+                yield Doc(i, doc_id, error=f"line {lineno}: the field {text_field!r} is {type(text).__name__}, not a string")
+                continue
+            yield Doc(i, doc_id, text)
+
+
+def read_parquet(path: str, text_field: str = "text", id_field: str | None = "id",
+                 batch_rows: int = 4096) -> Iterator[Doc]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise InputFileError(f"{path}: reading Parquet needs pyarrow: pip install 'isan[ray]' or pip install pyarrow") from None
+    name = _name(path)
+    f = _open_raw(path)
+    try:
+        try:
+            pf = pq.ParquetFile(f)
+        except Exception as e:  # noqa: BLE001  pyarrow.ArrowInvalid and friends
+            raise InputFileError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0][:200]})") from None
+        cols = pf.schema_arrow.names
+        if text_field not in cols:
+            raise InputFileError(f"{path}: no column {text_field!r} (its columns: {', '.join(cols[:8])}); "
+                                 "choose the column with --text-field")
+        want = [text_field] + ([id_field] if id_field and id_field in cols and id_field != text_field else [])
+        i = 0
+        it = pf.iter_batches(batch_size=batch_rows, columns=want)
+        while True:
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            except Exception as e:  # noqa: BLE001
+                raise InputFileError(f"{path}: the Parquet data is damaged after row {i} "
+                                     f"({str(e).splitlines()[0][:200]})") from None
+            texts = batch.column(0).to_pylist()
+            ids = batch.column(1).to_pylist() if len(want) > 1 else [None] * len(texts)
+            for t, doc_id in zip(texts, ids):
+                did = _id_of(doc_id)
+                did = did if did is not None else f"{name}:{i}"
+                if t is None:
+                    yield Doc(i, did, error=f"row {i}: the column {text_field!r} is null")
+                elif isinstance(t, bytes):
+                    try:
+                        yield Doc(i, did, t.decode("utf-8"))
+                    except UnicodeDecodeError as e:
+                        yield Doc(i, did, error=f"row {i} is not UTF-8 text ({e.reason} at byte {e.start})")
+                elif not isinstance(t, str):
+                    yield Doc(i, did, error=f"row {i}: the column {text_field!r} is {type(t).__name__}, not text")
+                else:
+                    yield Doc(i, did, t)
+                i += 1
+    finally:
+        f.close()
+
+
+def _blocks_of(path: str, block_chars: int) -> Callable[[], Iterator[str]]:
+    def gen() -> Iterator[str]:
+        from isan.engine.blocks import read_blocks
+
+        with _open_decompressed(path) as f:
+            yield from read_blocks(f, block_chars)
+
+    return gen
+
+
+def read_text(path: str, per_line: bool = False, block_chars: int = 1_000_000) -> Iterator[Doc]:
+    name = _name(path)
+    if not per_line:
+        size = -1
+        try:
+            if not is_url(path) and not path.lower().endswith(_COMPRESSED):
+                size = os.path.getsize(path)
+        except OSError:
+            pass
+        with _open_raw(path):  # fail now, as a file error, if it cannot be opened
+            pass
+        yield Doc(0, path, blocks=_blocks_of(path, block_chars), chars=size)
+        return
+    with _open_decompressed(path) as f:
+        index = 0
+        for lineno, raw in enumerate(_lines(f, path), 1):
+            if not raw.strip():
+                continue
+            i = index
+            index += 1
+            try:
+                yield Doc(i, f"{name}:{lineno}", raw.decode("utf-8").rstrip("\r\n"))
+            except UnicodeDecodeError as e:
+                yield Doc(i, f"{name}:{lineno}", error=f"line {lineno} is not UTF-8 text ({e.reason} at byte {e.start} of the line)")
+
+
+def read_docs(path: str, fmt: str = "auto", text_field: str = "text", id_field: str | None = "id",
+              per_line: bool = False) -> Iterator[Doc]:
+    """The documents of one input file (see the module docstring).
+
+    Raises:
+        InputFileError: (from the iterator) the file cannot be read; documents already yielded stand.
+    """
+    kind = detect_format(path, fmt)
+    if kind == "jsonl":
+        return read_jsonl(path, text_field, id_field)
+    if kind == "parquet":
+        return read_parquet(path, text_field, id_field)
+    return read_text(path, per_line=per_line)

@@ -1,0 +1,197 @@
+"""Scoring documents: many at once through the engine's batched kernel, long ones in blocks.
+
+A document's bits are a function of the document alone, whichever runner, batch, order, worker or
+thread count scored it, so that the local and the Ray runner, and a resumed run, write the same
+numbers to the last bit:
+
+- a document of at most ``row_max_chars`` scored characters is one row of the compiled
+  symbol-grouped kernel (:meth:`Engine.score_batch` with ``group="symbol"``: rows are never cut,
+  and each row's arithmetic does not depend on the other rows);
+- a longer one is scored in blocks of a million characters with the state carried across them
+  (:func:`isan.engine.blocks.score_blocks`) on the chunk-parallel path, whose chunk plan is fixed
+  by ``LONG_DOC_THREADS`` rather than by the worker's cores.
+
+A document that cannot be scored (not in the alphabet, empty after normalisation, a diverging
+state, unreadable) gets its reason in ``error`` and zero counts; nothing raises for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+
+from isan.errors import EmptyTextError, IsanError, StateDivergedError
+from isan.engine.corpus.readers import Doc
+
+log = logging.getLogger(__name__)
+
+#: documents up to this many scored characters are one row of the batched kernel
+ROW_MAX_CHARS = 65_536
+#: the chunk plan of longer documents (and the threads that score them), the same on every worker
+LONG_DOC_THREADS = 2
+#: characters of a block when a long document is scored block by block
+BLOCK_CHARS = 1_000_000
+#: characters a batch of rows holds (bounds memory: ~40 bytes a character)
+DEFAULT_BATCH_CHARS = 2_000_000
+COUNT_KEYS = ("changed", "dropped", "skipped", "replaced")
+
+
+def corpus_engine(engine, threads: int | None = None):
+    """The engine a corpus job scores with: the same model on the chunk-parallel path (batched
+    kernels; never the table's sequential jumps), its chunk plan fixed (``LONG_DOC_THREADS``)."""
+    from isan.engine.core import Engine
+
+    if not isinstance(engine, Engine):
+        raise IsanError(f"corpus scoring runs ISAN engines (isan.engine.Engine); got {type(engine).__name__}")
+    return Engine(engine.input_params, engine.alphabet, engine.manifest, engine.source, engine.table,
+                  path="chunked", threads=LONG_DOC_THREADS)
+
+
+@dataclass
+class ScoreOptions:
+    normalize: str = "auto"
+    unknown: str = "error"
+    replacement: str | None = None
+    batch_chars: int = DEFAULT_BATCH_CHARS
+    row_max_chars: int = ROW_MAX_CHARS
+    per_char_max: int = 0  # keep per-character bits of documents of at most this many scored characters
+    threads: int | None = None  # threads of the row kernel (default: all the CPUs this process may use)
+
+
+def _row(doc: Doc, error: str | None = None) -> dict:
+    return {"id": doc.id, "index": doc.index, "chars_read": 0, "chars_scored": 0, "bits": 0.0, "bpc": None,
+            **{k: 0 for k in COUNT_KEYS}, "error": error or doc.error, "per_char_bits": None}
+
+
+def _fill(row: dict, report: dict | None, chars: int, bits: float) -> dict:
+    report = report or {}
+    row["chars_read"] = int(report.get("chars_read", 0))
+    row["chars_scored"] = int(chars)
+    row["bits"] = float(bits)
+    row["bpc"] = float(bits) / chars if chars else None
+    for k in COUNT_KEYS:
+        row[k] = int(report.get(k, 0))
+    return row
+
+
+def _message(e: Exception) -> str:
+    msg = str(e).strip() or type(e).__name__
+    return f"{type(e).__name__}: {msg}"
+
+
+class DocScorer:
+    """Scores lists of :class:`Doc` into output rows (dicts; see :mod:`isan.engine.corpus.writers`)."""
+
+    def __init__(self, engine, options: ScoreOptions | None = None):
+        self.engine = corpus_engine(engine)
+        self.opt = options or ScoreOptions()
+        if self.opt.batch_chars < 1:
+            raise IsanError(f"batch_chars must be at least 1; got {self.opt.batch_chars}")
+        self.seconds = 0.0
+
+    def score(self, docs: list[Doc]) -> list[dict]:
+        t0 = time.perf_counter()
+        rows: list[dict | None] = [None] * len(docs)
+        short: list[tuple[int, object]] = []  # (position, Prepared)
+        o = self.opt
+        for k, doc in enumerate(docs):
+            if doc.error is not None:
+                rows[k] = _row(doc)
+                continue
+            if doc.text is None or len(doc.text) > 2 * o.row_max_chars + 16:
+                rows[k] = self._score_long(doc)
+                continue
+            try:
+                prep = self.engine.prepare(doc.text, o.normalize, o.unknown, o.replacement)
+            except IsanError as e:
+                rows[k] = _row(doc, _message(e))
+                continue
+            if len(prep.ids) == 0:
+                rows[k] = _fill(_row(doc, "EmptyTextError: the document is empty" + (
+                    " after normalisation" if doc.text else "")), prep.report, 0, 0.0)
+                rows[k]["bpc"] = None
+                continue
+            if len(prep.ids) > o.row_max_chars:
+                rows[k] = self._score_long(doc)
+                continue
+            short.append((k, prep))
+        # longest first, batches of about batch_chars characters: rows of like length finish together
+        short.sort(key=lambda kp: -len(kp[1].ids))
+        batch: list[tuple[int, object]] = []
+        size = 0
+        for item in short:
+            batch.append(item)
+            size += len(item[1].ids)
+            if size >= o.batch_chars:
+                self._score_rows(docs, batch, rows)
+                batch, size = [], 0
+        if batch:
+            self._score_rows(docs, batch, rows)
+        self.seconds += time.perf_counter() - t0
+        return rows  # type: ignore[return-value]
+
+    def _score_rows(self, docs: list[Doc], batch: list, rows: list) -> None:
+        from isan.engine.results import in_input_terms
+
+        o = self.opt
+        todo = list(batch)
+        while todo:
+            try:
+                res = self.engine.score_batch([p.ids for _, p in todo], normalize="none", group="symbol",
+                                              per_char=o.per_char_max > 0, threads=o.threads)
+            except StateDivergedError as e:  # that document is recorded; the others are scored again
+                i = getattr(e, "text_index", None)
+                if i is None or not 0 <= i < len(todo):
+                    for k, _ in todo:
+                        rows[k] = _row(docs[k], _message(e))
+                    return
+                k, prep = todo.pop(i)
+                e = in_input_terms(e, prep, self.engine.alphabet.symbols)
+                msg = str(e).replace(f"text {i} of the batch: ", "", 1)
+                rows[k] = _fill(_row(docs[k], f"StateDivergedError: {msg}"), prep.report, 0, 0.0)
+                rows[k]["bpc"] = None
+                continue
+            except IsanError as e:
+                for k, _ in todo:
+                    rows[k] = _row(docs[k], _message(e))
+                return
+            for (k, prep), r in zip(todo, res):
+                row = _fill(_row(docs[k]), prep.report, r.chars, r.bits)
+                if o.per_char_max and r.chars <= o.per_char_max and r.per_char_bits is not None:
+                    row["per_char_bits"] = np.asarray(r.per_char_bits, dtype=np.float64)
+                rows[k] = row
+            return
+
+    def _score_long(self, doc: Doc) -> dict:
+        """A document scored in blocks, the state carried across them (bounded memory)."""
+        from isan.engine.blocks import score_blocks
+
+        o = self.opt
+        if doc.blocks is not None:
+            blocks: Iterable[str] = doc.blocks()
+        else:
+            text = doc.text or ""
+            blocks = (text[s : s + BLOCK_CHARS] for s in range(0, len(text), BLOCK_CHARS))
+        try:
+            per_char = None
+            if doc.text is not None and o.per_char_max and len(doc.text) <= BLOCK_CHARS:
+                r = self.engine.score(doc.text, per_char=True, unknown=o.unknown, replacement=o.replacement,
+                                      normalize=o.normalize)
+                per_char = r.per_char_bits if r.chars <= o.per_char_max else None
+            else:
+                r = score_blocks(self.engine, blocks, unknown=o.unknown, replacement=o.replacement,
+                                 normalize=o.normalize)
+        except EmptyTextError:
+            return _row(doc, "EmptyTextError: the document is empty" + (" after normalisation" if doc.size else ""))
+        except IsanError as e:
+            return _row(doc, _message(e))
+        except OSError as e:  # the file went away or broke while it was read
+            return _row(doc, f"{type(e).__name__}: cannot read the document ({e})")
+        row = _fill(_row(doc), r.normalization, r.chars, r.bits)
+        if per_char is not None:
+            row["per_char_bits"] = np.asarray(per_char, dtype=np.float64)
+        return row
