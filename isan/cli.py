@@ -92,10 +92,27 @@ def main(verbose: bool) -> None:
 @click.option("--distributed", is_flag=True,
               help="Data-parallel training under torchrun (gloo on CPU, nccl on CUDA); "
                    "torchrun --nproc_per_node N -m isan.train.ddp MODEL ... adds it.")
+@click.option("--stable-rho", type=float, default=None,
+              help="isan only: a certified stable ISAN, W_x = P^-1 U_x P with ||U_x||_2 <= RHO < 1 after every step; "
+                   "no input can make its state diverge (the export writes the certificate).")
+@click.option("--stable-basis", is_flag=True, help="With --stable-rho: learn the basis P (else P = I).")
+@click.option("--stable-exact-every", type=int, default=1, show_default=True,
+              help="With --stable-rho: project onto the bound every N steps (N > 1 is faster; the bound then "
+                   "holds at those steps and for the evaluated, saved and exported weights).")
+@click.option("--state-dropout", type=float, default=0.0, show_default=True,
+              help="isan only: dropout on the states before the readout (the recurrence stays exact).")
+@click.option("--ema", type=float, default=0.0, show_default=True,
+              help="Decay of an exponential moving average of the weights, evaluated beside them and saved as "
+                   "best when better (e.g. 0.999; 0: none).")
+@click.option("--lr-schedule", type=click.Choice(["plateau", "cosine"]), default="plateau", show_default=True,
+              help="plateau: times --lr-decay when valid does not improve; cosine: from --lr to --lr-min x lr over "
+                   "the budget (--max-chars, --max-steps or --max-epochs; a resume that raises it stretches the curve).")
+@click.option("--lr-min", type=float, default=0.02, show_default=True, help="cosine: the final rate as a fraction of --lr.")
 @friendly
 def train(model, out_dir, data, dataset, params, d, batch_size, bptt, lr, lr_decay, weight_decay, clip, max_epochs,
           max_chars, max_steps, patience, eval_every, seed, device, threads, init_scale, progress, orders,
-          alphabet, inputs, valid_data, distributed):
+          alphabet, inputs, valid_data, distributed, stable_rho, stable_basis, stable_exact_every, state_dropout,
+          ema, lr_schedule, lr_min):
     """Train MODEL (default: isan) on text8-10M or a text file; resumes a run found in --out.
 
     MODEL: isan, rnn, irnn, gru, lstm, linear, linear_nlro, isan_nobias, or ngram (interpolated
@@ -113,6 +130,8 @@ def train(model, out_dir, data, dataset, params, d, batch_size, bptt, lr, lr_dec
         return
     if init_scale is not None and model != "irnn":
         raise click.UsageError("--init-scale applies to irnn only")
+    if stable_basis and not stable_rho:
+        raise click.UsageError("--stable-basis goes with --stable-rho RHO")
     from isan.train.loop import TrainConfig, Trainer
 
     cfg = TrainConfig(model=model, d=d, params=None if d else params, data=data, dataset=dataset,
@@ -120,7 +139,9 @@ def train(model, out_dir, data, dataset, params, d, batch_size, bptt, lr, lr_dec
                       clip=clip, max_epochs=max_epochs, max_chars=int(max_chars) if max_chars else None,
                       max_steps=max_steps, patience=patience, eval_every=eval_every, seed=seed, device=device,
                       threads=threads, init_scale=init_scale, alphabet=alphabet, inputs=inputs,
-                      valid_data=valid_data)
+                      valid_data=valid_data, stable_rho=stable_rho, stable_basis=stable_basis,
+                      stable_exact_every=stable_exact_every, state_dropout=state_dropout, ema=ema,
+                      lr_schedule=lr_schedule, lr_min=lr_min)
     overrides = {"max_epochs": max_epochs, "max_chars": cfg.max_chars, "max_steps": max_steps,
                  "patience": patience, "threads": threads, "device": device}
     dist = None
@@ -196,6 +217,18 @@ def load_engine(model, path_mode="auto", backend="numpy", device="cpu", threads=
     return engine
 
 
+def input_file(file) -> Path:
+    """The path of an input file, or a UserError that says what is wrong with it."""
+    p = Path(file)
+    if p.is_dir():
+        raise UserError(f"{file} is a directory; give a text file (or '-' for standard input)")
+    if not p.exists():
+        raise UserError(f"{file} does not exist")
+    if not p.is_file():
+        raise UserError(f"{file} is not a regular file")
+    return p
+
+
 def read_input(file, text8_split):
     if text8_split:
         from isan.engine.data import read_text8_split
@@ -205,9 +238,7 @@ def read_input(file, text8_split):
         return read_text8_split(file, text8_split)
     if file in (None, "-"):
         return sys.stdin.read()
-    p = Path(file)
-    if not p.is_file():
-        raise UserError(f"{file} does not exist")
+    p = input_file(file)
     try:
         return p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
@@ -239,6 +270,14 @@ def score(file, model, path_mode, threads, backend, device, unknown, replacement
     listed with the offset of the input character it came from.
     """
     engine = load_engine(model, path_mode, backend, device, threads)
+    if not (per_char or text_split or text8_split) and engine.alphabet.unit == "char":
+        # a file of any size in bounded memory: read and scored in blocks, the state carried across
+        from isan.engine.blocks import read_blocks, score_blocks
+
+        source = sys.stdin.buffer if file in (None, "-") else input_file(file)
+        r = score_blocks(engine, read_blocks(source), unknown=unknown, replacement=replacement, normalize=normalize)
+        print_score(r, as_json)
+        return
     text = read_input(file, text8_split)
     if text_split:
         if text8_split:
@@ -246,6 +285,13 @@ def score(file, model, path_mode, threads, backend, device, unknown, replacement
         cut = int(len(text) * 0.9)
         text = text[:cut] if text_split == "train" else text[cut:]
     r = engine.score(text, per_char=per_char, unknown=unknown, replacement=replacement, normalize=normalize)
+    print_score(r, as_json, per_char)
+    if per_char and not as_json:
+        print_per_char(r, text)
+
+
+def print_score(r, as_json: bool, per_char: bool = False) -> None:
+    """Print a ScoreResult as JSON or as lines of text (without the per-character table)."""
     if as_json:
         emit_json(r.to_json(per_char))
         return
@@ -260,16 +306,19 @@ def score(file, model, path_mode, threads, backend, device, unknown, replacement
                    f"changed {n['changed']:,}, dropped {n['dropped']:,}"
                    + (f", skipped {n['skipped']:,}" if n.get("skipped") else "")
                    + (f", replaced {n['replaced']:,}" if n.get("replaced") else ""))
-    if per_char:
-        click.echo("offset\tinput\tscored\tbits")
-        if r.unit != "char":  # a token: the input from its offset to the next token's
-            offs = r.per_char_offsets.tolist()
-            for i, (off, b) in enumerate(zip(offs, r.per_char_bits)):
-                end = offs[i + 1] if i + 1 < len(offs) else len(text)
-                click.echo(f"{off}\t{text[off:max(end, off + 1)]!r}\t{r.unit}\t{b:.4f}")
-            return
-        for off, sym, b in zip(r.per_char_offsets.tolist(), r.text, r.per_char_bits):
-            click.echo(f"{off}\t{text[off]!r}\t{sym!r}\t{b:.4f}")
+
+
+def print_per_char(r, text: str) -> None:
+    """Print the per-character table: input offset, input character, scored symbol, bits."""
+    click.echo("offset\tinput\tscored\tbits")
+    if r.unit != "char":  # a token: the input from its offset to the next token's
+        offs = r.per_char_offsets.tolist()
+        for i, (off, b) in enumerate(zip(offs, r.per_char_bits)):
+            end = offs[i + 1] if i + 1 < len(offs) else len(text)
+            click.echo(f"{off}\t{text[off:max(end, off + 1)]!r}\t{r.unit}\t{b:.4f}")
+        return
+    for off, sym, b in zip(r.per_char_offsets.tolist(), r.text, r.per_char_bits):
+        click.echo(f"{off}\t{text[off]!r}\t{sym!r}\t{b:.4f}")
 
 
 # --------------------------------------------------------------------------------------- sample
@@ -367,8 +416,9 @@ def table_options(fn):
 @click.option("--arpa", "arpa", is_flag=True,
               help="For an n-gram bundle: write it as an ARPA file at OUT_DIR (the format KenLM and SRILM read).")
 @click.option("--table/--no-table", default=True, show_default=True, help="Build the composed trie table into OUT_DIR/table.")
-@click.option("--table-mode", type=click.Choice(["full", "recipe"]), default="full", show_default=True,
-              help="full: write table/; recipe: write only the chosen keys, composed into the cache on first use.")
+@click.option("--table-mode", type=click.Choice(["full", "recipe"]), default=None,
+              help="full (the default): write table/; recipe: write only the chosen keys, composed into the cache "
+                   "on first use.")
 @table_options
 @click.option("--dry-run", is_flag=True, help="Only print the planned table's size and expected average match length.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
@@ -400,6 +450,10 @@ def export(checkpoint_dir, out_dir, which, overwrite, with_onnx, arpa, table, ta
     if (src / "manifest.json").exists() and not dry_run:
         from isan.export.checkpoint import export_from_bundle
 
+        if table_mode is not None or not table:
+            raise UserError(f"{src} is already a bundle: it is copied with its table as it is, so --table-mode and "
+                            f"--no-table do not apply; change its table with `isan table build --model BUNDLE "
+                            f"--table-mode full|recipe --overwrite`")
         if not with_onnx:
             raise UserError(f"{src} is already a bundle; add --onnx to copy it with ONNX graphs")
         path = export_from_bundle(src, out_dir, overwrite=overwrite, onnx=True)
@@ -417,7 +471,7 @@ def export(checkpoint_dir, out_dir, which, overwrite, with_onnx, arpa, table, ta
 
     path = export_bundle(checkpoint_dir, out_dir, which=which, overwrite=overwrite, onnx=with_onnx, table=table,
                          table_budget=table_budget, table_max_len=table_max_len, table_dtype=table_dtype,
-                         table_corpus=table_corpus, table_dataset=table_dataset, table_mode=table_mode,
+                         table_corpus=table_corpus, table_dataset=table_dataset, table_mode=table_mode or "full",
                          progress_bar=progress, normalizer=None if normalizer == "auto" else normalizer)
     m = json.loads((Path(path) / "manifest.json").read_text())
     emit_json({"bundle": str(path), "kind": m["kind"], "d": m["d"], "params_sha256": m["params_sha256"],
@@ -444,7 +498,8 @@ def table_info(model, as_json):
         return
     click.echo(f"table        {info['path']}")
     click.echo(f"entries      {info['entries']:,}")
-    click.echo(f"bytes        {info['bytes']:,} ({info['bytes'] / 2**20:.1f} MiB)")
+    click.echo(f"bytes        {info['bytes']:,} ({info['bytes'] / 2**20:.1f} MiB of matrices, as budgeted; "
+               f"{info['bytes_on_disk']:,} on disk with the index, trie and header)")
     click.echo(f"dtype        {info['dtype']}   d {info['d']}   max length {info['max_len']}")
     click.echo(f"avg match    {info['expected_avg_match_length']} characters (expected, {info['build'].get('avg_match_length_on', '?')})")
     click.echo("lengths      " + "  ".join(f"{k}:{v}" for k, v in info["length_histogram"].items()))
@@ -482,15 +537,19 @@ def model_group():
 
 @model_group.command("check")
 @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
-@click.option("--max-chars", type=int, default=2000, show_default=True, help="Characters per repeated run.")
+@click.option("--max-chars", type=int, default=2000, show_default=True,
+              help="Characters every repeated run is stepped from h0 before slow ones go on in jumps.")
 @click.option("--json", "as_json", is_flag=True)
 @friendly
 def model_check(model, max_chars, as_json):
-    """Which letters, and which pairs of letters, when repeated make the model's state diverge.
+    """Can any input make the model's state diverge? The certificate, repeats, and a search.
 
-    Each symbol x and each pair xy is repeated from h0 (float64) for up to --max-chars
-    characters; a run diverges when max |h| exceeds the engine's limit, the point where scoring
-    stops with exit status 2. Text that repeats one of these for that long cannot be scored.
+    A certified model (isan train --stable-rho) carries a proof that no input can: it is
+    recomputed here from the bundle's own weights. Every model is also checked exactly for
+    repeats: a letter x, or a pair xy, repeated diverges if and only if the spectral radius of
+    W[x] (of W[y] W[x]) is above 1; for each such run the number of characters from h0 until
+    max |h| passes the engine's limit is found, the point where scoring stops with exit status 2.
+    Last, a beam search over letters looks for the text that makes |h| largest.
     """
     engine = load_engine(model, "reference")
     if not hasattr(engine, "check_divergence"):
@@ -499,15 +558,37 @@ def model_check(model, max_chars, as_json):
     if as_json:
         emit_json(r)
         return
-    click.echo(f"repeats from h0, up to {r['max_chars']:,} characters; diverging = max |h| > {r['limit']:g}")
-    letters = ", ".join(f"{x['symbol']!r} {x['after_chars']}" for x in r["letters"]) or "none"
-    click.echo(f"letters that diverge ({len(r['letters'])} of {r['n_letters_checked']}; characters until then): {letters}")
+    c = r["certificate"]
+    if c is None:
+        click.echo("certificate: none (train with `isan train --stable-rho RHO` for a model that cannot diverge)")
+    elif c["holds"]:
+        click.echo(f"certificate: holds, rho = {c['rho']:.6f} (max over symbols of ||P W_x P^-1||_2, recomputed in "
+                   f"float64; cond(P) = {c['cond_P']:.3g}): for every input, max |h_i| <= {c['state_bound']:.4g}, "
+                   f"and a start-state error shrinks at least as cond(P) rho^t")
+    else:
+        click.echo(f"certificate: DOES NOT HOLD: {c['problem']}")
+    sr = r["spectral_radius"]
+    worst = max(sr["letters"], key=sr["letters"].get)
+    click.echo(f"spectral radius: letters up to {sr['max_letter']:.4f} ({worst!r}), pairs up to "
+               f"{sr['max_pair']:.4f}; above 1: {r['diverging_letters']} of {r['n_letters_checked']} letters, "
+               f"{r['diverging_pairs']} of {r['n_pairs_checked']} ordered pairs")
+
+    def fmt(x, name):
+        n = x["after_chars"]
+        return f"{x[name]!r} {n:,}" if n is not None else f"{x[name]!r} >{r['max_total_chars']:,}"
+
+    click.echo(f"repeats from h0 that leave the range max |h| <= {r['limit']:g} (characters until then):")
+    click.echo(f"  letters ({len(r['letters'])}): " + (", ".join(fmt(x, "symbol") for x in r["letters"]) or "none"))
     pairs = r["pairs"]
-    shown = ", ".join(f"{x['pair']!r} {x['after_chars']}" for x in pairs[:20])
     more = f", ... ({len(pairs) - 20} more; --json lists all)" if len(pairs) > 20 else ""
-    click.echo(f"pairs that diverge ({len(pairs)} of {r['n_pairs_checked']}): {shown or 'none'}{more}")
-    click.echo(f"converged: {r['converged']}, undecided after {r['max_chars']:,} characters: {r['undecided']} "
-               f"({r['seconds']:.1f} s)")
+    click.echo(f"  pairs ({len(pairs)}): " + (", ".join(fmt(x, "pair") for x in pairs[:20]) or "none") + more)
+    click.echo(f"  the other {r['converging']} repeats converge; their largest fixed point has max |h_i| = "
+               f"{r['largest_fixed_point']:.4g}")
+    a = r["adversarial"]
+    verdict = (f"leaves the range after {a['chars']} characters" if a["diverged"]
+               else f"max |h_i| = {a['max_abs_h']:.4g} at most (searched {a['searched_chars']} characters)")
+    click.echo(f"adversarial search (beam {a['beam']}): {verdict}; text ...{a['text'][-40:]!r}")
+    click.echo(f"({r['seconds'] + a['seconds']:.1f} s)")
 
 
 # --------------------------------------------------------------------------------------- verify
