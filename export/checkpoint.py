@@ -16,6 +16,7 @@ from isan.tokens import alphabet_from_json
 from isan.engine.bundle import write_bundle
 from isan.errors import AlphabetError, CheckpointError
 from isan.params import ISAN_TENSORS, load_tensors
+from isan.engine.certificate import CERT_FILE, certificate  # the math the engine re-checks on load
 
 
 log = logging.getLogger(__name__)
@@ -104,14 +105,53 @@ def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, which: str = "b
     if include_log and (ckpt_dir / "train_log.jsonl").is_file():
         files["train_log.jsonl"] = ckpt_dir / "train_log.jsonl"
     training = training_summary(ckpt_dir, cfg)
-    if kind == "isan":
-        tensors = {n: tensors[n] for n in ISAN_TENSORS}
-        extra = None
-    else:
-        extra = {"model": cfg["model"], "d": int(cfg["model"].get("d", 0))}
-    return write_bundle(out_dir, tensors, alphabet, kind=kind, training=training, extra=extra, files=files,
-                        overwrite=overwrite, hook=hook,
-                        normalizer=normalizer if normalizer is not None else normalizer_for(cfg, alphabet))
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="isan-cert-") as cert_dir:
+        if kind == "isan":
+            basis = tensors.get("P")
+            tensors = {n: tensors[n] for n in ISAN_TENSORS}
+            extra = None
+            if is_stable(cfg):
+                extra = {"certificate": write_certificate(Path(cert_dir) / CERT_FILE, tensors, basis)}
+                files[CERT_FILE] = Path(cert_dir) / CERT_FILE
+        else:
+            extra = {"model": cfg["model"], "d": int(cfg["model"].get("d", 0))}
+        return write_bundle(out_dir, tensors, alphabet, kind=kind, training=training, extra=extra, files=files,
+                            overwrite=overwrite, hook=hook,
+                            normalizer=normalizer if normalizer is not None else normalizer_for(cfg, alphabet))
+
+
+
+
+def is_stable(cfg: dict) -> bool:
+    """Whether a checkpoint config is of a stable ISAN (``isan train --stable-rho``)."""
+    train = cfg.get("train") if isinstance(cfg.get("train"), dict) else {}
+    model = cfg.get("model") if isinstance(cfg.get("model"), dict) else {}
+    return bool(train.get("stable_rho")) or isinstance(model.get("stable"), dict)
+
+
+def write_certificate(path: Path, tensors: dict[str, np.ndarray], basis: np.ndarray | None = None) -> dict:
+    """Compute the stability certificate of ISAN weights (float64, on the float32 weights as exported),
+    write its basis to ``path`` (safetensors, tensor "P" float64 (d, d)) and return the manifest's
+    ``"certificate"`` record ``{"rho", "state_bound", "file", "method", ...}``.
+
+    Raises:
+        CheckpointError: the recomputed rho is not below 1 (no certificate is written for such weights).
+    """
+    from safetensors.numpy import save_file
+
+    W = np.asarray(tensors["W"], dtype=np.float32)
+    d = W.shape[1]
+    P = np.eye(d) if basis is None else np.asarray(basis, dtype=np.float64)
+    c = certificate(W, tensors["b"], tensors["h0"], P)
+    if not c["rho"] < 1.0:
+        raise CheckpointError(f"the weights are not contractive in their basis: max_x ||P W_x P^-1||_2 = {c['rho']:.9f} "
+                              f">= 1, so no certificate can be written; retrain with `isan train --stable-rho RHO` "
+                              f"(RHO < 1)")
+    save_file({"P": np.ascontiguousarray(P, dtype=np.float64)}, str(path))
+    return {"rho": c["rho"], "state_bound": c["state_bound"], "file": CERT_FILE, "method": CERT_METHOD,
+            "cond_P": c["cond_P"], "basis": "identity" if basis is None else "learned"}
 
 
 def export_bundle(ckpt_dir: str | Path, out_dir: str | Path, which: str = "best", overwrite: bool = False,
@@ -196,3 +236,8 @@ def export_from_bundle(src: str | Path, out_dir: str | Path, overwrite: bool = F
                                                                                corpus.get("dataset", "text8"), tmp)}}
         finalize_manifest(tmp, manifest)
     return Path(out_dir)
+
+
+CERT_METHOD = ("rho = max_x ||P W_x P^-1||_2 by float64 SVD of the exported float32 W; "
+               "state_bound = ||P^-1||_2 * max(||P h0||, max_x ||P b_x|| / (1 - rho)) bounds max_i |h_t,i| "
+               "for every input and every t; a start-state error shrinks at least as cond(P) rho^t")

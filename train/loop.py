@@ -3,9 +3,17 @@
 A run directory holds (all written atomically):
   config.json           model kind and size, alphabet, training config, data source
   latest/               weights.safetensors, optimizer.safetensors, progress.json (resume point)
-  best.safetensors      the weights with the best validation bpc so far
+  best.safetensors      the weights with the best validation bpc so far (with ``ema`` the better of the live
+                        and the averaged weights; a stable ISAN with a basis adds its materialised W)
   train_log.jsonl       one JSON object per line: start/resume, step, valid, nonfinite and done events,
                         each with "time" (Unix seconds)
+
+Stability and regularisation (issue 20): ``stable_rho`` trains :class:`isan.train.stable.StableISAN`
+(every ``||P W_x P^-1||_2 <= rho``, projected after every optimizer step and before every evaluation);
+``state_dropout``, ``weight_decay`` (AdamW on the matrices only), ``ema`` (the average lives in
+``latest/optimizer.safetensors`` as ``ema.<name>``, so a resume keeps it) and ``lr_schedule="cosine"``.
+Under data parallelism keep ``stable_exact_every`` at 1: the projection before an evaluation runs on
+rank 0 only and is a no-op only when every step was projected.
 
 Token alphabets (:mod:`isan.tokens`, ``TrainConfig.alphabet``): the corpus holds output ids X; the
 model reads ``input_map[X]`` (K inputs) and is trained to predict X (V classes). Bits are per token:
@@ -88,6 +96,15 @@ class TrainConfig:
     alphabet: str = "chars"  # token alphabet kind: chars, bytes, pairs or words (isan.train.data)
     inputs: int = 70  # bytes only: K input symbols (the K - 1 most frequent train bytes + other)
     valid_data: str | None = None  # dataset "text" only: all of `data` is train, this file is valid
+    # ---- stability and regularisation (issue 20; isan only unless noted) ----
+    stable_rho: float | None = None  # W_x = P^-1 U_x P with ||U_x||_2 <= rho after every step (train/stable.py)
+    stable_basis: bool = False  # learn P (else P = I)
+    stable_basis_penalty: float = 1e-2  # weight of mean log(sigma_i(P))^2 (keeps P well-conditioned)
+    stable_exact_every: int = 1  # project onto the bound every this many steps (1: it holds after every step)
+    state_dropout: float = 0.0  # dropout on the states before the readout (the recurrence stays exact)
+    ema: float = 0.0  # decay of an exponential moving average of the weights (0: none); any model
+    lr_schedule: str = "plateau"  # plateau: times lr_decay when valid does not improve; cosine: over the budget
+    lr_min: float = 0.02  # cosine: the final rate as a fraction of lr
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -208,9 +225,24 @@ class Trainer:
             torch.as_tensor(np.asarray(imap), dtype=torch.int64, device=cfg.device)  # output id -> input id (V,)
         if self.task:
             V = self.task.n_outputs
-        self.model = build_model(self.task.model_kind if self.task else cfg.model, K, V, d=cfg.d, params=cfg.params,
-                                 seed=cfg.seed,
-                                 **({"init_scale": cfg.init_scale} if cfg.init_scale is not None else {})).to(cfg.device)
+        init = {"init_scale": cfg.init_scale} if cfg.init_scale is not None else {}
+        if (cfg.stable_rho or cfg.state_dropout) and (self.task or cfg.model != "isan"):
+            raise IsanError("--stable-rho and --state-dropout apply to the isan model only")
+        if cfg.lr_schedule not in ("plateau", "cosine"):
+            raise IsanError(f"unknown lr schedule {cfg.lr_schedule!r}; choose plateau or cosine")
+        if cfg.state_dropout:
+            init["state_dropout"] = cfg.state_dropout
+        if cfg.stable_rho:
+            from isan.train.models import ISAN
+            from isan.train.stable import StableISAN
+
+            d = cfg.d if cfg.d is not None else ISAN.for_budget(K, V, cfg.params).d
+            self.model = StableISAN(K, V, d, rho=cfg.stable_rho, basis=cfg.stable_basis,
+                                    basis_penalty=cfg.stable_basis_penalty, exact_every=cfg.stable_exact_every,
+                                    seed=cfg.seed, **init).to(cfg.device)
+        else:
+            self.model = build_model(self.task.model_kind if self.task else cfg.model, K, V, d=cfg.d,
+                                     params=cfg.params, seed=cfg.seed, **init).to(cfg.device)
         self.n_params = sum(p.numel() for p in self.model.parameters())
         self.constrain = getattr(self.model, "constrain_", None)
         self.aux = getattr(self.model, "aux_loss", None)
@@ -224,8 +256,18 @@ class Trainer:
             self.forward = DistributedDataParallel(
                 self.model, device_ids=[dist.local_rank] if dist.backend == "nccl" else None,
                 find_unused_parameters=True)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay) \
-            if cfg.weight_decay else torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
+        if cfg.weight_decay:
+            no_decay = set(getattr(self.model, "no_decay", ()))  # biases, h0, the basis P: not decayed
+            named = list(self.model.named_parameters())
+            groups = [{"params": [p for n, p in named if n not in no_decay], "weight_decay": cfg.weight_decay},
+                      {"params": [p for n, p in named if n in no_decay], "weight_decay": 0.0}]
+            self.opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr)
+        else:
+            self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
+        # weight averaging: an EMA of every parameter (for the stable ISAN: of U and P, so the average is
+        # certified too, ||sum a_i U_i|| <= rho); evaluated beside the live weights, saved as best when better
+        self.ema = {n: p.detach().clone() for n, p in self.model.named_parameters()} if cfg.ema else None
+        self._best_tensors = None  # the weights _save_best writes (None: the live model's)
         self.progress = Progress(lr=cfg.lr)
         self.carry = None
         alpha = alphabet_config(alphabet)
@@ -280,6 +322,8 @@ class Trainer:
                     opt_t[f"{name}.step"] = torch.as_tensor(float(st["step"])).reshape(1)
             if carry is not None:
                 opt_t.update({k: v.cpu() for k, v in _state_tensors(carry).items()})
+            if self.ema is not None:
+                opt_t.update({f"ema.{n}": v.cpu().contiguous() for n, v in self.ema.items()})
             save_file(opt_t, str(tmp / "optimizer.safetensors"))
             write_json_atomic(tmp / "progress.json", asdict(self.progress))
 
@@ -294,6 +338,10 @@ class Trainer:
                     "step": torch.tensor(o[f"{name}.step"].item()),
                     "exp_avg": o[f"{name}.exp_avg"], "exp_avg_sq": o[f"{name}.exp_avg_sq"],
                 }
+        if self.ema is not None:
+            for n in self.ema:
+                if f"ema.{n}" in o:
+                    self.ema[n] = o[f"ema.{n}"].clone()
         carry = {k: v for k, v in o.items() if k.startswith("carry.")}
         self.carry = _state_from(carry) if carry else None
         if self.carry is not None:  # this rank's streams of the saved (B, ...) carry
@@ -316,9 +364,22 @@ class Trainer:
     def _save_best(self) -> None:
         if not self.main:
             return
+        tensors = self._best_tensors if self._best_tensors is not None else self._model_tensors()
         with atomic_path(self.out / "best.safetensors") as tmp:
-            save_file({k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}, str(tmp),
+            save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp),
                       metadata={"valid_bpc": str(self.progress.best_valid_bpc), "epoch": str(self.progress.best_epoch)})
+
+    def _model_tensors(self) -> dict:
+        """What best.safetensors holds: the state dict (plus a stable ISAN's materialised W)."""
+        m = self.model
+        return m.checkpoint_tensors() if hasattr(m, "checkpoint_tensors") else dict(m.state_dict())
+
+    def _update_ema(self) -> None:
+        p = self.progress
+        decay = min(self.cfg.ema, (1 + p.step) / (10 + p.step))  # a short warm-up: early weights fade fast
+        with torch.no_grad():
+            for n, q in self.model.named_parameters():
+                self.ema[n].lerp_(q.detach(), 1.0 - decay)
 
     def _log(self, event: dict) -> None:
         if not self.main:
@@ -349,10 +410,40 @@ class Trainer:
         ids = self.corpus.valid
         if self.cfg.max_valid_chars:
             ids = ids[: self.cfg.max_valid_chars]
-        if self.task:
-            return self.task.evaluate(self.model, ids, streams=self.cfg.valid_streams, device=self.cfg.device)
-        return evaluate_bpc(self.model, ids, streams=self.cfg.valid_streams, device=self.cfg.device,
-                            input_map=self.input_map), {}
+        project = getattr(self.model, "project_exact_", None)
+        if project is not None:
+            project()  # the evaluated (and saved) weights meet the constraint exactly
+        self._best_tensors = None
+
+        def one():
+            if self.task:
+                return self.task.evaluate(self.model, ids, streams=self.cfg.valid_streams, device=self.cfg.device)
+            return evaluate_bpc(self.model, ids, streams=self.cfg.valid_streams, device=self.cfg.device,
+                                input_map=self.input_map), {}
+
+        live, extra = one()
+        if self.ema is None:
+            return live, extra
+        with torch.no_grad():  # swap the average in, evaluate it, swap the live weights back
+            params = dict(self.model.named_parameters())
+            backup = {n: q.detach().clone() for n, q in params.items()}
+            buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
+            for n, q in params.items():
+                q.copy_(self.ema[n])
+            if project is not None:
+                project()
+            avg, extra_avg = one()
+            better = math.isfinite(avg) and not (math.isfinite(live) and live <= avg)
+            if better:
+                self._best_tensors = {k: v.detach().clone() for k, v in self._model_tensors().items()}
+            for n, q in params.items():
+                q.copy_(backup[n])
+            for n, b in self.model.named_buffers():
+                b.copy_(buffers[n])
+        m = self.metric
+        extra = {**extra, f"valid_{m}_live": round(live, 6), f"valid_{m}_ema": round(avg, 6),
+                 "evaluated": "ema" if better else "live"}
+        return (avg if better else live), extra
 
     def _progress_fraction(self) -> float:
         """The fraction of the planned training done (the aux_loss contract in the module docstring)."""
@@ -377,8 +468,9 @@ class Trainer:
             self._save_best()
         else:
             p.bad_evals += 1
-            p.lr *= cfg.lr_decay
-            self._set_lr(p.lr)
+            if cfg.lr_schedule == "plateau":
+                p.lr *= cfg.lr_decay
+                self._set_lr(p.lr)
         p.history.append({"epoch": round(epoch_f, 3), "chars_seen": p.chars_seen, "valid_bpc": bpc})
         m = self.metric
         self._log({"event": "valid", "epoch": round(epoch_f, 3), "step": p.step, "chars_seen": p.chars_seen,
@@ -420,6 +512,10 @@ class Trainer:
             while p.chunk < n_chunks and not p.done:
                 x = X[p.chunk * cfg.bptt : (p.chunk + 1) * cfg.bptt]  # output ids (T, B / W)
                 t0 = time.perf_counter()
+                if cfg.lr_schedule == "cosine":  # from lr to lr * lr_min over the planned budget
+                    f = self._progress_fraction()
+                    p.lr = cfg.lr * (cfg.lr_min + (1 - cfg.lr_min) * 0.5 * (1 + math.cos(math.pi * f)))
+                    self._set_lr(p.lr)
                 state_in = self.carry if p.chunk > 0 else model.initial_state(self.B_local)
                 logits, state = self.forward(x if imap is None else imap[x], state_in)
                 if self.task:
@@ -448,6 +544,8 @@ class Trainer:
                 self.opt.step()
                 if self.constrain is not None:
                     self.constrain()  # a model's constraint on its weights (linear_nlro: ||W||_2 <= 1)
+                if self.ema is not None:
+                    self._update_ema()
                 self.carry = _detach(state)
                 p.train_seconds += time.perf_counter() - t0
                 p.chunk += 1

@@ -24,9 +24,15 @@ class ISAN(nn.Module):
 
     kind = "isan"
 
-    def __init__(self, K: int, V: int, d: int, init_scale: float = 0.95, seed: int | None = None):
+    #: parameters AdamW does not decay (``--weight-decay`` acts on the matrices W, U and W_ro only)
+    no_decay = ("b", "b_ro", "h0", "P")
+
+    def __init__(self, K: int, V: int, d: int, init_scale: float = 0.95, seed: int | None = None,
+                 state_dropout: float = 0.0):
         super().__init__()
         self.K, self.V, self.d = K, V, d
+        #: dropout on the states before the readout (training only); the recurrence itself stays exact
+        self.state_dropout = float(state_dropout)
         g = torch.Generator().manual_seed(seed) if seed is not None else None
         W = torch.empty(K, d, d)
         for k in range(K):  # orthogonal init scaled below 1 (DESIGN.md section 6)
@@ -48,7 +54,10 @@ class ISAN(nn.Module):
         return isan_param_count(K, V, d)
 
     def config(self) -> dict:
-        return {"kind": self.kind, "K": self.K, "V": self.V, "d": self.d}
+        c = {"kind": self.kind, "K": self.K, "V": self.V, "d": self.d}
+        if self.state_dropout:
+            c["state_dropout"] = self.state_dropout
+        return c
 
     def initial_state(self, B: int) -> torch.Tensor:
         return self.h0.unsqueeze(0).expand(B, self.d)
@@ -60,6 +69,8 @@ class ISAN(nn.Module):
         """
         H = isan_scan(self.W, self.b, h, x)  # (T, B, d)
         S = torch.cat([h.unsqueeze(0), H[:-1]], 0)  # states before each x[t]
+        if self.training and self.state_dropout:
+            S = torch.nn.functional.dropout(S, self.state_dropout)  # on the readout's input only
         logits = torch.matmul(S, self.W_ro.T) + self.b_ro
         return logits, H[-1]
 

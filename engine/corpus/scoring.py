@@ -18,6 +18,7 @@ state, unreadable) gets its reason in ``error`` and zero counts; nothing raises 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Iterable
@@ -145,13 +146,16 @@ class DocScorer:
                                               per_char=o.per_char_max > 0, threads=o.threads)
             except StateDivergedError as e:  # that document is recorded; the others are scored again
                 i = getattr(e, "text_index", None)
+                m = re.match(r"text (\d+) of the batch: ", str(e))
+                if m:  # score_batch names the text in the message (the attribute may not survive)
+                    i = int(m.group(1))
                 if i is None or not 0 <= i < len(todo):
                     for k, _ in todo:
                         rows[k] = _row(docs[k], _message(e))
                     return
                 k, prep = todo.pop(i)
-                e = in_input_terms(e, prep, self.engine.alphabet.symbols)
-                msg = str(e).replace(f"text {i} of the batch: ", "", 1)
+                msg = str(in_input_terms(e, prep, self.engine.alphabet.symbols))
+                msg = msg.replace(f"text {i} of the batch: ", "", 1)
                 rows[k] = _fill(_row(docs[k], f"StateDivergedError: {msg}"), prep.report, 0, 0.0)
                 rows[k]["bpc"] = None
                 continue

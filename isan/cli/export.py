@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from isan.cli.helpers import UserError, emit_json, friendly, load_engine, main, table_options
+from isan.cli.helpers import (UserError, emit_json, friendly, load_engine, main, table_options)
 
 
 @main.command()
@@ -19,8 +19,9 @@ from isan.cli.helpers import UserError, emit_json, friendly, load_engine, main, 
 @click.option("--arpa", "arpa", is_flag=True,
               help="For an n-gram bundle: write it as an ARPA file at OUT_DIR (the format KenLM and SRILM read).")
 @click.option("--table/--no-table", default=True, show_default=True, help="Build the composed trie table into OUT_DIR/table.")
-@click.option("--table-mode", type=click.Choice(["full", "recipe"]), default="full", show_default=True,
-              help="full: write table/; recipe: write only the chosen keys, composed into the cache on first use.")
+@click.option("--table-mode", type=click.Choice(["full", "recipe"]), default=None,
+              help="full (the default): write table/; recipe: write only the chosen keys, composed into the cache "
+                   "on first use.")
 @table_options
 @click.option("--dry-run", is_flag=True, help="Only print the planned table's size and expected average match length.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
@@ -52,6 +53,10 @@ def export(checkpoint_dir, out_dir, which, overwrite, with_onnx, arpa, table, ta
     if (src / "manifest.json").exists() and not dry_run:
         from isan.export.checkpoint import export_from_bundle
 
+        if table_mode is not None or not table:
+            raise UserError(f"{src} is already a bundle: it is copied with its table as it is, so --table-mode and "
+                            f"--no-table do not apply; change its table with `isan table build --model BUNDLE "
+                            f"--table-mode full|recipe --overwrite`")
         if not with_onnx:
             raise UserError(f"{src} is already a bundle; add --onnx to copy it with ONNX graphs")
         path = export_from_bundle(src, out_dir, overwrite=overwrite, onnx=True)
@@ -69,15 +74,13 @@ def export(checkpoint_dir, out_dir, which, overwrite, with_onnx, arpa, table, ta
 
     path = export_bundle(checkpoint_dir, out_dir, which=which, overwrite=overwrite, onnx=with_onnx, table=table,
                          table_budget=table_budget, table_max_len=table_max_len, table_dtype=table_dtype,
-                         table_corpus=table_corpus, table_dataset=table_dataset, table_mode=table_mode,
+                         table_corpus=table_corpus, table_dataset=table_dataset, table_mode=table_mode or "full",
                          progress_bar=progress, normalizer=None if normalizer == "auto" else normalizer)
     m = json.loads((Path(path) / "manifest.json").read_text())
     emit_json({"bundle": str(path), "kind": m["kind"], "d": m["d"], "params_sha256": m["params_sha256"],
                "normalizer": m.get("normalizer"), "table": m.get("table"),
                "files": sorted(p.name for p in Path(path).iterdir())})
 
-
-# --------------------------------------------------------------------------------------- table
 @main.group()
 def table():
     """Inspect and build composed trie tables."""
@@ -96,7 +99,8 @@ def table_info(model, as_json):
         return
     click.echo(f"table        {info['path']}")
     click.echo(f"entries      {info['entries']:,}")
-    click.echo(f"bytes        {info['bytes']:,} ({info['bytes'] / 2**20:.1f} MiB)")
+    click.echo(f"bytes        {info['bytes']:,} ({info['bytes'] / 2**20:.1f} MiB of matrices, as budgeted; "
+               f"{info['bytes_on_disk']:,} on disk with the index, trie and header)")
     click.echo(f"dtype        {info['dtype']}   d {info['d']}   max length {info['max_len']}")
     click.echo(f"avg match    {info['expected_avg_match_length']} characters (expected, {info['build'].get('avg_match_length_on', '?')})")
     click.echo("lengths      " + "  ".join(f"{k}:{v}" for k, v in info["length_histogram"].items()))

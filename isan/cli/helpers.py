@@ -101,6 +101,18 @@ def load_engine(model, path_mode="auto", backend="numpy", device="cpu", threads=
     return engine
 
 
+def input_file(file) -> Path:
+    """The path of an input file, or a UserError that says what is wrong with it."""
+    p = Path(file)
+    if p.is_dir():
+        raise UserError(f"{file} is a directory; give a text file (or '-' for standard input)")
+    if not p.exists():
+        raise UserError(f"{file} does not exist")
+    if not p.is_file():
+        raise UserError(f"{file} is not a regular file")
+    return p
+
+
 def read_input(file, text8_split):
     if text8_split:
         from isan.data import read_text8_split
@@ -110,9 +122,7 @@ def read_input(file, text8_split):
         return read_text8_split(file, text8_split)
     if file in (None, "-"):
         return sys.stdin.read()
-    p = Path(file)
-    if not p.is_file():
-        raise UserError(f"{file} does not exist")
+    p = input_file(file)
     try:
         return p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from isan.cli.helpers import UserError, emit_json, friendly, load_engine, main
+from isan.cli.helpers import (UserError, emit_json, friendly, load_engine, main)
 
 
 @main.group("model")
@@ -16,15 +16,19 @@ def model_group():
 
 @model_group.command("check")
 @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
-@click.option("--max-chars", type=int, default=2000, show_default=True, help="Characters per repeated run.")
+@click.option("--max-chars", type=int, default=2000, show_default=True,
+              help="Characters every repeated run is stepped from h0 before slow ones go on in jumps.")
 @click.option("--json", "as_json", is_flag=True)
 @friendly
 def model_check(model, max_chars, as_json):
-    """Which letters, and which pairs of letters, when repeated make the model's state diverge.
+    """Can any input make the model's state diverge? The certificate, repeats, and a search.
 
-    Each symbol x and each pair xy is repeated from h0 (float64) for up to --max-chars
-    characters; a run diverges when max |h| exceeds the engine's limit, the point where scoring
-    stops with exit status 2. Text that repeats one of these for that long cannot be scored.
+    A certified model (isan train --stable-rho) carries a proof that no input can: it is
+    recomputed here from the bundle's own weights. Every model is also checked exactly for
+    repeats: a letter x, or a pair xy, repeated diverges if and only if the spectral radius of
+    W[x] (of W[y] W[x]) is above 1; for each such run the number of characters from h0 until
+    max |h| passes the engine's limit is found, the point where scoring stops with exit status 2.
+    Last, a beam search over letters looks for the text that makes |h| largest.
     """
     engine = load_engine(model, "reference")
     if not hasattr(engine, "check_divergence"):
@@ -33,18 +37,38 @@ def model_check(model, max_chars, as_json):
     if as_json:
         emit_json(r)
         return
-    click.echo(f"repeats from h0, up to {r['max_chars']:,} characters; diverging = max |h| > {r['limit']:g}")
-    letters = ", ".join(f"{x['symbol']!r} {x['after_chars']}" for x in r["letters"]) or "none"
-    click.echo(f"letters that diverge ({len(r['letters'])} of {r['n_letters_checked']}; characters until then): {letters}")
+    c = r["certificate"]
+    if c is None:
+        click.echo("certificate: none (train with `isan train --stable-rho RHO` for a model that cannot diverge)")
+    elif c["holds"]:
+        click.echo(f"certificate: holds, rho = {c['rho']:.6f} (max over symbols of ||P W_x P^-1||_2, recomputed in "
+                   f"float64; cond(P) = {c['cond_P']:.3g}): for every input, max |h_i| <= {c['state_bound']:.4g}, "
+                   f"and a start-state error shrinks at least as cond(P) rho^t")
+    else:
+        click.echo(f"certificate: DOES NOT HOLD: {c['problem']}")
+    sr = r["spectral_radius"]
+    worst = max(sr["letters"], key=sr["letters"].get)
+    click.echo(f"spectral radius: letters up to {sr['max_letter']:.4f} ({worst!r}), pairs up to "
+               f"{sr['max_pair']:.4f}; above 1: {r['diverging_letters']} of {r['n_letters_checked']} letters, "
+               f"{r['diverging_pairs']} of {r['n_pairs_checked']} ordered pairs")
+
+    def fmt(x, name):
+        n = x["after_chars"]
+        return f"{x[name]!r} {n:,}" if n is not None else f"{x[name]!r} >{r['max_total_chars']:,}"
+
+    click.echo(f"repeats from h0 that leave the range max |h| <= {r['limit']:g} (characters until then):")
+    click.echo(f"  letters ({len(r['letters'])}): " + (", ".join(fmt(x, "symbol") for x in r["letters"]) or "none"))
     pairs = r["pairs"]
-    shown = ", ".join(f"{x['pair']!r} {x['after_chars']}" for x in pairs[:20])
     more = f", ... ({len(pairs) - 20} more; --json lists all)" if len(pairs) > 20 else ""
-    click.echo(f"pairs that diverge ({len(pairs)} of {r['n_pairs_checked']}): {shown or 'none'}{more}")
-    click.echo(f"converged: {r['converged']}, undecided after {r['max_chars']:,} characters: {r['undecided']} "
-               f"({r['seconds']:.1f} s)")
+    click.echo(f"  pairs ({len(pairs)}): " + (", ".join(fmt(x, "pair") for x in pairs[:20]) or "none") + more)
+    click.echo(f"  the other {r['converging']} repeats converge; their largest fixed point has max |h_i| = "
+               f"{r['largest_fixed_point']:.4g}")
+    a = r["adversarial"]
+    verdict = (f"leaves the range after {a['chars']} characters" if a["diverged"]
+               else f"max |h_i| = {a['max_abs_h']:.4g} at most (searched {a['searched_chars']} characters)")
+    click.echo(f"adversarial search (beam {a['beam']}): {verdict}; text ...{a['text'][-40:]!r}")
+    click.echo(f"({r['seconds'] + a['seconds']:.1f} s)")
 
-
-# --------------------------------------------------------------------------------------- verify
 @main.command("verify")
 @click.argument("bundle", required=False, default=None)
 @click.option("--json", "as_json", is_flag=True)

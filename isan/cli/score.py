@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 
 import click
 
 from isan.cli.helpers import (UserError, emit_json, friendly, load_engine, main, model_options,
-                              normalize_option, read_input, unknown_options)
+                              normalize_option, read_input, unknown_options, input_file)
 
 
 @main.command()
@@ -33,6 +34,14 @@ def score(file, model, path_mode, threads, backend, device, unknown, replacement
     listed with the offset of the input character it came from.
     """
     engine = load_engine(model, path_mode, backend, device, threads)
+    if not (per_char or text_split or text8_split) and engine.alphabet.unit == "char":
+        # a file of any size in bounded memory: read and scored in blocks, the state carried across
+        from isan.engine.blocks import read_blocks, score_blocks
+
+        source = sys.stdin.buffer if file in (None, "-") else input_file(file)
+        r = score_blocks(engine, read_blocks(source), unknown=unknown, replacement=replacement, normalize=normalize)
+        print_score(r, as_json)
+        return
     text = read_input(file, text8_split)
     if text_split:
         if text8_split:
@@ -40,6 +49,13 @@ def score(file, model, path_mode, threads, backend, device, unknown, replacement
         cut = int(len(text) * 0.9)
         text = text[:cut] if text_split == "train" else text[cut:]
     r = engine.score(text, per_char=per_char, unknown=unknown, replacement=replacement, normalize=normalize)
+    print_score(r, as_json, per_char)
+    if per_char and not as_json:
+        print_per_char(r, text)
+
+
+def print_score(r, as_json: bool, per_char: bool = False) -> None:
+    """Print a ScoreResult as JSON or as lines of text (without the per-character table)."""
     if as_json:
         emit_json(r.to_json(per_char))
         return
@@ -54,19 +70,20 @@ def score(file, model, path_mode, threads, backend, device, unknown, replacement
                    f"changed {n['changed']:,}, dropped {n['dropped']:,}"
                    + (f", skipped {n['skipped']:,}" if n.get("skipped") else "")
                    + (f", replaced {n['replaced']:,}" if n.get("replaced") else ""))
-    if per_char:
-        click.echo("offset\tinput\tscored\tbits")
-        if r.unit != "char":  # a token: the input from its offset to the next token's
-            offs = r.per_char_offsets.tolist()
-            for i, (off, b) in enumerate(zip(offs, r.per_char_bits)):
-                end = offs[i + 1] if i + 1 < len(offs) else len(text)
-                click.echo(f"{off}\t{text[off:max(end, off + 1)]!r}\t{r.unit}\t{b:.4f}")
-            return
-        for off, sym, b in zip(r.per_char_offsets.tolist(), r.text, r.per_char_bits):
-            click.echo(f"{off}\t{text[off]!r}\t{sym!r}\t{b:.4f}")
 
 
-# --------------------------------------------------------------------------------------- sample
+def print_per_char(r, text: str) -> None:
+    """Print the per-character table: input offset, input character, scored symbol, bits."""
+    click.echo("offset\tinput\tscored\tbits")
+    if r.unit != "char":  # a token: the input from its offset to the next token's
+        offs = r.per_char_offsets.tolist()
+        for i, (off, b) in enumerate(zip(offs, r.per_char_bits)):
+            end = offs[i + 1] if i + 1 < len(offs) else len(text)
+            click.echo(f"{off}\t{text[off:max(end, off + 1)]!r}\t{r.unit}\t{b:.4f}")
+        return
+    for off, sym, b in zip(r.per_char_offsets.tolist(), r.text, r.per_char_bits):
+        click.echo(f"{off}\t{text[off]!r}\t{sym!r}\t{b:.4f}")
+
 @main.command()
 @click.option("--prompt", default="", help="Text to condition on (consumed before sampling).")
 @click.option("-n", "n", type=int, default=200, show_default=True, help="Characters to generate.")
@@ -96,8 +113,6 @@ def sample(prompt, n, temperature, inverse_temperature, top_k, seed, as_json, mo
     else:
         click.echo(s.prompt + s.text)
 
-
-# --------------------------------------------------------------------------------------- attribute
 @main.command()
 @click.option("--text", required=True, help="The text to attribute.")
 @click.option("--by", type=click.Choice(["char", "word"]), default="word", show_default=True)

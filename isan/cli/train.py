@@ -6,7 +6,7 @@ import json
 
 import click
 
-from isan.cli.helpers import DEFAULT_TEXT8, friendly, main
+from isan.cli.helpers import (DEFAULT_TEXT8, friendly, main)
 
 
 @main.command()
@@ -47,10 +47,27 @@ from isan.cli.helpers import DEFAULT_TEXT8, friendly, main
 @click.option("--distributed", is_flag=True,
               help="Data-parallel training under torchrun (gloo on CPU, nccl on CUDA); "
                    "torchrun --nproc_per_node N -m isan.train.ddp MODEL ... adds it.")
+@click.option("--stable-rho", type=float, default=None,
+              help="isan only: a certified stable ISAN, W_x = P^-1 U_x P with ||U_x||_2 <= RHO < 1 after every step; "
+                   "no input can make its state diverge (the export writes the certificate).")
+@click.option("--stable-basis", is_flag=True, help="With --stable-rho: learn the basis P (else P = I).")
+@click.option("--stable-exact-every", type=int, default=1, show_default=True,
+              help="With --stable-rho: project onto the bound every N steps (N > 1 is faster; the bound then "
+                   "holds at those steps and for the evaluated, saved and exported weights).")
+@click.option("--state-dropout", type=float, default=0.0, show_default=True,
+              help="isan only: dropout on the states before the readout (the recurrence stays exact).")
+@click.option("--ema", type=float, default=0.0, show_default=True,
+              help="Decay of an exponential moving average of the weights, evaluated beside them and saved as "
+                   "best when better (e.g. 0.999; 0: none).")
+@click.option("--lr-schedule", type=click.Choice(["plateau", "cosine"]), default="plateau", show_default=True,
+              help="plateau: times --lr-decay when valid does not improve; cosine: from --lr to --lr-min x lr over "
+                   "the budget (--max-chars, --max-steps or --max-epochs; a resume that raises it stretches the curve).")
+@click.option("--lr-min", type=float, default=0.02, show_default=True, help="cosine: the final rate as a fraction of --lr.")
 @friendly
 def train(model, out_dir, data, dataset, params, d, batch_size, bptt, lr, lr_decay, weight_decay, clip, max_epochs,
           max_chars, max_steps, patience, eval_every, seed, device, threads, init_scale, progress, orders,
-          alphabet, inputs, valid_data, distributed):
+          alphabet, inputs, valid_data, distributed, stable_rho, stable_basis, stable_exact_every, state_dropout,
+          ema, lr_schedule, lr_min):
     """Train MODEL (default: isan) on text8-10M or a text file; resumes a run found in --out.
 
     MODEL: isan, rnn, irnn, gru, lstm, linear, linear_nlro, isan_nobias, or ngram (interpolated
@@ -68,6 +85,8 @@ def train(model, out_dir, data, dataset, params, d, batch_size, bptt, lr, lr_dec
         return
     if init_scale is not None and model != "irnn":
         raise click.UsageError("--init-scale applies to irnn only")
+    if stable_basis and not stable_rho:
+        raise click.UsageError("--stable-basis goes with --stable-rho RHO")
     from isan.train.loop import TrainConfig, Trainer
 
     cfg = TrainConfig(model=model, d=d, params=None if d else params, data=data, dataset=dataset,
@@ -75,7 +94,9 @@ def train(model, out_dir, data, dataset, params, d, batch_size, bptt, lr, lr_dec
                       clip=clip, max_epochs=max_epochs, max_chars=int(max_chars) if max_chars else None,
                       max_steps=max_steps, patience=patience, eval_every=eval_every, seed=seed, device=device,
                       threads=threads, init_scale=init_scale, alphabet=alphabet, inputs=inputs,
-                      valid_data=valid_data)
+                      valid_data=valid_data, stable_rho=stable_rho, stable_basis=stable_basis,
+                      stable_exact_every=stable_exact_every, state_dropout=state_dropout, ema=ema,
+                      lr_schedule=lr_schedule, lr_min=lr_min)
     overrides = {"max_epochs": max_epochs, "max_chars": cfg.max_chars, "max_steps": max_steps,
                  "patience": patience, "threads": threads, "device": device}
     dist = None

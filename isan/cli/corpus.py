@@ -1,0 +1,77 @@
+"""``isan corpus score``: score every document of a corpus, on this machine or on a Ray cluster
+(the library: :mod:`isan.engine.corpus`)."""
+
+from __future__ import annotations
+
+import click
+
+from isan.cli.helpers import UserError, emit_json, friendly, main, normalize_option, unknown_options
+
+
+@main.group()
+def corpus():
+    """Corpora: score every document (JSONL, Parquet, text) into resumable Parquet shards."""
+
+
+@corpus.command("score")
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--out", required=True, help="Output directory (an existing one of the same job is resumed).")
+@click.option("--format", "fmt", type=click.Choice(["auto", "jsonl", "parquet", "text"]), default="auto",
+              show_default=True, help="Input format (auto: by file name; .jsonl/.json/.ndjson[.gz|.zst], .parquet, else text).")
+@click.option("--text-field", default="text", show_default=True, help="JSON field / Parquet column of the text.")
+@click.option("--id-field", default="id", show_default=True,
+              help="JSON field / Parquet column of the id (absent: FILE:LINE or FILE:ROW).")
+@click.option("--per-line", is_flag=True, help="Text files: one document a non-blank line (default: one a file).")
+@click.option("--runner", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: this machine's cores through the batched kernels; ray: Ray Data actors, one engine each.")
+@click.option("--ray-address", default=None,
+              help="A running Ray cluster (HOST:6379 or ray://HOST:10001; default: start a local one). Implies --runner ray.")
+@click.option("--ray-actors", type=int, default=None, help="Ray actors (default: the cluster's CPUs / --ray-cpus-per-actor).")
+@click.option("--ray-cpus-per-actor", type=float, default=1.0, show_default=True, help="CPUs (and kernel threads) per actor.")
+@click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
+@click.option("--batch-chars", type=int, default=2_000_000, show_default=True,
+              help="Characters scored together in one call of the batched kernel (memory: about 40 bytes each).")
+@click.option("--per-char-max", type=int, default=0, show_default=True,
+              help="Also store per-character bits for documents of at most this many scored characters (0: none).")
+@click.option("--part-docs", type=int, default=10_000, show_default=True,
+              help="Documents an output part holds (a part is the unit a re-run resumes from).")
+@click.option("--threads", type=int, default=None, help="Kernel threads of the local runner (default: all CPUs).")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="A progress bar on stderr.")
+@click.option("--json", "as_json", is_flag=True, help="Print summary.json's content as JSON.")
+@normalize_option
+@unknown_options
+@friendly
+def corpus_score_cmd(inputs, out, fmt, text_field, id_field, per_line, runner, ray_address, ray_actors,
+                     ray_cpus_per_actor, model, batch_chars, per_char_max, part_docs, threads, progress, as_json,
+                     normalize, unknown, replacement):
+    """Score every document of INPUT... (paths, globs, directories, fsspec URLs) into --out DIR.
+
+    DIR gets shards/*.parquet (per document: id, chars read and scored, bits, bpc, the
+    normaliser's counts, error) and summary.json. A document that cannot be scored is recorded
+    with its reason, never fatal; a re-run of a killed job resumes it and ends with the same files.
+    """
+    from isan.engine.corpus import score_corpus
+
+    if ray_address:
+        runner = "ray"
+    if threads is not None and threads < 1:
+        raise UserError(f"--threads must be at least 1; got {threads}")
+    summary = score_corpus(list(inputs), out, fmt=fmt, text_field=text_field, id_field=id_field or None,
+                           per_line=per_line, runner=runner, ray_address=ray_address, model=model,
+                           normalize=normalize, unknown=unknown, replacement=replacement, batch_chars=batch_chars,
+                           per_char_max=per_char_max, part_docs=part_docs, threads=threads, progress=progress,
+                           ray_actors=ray_actors, ray_cpus_per_actor=ray_cpus_per_actor)
+    if as_json:
+        emit_json(summary)
+        return
+    run = summary["this_run"]
+    bpc = f"{summary['bpc']:.4f}" if summary["bpc"] is not None else "-"
+    click.echo(f"{summary['documents']:,} documents in {summary['files']:,} files: {summary['chars_scored']:,} "
+               f"characters scored, {summary['bits']:,.1f} bits ({bpc} bpc); {summary['errors']:,} documents "
+               f"with errors, {len(summary['file_errors'])} unreadable files")
+    rate = f"{run['docs_per_s']:,.0f} docs/s, {run['chars_per_s']:,.0f} chars/s" if run["seconds"] else ""
+    click.echo(f"this run ({run['runner']}): {run['documents']:,} documents in {run['seconds']:.1f} s ({rate}); "
+               f"{run['files_skipped']} files were complete already")
+    for fe in summary["file_errors"][:5]:
+        click.echo(f"  unreadable: {fe['error']}", err=True)
+    click.echo(f"wrote {out}/shards/ and {out}/summary.json")
