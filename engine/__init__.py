@@ -11,7 +11,8 @@ from isan.engine.core import (  # noqa: F401
     ScoreResult,
     State,
     default_model_path,
+    paper_model_path,
     load_engine,
 )
 
-__all__ = ["Attribution", "Engine", "Sample", "ScoreResult", "State", "default_model_path", "load_engine"]
+__all__ = ["Attribution", "Engine", "Sample", "ScoreResult", "State", "default_model_path", "load_engine", "paper_model_path"]

@@ -37,7 +37,9 @@ from isan.engine.reference import LOG2E, kappa_ref, log_softmax, logits_ref, seg
 from isan.engine.results import (Attribution, Sample, ScoreResult, State, finite_or_none,  # noqa: F401
                                  in_input_terms, with_prefix, with_repeat_hint)
 
-DEFAULT_MODEL = "text8-d216"
+DEFAULT_MODEL = "text8-d216-stable"
+#: the model of the paper's analyses (results/paper): the first default, trained without a stability certificate
+PAPER_MODEL = "text8-d216-unconstrained"
 MAX_ATTRIBUTION_CHARS = 2000
 
 #: Computation paths: ``composed`` (trie-table jumps, sequential), ``chunked`` (chunk-parallel
@@ -56,6 +58,11 @@ def default_model_path() -> Path:
     package of the checkout's root, while its modules still come from the package folder.
     """
     return Path(isan_errors.__file__).resolve().parent / "models" / DEFAULT_MODEL
+
+
+def paper_model_path() -> Path:
+    """Path of the model the paper's analyses (``isan analyze``, results/paper) were made with."""
+    return default_model_path().parent / PAPER_MODEL
 
 
 class Engine:

@@ -69,8 +69,20 @@ def default_engine():
     from isan.engine import Engine, default_model_path
 
     if not (default_model_path() / "manifest.json").exists():
-        pytest.fail("the default model is not shipped in the package (isan/models/text8-d216)")
+        pytest.fail(f"the default model is not shipped in the package ({default_model_path()})")
     return Engine.default()
+
+
+#: the first default model (no stability certificate: repeats of 'z' and random letters diverge),
+#: kept for the paper's analyses and for the tests of what happens when a state diverges
+UNCONSTRAINED = REPO / "isan" / "models" / "text8-d216-unconstrained"
+
+
+@pytest.fixture(scope="session")
+def unconstrained_engine():
+    from isan.engine import Engine
+
+    return Engine.load(UNCONSTRAINED)
 
 
 @pytest.fixture(scope="session")

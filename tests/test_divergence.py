@@ -17,7 +17,7 @@ from isan.engine.guard import MAX_STATE_ABS, first_out_of_range
 from isan.errors import StateDivergedError
 from isan.params import ISANParams
 
-from conftest import random_params
+from conftest import UNCONSTRAINED, random_params
 
 A8 = Alphabet.text8()
 Z = A8.id("z")
@@ -106,23 +106,23 @@ def test_sampling_that_diverges_raises():
     assert len(eng.sample("the", n=3, seed=0).text) == 3  # short runs are fine
 
 
-def test_shipped_model_composed_and_batched_paths(default_engine):
+def test_shipped_model_composed_and_batched_paths(unconstrained_engine):
     """'z' x 200 printed {"bits": NaN} before; now every path raises at offset 14 (the 15th 'z')."""
-    for eng in (default_engine, default_engine.with_path("reference")):
+    for eng in (unconstrained_engine, unconstrained_engine.with_path("reference")):
         with pytest.raises(StateDivergedError) as e:
             eng.score("z" * 200)
         assert e.value.offset == 14 and "'z'" in str(e.value)
     with pytest.raises(StateDivergedError) as e:
-        default_engine.score("qx" * 2000)
+        unconstrained_engine.score("qx" * 2000)
     assert e.value.offset == 41
     with pytest.raises(StateDivergedError, match="text 1 of the batch"):
-        default_engine.score_batch(["the cat sat", "z" * 3000])
+        unconstrained_engine.score_batch(["the cat sat", "z" * 3000])
     with pytest.raises(StateDivergedError, match="text 0 of the batch"):
-        default_engine.score_batch(["z" * 3000], group="symbol")
+        unconstrained_engine.score_batch(["z" * 3000], group="symbol")
     with pytest.raises(StateDivergedError):
-        default_engine.advance("z" * 200)
+        unconstrained_engine.advance("z" * 200)
     # real text is untouched by the guard
-    assert np.isfinite(default_engine.score("the zzz of a jazz buzz").bits)
+    assert np.isfinite(unconstrained_engine.score("the zzz of a jazz buzz").bits)
 
 
 class NaNRunner:
@@ -197,24 +197,24 @@ def test_model_check_finds_the_diverging_letter_and_pairs():
     assert stable["n_letters_checked"] == 27 and stable["n_pairs_checked"] == 27 * 26
 
 
-def test_model_check_on_the_shipped_model(default_engine):
-    r = default_engine.check_divergence(max_chars=2000)
+def test_model_check_on_the_shipped_model(unconstrained_engine):
+    r = unconstrained_engine.check_divergence(max_chars=2000)
     letters = {x["symbol"]: x["after_chars"] for x in r["letters"]}
     assert letters["z"] == 15 and letters["x"] == 23 and " " not in letters and "e" not in letters
     pairs = {x["pair"]: x["after_chars"] for x in r["pairs"]}
     assert pairs["qx"] == 42
 
 
-def test_model_check_decides_by_spectral_radius_past_any_finite_run(default_engine):
+def test_model_check_decides_by_spectral_radius_past_any_finite_run(unconstrained_engine):
     """Issue #19: a run of 2,000 characters missed 'a' (2,088), 'r' (2,775) and 'h' (26,808)."""
-    r = default_engine.check_divergence(max_chars=2000)
-    W = default_engine.params.W
+    r = unconstrained_engine.check_divergence(max_chars=2000)
+    W = unconstrained_engine.params.W
     letters = {x["symbol"]: x for x in r["letters"]}
     radius = {s: float(np.abs(np.linalg.eigvals(W[A8.id(s)].astype(np.float64))).max()) for s in A8.symbols}
     assert set(letters) == {s for s, rho in radius.items() if rho > 1}  # exactly the letters above 1
     for s in letters:
         assert letters[s]["spectral_radius"] == pytest.approx(radius[s], rel=1e-9)
-    p = default_engine.params
+    p = unconstrained_engine.params
     for s in ("a", "r", "h"):  # slow ones, found past the 2,000 stepped characters, checked by a plain run
         n = letters[s]["after_chars"]
         assert n > 2000
@@ -222,7 +222,7 @@ def test_model_check_decides_by_spectral_radius_past_any_finite_run(default_engi
     # a letter below 1 converges however long it repeats: it scores
     calm = min(radius, key=radius.get)
     assert calm not in letters and radius[calm] < 1
-    assert np.isfinite(default_engine.score(calm * 100_000).bits)
+    assert np.isfinite(unconstrained_engine.score(calm * 100_000).bits)
     # the pairs' radii: rho(W[y] W[x]) for a few
     for x in r["pairs"][:3] + r["pairs"][-3:]:
         a, b = A8.id(x["pair"][0]), A8.id(x["pair"][1])
@@ -233,15 +233,15 @@ def test_model_check_decides_by_spectral_radius_past_any_finite_run(default_engi
 
 
 @pytest.mark.parametrize("path", ["composed", "chunked"])
-def test_the_repeat_count_in_the_message_covers_the_whole_run(default_engine, path):
+def test_the_repeat_count_in_the_message_covers_the_whole_run(unconstrained_engine, path):
     """Issue #19: 26,808 h's were reported as 2,232 and a 1M-character 'a' body as 40."""
     text = "the " + "h" * 30_000
     with pytest.raises(StateDivergedError) as e:
-        default_engine.score(text, path=path)
+        unconstrained_engine.score(text, path=path)
     t = e.value.offset
     assert f"after {t - 3} characters repeating 'h'" in str(e.value)
     with pytest.raises(StateDivergedError) as e:
-        default_engine.score("a" * 1_000_000, path=path)
+        unconstrained_engine.score("a" * 1_000_000, path=path)
     assert "after 2088 characters repeating 'a'" in str(e.value)
 
 
@@ -252,11 +252,11 @@ def isan(*args, input=None):
 
 
 def test_cli_exit_2_and_no_nan(tmp_path):
-    r = isan("score", "--json", "-", input="z" * 200 + "\n")
+    r = isan("score", "--json", "--model", UNCONSTRAINED, "-", input="z" * 200 + "\n")
     assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
     assert r.stderr.startswith("Error: ") and "offset 14" in r.stderr and "'z'" in r.stderr
     assert r.stderr.count("\n") == 1 and "Warning" not in r.stderr
-    r = isan("score", "--path", "reference", "-", input="z" * 200)
+    r = isan("score", "--path", "reference", "--model", UNCONSTRAINED, "-", input="z" * 200)
     assert r.returncode == 2 and "offset 14" in r.stderr
     b = write_bundle(tmp_path / "div", diverging_params().as_dict(), A8)
     r = isan("model", "check", "--model", b, "--json", "--max-chars", 300)
@@ -266,7 +266,7 @@ def test_cli_exit_2_and_no_nan(tmp_path):
     assert "letters (1): 'z'" in out and "above 1: 1 of 27 letters" in out and "certificate: none" in out
 
 
-def test_server_answers_422_and_never_nan(default_engine):
+def test_server_answers_422_and_never_nan(unconstrained_engine):
     pytest.importorskip("fastapi")
     pytest.importorskip("httpx")
     import warnings
@@ -276,7 +276,7 @@ def test_server_answers_422_and_never_nan(default_engine):
         from fastapi.testclient import TestClient
     from isan.engine.serve import create_app
 
-    client = TestClient(create_app(default_engine))
+    client = TestClient(create_app(unconstrained_engine))
     r = client.post("/v1/score", json={"text": "z" * 200})
     assert r.status_code == 422 and r.json()["offset"] == 14 and "diverges" in r.json()["error"]
     r = client.post("/v1/score", json={"text": "The cat.\n", "per_char": True})

@@ -39,7 +39,7 @@ def test_lm_eval_local_completions(default_engine, tmp_path):
            "OPENAI_API_KEY": "none"}
     with running(app) as addr:
         cmd = [sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args",
-               f"model=text8-d216,base_url=http://{addr}/v1/completions,max_length=1000000",
+               f"model=text8-d216-stable,base_url=http://{addr}/v1/completions,max_length=1000000",
                "--include_path", str(tasks), "--tasks", "isan_shakespeare_lastword,isan_shakespeare_rolling",
                "--limit", str(LIMIT), "--output_path", str(tmp_path / "out"), "--log_samples"]
         run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)

@@ -148,14 +148,15 @@ def test_run_streams_pairs_equal_twin(isa, model, default_engine, test_ids, spli
     assert np.abs(e).max() <= 1e-5 * np.abs(H1[:P, : model.d]).max(axis=1).max() * 2
 
 
-def test_run_streams_reports_divergence(isa, model, default_engine):
-    a = default_engine.alphabet
+def test_run_streams_reports_divergence(isa, unconstrained_engine):
+    model = StreamModel.from_params(unconstrained_engine.params32)  # a model whose states can diverge
+    a = unconstrained_engine.alphabet
     text = "the cat sat " + "z" * 60 + " on the mat"
     ids = a.encode(text).astype(np.int32)
     n = len(ids)
     start, length = np.array([0], dtype=np.int64), np.array([n], dtype=np.int64)
     for runner in (run_streams, run_streams_ref):
-        H = model.rows(default_engine.params.h0[None])
+        H = model.rows(unconstrained_engine.params.h0[None])
         r = runner(model, ids, start, length, H, np.zeros(n))
         t = int(r.diverged[0])
         assert 12 < t < 12 + 60, t  # inside the run of z
@@ -194,13 +195,13 @@ def test_seq_composed_float16_twin(isa, default_engine, test_ids):
     np.testing.assert_allclose(h1, h2, atol=1e-4, rtol=1e-5)
 
 
-def test_seq_composed_stops_at_divergence(default_engine):
-    cp, t = default_engine._composed, default_engine.table
-    ids = default_engine.encode("the cat " + "z" * 80).astype(np.int32)
+def test_seq_composed_stops_at_divergence(unconstrained_engine):
+    cp, t = unconstrained_engine._composed, unconstrained_engine.table
+    ids = unconstrained_engine.encode("the cat " + "z" * 80).astype(np.int32)
     _, _, entries = cp.segment(ids.astype(np.int64))
     for fn in (seq_composed, seq_composed_ref):
         bits, h, bad = fn(np.asarray(t.Ac), np.asarray(t.R), t.offsets, t.lengths, entries, ids,
-                          default_engine.params32.h0)
+                          unconstrained_engine.params32.h0)
         assert 0 <= bad < len(entries)
         assert not np.abs(h).max() <= MAX_STATE_ABS
 
@@ -255,7 +256,8 @@ def test_chunked_numpy_twin(model, default_engine, test_ids, ref_bits):
     np.testing.assert_allclose(bits[0], ref_bits[0][:6000], atol=BITS_TOL, rtol=0)
 
 
-def test_chunked_text_that_does_not_forget(model, default_engine, text8_test):
+def test_chunked_text_that_does_not_forget(unconstrained_engine, text8_test):
+    model = StreamModel.from_params(unconstrained_engine.params32)  # a model whose states can diverge
     """Long runs of 'h' keep the state bounded but never forget its start: corrections do not die
     out there, those chunks fall back to sequential float64 scoring, and the result is no worse
     than one sequential float32 pass.
@@ -263,10 +265,10 @@ def test_chunked_text_that_does_not_forget(model, default_engine, text8_test):
     On such text float32 rounding errors do not die out either: one sequential float32 pass
     (chunks=[1]) differs from the float64 reference by about 4e-4 bits per character after 6,000
     'h'. So the bound here is that of the sequential float32 pass (plus 1e-4 bits), not 1e-4."""
-    a = default_engine.alphabet
+    a = unconstrained_engine.alphabet
     text = text8_test[:3000] + "h" * 6000 + text8_test[3000:6000] + "h" * 3000 + text8_test[6000:8000]
     ids = a.encode(text).astype(np.int32)
-    p = default_engine.params
+    p = unconstrained_engine.params
     ref, href = score_ref(p, ids.astype(np.int64), p.h0)
     seq, _, _, _ = score_texts_chunked(model, [ids], p.h0[None], chunks=[1])
     seq_err = np.abs(seq[0] - ref).max()
@@ -279,11 +281,12 @@ def test_chunked_text_that_does_not_forget(model, default_engine, text8_test):
     np.testing.assert_allclose(finals[0], href, rtol=0, atol=1e-4 * np.abs(href).max())
 
 
-def test_chunked_divergence_names_the_offset(model, default_engine, text8_test):
-    a = default_engine.alphabet
+def test_chunked_divergence_names_the_offset(unconstrained_engine, text8_test):
+    model = StreamModel.from_params(unconstrained_engine.params32)  # a model whose states can diverge
+    a = unconstrained_engine.alphabet
     text = text8_test[:5000] + "z" * 200 + text8_test[5000:9000]
     ids = a.encode(text).astype(np.int32)
-    bits, finals, rep, div = score_texts_chunked(model, [ids], default_engine.params.h0[None], chunks=[8], threads=2)
+    bits, finals, rep, div = score_texts_chunked(model, [ids], unconstrained_engine.params.h0[None], chunks=[8], threads=2)
     assert len(div) == 1
     i, chunk_offset, h_start, t = div[0]
     assert i == 0 and 5000 <= chunk_offset + t <= 5000 + 40
@@ -346,12 +349,12 @@ def test_engine_long_text_goes_chunked_and_equals_reference(default_engine, text
     assert batch[0].scoring["path"] == "chunked"
 
 
-def test_engine_long_text_divergence_names_the_input_offset(default_engine, text8_test):
+def test_engine_long_text_divergence_names_the_input_offset(unconstrained_engine, text8_test):
     from isan.errors import StateDivergedError
 
     text = text8_test[:30_000] + "Zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz" + text8_test[30_000:40_000]
     with pytest.raises(StateDivergedError) as e:
-        default_engine.score(text)
+        unconstrained_engine.score(text)
     assert 30_000 < e.value.offset < 30_030 and "'z'" in str(e.value)
     assert "chunked" in str(e.value)
 

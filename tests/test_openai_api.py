@@ -18,7 +18,7 @@ from isan.engine.serve.completions import EOT  # noqa: E402
 from server_helpers import running  # noqa: E402
 
 LN2 = math.log(2)
-NAME = "text8-d216"
+NAME = "text8-d216-stable"
 REL = 1e-6
 
 
@@ -164,7 +164,7 @@ def test_errors_have_openai_shape(server):
         assert set(e) == {"message", "type", "param", "code"} and e["code"] == status and e["message"]
         return e
 
-    assert "text8-d216" in err(c.post("/v1/completions", json={"model": "gpt-4", "prompt": "x"}), 404)["message"]
+    assert "text8-d216-stable" in err(c.post("/v1/completions", json={"model": "gpt-4", "prompt": "x"}), 404)["message"]
     assert err(c.post("/v1/completions", json={"prompt": [1, V, 2]}), 422)["param"] == "prompt"
     assert err(c.post("/v1/completions", json={"prompt": [V + 1]}), 400)["param"] == "prompt"
     err(c.post("/v1/completions", json={"prompt": "x", "logprobs": V + 1}), 400)

@@ -27,9 +27,9 @@ PAREN_CKPT = "results/paper/models/parentheses"
 
 def _load(model):
     from isan.engine.bundle import load_isan_bundle
-    from isan.engine.core import default_model_path
+    from isan.engine.core import paper_model_path
 
-    path = default_model_path() if model is None else Path(model)
+    path = paper_model_path() if model is None else Path(model)
     manifest, p, alphabet = load_isan_bundle(path)
     return manifest, p, tuple(alphabet.symbols), path
 
@@ -55,7 +55,7 @@ def _write(out, name, result, quiet=False):
 
 
 def common(fn):
-    fn = click.option("--model", default=None, help="ISAN bundle directory (default: the shipped text8 model).")(fn)
+    fn = click.option("--model", default=None, help="ISAN bundle directory (default: the paper's model, isan/models/text8-d216-unconstrained).")(fn)
     fn = click.option("--out", default=DEFAULT_OUT, show_default=True, type=click.Path(file_okay=False),
                       help="Folder for the figure and the JSON of its numbers.")(fn)
     return fn
@@ -273,7 +273,7 @@ def parentheses_cmd(checkpoint, out, chars, seed):
 @click.option("--text", default=None, help="The text (default: the first --max-chars of the test split).")
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True)
 @click.option("--max-chars", type=int, default=2000, show_default=True)
-@click.option("--model", default=None, help="ISAN bundle directory (default: the shipped text8 model).")
+@click.option("--model", default=None, help="ISAN bundle directory (default: the paper's model, isan/models/text8-d216-unconstrained).")
 @click.option("--target", type=click.Choice(["logit", "logprob", "logit_diff"]), default="logprob", show_default=True,
               help="The scalar attributed at each position.")
 @click.option("--char", "char", default="next", show_default=True,
