@@ -322,3 +322,28 @@ def test_a_certified_model_scores_chunk_parallel_without_the_float64_fallback(tm
     assert np.max(np.abs(r.per_char_bits - ref.per_char_bits)) < 1e-4
     m = eng.check_divergence(max_chars=200)
     assert m["certificate"]["holds"] and m["letters"] == [] and m["pairs"] == []
+
+
+def test_the_default_model_scores_every_text(default_engine):
+    """Issue #20: no text, however made, makes the default model's state diverge. The certificate
+    proves it (recomputed here from the bundle); the texts that broke the first default model score."""
+    eng = default_engine
+    c = eng.certificate()
+    assert c is not None and c["holds"] and c["rho"] < 1 and np.isfinite(c["state_bound"])
+    rng = np.random.default_rng(0)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    junk = ["".join(rng.choice(letters, 1_000_000)),  # 1M uniformly random letters
+            "".join(rng.choice(np.append(letters, " "), 200_000)),
+            "he said " + "z" * 20 + " and slept", "abcdefghijklmnopqrstuvwxyz " * 40]
+    for text in junk:
+        r = eng.score(text)
+        assert np.isfinite(r.bits) and r.scoring.get("fallback_chunks", 0) == 0
+    # every letter, and pairs (all of them are decided exactly by model check below), repeated for
+    # 10,000 characters, in one batch through the kernels
+    pairs = [a + b for a in letters for b in letters if a != b]
+    units = list(letters) + [pairs[i] for i in rng.choice(len(pairs), 40, replace=False)]
+    for r in eng.score_batch([(u * (10_000 // len(u)))[:10_000] for u in units]):
+        assert np.isfinite(r.bits)
+    m = eng.check_divergence(max_chars=200)
+    assert m["letters"] == [] and m["pairs"] == [] and not m["adversarial"]["diverged"]
+    assert m["adversarial"]["max_abs_h"] <= c["state_bound"]

@@ -100,10 +100,10 @@ def test_scheduler_without_batching_uses_the_engines_path(default_engine, text8_
     assert job.total == pytest.approx(default_engine.score(text).bits, rel=1e-7)
 
 
-def test_a_diverging_job_fails_alone(default_engine, text8_valid_head):
-    """'z' repeated drives the shipped model's state out of range: that job gets a
+def test_a_diverging_job_fails_alone(unconstrained_engine, text8_valid_head):
+    """'z' repeated drives the unconstrained model's state out of range: that job gets a
     StateDivergedError naming the offset in its own input, the others of the batch are scored."""
-    eng = default_engine
+    eng = unconstrained_engine
     sched = Scheduler(eng, round_chars=100_000, threads=1)
     good = [text8_valid_head[i * 500 : (i + 1) * 500] for i in range(5)]
     bad = "the zebra " + "z" * 200

@@ -253,6 +253,8 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
     _check_job(out, cfg)
     shards = out / "shards"
     shards.mkdir(exist_ok=True)
+    for leftover in shards.glob(".*.tmp"):  # a killed run's unfinished writes (never read)
+        leftover.unlink(missing_ok=True)
     bar = Progress(progress, _estimate_chars(paths), len(paths))
     try:
         if runner == "local":

@@ -78,8 +78,9 @@ def run_ray(paths: list[str], cfg, out: Path, address: str | None, actors: int |
     started_here = not ray.is_initialized()
     if started_here:
         env = {k: os.environ[k] for k in ("PYTHONPATH", "ISAN_CACHE_DIR") if os.environ.get(k)}
-        ray.init(address=address, runtime_env={"env_vars": env} if env else None, log_to_driver=False,
-                 logging_level=logging.WARNING, configure_logging=True)
+        # no address: start a private local cluster ("local"; never attach to whatever runs here)
+        ray.init(address=address or "local", runtime_env={"env_vars": env} if env else None, log_to_driver=False,
+                 logging_level=logging.WARNING, configure_logging=True, include_dashboard=False if not address else None)
     try:
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = False

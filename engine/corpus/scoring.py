@@ -96,6 +96,7 @@ class DocScorer:
 
     def score(self, docs: list[Doc]) -> list[dict]:
         t0 = time.perf_counter()
+        docs = list(docs)
         rows: list[dict | None] = [None] * len(docs)
         short: list[tuple[int, object]] = []  # (position, Prepared)
         o = self.opt
@@ -103,6 +104,13 @@ class DocScorer:
             if doc.error is not None:
                 rows[k] = _row(doc)
                 continue
+            if doc.text is None and doc.blocks is not None and 0 <= doc.chars <= 4 * o.row_max_chars:
+                # a small file: read it whole, so that it scores as the same text from any format
+                try:
+                    doc = docs[k] = Doc(doc.index, doc.id, "".join(doc.blocks()), chars=doc.chars)
+                except (IsanError, OSError) as e:
+                    rows[k] = _row(doc, _message(e))
+                    continue
             if doc.text is None or len(doc.text) > 2 * o.row_max_chars + 16:
                 rows[k] = self._score_long(doc)
                 continue

@@ -1,0 +1,263 @@
+"""`isan corpus score` with the local runner (the Ray runner: tests/test_corpus_ray.py): formats,
+bits equal to the engine's, bad input recorded and never fatal, resumption after a kill, the CLI,
+and the datatrove block under datatrove's local executor."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+from isan.corpus import read_output, score_corpus  # noqa: E402
+from isan.engine.corpus.job import load_corpus_engine  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+WIKI = REPO.parent / "shared" / "data" / "wikitext2"
+
+
+def docs_from(text: str, n: int, seed: int = 0, lo: int = 50, hi: int = 3000) -> list[str]:
+    """n documents of realistic, varied lengths cut from real text."""
+    rng = np.random.default_rng(seed)
+    out, pos = [], 0
+    for _ in range(n):
+        k = int(rng.integers(lo, hi))
+        if pos + k > len(text):
+            pos = 0
+        out.append(text[pos : pos + k])
+        pos += k
+    return out
+
+
+@pytest.fixture(scope="module")
+def text() -> str:
+    if not SHAKESPEARE.is_file():
+        pytest.skip(f"needs {SHAKESPEARE}")
+    return SHAKESPEARE.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return load_corpus_engine(None)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, text):
+    """A small corpus in every format: JSONL, .jsonl.gz, .jsonl.zst (where zstandard is there),
+    Parquet, text files (one document a file) and a text file read one document a line."""
+    d = tmp_path_factory.mktemp("corpus")
+    docs = docs_from(text, 240, seed=1)
+    with open(d / "a.jsonl", "w") as f:
+        for i, t in enumerate(docs[:80]):
+            f.write(json.dumps({"id": f"a-{i}", "text": t}) + "\n")
+    with gzip.open(d / "b.jsonl.gz", "wt") as f:
+        for i, t in enumerate(docs[80:120]):
+            f.write(json.dumps({"id": i, "text": t, "meta": {"x": 1}}) + "\n")
+    pq.write_table(pa.table({"id": [f"p{i}" for i in range(80)], "text": docs[120:200]}), d / "c.parquet")
+    try:
+        import zstandard
+
+        with open(d / "e.jsonl.zst", "wb") as raw:
+            with zstandard.ZstdCompressor().stream_writer(raw) as f:
+                for i, t in enumerate(docs[200:220]):
+                    f.write((json.dumps({"text": t}) + "\n").encode())
+    except ImportError:
+        pass
+    (d / "texts").mkdir()
+    for i, t in enumerate(docs[220:230]):
+        (d / "texts" / f"t{i}.txt").write_text(t)
+    (d / "lines.txt").write_text("\n".join(t.replace("\n", " ") for t in docs[230:240]) + "\n\n")
+    return d
+
+
+def expected_bits(engine, texts: list[str]) -> list[float]:
+    """Each document scored alone on the engine's batched kernel (no batch around it)."""
+    return [engine.score_batch([t], group="symbol")[0].bits for t in texts]
+
+
+def test_formats_and_bits_equal_the_engine(corpus, tmp_path, engine):
+    out = tmp_path / "out"
+    s = score_corpus([str(corpus / "*.jsonl*"), str(corpus / "c.parquet"), str(corpus / "texts")], out,
+                     progress=False, part_docs=25, batch_chars=20_000)
+    t = read_output(out).to_pandas()
+    assert s["errors"] == 0 and not s["file_errors"]
+    assert s["documents"] == len(t) == 80 + 40 + 80 + 10 + (20 if (corpus / "e.jsonl.zst").exists() else 0)
+    assert set(t["source"]) >= {str(corpus / "a.jsonl"), str(corpus / "b.jsonl.gz"), str(corpus / "c.parquet")}
+    texts = {}
+    for line in open(corpus / "a.jsonl"):
+        o = json.loads(line)
+        texts[o["id"]] = o["text"]
+    for i, p in enumerate(pq.read_table(corpus / "c.parquet").to_pylist()):
+        texts[p["id"]] = p["text"]
+    for f in sorted((corpus / "texts").iterdir()):
+        texts[str(f)] = f.read_text()
+    sub = t[t["id"].isin(list(texts))]
+    assert len(sub) == 80 + 80 + 10
+    want = expected_bits(engine, [texts[i] for i in sub["id"]])
+    np.testing.assert_allclose(sub["bits"].to_numpy(), want, rtol=1e-9, atol=0)
+    # Engine.score: on the chunk-parallel path a document under 2,048 characters is that same single
+    # row (equal to 1e-9); the default path (table jumps, float32) agrees within float32 rounding
+    for i, bits in list(zip(sub["id"], sub["bits"]))[:40]:
+        r = engine.score(texts[i], path="chunked")
+        if len(texts[i]) < 2048:
+            assert bits == pytest.approx(r.bits, rel=1e-9, abs=0)
+        assert bits == pytest.approx(engine.with_path("reference").score(texts[i]).bits, rel=1e-6)
+    row = sub.iloc[0]
+    r = engine.score(texts[row["id"]])
+    assert row["chars_read"] == r.normalization["chars_read"] and row["chars_scored"] == r.chars
+    assert row["changed"] == r.normalization["changed"] and row["dropped"] == r.normalization["dropped"]
+    assert row["bpc"] == pytest.approx(row["bits"] / row["chars_scored"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["model"]["params_sha256"] == engine.params_sha256
+    assert summary["bits"] == pytest.approx(float(t["bits"].sum()), rel=1e-12)
+    assert summary["this_run"]["chars_per_s"] > 0
+
+
+def test_per_line_text_and_per_char_bits(corpus, tmp_path, engine):
+    out = tmp_path / "out"
+    score_corpus([str(corpus / "lines.txt")], out, fmt="text", per_line=True, per_char_max=1500, progress=False)
+    t = read_output(out).to_pandas()
+    lines = [x for x in (corpus / "lines.txt").read_text().split("\n") if x.strip()]
+    assert len(t) == len(lines) == 10
+    for line, (_, row) in zip(lines, t.iterrows()):
+        r = engine.score_batch([line], group="symbol", per_char=True)[0]
+        assert row["bits"] == r.bits
+        if r.chars <= 1500:
+            np.testing.assert_array_equal(np.asarray(row["per_char_bits"]), r.per_char_bits)
+        else:
+            assert row["per_char_bits"] is None
+
+
+def test_bad_input_is_recorded_and_the_job_goes_on(tmp_path, text, engine):
+    d = tmp_path / "in"
+    d.mkdir()
+    good = docs_from(text, 5, seed=3)
+    with open(d / "1-mixed.jsonl", "wb") as f:
+        f.write(json.dumps({"id": "ok0", "text": good[0]}).encode() + b"\n")
+        f.write(b'{"id": "latin1", "text": "caf\xe9"}\n')                # not UTF-8
+        f.write(json.dumps({"id": "nofield", "body": "x"}).encode() + b"\n")  # no text field
+        f.write(json.dumps({"id": "empty", "text": ""}).encode() + b"\n")     # empty
+        f.write(json.dumps({"id": "punct", "text": "!!! ..."}).encode() + b"\n")  # empty after normalisation
+        f.write(b"{not json\n")
+        f.write(json.dumps({"id": "num", "text": 12}).encode() + b"\n")
+        f.write(json.dumps({"id": "ok1", "text": good[1]}).encode() + b"\n")
+    (d / "2-bad.parquet").write_bytes(b"PAR1 this is not parquet at all")
+    raw = gzip.compress(b"".join(json.dumps({"id": f"g{i}", "text": t}).encode() + b"\n" for i, t in enumerate(good)))
+    (d / "3-truncated.jsonl.gz").write_bytes(raw[: len(raw) * 2 // 3])
+    (d / "4-notutf8.txt").write_bytes(b"fine text then \xff\xfe bytes")
+    (d / "5-big.txt").write_text("." * 100_000_000)  # a 100 MB document (it normalises to one space)
+    (d / "6-after.jsonl").write_text(json.dumps({"id": "last", "text": good[2]}) + "\n")
+    missing = str(tmp_path / "nope.jsonl")
+    out = tmp_path / "out"
+    s = score_corpus([str(d), missing], out, progress=False)
+    t = read_output(out).to_pandas().set_index("id", drop=False)
+    err = {r["id"]: r["error"] for _, r in t.iterrows() if r["error"]}
+    assert "not UTF-8" in err["latin1"]
+    assert "no field 'text'" in err["nofield"] and "--text-field" in err["nofield"]
+    assert "empty" in err["empty"] and "empty after normalisation" in err["punct"]
+    assert "not a string" in err["num"]
+    assert any("is not JSON" in e for e in err.values())
+    assert "not UTF-8" in err[str(d / "4-notutf8.txt")]
+    assert t.loc["ok0", "bits"] == expected_bits(engine, [good[0]])[0]
+    assert t.loc["ok1", "error"] is None and t.loc["last", "error"] is None
+    big = t.loc[str(d / "5-big.txt")]
+    assert big["error"] is None and big["chars_read"] == 100_000_000 and big["chars_scored"] == 1
+    files = {fe["path"]: fe["error"] for fe in s["file_errors"]}
+    assert "not a readable Parquet file" in files[str(d / "2-bad.parquet")]
+    assert "damaged or truncated" in files[str(d / "3-truncated.jsonl.gz")]
+    assert "no such file" in files[missing]
+    # the truncated file's documents before the damage are kept
+    assert any(str(i).startswith("g") for i in t["id"] if i)
+    assert s["errors"] == len(err)
+
+
+def _run_job_cmd(inputs, out, extra=()):
+    return [sys.executable, "-m", "isan.cli", "corpus", "score", *inputs, "--out", str(out), "--no-progress",
+            "--part-docs", "15", "--batch-chars", "8000", *extra]
+
+
+def test_killed_and_rerun_gives_the_same_output(tmp_path, text):
+    d = tmp_path / "in"
+    d.mkdir()
+    for k in range(3):
+        with open(d / f"f{k}.jsonl", "w") as f:
+            for i, t in enumerate(docs_from(text, 60, seed=10 + k)):
+                f.write(json.dumps({"id": f"{k}-{i}", "text": t}) + "\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    ref = tmp_path / "ref"
+    subprocess.run(_run_job_cmd([str(d)], ref), env=env, check=True, capture_output=True, timeout=300)
+    out = tmp_path / "out"
+    kills = 0
+    for delay_parts in (2, 5):  # kill after some parts exist, twice, then finish
+        p = subprocess.Popen(_run_job_cmd([str(d)], out), env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+        t0 = time.time()
+        while p.poll() is None and time.time() - t0 < 120:
+            if len(list((out / "shards").glob("*.part-*.parquet"))) >= delay_parts:
+                break
+            time.sleep(0.02)
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            kills += 1
+        p.wait(timeout=30)
+    r = subprocess.run(_run_job_cmd([str(d)], out, ["--json"]), env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert kills >= 1
+    a, b = read_output(ref), read_output(out)
+    assert a.equals(b)
+    names = sorted(p.name for p in (ref / "shards").iterdir())
+    assert names == sorted(p.name for p in (out / "shards").iterdir())  # no temporary file left behind
+    for n in names:
+        if n.endswith(".parquet"):
+            assert (ref / "shards" / n).read_bytes() == (out / "shards" / n).read_bytes()
+    s = json.loads(r.stdout)
+    assert s["documents"] == 180 and s["bits"] == pytest.approx(json.loads((ref / "summary.json").read_text())["bits"], rel=1e-12)
+
+
+def test_another_job_in_the_same_directory_is_refused(tmp_path, corpus):
+    out = tmp_path / "out"
+    score_corpus([str(corpus / "texts")], out, progress=False)
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    r = subprocess.run([sys.executable, "-m", "isan.cli", "corpus", "score", str(corpus / "texts"), "--out", str(out),
+                        "--normalize", "none", "--no-progress"], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "another job" in r.stderr and "normalize" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "isan.cli", "corpus", "score", str(corpus / "texts"), "--out", str(out),
+                        "--no-progress"], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "10 files were complete already" in r.stdout
+
+
+def test_datatrove_block(tmp_path, corpus, engine):
+    pytest.importorskip("datatrove")
+    from datatrove.executor import LocalPipelineExecutor
+    from datatrove.pipeline.readers import JsonlReader
+    from datatrove.pipeline.writers import JsonlWriter
+
+    from isan.engine.corpus.datatrove import IsanScoreFilter
+
+    texts = {json.loads(x)["id"]: json.loads(x)["text"] for x in open(corpus / "a.jsonl")}
+    want = dict(zip(texts, expected_bits(engine, list(texts.values()))))
+    bpcs = sorted(b / engine.score(t).chars for b, t in zip(want.values(), texts.values()))
+    cut = bpcs[len(bpcs) // 2]
+    LocalPipelineExecutor(pipeline=[JsonlReader(str(corpus), glob_pattern="a.jsonl"),
+                                    IsanScoreFilter(max_bpc=cut, batch_size=32),
+                                    JsonlWriter(str(tmp_path / "kept"))],
+                          tasks=1, workers=1, logging_dir=str(tmp_path / "logs")).run()
+    kept = [json.loads(x) for f in (tmp_path / "kept").iterdir() for x in gzip.open(f, "rt")]
+    assert 0 < len(kept) < len(texts)
+    for doc in kept:
+        m = doc["metadata"]
+        assert m["isan_bits"] == pytest.approx(want[doc["id"]], rel=1e-9)
+        assert m["isan_bpc"] <= cut and m["isan_chars"] > 0
+    assert len(kept) == sum(1 for b in bpcs if b <= cut)
