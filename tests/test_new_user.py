@@ -162,3 +162,15 @@ def test_bench_engine_quick_is_quick_and_checks_kenlm_before_counting(tmp_path, 
         assert "peer: KenLM" in r.stdout + r.stderr
     else:  # nothing counted in vain: only the tiny probe was written
         assert arpas == ["probe-order8.arpa"] and "MAX_ORDER=8" in r.stdout + r.stderr
+
+
+def test_train_without_a_progress_bar_logs_each_validation(tmp_path, text8_path):
+    """With --no-progress nothing printed for minutes; now each validation prints a line."""
+    pytest.importorskip("torch")
+    data = tmp_path / "small.txt"
+    data.write_text(text8_path.read_text()[:20_000])
+    r = isan("train", "--out", tmp_path / "run", "--data", data, "--dataset", "text", "--d", "8", "--batch-size", "4",
+             "--bptt", "16", "--max-steps", "20", "--eval-every", "0.05", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if "valid bpc" in ln]
+    assert len(lines) >= 2 and "characters seen" in lines[0]

@@ -477,7 +477,8 @@ class Trainer:
                    f"valid_{m}": round(bpc, 5 if m == "bpc" else 8),
                    f"best_valid_{m}": None if p.best_valid_bpc is None else round(p.best_valid_bpc, 5 if m == "bpc" else 8),
                    **(extra or {}), "lr": p.lr, "improved": improved})
-        log.info("valid %s %.4g (best %s) at epoch %.2f", m, bpc, p.best_valid_bpc, epoch_f)
+        log.info("epoch %.2f, %s characters seen: valid %s %.4f (best %.4f)", epoch_f, f"{p.chars_seen:,}", m, bpc,
+                 bpc if p.best_valid_bpc is None else p.best_valid_bpc)
         if p.bad_evals >= cfg.patience:
             p.done, p.stop_reason = True, f"early stop: no improvement in {cfg.patience} evaluations"
 

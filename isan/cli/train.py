@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import click
 
@@ -105,6 +106,8 @@ def train(model, out_dir, data, dataset, params, d, batch_size, bptt, lr, lr_dec
 
         dist = init_from_env(device)
     try:
+        if not progress:  # no bar: a line per validation instead, so a log shows the run is alive
+            logging.getLogger("isan.train").setLevel(logging.INFO)
         tr = Trainer(cfg, out_dir, progress_bar=progress, overrides=overrides, dist=dist)
         verb = "resuming" if tr.resumed else "training"
         if tr.main:
