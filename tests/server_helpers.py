@@ -62,3 +62,18 @@ class SlowEngine:
     def score(self, *args, **kwargs):
         self._wait()
         return self._engine.score(*args, **kwargs)
+
+
+def raw_http(addr: str, data: bytes, wait: float = 10.0) -> bytes:
+    """Send raw bytes to a server and read everything it answers until it closes or ``wait`` passes."""
+    host, port = addr.split(":")
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(data)
+        s.settimeout(wait)
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except (socket.timeout, ConnectionResetError):
+            pass
+    return out

@@ -16,7 +16,7 @@ from websockets.sync.client import connect  # noqa: E402
 from isan.engine import Engine  # noqa: E402
 from isan.engine.serve import ServeConfig, create_app  # noqa: E402
 from isan.engine.serve.service import ModelInfo  # noqa: E402
-from server_helpers import running  # noqa: E402
+from server_helpers import raw_http, running  # noqa: E402
 
 KEY = "s3cret-key-for-tests"
 
@@ -293,17 +293,7 @@ def test_a_failed_load_is_reported(small_bundle):
 
 
 def _raw(addr: str, data: bytes, wait: float = 10.0) -> str:
-    host, port = addr.split(":")
-    with socket.create_connection((host, int(port))) as s:
-        s.sendall(data)
-        s.settimeout(wait)
-        out = b""
-        try:
-            while chunk := s.recv(65536):
-                out += chunk
-        except socket.timeout:
-            pass
-    return out.decode("latin-1")
+    return raw_http(addr, data, wait).decode("latin-1")
 
 
 def test_connection_limits(small_bundle):

@@ -21,7 +21,7 @@ from isan.engine import Engine  # noqa: E402
 from isan.engine.core import State  # noqa: E402
 from isan.engine.serve import ServeConfig, create_app  # noqa: E402
 from isan.engine.serve.snapshot import encode_state  # noqa: E402
-from server_helpers import free_port, running  # noqa: E402
+from server_helpers import free_port, raw_http, running  # noqa: E402
 
 SECRET = b"s" * 32
 
@@ -45,20 +45,6 @@ def small(small_bundle):
 
 def post(url, path, body, **kw):
     return httpx.post(url + path, json=body, timeout=60, **kw)
-
-
-def raw_http(addr: str, data: bytes, wait: float = 10.0) -> bytes:
-    host, port = addr.split(":")
-    with socket.create_connection((host, int(port))) as s:
-        s.sendall(data)
-        s.settimeout(wait)
-        out = b""
-        try:
-            while chunk := s.recv(65536):
-                out += chunk
-        except (socket.timeout, ConnectionResetError):
-            pass
-    return out
 
 
 def split_response(raw: bytes) -> tuple[int, dict, bytes]:
