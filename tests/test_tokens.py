@@ -197,6 +197,19 @@ def test_server_scores_a_byte_bundle(byte_bundle):
                        timeout=30)
         assert r.status_code == 200, r.text
         assert r.json()["text"] == eng.sample("the ", n=20, seed=3).text  # 20 bytes, decoded
+        # the OpenAI-compatible API on a byte model: tokens are bytes, offsets point into the prompt
+        prompt = "the wörld"
+        r = httpx.post(f"http://{addr}/v1/completions", json={"prompt": prompt, "max_tokens": 0, "echo": True,
+                                                               "logprobs": 2}, timeout=30)
+        assert r.status_code == 200, r.text
+        lp = r.json()["choices"][0]["logprobs"]
+        assert len(lp["tokens"]) == len(prompt.encode()) == len(lp["token_logprobs"])
+        bits = -sum(lp["token_logprobs"]) / np.log(2)
+        assert bits == pytest.approx(eng.score(prompt).bits, rel=1e-5)
+        assert all(0 <= o < len(prompt) for o in lp["text_offset"])
+        r = httpx.post(f"http://{addr}/v1/completions", json={"prompt": "the ", "max_tokens": 8, "seed": 1,
+                                                               "logprobs": 1}, timeout=30)
+        assert r.status_code == 200, r.text
 
 
 def test_onnx_backend_on_a_byte_bundle_equals_numpy(byte_bundle, tmp_path):
