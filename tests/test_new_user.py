@@ -174,3 +174,21 @@ def test_train_without_a_progress_bar_logs_each_validation(tmp_path, text8_path)
     assert r.returncode == 0, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if "valid bpc" in ln]
     assert len(lines) >= 2 and "characters seen" in lines[0]
+
+
+def test_a_resumed_run_keeps_its_options_unless_given_again(tmp_path, text8_path):
+    """Resuming with `isan train --out DIR` passed the CLI's defaults (--patience 2) over the saved
+    config: a run set to --patience 1000 stopped early after its resume."""
+    pytest.importorskip("torch")
+    data = tmp_path / "small.txt"
+    data.write_text(text8_path.read_text()[:20_000])
+    common = ["--out", tmp_path / "run", "--data", data, "--dataset", "text", "--d", "8", "--batch-size", "4",
+              "--bptt", "16", "--eval-every", "0.05", "--no-progress"]
+    r = isan("train", *common, "--patience", "1000", "--max-steps", "10")
+    assert r.returncode == 0, r.stderr
+    r = isan("train", "--out", tmp_path / "run", "--max-steps", "40", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
+    resume = [e for e in events if e["event"] == "resume"][-1]
+    assert resume["budget"]["patience"] == 1000 and resume["budget"]["max_steps"] == 40
+    assert json.loads(r.stdout)["stop_reason"] != "early stop: no improvement in 2 evaluations"

@@ -98,8 +98,13 @@ def train(model, out_dir, data, dataset, params, d, batch_size, bptt, lr, lr_dec
                       valid_data=valid_data, stable_rho=stable_rho, stable_basis=stable_basis,
                       stable_exact_every=stable_exact_every, state_dropout=state_dropout, ema=ema,
                       lr_schedule=lr_schedule, lr_min=lr_min)
-    overrides = {"max_epochs": max_epochs, "max_chars": cfg.max_chars, "max_steps": max_steps,
-                 "patience": patience, "threads": threads, "device": device}
+    # on resume the saved config rules, except for the budget options given on this command line
+    # (a default must not override: `--patience` defaulting to 2 ended a resumed run set to 1000)
+    ctx = click.get_current_context()
+    given = {name for name in ("max_epochs", "max_chars", "max_steps", "patience", "threads", "device")
+             if ctx.get_parameter_source(name) not in (click.core.ParameterSource.DEFAULT, None)}
+    overrides = {k: v for k, v in {"max_epochs": max_epochs, "max_chars": cfg.max_chars, "max_steps": max_steps,
+                                   "patience": patience, "threads": threads, "device": device}.items() if k in given}
     dist = None
     if distributed:
         from isan.train.ddp import init_from_env
