@@ -41,7 +41,7 @@ def measure(run_dir: Path) -> dict:
     from safetensors.numpy import load_file
 
     from isan.engine import Engine
-    from isan.engine.data import read_text8_split
+    from isan.data import read_text8_split
     from isan.export import export_checkpoint
     from isan.export.checkpoint import certificate
 
