@@ -11,7 +11,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 ROOTS = {"isan": REPO / "isan", "isan.engine": REPO / "engine", "isan.export": REPO / "export",
          "isan.train": REPO / "train", "isan.trie_tables": REPO / "trie_tables"}
-CLI_COMMANDS = {"score", "train", "export", "model", "bench", "analyze", "studies"}
+CLI_COMMANDS = {"score", "train", "export", "model", "bench", "analyze", "studies", "corpus"}
 
 
 def modules() -> dict[str, Path]:

@@ -68,7 +68,9 @@ def load_corpus_engine(model: str | None):
     """The model a job scores with (chunk-parallel path: no trie table is needed)."""
     from isan.engine.core import Engine, default_model_path
 
-    return Engine.load(model or default_model_path(), path_mode="chunked", progress_bar=False)
+    from isan.engine.corpus.scoring import corpus_engine
+
+    return corpus_engine(Engine.load(model or default_model_path(), path_mode="chunked", progress_bar=False))
 
 
 def _file_error_row(message: str) -> dict:
@@ -229,6 +231,11 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
     """
     if runner not in RUNNERS:
         raise IsanError(f"runner must be local or ray; got {runner!r}")
+    try:
+        import pyarrow  # noqa: F401  (the output is Parquet)
+    except ImportError:
+        raise IsanError("the corpus job writes Parquet with pyarrow: pip install 'isan[corpus]' "
+                        "(or 'isan[ray]' for the Ray runner)") from None
     detect_format("x", fmt)
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [str(inputs)]
@@ -261,7 +268,7 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
             scorer = DocScorer(engine, cfg.options(threads))
             records = [process_file(scorer, cfg, p, shards, on_part=lambda t: bar.update(t["documents"], t["chars_read"]))
                        for p in paths]
-            where = {"runner": "local", "threads": threads or scorer.engine.threads}
+            where = {"runner": "local", "threads": scorer.threads}
         else:
             from isan.engine.corpus.ray_runner import run_ray
 

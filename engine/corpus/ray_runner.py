@@ -1,8 +1,7 @@
 """The Ray runner: the corpus job's input files as a Ray Dataset, scored by actors, one engine each.
 
-``ray.data.from_items`` lists the input files that are not complete yet; ``map_batches`` hands
-them, one file a batch, to a pool of :class:`FileScorer` actors (``concurrency`` actors of
-``num_cpus`` CPUs each); each actor loads the model once and runs the same
+``ray.data.from_items`` lists the input files; ``map_batches`` hands them, one file a batch, to a
+pool of :class:`FileScorer` actors (``ActorPoolStrategy(size=n)``, ``num_cpus`` CPUs each); each actor loads the model once and runs the same
 :func:`isan.engine.corpus.job.process_file` as the local runner, so the two write the same files
 (atomically, resumable). Actors read the inputs and write the output themselves: on a real cluster
 both must be reachable from every node under the same path (a shared file system, or fsspec URLs
@@ -79,9 +78,18 @@ def run_ray(paths: list[str], cfg, out: Path, address: str | None, actors: int |
     if started_here:
         env = {k: os.environ[k] for k in ("PYTHONPATH", "ISAN_CACHE_DIR") if os.environ.get(k)}
         # no address: start a private local cluster ("local"; never attach to whatever runs here)
-        ray.init(address=address or "local", runtime_env={"env_vars": env} if env else None, log_to_driver=False,
-                 logging_level=logging.WARNING, configure_logging=True, include_dashboard=False if not address else None)
+        try:
+            ray.init(address=address or "local", runtime_env={"env_vars": env} if env else None, log_to_driver=False,
+                     logging_level=logging.WARNING, configure_logging=True,
+                     include_dashboard=False if not address else None)
+        except (ConnectionError, TimeoutError, ValueError, RuntimeError) as e:
+            from isan.errors import IsanError
+
+            where = f"the Ray cluster at {address}" if address else "a local Ray cluster"
+            raise IsanError(f"cannot connect to {where} ({str(e).splitlines()[0][:200]}); start one with "
+                            "`ray start --head` and give its address (HOST:6379, or ray://HOST:10001)") from None
     try:
+        logging.getLogger("ray.data").setLevel(logging.WARNING)  # the dataset's plan and progress: not for users
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = False
         cpus = float(ray.cluster_resources().get("CPU", 1))
@@ -91,7 +99,8 @@ def run_ray(paths: list[str], cfg, out: Path, address: str | None, actors: int |
         ds = ray.data.from_items([{"path": p} for p in paths], override_num_blocks=max(1, len(paths)))
         scored = ds.map_batches(FileScorer, fn_constructor_kwargs={"cfg": asdict(cfg), "out": str(out),
                                                                    "threads": threads},
-                                batch_size=1, concurrency=n, num_cpus=cpus_per_actor, batch_format="default")
+                                batch_size=1, compute=ray.data.ActorPoolStrategy(size=n), num_cpus=cpus_per_actor,
+                                batch_format="default")
         by_path: dict[str, dict] = {}
         nodes_used = set()
         for row in scored.iter_rows():

@@ -4,9 +4,12 @@ A document's bits are a function of the document alone, whichever runner, batch,
 thread count scored it, so that the local and the Ray runner, and a resumed run, write the same
 numbers to the last bit:
 
-- a document of at most ``row_max_chars`` scored characters is one row of the compiled
-  symbol-grouped kernel (:meth:`Engine.score_batch` with ``group="symbol"``: rows are never cut,
-  and each row's arithmetic does not depend on the other rows);
+- documents of at most ``row_max_chars`` scored characters are scored together, chunk-parallel
+  (:func:`isan.engine.kernels.chunked.score_texts_chunked`, the kernel of :meth:`Engine.score_batch`),
+  each cut into ``max(1, n // CHUNK_CHARS)`` chunks by its own length alone (score_batch plans the
+  cuts over the whole batch, which would make a document's last bits depend on its neighbours); a
+  row's arithmetic does not depend on the other rows, so a document under 2,048 characters is one
+  row and equals ``Engine.score(text, path="chunked")`` exactly;
 - a longer one is scored in blocks of a million characters with the state carried across them
   (:func:`isan.engine.blocks.score_blocks`) on the chunk-parallel path, whose chunk plan is fixed
   by ``LONG_DOC_THREADS`` rather than by the worker's cores.
@@ -36,6 +39,8 @@ ROW_MAX_CHARS = 65_536
 LONG_DOC_THREADS = 2
 #: characters of a block when a long document is scored block by block
 BLOCK_CHARS = 1_000_000
+#: a document of n characters is cut into max(1, n // CHUNK_CHARS) chunks of the chunk-parallel batch
+CHUNK_CHARS = 1024
 #: characters a batch of rows holds (bounds memory: ~40 bytes a character)
 DEFAULT_BATCH_CHARS = 2_000_000
 COUNT_KEYS = ("changed", "dropped", "skipped", "replaced")
@@ -48,6 +53,8 @@ def corpus_engine(engine, threads: int | None = None):
 
     if not isinstance(engine, Engine):
         raise IsanError(f"corpus scoring runs ISAN engines (isan.engine.Engine); got {type(engine).__name__}")
+    if engine.path == "chunked" and engine.threads == LONG_DOC_THREADS:
+        return engine  # already one (keeps what it computed on first use: the certificate, the kernel layout)
     return Engine(engine.input_params, engine.alphabet, engine.manifest, engine.source, engine.table,
                   path="chunked", threads=LONG_DOC_THREADS)
 
@@ -92,6 +99,10 @@ class DocScorer:
         self.opt = options or ScoreOptions()
         if self.opt.batch_chars < 1:
             raise IsanError(f"batch_chars must be at least 1; got {self.opt.batch_chars}")
+        from isan.engine.kernels import default_threads
+
+        #: threads of the batched kernel (results do not depend on them)
+        self.threads = int(self.opt.threads or default_threads())
         self.seconds = 0.0
 
     def score(self, docs: list[Doc]) -> list[dict]:
@@ -143,6 +154,44 @@ class DocScorer:
         self.seconds += time.perf_counter() - t0
         return rows  # type: ignore[return-value]
 
+    def _kernel(self):
+        """The batched kernel's weights and the chunk fallback, built once (as the engine builds its own)."""
+        if getattr(self, "_kern", None) is None:
+            from isan.engine.core import ProvenForgetting
+            from isan.engine.kernels.chunked import MIN_CHUNK, Float64Fallback
+            from isan.engine.kernels.streams import StreamModel
+
+            eng = self.engine
+            bound = eng.forget_bound_chars()
+            fallback = ProvenForgetting(bound) if bound is not None and bound <= MIN_CHUNK else Float64Fallback(eng.params)
+            self._kern = (StreamModel.from_params(eng.params32), fallback)
+        return self._kern
+
+    def _bits(self, ids_list: list) -> list:
+        """Bits of each text, all texts' chunks as rows of one chunk-parallel batch. Each text is cut
+        by its own length alone (``CHUNK_CHARS`` a chunk), so its bits do not depend on the batch.
+        Raises StateDivergedError with ``text_index``."""
+        from isan.engine.guard import raise_diverged
+        from isan.engine.kernels.chunked import score_texts_chunked
+
+        eng = self.engine
+        model, fallback = self._kernel()
+        texts = [np.asarray(x, dtype=np.int32) for x in ids_list]
+        plan = [max(1, len(x) // CHUNK_CHARS) for x in texts]
+        h0 = np.tile(eng.params.h0, (len(texts), 1))
+        bits, _, _, div = score_texts_chunked(model, texts, h0, chunks=plan, threads=self.threads,
+                                              fallback=fallback)
+        if div:
+            i, off, h_start, t = div[0]
+            try:
+                raise_diverged(eng.params.W, eng.params.b, texts[i][off:].astype(np.int64), h_start, "chunked",
+                               detected_at=t, base_offset=off, symbols=eng.alphabet.symbols)
+            except StateDivergedError as e:
+                e.text_index = i
+                raise
+            raise StateDivergedError(f"the model's state diverges in this document (chunk at offset {off})")
+        return bits
+
     def _score_rows(self, docs: list[Doc], batch: list, rows: list) -> None:
         from isan.engine.results import in_input_terms
 
@@ -150,20 +199,15 @@ class DocScorer:
         todo = list(batch)
         while todo:
             try:
-                res = self.engine.score_batch([p.ids for _, p in todo], normalize="none", group="symbol",
-                                              per_char=o.per_char_max > 0, threads=o.threads)
+                res = self._bits([p.ids for _, p in todo])
             except StateDivergedError as e:  # that document is recorded; the others are scored again
                 i = getattr(e, "text_index", None)
-                m = re.match(r"text (\d+) of the batch: ", str(e))
-                if m:  # score_batch names the text in the message (the attribute may not survive)
-                    i = int(m.group(1))
                 if i is None or not 0 <= i < len(todo):
                     for k, _ in todo:
                         rows[k] = _row(docs[k], _message(e))
                     return
                 k, prep = todo.pop(i)
                 msg = str(in_input_terms(e, prep, self.engine.alphabet.symbols))
-                msg = msg.replace(f"text {i} of the batch: ", "", 1)
                 rows[k] = _fill(_row(docs[k], f"StateDivergedError: {msg}"), prep.report, 0, 0.0)
                 rows[k]["bpc"] = None
                 continue
@@ -171,10 +215,10 @@ class DocScorer:
                 for k, _ in todo:
                     rows[k] = _row(docs[k], _message(e))
                 return
-            for (k, prep), r in zip(todo, res):
-                row = _fill(_row(docs[k]), prep.report, r.chars, r.bits)
-                if o.per_char_max and r.chars <= o.per_char_max and r.per_char_bits is not None:
-                    row["per_char_bits"] = np.asarray(r.per_char_bits, dtype=np.float64)
+            for (k, prep), b in zip(todo, res):
+                row = _fill(_row(docs[k]), prep.report, len(b), float(b.sum()))
+                if o.per_char_max and len(b) <= o.per_char_max:
+                    row["per_char_bits"] = np.asarray(b, dtype=np.float64)
                 rows[k] = row
             return
 

@@ -86,7 +86,8 @@ def rows_totals(rows: list[dict]) -> dict:
 
 
 def read_output(out_dir, columns=None):
-    """Every part of a job's output as one pyarrow Table, in input order then document order."""
+    """Every part of a job's output as one pyarrow Table: parts in the order of their names (input
+    key, then part number), documents in file order within a part."""
     from pathlib import Path
 
     import pyarrow as pa

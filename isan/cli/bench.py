@@ -183,3 +183,27 @@ def bench_serve_cmd(model, data, clients, text_chars, duration, streams, chunks,
     if out:
         write_json(result, out)
         click.echo(f"\nwrote {out}")
+
+
+@bench.command("corpus")
+@click.option("--data-dir", default="../shared/data", show_default=True,
+              help="The shared data: wikitext2/, tinyshakespeare/, text8_head/ (text8 beyond offset 10,000,000).")
+@click.option("--mb", type=float, default=50.0, show_default=True, help="Size of the JSONL corpus to make (MB).")
+@click.option("--files", type=int, default=8, show_default=True, help="JSONL files the corpus is cut into.")
+@click.option("--cpus-per-node", type=int, default=1, show_default=True, help="CPUs of each node of the local 2-node Ray cluster.")
+@click.option("--threads", type=int, default=None, help="Kernel threads of the local runner (default: all CPUs).")
+@click.option("--ray/--no-ray", "with_ray", default=True, show_default=True, help="Also run the Ray runner on a local 2-node cluster.")
+@click.option("--kenlm/--no-kenlm", "with_kenlm", default=True, show_default=True, help="Also score the documents with KenLM.")
+@click.option("--out", default=None, help="Also write the results as JSON here.")
+@friendly
+def bench_corpus_cmd(data_dir, mb, files, cpus_per_node, threads, with_ray, with_kenlm, out):
+    """The corpus job: docs/s and chars/s of the local runner, of Ray on a local 2-node cluster, and of KenLM
+    over the same documents (our order-8 n-gram as ARPA, order 6 where KenLM's build stops there), in one run."""
+    from isan.bench.corpus import bench_corpus, markdown, write_json
+
+    result = bench_corpus(data_dir, mb=mb, files=files, cpus_per_node=cpus_per_node, threads=threads, ray=with_ray,
+                          kenlm=with_kenlm, log=lambda m: click.echo(m, err=True))
+    click.echo(markdown(result))
+    if out:
+        write_json(result, out)
+        click.echo(f"\nwrote {out}")

@@ -1,0 +1,279 @@
+"""``isan bench corpus``: the corpus job's speed, local runner vs Ray on a local 2-node cluster vs KenLM.
+
+The corpus is made from the shared data: WikiText-2 (valid, test), Tiny Shakespeare and text8 beyond
+offset 10,000,000 (unseen by the model), cut into documents whose lengths are drawn from a
+log-normal (median about 2,000 characters, clipped to 100-100,000, like web pages), passing over
+the texts again from new random offsets until the corpus holds ``mb`` MB; it is written once as
+JSONL shards into the cache (``$ISAN_CACHE_DIR/bench/corpus-...``). Then, in one process:
+
+1. the local runner (``score_corpus(runner="local")``), all cores of this machine;
+2. the Ray runner on a cluster this benchmark starts here (``ray start --head`` and a second node
+   joined to it, ``cpus_per_node`` CPUs each), checked to write exactly the local runner's files;
+   the cluster is stopped afterwards (its processes killed by process group);
+3. KenLM's Python module scoring the same documents with our order-8 n-gram exported as ARPA
+   (the text8 train split, as ``isan bench engine``), one document a ``Model.score`` call, one thread,
+   after the same normalisation (the time includes normalising and joining the characters as words,
+   not reading the JSON).
+
+docs/s and chars/s count the characters read; Ray's overhead over local is stated as the ratio of times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from isan.bench.engine import machine, write_json  # noqa: F401  (write_json re-exported for the CLI)
+
+
+def _sources(data_dir: Path) -> list[tuple[str, str]]:
+    out = []
+    for name, path in (("wikitext2", data_dir / "wikitext2" / "valid.txt"), ("wikitext2", data_dir / "wikitext2" / "test.txt"),
+                       ("tinyshakespeare", data_dir / "tinyshakespeare" / "input.txt")):
+        if path.is_file():
+            out.append((name, path.read_text(encoding="utf-8")))
+    t8 = data_dir / "text8_head" / "text8_head.txt"
+    if t8.is_file():
+        from isan.data import read_text8_split
+
+        out.append(("text8-unseen", read_text8_split(t8, "unseen")))
+    if not out:
+        from isan.errors import IsanError
+
+        raise IsanError(f"no shared data under {data_dir} (wikitext2/, tinyshakespeare/, text8_head/)")
+    return out
+
+
+def make_corpus(data_dir: str | Path, mb: float, files: int = 8, seed: int = 0, cache: Path | None = None) -> Path:
+    """Write (once) a JSONL corpus of about ``mb`` MB in ``files`` shards; returns its directory."""
+    from isan.trie_tables.build import cache_dir
+
+    cache = cache or cache_dir() / "bench"
+    d = cache / f"corpus-{mb:g}mb-{files}f-s{seed}"
+    if (d / "DONE").is_file():
+        return d
+    srcs = _sources(Path(data_dir))
+    rng = np.random.default_rng(seed)
+    tmp = Path(tempfile.mkdtemp(prefix=".corpus-", dir=cache if cache.exists() else None))
+    cache.mkdir(parents=True, exist_ok=True)
+    target = int(mb * 1_000_000)
+    written, n = 0, 0
+    fs = [open(tmp / f"docs-{k:02d}.jsonl", "w", encoding="utf-8") for k in range(files)]
+    try:
+        while written < target:
+            name, text = srcs[int(rng.integers(len(srcs)))]
+            length = int(np.clip(rng.lognormal(np.log(2000), 1.0), 100, 100_000))
+            start = int(rng.integers(0, max(1, len(text) - length)))
+            doc = text[start : start + length]
+            line = json.dumps({"id": f"{name}-{n}", "source": name, "text": doc}, ensure_ascii=False) + "\n"
+            fs[n % files].write(line)
+            written += len(line.encode("utf-8"))
+            n += 1
+    finally:
+        for f in fs:
+            f.close()
+    (tmp / "DONE").write_text(json.dumps({"documents": n, "bytes": written}) + "\n")
+    if d.exists():
+        shutil.rmtree(d)
+    os.replace(tmp, d)
+    return d
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalCluster:
+    """``ray start --head`` plus a second node on this machine; stopped by killing their process groups."""
+
+    def __init__(self, cpus_per_node: int = 1, nodes: int = 2):
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.groups: list[int] = []
+        self.nodes = 0
+        self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+        common = [f"--num-cpus={cpus_per_node}", "--object-store-memory=100000000", "--disable-usage-stats"]
+        try:
+            self._start(["ray", "start", "--head", f"--port={self.port}", "--include-dashboard=false", *common])
+            for _ in range(nodes - 1):
+                self._start(["ray", "start", f"--address={self.address}", *common])
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, cmd):
+        p = subprocess.Popen(cmd, env=self.env, start_new_session=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        self.groups.append(p.pid)
+        out, _ = p.communicate(timeout=180)
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd[:3])} failed: {out[-400:]}")
+        self.nodes += 1
+
+    def stop(self):
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for g in self.groups:
+                try:
+                    os.killpg(g, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(2)
+        cur = Path("/tmp/ray/ray_current_cluster")
+        try:
+            if cur.read_text().strip().endswith(f":{self.port}"):
+                cur.unlink()
+        except OSError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def _kenlm_model(data_dir: Path, log):
+    import hashlib
+
+    import kenlm
+
+    from isan.alphabet import Alphabet
+    from isan.data import read_text8_split
+    from isan.export.arpa import write_arpa
+    from isan.train.ngram import fit
+    from isan.trie_tables.build import cache_dir
+
+    a = Alphabet.text8()
+    train = read_text8_split(data_dir / "text8_head" / "text8_head.txt", "train")
+    key = hashlib.sha256(train.encode()).hexdigest()[:16]
+    err = None
+    for order in (8, 6):  # KenLM's PyPI build stops at order 6 unless built with MAX_ORDER=8
+        path = cache_dir() / "bench" / f"text8-train-{key}-order{order}.arpa"  # shared with `isan bench engine`
+        if not path.is_file():
+            log(f"  counting the order-{order} n-gram and writing it as ARPA (once; cached)")
+            write_arpa(fit(a.encode(train), 27, order), a, path)
+        try:
+            return kenlm.Model(str(path)), order, err
+        except (OSError, RuntimeError) as e:
+            err = (f"this KenLM build cannot load order {order} ({str(e).splitlines()[0][:100]}); "
+                   "MAX_ORDER=8 pip install --no-cache-dir --force-reinstall kenlm builds one that can")
+            log(f"  {err}")
+    raise RuntimeError(err)
+
+
+def bench_corpus(data_dir: str | Path, mb: float = 50.0, files: int = 8, cpus_per_node: int = 1,
+                 threads: int | None = None, ray: bool = True, kenlm: bool = True, log=print,
+                 work_dir: str | Path | None = None) -> dict:
+    from isan.engine.corpus import read_output, score_corpus
+    from isan.engine.corpus.job import load_corpus_engine
+
+    data_dir = Path(data_dir)
+    t0 = time.perf_counter()
+    corpus = make_corpus(data_dir, mb, files)
+    meta = json.loads((corpus / "DONE").read_text())
+    log(f"corpus: {meta['documents']:,} documents, {meta['bytes'] / 1e6:.1f} MB in {files} JSONL files "
+        f"({corpus}; made in {time.perf_counter() - t0:.1f} s)")
+    work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="isan-bench-corpus-"))
+    rows, facts = [], {}
+    engine = load_corpus_engine(None)
+    try:
+        out_local = work / "local"
+        shutil.rmtree(out_local, ignore_errors=True)
+        t = time.perf_counter()
+        s = score_corpus([str(corpus / "*.jsonl")], out_local, progress=False, engine=engine, threads=threads)
+        dt = time.perf_counter() - t
+        rows.append({"name": f"isan, local runner ({s['this_run']['threads']} threads)", "seconds": dt,
+                     "documents": s["documents"], "chars": s["chars_read"], "docs_per_s": s["documents"] / dt,
+                     "chars_per_s": s["chars_read"] / dt, "bpc": s["bpc"]})
+        log(f"  local: {dt:.1f} s, {s['documents'] / dt:,.0f} docs/s, {s['chars_read'] / dt:,.0f} chars/s")
+        facts["errors"] = s["errors"]
+        if ray:
+            try:
+                with LocalCluster(cpus_per_node=cpus_per_node, nodes=2) as cl:
+                    out_ray = work / "ray"
+                    shutil.rmtree(out_ray, ignore_errors=True)
+                    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+                    t = time.perf_counter()
+                    sr = score_corpus([str(corpus / "*.jsonl")], out_ray, progress=False, runner="ray",
+                                      ray_address=cl.address, ray_cpus_per_actor=cpus_per_node)
+                    dt_ray = time.perf_counter() - t
+                    same = read_output(out_local).equals(read_output(out_ray))
+                    rows.append({"name": f"isan, Ray runner ({cl.nodes} nodes x {cpus_per_node} CPU, "
+                                         f"{sr['this_run']['actors']} actors)", "seconds": dt_ray,
+                                 "documents": sr["documents"], "chars": sr["chars_read"],
+                                 "docs_per_s": sr["documents"] / dt_ray, "chars_per_s": sr["chars_read"] / dt_ray,
+                                 "bpc": sr["bpc"]})
+                    facts["ray_identical_to_local"] = bool(same)
+                    facts["ray_over_local_time"] = dt_ray / dt
+                    log(f"  ray: {dt_ray:.1f} s, {sr['documents'] / dt_ray:,.0f} docs/s, "
+                        f"{sr['chars_read'] / dt_ray:,.0f} chars/s; identical output: {same}")
+            except (ImportError, RuntimeError, subprocess.TimeoutExpired) as e:
+                facts["ray"] = f"not run: {e}"
+                log(f"  ray: not run ({e})")
+        if kenlm:
+            try:
+                rows.append(_bench_kenlm_docs(corpus, engine, data_dir, log))
+            except ImportError:
+                facts["kenlm"] = "not run: the kenlm module is not installed (MAX_ORDER=8 pip install kenlm)"
+            except (OSError, RuntimeError) as e:
+                facts["kenlm"] = f"not run: {str(e).splitlines()[0][:200]} (MAX_ORDER=8 pip install --force-reinstall kenlm)"
+    finally:
+        if not work_dir:
+            shutil.rmtree(work, ignore_errors=True)
+    return {"benchmark": "corpus", "machine": machine(), "corpus": {"path": str(corpus), **meta, "files": files},
+            "rows": rows, "facts": facts, "model": engine.params_sha256}
+
+
+def _bench_kenlm_docs(corpus: Path, engine, data_dir: Path, log) -> dict:
+    from isan.export.arpa import symbol_words
+
+    m, order, note = _kenlm_model(data_dir, log)
+    docs = []
+    for f in sorted(corpus.glob("*.jsonl")):
+        for line in open(f, encoding="utf-8"):
+            docs.append(json.loads(line)["text"])
+    words = np.array(symbol_words(engine.alphabet.symbols), dtype=object)
+    t = time.perf_counter()
+    total, chars, read = 0.0, 0, 0
+    for doc in docs:
+        ids = engine.prepare(doc).ids
+        if not len(ids):
+            continue
+        total += m.score(" ".join(words[ids]), bos=False, eos=False)
+        chars += len(ids)
+        read += len(doc)
+    dt = time.perf_counter() - t
+    bpc = -total * np.log2(10.0) / chars
+    log(f"  KenLM: {dt:.1f} s, {len(docs) / dt:,.0f} docs/s, {read / dt:,.0f} chars/s, {bpc:.4f} bpc")
+    return {"name": f"KenLM (Python module), our order-{order} n-gram as ARPA, 1 thread", "seconds": dt,
+            "documents": len(docs), "chars": read, "docs_per_s": len(docs) / dt, "chars_per_s": read / dt, "bpc": bpc,
+            "note": note}
+
+
+def markdown(result: dict) -> str:
+    m, c = result["machine"], result["corpus"]
+    lines = [f"Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}",
+             f"Corpus: {c['documents']:,} documents, {c['bytes'] / 1e6:.1f} MB of JSONL in {c['files']} files", "",
+             "| runner | seconds | docs/s | chars/s | bpc |", "|---|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['name']} | {r['seconds']:.1f} | {r['docs_per_s']:,.0f} | {r['chars_per_s']:,.0f} | "
+                     f"{r['bpc']:.4f} |")
+    f = result["facts"]
+    if "ray_over_local_time" in f:
+        lines += ["", f"Ray took {f['ray_over_local_time']:.2f}x the local runner's time on this machine; "
+                      f"its output was {'identical' if f['ray_identical_to_local'] else 'NOT identical'} to the local runner's."]
+    for k in ("ray", "kenlm"):
+        if k in f:
+            lines.append(f"{k}: {f[k]}")
+    return "\n".join(lines)
