@@ -403,19 +403,8 @@ class Engine:
         Raises:
             EmptyTextError, AlphabetError, StateDivergedError (naming the text of the batch).
         """
-        states = [self._state(s) for s in states] if states is not None else [self.initial_state()] * len(texts)
-        if len(states) != len(texts):
-            raise IsanError(f"got {len(texts)} texts but {len(states)} states")
-        preps = []
-        for i, (t, s) in enumerate(zip(texts, states)):
-            try:
-                preps.append(self.prepare(t, normalize, unknown, replacement, s))
-            except IsanError as e:
-                raise with_prefix(e, f"text {i} of the batch: ") from None
+        states, preps = prepare_batch(self, texts, states, normalize, unknown, replacement)
         ids = [p.ids for p in preps]
-        for i, x in enumerate(ids):
-            if len(x) == 0:
-                raise EmptyTextError(f"text {i} of the batch is empty (after normalisation)")
         group = group or "chunked"
         if group not in ("chunked", "symbol", "entry"):
             raise IsanError(f"group must be chunked, symbol or entry; got {group!r}")
@@ -616,6 +605,25 @@ class Engine:
         out["certificate"] = check_certificate(self.source, self.manifest, p.W, p.b, p.h0) if self.source else None
         out["adversarial"] = adversarial_search(p, labels, beam=beam, chars=search_chars)
         return out
+
+
+def prepare_batch(engine, texts, states, normalize, unknown: str, replacement: str | None):
+    """The states and prepared texts of a batch (``score_batch`` of every engine): each text's
+    state checked (default: the initial state), each text normalised from its state; an error names
+    the text of the batch, and a text left empty is an EmptyTextError."""
+    states = [engine._state(s) for s in states] if states is not None else [engine.initial_state()] * len(texts)
+    if len(states) != len(texts):
+        raise IsanError(f"got {len(texts)} texts but {len(states)} states")
+    preps = []
+    for i, (t, s) in enumerate(zip(texts, states)):
+        try:
+            preps.append(engine.prepare(t, normalize, unknown, replacement, s))
+        except IsanError as e:
+            raise with_prefix(e, f"text {i} of the batch: ") from None
+    for i, p in enumerate(preps):
+        if len(p.ids) == 0:
+            raise EmptyTextError(f"text {i} of the batch is empty (after normalisation)")
+    return states, preps
 
 
 class ProvenForgetting:

@@ -444,21 +444,10 @@ class RunnerEngine:
     def score_batch(self, texts, states=None, per_char: bool = False, unknown: str = "error",
                     replacement: str | None = None, group: str | None = None, normalize: str | None = "auto"):
         """As :meth:`isan.engine.Engine.score_batch` (``group`` is ignored: the runner batches streams)."""
-        from isan.engine.core import ScoreResult, State, in_input_terms, with_prefix
+        from isan.engine.core import ScoreResult, State, in_input_terms, prepare_batch, with_prefix
 
-        states = [self._state(s) for s in states] if states is not None else [self.initial_state()] * len(texts)
-        if len(states) != len(texts):
-            raise IsanError(f"got {len(texts)} texts but {len(states)} states")
-        preps = []
-        for i, (t, s) in enumerate(zip(texts, states)):
-            try:
-                preps.append(self.prepare(t, normalize, unknown, replacement, s))
-            except IsanError as e:
-                raise with_prefix(e, f"text {i} of the batch: ") from None
+        states, preps = prepare_batch(self, texts, states, normalize, unknown, replacement)
         ids = [p.ids for p in preps]
-        for i, x in enumerate(ids):
-            if len(x) == 0:
-                raise EmptyTextError(f"text {i} of the batch is empty (after normalisation)")
         out = []
         results = self.runner.score_batch(ids, [s.h for s in states])
         for i, (s, (b, sf), prep) in enumerate(zip(states, results, preps)):
