@@ -31,6 +31,7 @@ evaluation harnesses (lm-evaluation-harness's ``local-completions``) and scripts
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import secrets
 import time
@@ -44,6 +45,8 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from isan.engine.serve.budget import job_bytes, prepare_bytes
 from isan.engine.serve.errors import RequestError
 from isan.engine.serve.models import MAX_SEED, integer
+
+log = logging.getLogger(__name__)
 
 #: the special token: the start of a text (the initial state)
 EOT = "<|endoftext|>"
@@ -646,6 +649,12 @@ class Completions:
                     yield None, {**head, "choices": [c], "usage": None}
             except RequestError as e:
                 yield "error", openai_error(e)
+                return
+            except ClientGone:  # the client left: nobody to answer
+                return
+            except Exception:  # a bug: the stream still ends as the API says, with an error event
+                log.exception("a streamed completion failed")
+                yield "error", openai_error(RequestError(500, "internal error; the server log has the details"))
                 return
             if include_usage:
                 usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
