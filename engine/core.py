@@ -255,16 +255,10 @@ class Engine:
             AlphabetError: a character outside the alphabet (with unknown="error").
             StateDivergedError: the model's state leaves its range (``.offset``, ``.input_offset``).
         """
-        streaming = state is not None
-        state = self._state(state)
-        prep = self.prepare(text, normalize, unknown, replacement, state)
+        state, prep, empty = prepare_one(self, text, state, normalize, unknown, replacement, per_char)
+        if empty is not None:
+            return empty
         ids = prep.ids
-        if len(ids) == 0:
-            if streaming and len(text):
-                return ScoreResult(0, 0.0, np.zeros(0) if per_char else None, state, prep.report,
-                                   np.zeros(0, dtype=np.int64) if per_char else None, "" if per_char else None, **self._units)
-            raise EmptyTextError("the text is empty (after normalisation and removing unknown characters); "
-                                 "give at least one character")
         try:
             bits, h, scoring = self._score_ids(ids, state.h, path, threads)
         except StateDivergedError as e:
@@ -605,6 +599,23 @@ class Engine:
         out["certificate"] = check_certificate(self.source, self.manifest, p.W, p.b, p.h0) if self.source else None
         out["adversarial"] = adversarial_search(p, labels, beam=beam, chars=search_chars)
         return out
+
+
+def prepare_one(engine, text, state, normalize, unknown: str, replacement: str | None, per_char: bool):
+    """(state, prepared text, None) for ``score`` of every engine, or the empty result of a streamed
+    chunk that left nothing to score (a chunk of squeezed spaces) in the last place; a text that is
+    empty otherwise is an EmptyTextError."""
+    streaming = state is not None
+    state = engine._state(state)
+    prep = engine.prepare(text, normalize, unknown, replacement, state)
+    if len(prep.ids):
+        return state, prep, None
+    if streaming and len(text):
+        return state, prep, ScoreResult(0, 0.0, np.zeros(0) if per_char else None, state, prep.report,
+                                        np.zeros(0, dtype=np.int64) if per_char else None, "" if per_char else None,
+                                        **engine._units)
+    raise EmptyTextError("the text is empty (after normalisation and removing unknown characters); "
+                         "give at least one character")
 
 
 def prepare_batch(engine, texts, states, normalize, unknown: str, replacement: str | None):

@@ -418,18 +418,12 @@ class RunnerEngine:
     def score(self, text, state=None, per_char: bool = False, unknown: str = "error", replacement: str | None = None,
               normalize: str | None = "auto"):
         """As :meth:`isan.engine.Engine.score`. Raises EmptyTextError, AlphabetError, StateDivergedError."""
-        from isan.engine.core import ScoreResult, State, in_input_terms
+        from isan.engine.core import ScoreResult, State, in_input_terms, prepare_one
 
-        streaming = state is not None
-        state = self._state(state)
-        prep = self.prepare(text, normalize, unknown, replacement, state)
+        state, prep, empty = prepare_one(self, text, state, normalize, unknown, replacement, per_char)
+        if empty is not None:
+            return empty
         ids = prep.ids
-        if len(ids) == 0:
-            if streaming and len(text):
-                return ScoreResult(0, 0.0, np.zeros(0) if per_char else None, state, prep.report,
-                                   np.zeros(0, dtype=np.int64) if per_char else None, "" if per_char else None, **self._units)
-            raise EmptyTextError("the text is empty (after normalisation and removing unknown characters); "
-                                 "give at least one character")
         try:
             bits, s = self.runner.score_ids(ids, state.h)
             self._check(ids, state.h, bits, s)
