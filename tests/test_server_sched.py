@@ -269,7 +269,8 @@ def test_stream_limits(small_bundle):
     from websockets.exceptions import ConnectionClosed
 
     eng = Engine.load(small_bundle)
-    app = create_app(eng, config=ServeConfig(max_streams=2, stream_idle_timeout_s=0.5))
+    # the idle timeout must outlast opening two streams on a loaded machine (0.5 s did not, once)
+    app = create_app(eng, config=ServeConfig(max_streams=2, stream_idle_timeout_s=2.0))
     with running(app) as addr:
         with connect(f"ws://{addr}/v1/stream") as a, connect(f"ws://{addr}/v1/stream") as b:
             a.send(json.dumps({"text": "abc"}))
@@ -280,7 +281,7 @@ def test_stream_limits(small_bundle):
                 with pytest.raises(ConnectionClosed) as closed:
                     c.recv(timeout=10)
                 assert closed.value.rcvd.code == 1013
-            time.sleep(0.8)
+            time.sleep(2.5)
             msg = json.loads(b.recv(timeout=10))
             assert msg["status"] == 408 and "idle" in msg["error"] or "no frame" in msg["error"]
         deadline = time.time() + 5
