@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pip-compile -q "$@" --strip-extras --no-emit-index-url --no-emit-find-links \
-    --extra train --extra onnx --extra serve --extra dev --extra plot --extra evalharness \
+    --extra train --extra onnx --extra serve --extra dev --extra plot --extra evalharness --extra docs \
     -c requirements/torch-cpu.in -o requirements/ci.txt pyproject.toml
 # The CPU wheel carries a local version label (2.13.0+cpu); pin the public version, which pip
 # satisfies with that wheel where it is offered, as `pip install torch==2.13.0` does.
