@@ -14,6 +14,11 @@ Endpoints (each in the OpenAPI schema at ``/openapi.json``, rendered at ``/docs`
 * ``POST /v1/sample``: generated text, streamed as Server-Sent Events (or one JSON answer).
 * ``POST /v1/attribute``: exact attribution of the logits to each character or word (kappa),
   with the check that they sum to the logits.
+* ``POST /v1/explain``: the prediction at one offset of a text explained: the attribution of a chosen
+  target (logit, log-probability, difference of two logits) and the truncated-history curve
+  (:mod:`isan.engine.serve.lens`).
+* ``GET /``: isan lens, the web page that shows what the model reads (``static/``; ``--no-ui``
+  turns it off).
 * ``POST /v1/completions``, ``GET /v1/models``, ``GET /tokenizer_info``, ``POST /tokenize``,
   ``POST /detokenize``: the OpenAI-compatible API (:mod:`isan.engine.serve.completions`), as vLLM
   and the llama.cpp server offer it; its errors have OpenAI's shape.
@@ -68,8 +73,8 @@ ENCODE_INLINE_CHARS = 50_000
 #: characters of the first Server-Sent Event of a sample, and of each later one
 SAMPLE_FIRST_PIECE, SAMPLE_PIECE = 16, 64
 ENDPOINTS = ("GET /healthz, GET /metrics, POST /v1/score, POST /v1/score/batch, POST /v1/next, POST /v1/sample, "
-             "POST /v1/attribute, POST /v1/completions, GET /v1/models, GET /tokenizer_info, POST /tokenize, "
-             "POST /detokenize, WebSocket /v1/stream, GET /docs, GET /openapi.json")
+             "POST /v1/attribute, POST /v1/explain, POST /v1/completions, GET /v1/models, GET /tokenizer_info, POST /tokenize, "
+             "POST /detokenize, WebSocket /v1/stream, GET /docs, GET /openapi.json, GET / (the lens page)")
 
 DESCRIPTION = """Score, predict, sample and attribute text with an Input Switched Affine Network, in bits.
 
@@ -310,6 +315,11 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
     service = Service(engine, config, metrics, info=info)
     models = build_models(service.symbols, config.max_chars, choices(), service.info.raw_normalize,
                           config.max_batch_texts, config.max_sample_chars, config.max_attribute_chars)
+    from isan.engine.serve.lens import TEXT_FACTOR, ExplainResponse, build_request as explain_request
+
+    explain_chars = min(config.max_chars, TEXT_FACTOR * config.max_attribute_chars)
+    explain_model = explain_request(service.symbols, explain_chars, choices(), service.info.raw_normalize)
+    explain_lock = asyncio.Lock()
 
     async def load() -> None:
         try:
@@ -384,6 +394,29 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
         metrics.pending_bytes.set(service.budget.used)
         metrics.pending_jobs.set(service.scheduler.pending if service.scheduler else 0)
         return Response(metrics.render(), media_type=metrics.content_type)
+
+    if config.ui:
+        from isan.engine.serve.lens import static_file
+
+        page_headers = {"Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+                                                   "img-src 'self' data:; connect-src 'self'; base-uri 'none'; "
+                                                   "form-action 'none'; frame-ancestors 'none'",
+                        "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+                        "Cache-Control": "no-cache"}
+
+        def page_file(name: str) -> Response:
+            found = static_file(name)
+            if found is None:
+                return error_response(RequestError(404, f"there is no page file {name!r}; the lens page is at /"))
+            return Response(found[0], media_type=found[1], headers=page_headers)
+
+        @fa.get("/", include_in_schema=False)
+        async def lens_page():
+            return page_file("index.html")
+
+        @fa.get("/lens/{name}", include_in_schema=False)
+        async def lens_file(name: str):
+            return page_file(name)
 
     if config.docs:
         @fa.get("/docs", include_in_schema=False)
@@ -508,6 +541,16 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
         req = parse(models.attribute, raw, models.allowed(models.attribute), config.max_chars)
         return await service.attribute(req, res)
 
+    async def explain_work(raw, client, res):
+        from isan.engine.serve.lens import explain
+
+        eng = service.ready()
+        req = parse(explain_model, raw, tuple(explain_model.model_fields), explain_chars)
+        window = config.max_attribute_chars
+        service._reserve(res, 8 * (len(req.text) + 64) * (len(service.symbols) + 4))
+        async with explain_lock:
+            return await asyncio.to_thread(explain, eng, req, window)
+
     async def sample_work(raw, client, res):
         service.ready()
         req = parse(models.sample, raw, models.allowed(models.sample), config.max_chars)
@@ -611,7 +654,8 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
                    ("POST", "/v1/score/batch"): handler("batch", batch_work),
                    ("POST", "/v1/next"): handler("next", next_work),
                    ("POST", "/v1/sample"): handler("sample", sample_work),
-                   ("POST", "/v1/attribute"): handler("attribute", attribute_work)}
+                   ("POST", "/v1/attribute"): handler("attribute", attribute_work),
+                   ("POST", "/v1/explain"): handler("explain", explain_work)}
 
     # ---- the same endpoints declared to FastAPI (the schema; and they work if called through it) ----
     def body_schema(model) -> dict:
@@ -651,6 +695,11 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
     declare("/v1/attribute", models.attribute, AttributeResponse, "Exact attribution of the logits after each "
             "character to the initial state and to each earlier character or word (kappa, paper eqs. 4-6), with "
             "the check that they sum to the logits")
+
+    declare("/v1/explain", explain_model, ExplainResponse, "The prediction at one offset of a text explained: the "
+            "exact attribution of a target (the logit or log-probability of a symbol, or the difference of two "
+            "logits) to the initial state and each earlier symbol or word, with the check that they sum to it, and "
+            "the bits when only the last n symbols are kept (paper Fig 4c)")
 
     oai_codes = (400, 401, 404, 408, 413, 415, 422, 500, 503)
     declare("/v1/completions", oai.models.completion, CompletionResponse, "OpenAI-compatible completions (as vLLM "

@@ -80,6 +80,8 @@ def read_secret(path: str | None) -> bytes | None:
               help="Require this API key on /v1 and /metrics (default: $ISAN_API_KEY, else no key).")
 @click.option("--docs/--no-docs", default=True, show_default=True,
               help="Serve /docs, the API as an HTML page made by the server (no scripts, no CDN).")
+@click.option("--ui/--no-ui", default=True, show_default=True,
+              help="Serve isan lens at / (the web page that shows what the model reads, from the package; no CDN).")
 @click.option("--state-secret-file", default=None, type=click.Path(dir_okay=False),
               help="Key that signs state snapshots (default: $ISAN_STATE_SECRET, else random per process).")
 @click.option("--allow-origin", "allow_origin", multiple=True,
@@ -91,7 +93,7 @@ def read_secret(path: str | None) -> bytes | None:
 def main(host, port, model, path_mode, backend, device, max_chars, max_pending_mb, max_streams, max_stream_frames,
          round_chars, request_timeout, stream_idle_timeout, batching, threads, read_timeout, keep_alive_timeout,
          max_connections, max_batch_texts, max_sample_chars, max_attribute_chars, api_key_file, docs,
-         state_secret_file, allow_origin, served_model_name, log_level):
+         ui, state_secret_file, allow_origin, served_model_name, log_level):
     """Serve scoring over HTTP (POST /v1/score, /v1/score/batch, /v1/next, /v1/sample, /v1/attribute; the
     OpenAI-compatible POST /v1/completions and GET /v1/models) and WebSocket (/v1/stream) with continuous batching. The server listens at once; GET /healthz says
     "loading" until the model is loaded, then "ready"."""
@@ -104,7 +106,7 @@ def main(host, port, model, path_mode, backend, device, max_chars, max_pending_m
                              state_secret=read_secret(state_secret_file), read_timeout_s=read_timeout,
                              keep_alive_s=keep_alive_timeout, max_connections=max_connections,
                              max_batch_texts=max_batch_texts, max_sample_chars=max_sample_chars,
-                             max_attribute_chars=max_attribute_chars, api_key=read_key(api_key_file), docs=docs,
+                             max_attribute_chars=max_attribute_chars, api_key=read_key(api_key_file), docs=docs, ui=ui,
                              allow_origins=tuple(allow_origin), model_name=served_model_name)
         import uvicorn
 
@@ -140,7 +142,8 @@ def main(host, port, model, path_mode, backend, device, max_chars, max_pending_m
         raise click.ClickException(str(e)) from None
     click.echo(f"isan-serve: model {manifest.get('kind')} {src} ({path_mode} path, {backend} backend, "
                f"{'batched rounds' if batching else 'no batching'}) on http://{host}:{port}"
-               + (" (API key required)" if config.api_key else ""), err=True)
+               + (" (API key required)" if config.api_key else "")
+               + (f"; isan lens at http://{host}:{port}/" if config.ui else ""), err=True)
     server.run()
     if failed:
         raise click.ClickException(f"the model could not be loaded: {failed[0]}")

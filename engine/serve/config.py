@@ -60,6 +60,8 @@ class ServeConfig:
         allow_origins: web page origins (``https://app.example.com``; ``*`` for any) that may open
             a WebSocket besides the server's own and loopback ones (a handshake without ``Origin``,
             from a client that is not a browser, is always allowed).
+        ui: serve isan lens, the web page at ``/`` (its files at ``/lens/...``; no CDN, no scripts
+            from elsewhere); False (``--no-ui``): ``/`` is a 404 like any unknown path.
         model_name: the name the OpenAI-compatible API serves the model under (``GET /v1/models``,
             the requests' ``model``); None: the bundle directory's name.
     """
@@ -83,6 +85,7 @@ class ServeConfig:
     max_attribute_chars: int = 500
     api_key: str | None = None
     docs: bool = True
+    ui: bool = True
     allow_origins: tuple[str, ...] = ()
     model_name: str | None = None
 
