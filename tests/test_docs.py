@@ -1,0 +1,200 @@
+"""The documentation (issue #27): the site builds offline with `mkdocs build --strict`, loads
+nothing from the network when read, and every Python example of the guides runs.
+
+Examples are the ```python blocks of docs/**/*.md and README.md, each run as it is, in a fresh
+namespace (one that needs a package of an extra that is not installed is skipped, saying which).
+A block that talks to ``http://127.0.0.1:8000`` (a running ``isan-serve``) gets the default model
+served on a free port instead.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
+SERVER = "http://127.0.0.1:8000"
+
+# Hosts a page must never load from: web fonts, CDNs, analytics.
+FORBIDDEN_HOSTS = ("fonts.googleapis.com", "fonts.gstatic.com", "cdn.jsdelivr.net", "cdnjs.cloudflare.com",
+                   "unpkg.com", "googletagmanager.com", "google-analytics.com", "use.fontawesome.com",
+                   "polyfill.io", "gstatic.com")
+# Material's JavaScript bundle names two URLs it fetches only on demand: a ResizeObserver polyfill
+# for browsers that lack one (every current browser has it) and mermaid for pages with mermaid
+# diagrams (none here; checked below). Nothing else may name a forbidden host.
+ON_DEMAND = ("https://unpkg.com/resize-observer-polyfill", "https://unpkg.com/mermaid@")
+
+
+def _example_files() -> list[Path]:
+    return sorted(p for p in DOCS.rglob("*.md") if "_tools" not in p.parts) + [REPO / "README.md"]
+
+
+def _examples() -> list[tuple[str, str]]:
+    out = []
+    for path in _example_files():
+        blocks = re.findall(r"^```python[^\n]*\n(.*?)^```", path.read_text(encoding="utf-8"), re.S | re.M)
+        for i, code in enumerate(blocks):
+            out.append((f"{path.relative_to(REPO).as_posix()}#{i + 1}", code))
+    return out
+
+
+EXAMPLES = _examples()
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The site, built by `mkdocs build --strict` (every warning an error) into a temporary folder."""
+    for mod in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python"):
+        if importlib.util.find_spec(mod) is None:
+            pytest.skip(f"{mod} is not installed (pip install '.[docs]')")
+    out = tmp_path_factory.mktemp("site")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    print(f"mkdocs build --strict: {time.perf_counter() - t0:.1f} s")
+    return out
+
+
+def test_site_builds_with_every_page(site):
+    pages = {p.relative_to(site).as_posix() for p in site.rglob("*.html")}
+    for md in DOCS.rglob("*.md"):
+        if "_tools" in md.parts:
+            continue
+        html = md.relative_to(DOCS).with_suffix(".html").as_posix()
+        assert html in pages, f"{md.relative_to(REPO)} is not in the built site"
+    # the API reference is generated from the docstrings, not empty
+    engine = (site / "reference" / "engine.html").read_text(encoding="utf-8")
+    for name in ("Engine", "score", "score_batch", "attribute", "top_k"):
+        assert name in engine
+    assert "isan.engine.bundle.read_manifest" in (site / "reference" / "bundle.html").read_text(encoding="utf-8")
+    assert "score_corpus" in (site / "reference" / "corpus.html").read_text(encoding="utf-8")
+    assert "header_sha256" in (site / "reference" / "table.html").read_text(encoding="utf-8")
+
+
+def test_site_loads_nothing_from_the_network(site):
+    """No web fonts, CDN scripts or analytics in the built site, at build or view time."""
+    checked = 0
+    for path in site.rglob("*"):
+        if path.suffix not in (".html", ".css", ".js", ".json", ".xml", ".txt"):
+            continue  # source maps (.map) are read by a browser's developer tools only
+        text = path.read_text(encoding="utf-8", errors="replace")
+        checked += 1
+        rel = path.relative_to(site).as_posix()
+        if path.suffix == ".html":
+            # no element that loads a resource may point off the site
+            for tag in re.findall(r"<(?:script|link|img|iframe|source|video|audio|embed|object)\b[^>]*>", text, re.I):
+                url = re.search(r"\b(?:src|href|data)\s*=\s*[\"']?\s*(?:https?:)?//", tag, re.I)
+                assert url is None, f"{rel}: {tag} loads from the network"
+            assert 'class="mermaid"' not in text, f"{rel}: a mermaid diagram would load mermaid from a CDN"
+        if path.suffix == ".css":
+            assert not re.search(r"@import\s+(?:url\()?[\"']?(?:https?:)?//", text), f"{rel}: imports a remote stylesheet"
+            assert not re.search(r"url\(\s*[\"']?(?:https?:)?//", text), f"{rel}: loads a remote resource"
+        for host in FORBIDDEN_HOSTS:
+            for m in re.finditer(re.escape(host), text):
+                around = text[max(0, m.start() - 40):m.end() + 40]
+                assert path.suffix == ".js" and any(u in around for u in ON_DEMAND), f"{rel} names {host}: {around!r}"
+    assert checked > 20
+
+
+def _load_hook():
+    spec = importlib.util.spec_from_file_location("repo_links", DOCS / "_tools" / "repo_links.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_links_to_repository_files_are_checked(caplog):
+    """Links from a guide to committed files outside docs/ become their paths on the site; a link to
+    a file that does not exist is a warning, which fails the strict build."""
+    pytest.importorskip("mkdocs")
+    hook = _load_hook()
+
+    class File:
+        abs_src_path = str(DOCS / "guide" / "benchmarks.md")
+        src_uri = "guide/benchmarks.md"
+
+    class Page:
+        file = File()
+
+    config = {"docs_dir": str(DOCS), "config_file_path": str(REPO / "mkdocs.yml")}
+    md = ("See [TABLE.md](../../results/table1/TABLE.md), [2.107](../../results/table1/isan-8e4/), "
+          "[the engine](../reference/engine.md) and `[not](a/link.md)`.\n```\n[x](../../nowhere.md)\n```\n")
+    with caplog.at_level(logging.WARNING):
+        out = hook.on_page_markdown(md, Page(), config, None)
+    assert "`results/table1/TABLE.md`" in out and "2.107 (`results/table1/isan-8e4/`)" in out
+    assert "[the engine](../reference/engine.md)" in out and "`[not](a/link.md)`" in out
+    assert "[x](../../nowhere.md)" in out  # code blocks are left alone
+    assert not caplog.records
+    with caplog.at_level(logging.WARNING):
+        hook.on_page_markdown("[gone](../../results/no-such-file.json)", Page(), config, None)
+    assert any("does not exist" in r.getMessage() for r in caplog.records)
+
+
+def _slug(heading: str) -> str:
+    """A heading's anchor as GitHub and MkDocs' toc make it (for the headings used here)."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    return re.sub(r"\s+", "-", re.sub(r"[^\w\s-]", "", text))
+
+
+def test_readme_links_resolve():
+    """The README links into the docs by relative paths (which work on GitHub and in a checkout):
+    each must name a file that exists, and each anchor a heading of that file."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 150, "the README stays short: the guides hold the details"
+    links = re.findall(r"!?\[[^\]]*\]\(([^)\s]+)\)", readme)
+    assert len(links) > 10
+    for link in links:
+        if re.match(r"^[a-z]+:", link):
+            continue
+        path, _, anchor = link.partition("#")
+        target = REPO / path
+        assert target.exists(), f"README.md links to {path}, which does not exist"
+        if anchor:
+            headings = re.findall(r"^#+\s+(.*)$", target.read_text(encoding="utf-8"), re.M)
+            assert anchor in {_slug(h) for h in headings}, f"README.md links to {link}: no such heading"
+
+
+def test_guides_have_examples():
+    names = {name.split("#")[0] for name, _ in EXAMPLES}
+    for guide in ("docs/guide/getting-started.md", "docs/guide/scoring.md", "docs/guide/analyses.md",
+                  "docs/guide/server.md", "docs/guide/corpora.md", "README.md"):
+        assert guide in names, f"{guide} has no Python example"
+
+
+@pytest.fixture(scope="module")
+def served_default():
+    """The default model served on a free localhost port, for examples that need isan-serve."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    sys.path.insert(0, str(Path(__file__).parent))
+    from server_helpers import running
+
+    from isan.engine import Engine
+    from isan.engine.serve import create_app
+
+    with running(create_app(Engine.default())) as addr:
+        yield f"http://{addr}"
+
+
+@pytest.mark.parametrize("name,code", EXAMPLES, ids=[name for name, _ in EXAMPLES])
+def test_example_runs(name, code, request):
+    if SERVER in code:
+        pytest.importorskip("openai")
+        code = code.replace(SERVER, request.getfixturevalue("served_default"))
+    try:
+        exec(compile(code, name, "exec"), {"__name__": "__docs_example__"})
+    except ModuleNotFoundError as e:  # an optional extra that is not installed; isan's own modules must import
+        if e.name is None or e.name.split(".")[0] == "isan":
+            raise
+        pytest.skip(f"{name} needs {e.name}, which is not installed")
