@@ -43,8 +43,10 @@ PAPER_MODEL = "text8-d216-unconstrained"
 MAX_ATTRIBUTION_CHARS = 2000
 
 #: Computation paths: ``composed`` (trie-table jumps, sequential), ``chunked`` (chunk-parallel
-#: batches through the compiled kernels), ``reference`` (float64 numpy, one character at a time).
-PATHS = ("composed", "chunked", "reference")
+#: batches through the compiled kernels, one character a step), ``jumps`` (the same, each row
+#: advanced by composed jumps of the trie table's keys: :mod:`isan.engine.kernels.jumps`, issue 22),
+#: ``reference`` (float64 numpy, one character at a time).
+PATHS = ("composed", "chunked", "jumps", "reference")
 #: On the composed path, texts of at least this many characters are scored chunk-parallel
 #: (measured: chunk-parallel overtakes one stream through the table between 5,000 and 10,000).
 CHUNKED_MIN_CHARS = 10_000
@@ -110,6 +112,7 @@ class Engine:
         if self.threads < 1:
             raise IsanError(f"threads must be >= 1; got {threads}")
         self._streams_model = None
+        self._jumps = None  # the batched kernel's composed table (jumps path), built on first use
         self._fallback = None
         native()  # says once if the compiled kernels are missing
         self.backend = "numpy"
@@ -122,7 +125,8 @@ class Engine:
         Args:
             path_mode: ``"auto"`` (composed when the bundle has a table or a table recipe, else
                 chunked), ``"composed"`` (error without a table), ``"chunked"`` (chunk-parallel,
-                no table needed) or ``"reference"``. On the composed path, texts of
+                no table needed), ``"jumps"`` (chunk-parallel by the table's composed jumps; error
+                without a table) or ``"reference"``. On the composed path, texts of
                 CHUNKED_MIN_CHARS characters or more are scored chunk-parallel.
             progress_bar: show a progress bar if a table recipe must be composed on first use.
         Raises:
@@ -144,7 +148,7 @@ class Engine:
         return cls.load(default_model_path(), path_mode=path_mode)
 
     def with_path(self, path: str) -> "Engine":
-        """The same model on another computation path (``"composed"``, ``"chunked"`` or ``"reference"``)."""
+        """The same model on another computation path (one of :data:`PATHS`)."""
         return Engine(self.input_params, self.alphabet, self.manifest, self.source, self.table, path, self.threads)
 
     def _streams(self):
@@ -276,9 +280,9 @@ class Engine:
         path = path or self.path
         if path not in PATHS:
             raise IsanError(f"path must be one of {', '.join(PATHS)}; got {path!r}")
-        if path == "composed":
+        if path in ("composed", "jumps"):
             if self._composed is None:
-                raise TableFormatError("this engine has no trie table for the composed path; use path='chunked'")
+                raise TableFormatError(f"this engine has no trie table for the {path} path; use path='chunked'")
             if n >= CHUNKED_MIN_CHARS and not forced:
                 return "chunked"
         return path
@@ -287,8 +291,8 @@ class Engine:
                    threads: int | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
         """(bits (T,) float64, final state (d,) float64, scoring report); raises StateDivergedError."""
         chosen = self._path_for(len(ids), path)
-        if chosen == "chunked":
-            bits, finals, rep = self._chunked([ids], h[None], threads=threads)
+        if chosen in ("chunked", "jumps"):
+            bits, finals, rep = self._chunked([ids], h[None], threads=threads, kernel=chosen)
             return bits[0], finals[0].astype(np.float64), self._chunked_report(rep)
         if chosen == "composed":
             with np.errstate(over="ignore", invalid="ignore"):  # a diverging state is reported below
@@ -299,9 +303,21 @@ class Engine:
         bits, hf = self._score_ref(ids, h)
         return bits, hf, {"path": "reference"}
 
+    def _jump_table(self):
+        """The trie table's keys as a :class:`~isan.engine.kernels.jumps.JumpTable` for the
+        batched kernel (composed in float64 on first use, ~2 s for the default table's 70 keys)."""
+        if self._jumps is None:
+            from isan.engine.kernels.jumps import JumpTable
+            from isan.trie_tables.codes import decode_code
+
+            keys = [decode_code(int(c), self.params.K) for c in self.table.sorted_codes.tolist()]
+            self._jumps = JumpTable.build(self.params32, keys, stream=self._streams())
+        return self._jumps
+
     def _chunked(self, ids_list: list[np.ndarray], hs: np.ndarray, want_bits: bool = True,
-                 threads: int | None = None, cut: bool = True):
-        """Chunk-parallel scoring of texts (:func:`isan.engine.kernels.chunked.score_texts_chunked`);
+                 threads: int | None = None, cut: bool = True, kernel: str = "chunked"):
+        """Chunk-parallel scoring of texts (:func:`isan.engine.kernels.chunked.score_texts_chunked`)
+        with the per-symbol kernel (``kernel="chunked"``) or composed jumps (``"jumps"``);
         raises StateDivergedError (located by the float64 reference) naming the text and offset."""
         from isan.engine.kernels.chunked import MIN_CHUNK, Float64Fallback, score_texts_chunked
 
@@ -311,14 +327,26 @@ class Engine:
             # chunk (at least MIN_CHUNK long) corrects itself: no chunk can need the float64 fallback
             self._fallback = (ProvenForgetting(bound) if bound is not None and bound <= MIN_CHUNK
                               else Float64Fallback(self.params))
+        threads = threads or self.threads
+        chunks = None if cut else [1] * len(ids_list)
+        kw = {}
+        if kernel == "jumps":
+            from isan.engine.kernels.chunked import plan_chunks
+            from isan.engine.kernels.jumps import ROWS_PER_THREAD, run_jumps
+
+            kw = {"runner": run_jumps, "path": "jumps"}
+            model = self._jump_table()
+            if cut:
+                chunks = plan_chunks([len(x) for x in ids_list], target_rows=ROWS_PER_THREAD * threads)
+        else:
+            model = self._streams()
         bits, finals, rep, div = score_texts_chunked(
-            self._streams(), [np.asarray(x, dtype=np.int32) for x in ids_list], np.asarray(hs, dtype=np.float64),
-            chunks=None if cut else [1] * len(ids_list), threads=threads or self.threads, want_bits=want_bits,
-            fallback=self._fallback)
+            model, [np.asarray(x, dtype=np.int32) for x in ids_list], np.asarray(hs, dtype=np.float64),
+            chunks=chunks, threads=threads, want_bits=want_bits, fallback=self._fallback, **kw)
         if div:
             i, off, h_start, t = div[0]
             try:
-                raise_diverged(self.params.W, self.params.b, np.asarray(ids_list[i])[off:], h_start, "chunked",
+                raise_diverged(self.params.W, self.params.b, np.asarray(ids_list[i])[off:], h_start, kernel,
                                detected_at=t, base_offset=off, symbols=self.alphabet.symbols)
             except StateDivergedError as e:
                 e.text_index = i
@@ -388,8 +416,9 @@ class Engine:
         Args:
             group: ``"chunked"`` (the default: every text a row of the compiled symbol-grouped
                 kernel, long texts cut into chunks so that the rows keep both cores busy),
-                ``"symbol"`` (the same without cutting), or ``"entry"`` (numpy: composed table
-                jumps shared by streams needing the same entry).
+                ``"symbol"`` (the same without cutting), ``"jumps"`` (as ``"chunked"``, the rows
+                advanced by composed jumps grouped by table entry: :mod:`isan.engine.kernels.jumps`)
+                or ``"entry"`` (numpy: composed table jumps shared by streams needing the same entry).
             threads: threads for the compiled kernels (default: the engine's).
             normalize, unknown, replacement: as for :meth:`score`.
         Returns:
@@ -400,10 +429,10 @@ class Engine:
         states, preps = prepare_batch(self, texts, states, normalize, unknown, replacement)
         ids = [p.ids for p in preps]
         group = group or "chunked"
-        if group not in ("chunked", "symbol", "entry"):
-            raise IsanError(f"group must be chunked, symbol or entry; got {group!r}")
-        if group == "entry" and self._composed is None:
-            raise TableFormatError("group='entry' needs a trie table; use group='chunked'")
+        if group not in ("chunked", "symbol", "jumps", "entry"):
+            raise IsanError(f"group must be chunked, symbol, jumps or entry; got {group!r}")
+        if group in ("entry", "jumps") and self._composed is None:
+            raise TableFormatError(f"group='{group}' needs a trie table; use group='chunked'")
         hs = np.stack([s.h for s in states]) if states else np.zeros((0, self.d))
         scoring = None
         if group == "entry":
@@ -412,7 +441,8 @@ class Engine:
             scoring = {"path": "batched, grouped by entry"}
         else:
             try:
-                bits, finals, rep = self._chunked(ids, hs, threads=threads, cut=group == "chunked")
+                bits, finals, rep = self._chunked(ids, hs, threads=threads, cut=group != "symbol",
+                                                  kernel="jumps" if group == "jumps" else "chunked")
             except StateDivergedError as e:
                 i = getattr(e, "text_index", 0)
                 raise with_prefix(in_input_terms(e, preps[i], self.alphabet.symbols), f"text {i} of the batch: ") from None
@@ -452,8 +482,8 @@ class Engine:
     def _advance_ids(self, ids: np.ndarray, h: np.ndarray, block: int = 4096, path: str | None = None,
                      threads: int | None = None) -> np.ndarray:
         chosen = self._path_for(len(ids), path)
-        if chosen == "chunked":
-            _, finals, _ = self._chunked([ids], h[None], want_bits=False, threads=threads)
+        if chosen in ("chunked", "jumps"):
+            _, finals, _ = self._chunked([ids], h[None], want_bits=False, threads=threads, kernel=chosen)
             return finals[0].astype(np.float64)
         if chosen == "composed":
             with np.errstate(over="ignore", invalid="ignore"):  # a diverging state is reported below
@@ -751,7 +781,8 @@ def load_engine(model: str | Path | None = None, path: str = "auto", backend: st
     Args:
         path: ``"auto"`` (ISAN bundles: composed when the bundle has a table, else chunked; other
             models: their runner's own path), ``"composed"``, ``"chunked"`` (chunk-parallel through
-            the compiled kernels, ISAN bundles only) or ``"reference"``.
+            the compiled kernels, ISAN bundles only), ``"jumps"`` (chunk-parallel by composed
+            jumps, ISAN bundles with a table) or ``"reference"``.
         backend: ``"numpy"`` or ``"onnx"`` (onnxruntime over the bundle's ONNX graphs; the
             provider that runs is reported in ``describe()``, never silently swapped).
         device: for the onnx backend: ``"cpu"``, ``"cuda"`` or ``"auto"``.
@@ -774,7 +805,7 @@ def load_engine(model: str | Path | None = None, path: str = "auto", backend: st
         return load_onnx_engine(src, device=device, path_mode=path)
     kind = read_manifest(src, verify="none")["kind"]  # the loader below verifies
     if kind != "isan":
-        if path in ("composed", "chunked"):
+        if path in ("composed", "chunked", "jumps"):
             raise IsanError(f"the {path} path runs ISAN bundles only (this is a {kind!r} bundle); "
                             "use --path auto or reference")
         if kind == "ngram":

@@ -56,7 +56,7 @@ class ScoreResult:
     ``normalization`` reports what the normaliser and the unknown-character policy did
     (:mod:`isan.engine.normalize`); with ``per_char``, ``per_char_offsets`` (chars,) int64 gives
     the input offset each scored character came from and ``text`` the scored characters.
-    ``scoring`` says how the bits were computed: ``{"path": "composed" | "reference" | "chunked",
+    ``scoring`` says how the bits were computed: ``{"path": "composed" | "reference" | "chunked" | "jumps",
     ...}``, for chunk-parallel scoring with its ``chunks``, ``extra_fraction`` (work beyond one
     step a character), the ``residual`` its corrections stopped at (``max|e| / max(1, max|h|)``),
     ``rtol``, ``margin`` and ``fallback_chunks`` (:mod:`isan.engine.kernels.chunked`).

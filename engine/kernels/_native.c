@@ -78,6 +78,7 @@ typedef struct {
     void (*matvec_f16)(const uint16_t *M, int rows, int kd, const float *x, float *y);
     int (*row_ok)(const float *h, int n, float limit);
     float (*row_absmax)(const float *h, int n);
+    float (*fma_loop)(int64_t n); /* n rounds of 12 independent vector FMAs: 24 VL FLOPs a round */
 } Kernels;
 
 /* ---- the portable baseline ---- */
@@ -632,6 +633,225 @@ static void seq_work(void *arg, int tid, int nt) {
 }
 
 /* ------------------------------------------------------------------------------------------
+ * run_jumps: run_streams with composed jumps (issue 22). Each round every active row takes one
+ * jump: the longest entry of the jump table that matches its text from its position (a walk down
+ * the table's trie, never past the row's end; every single symbol is an entry). The rows of a
+ * round are grouped by entry, so each entry's matrix is read once a round for all its rows:
+ *   state:    row <- row @ M_e[:, 0:dp]            ([A_s | c_s] transposed, as WT)
+ *   readouts: logits_i = row @ M_e[:, dp + (i-1) Vp : dp + i Vp], i = 1 .. k-1
+ *             ([W_ro A_{s[:i]} | W_ro c_{s[:i]} + b_ro] transposed);
+ * the readout before the jump (i = 0) is RoT for every row, as in run_streams. M_e is (kd,
+ * dp + (k-1) Vp) in panels of 16 columns, entries concatenated (m_off: where each starts, floats).
+ * Rows are split between threads (each runs its own block alone). Positions, steps and
+ * divergences are counted in characters; a pair's error is checked every check_every rounds.
+ * ------------------------------------------------------------------------------------------ */
+typedef struct {
+    const Kernels *K;
+    const float *M, *RoT;
+    const int64_t *m_off;
+    const int32_t *klen, *children, *entry_of;
+    int n_ent, n_nodes, max_k;
+    int nsym, V, Vp, d, dp, kd;
+    int P, pairs;
+    const int32_t *ids;
+    const int64_t *start, *len;
+    float *H, *Hb;
+    double *bits;
+    float stop_ratio;
+    int check_every;
+    float limit;
+    int64_t *steps_done;
+    float *residual;
+    int64_t *diverged;
+    int min_group; /* a row takes a shorter key rather than a group of fewer rows than this */
+    int nt;
+    Barrier bar;
+    int64_t total_steps[64];
+    int64_t jumps[64];
+    atomic_int fail;
+    int fault_tid;
+} JumpsJob;
+
+static void jumps_set_nt(void *arg, int nt) {
+    JumpsJob *J = (JumpsJob *)arg;
+    J->nt = nt;
+    barrier_init(&J->bar, 1);
+}
+
+/* the entries of the table keys that ids[p : p + avail] starts with (avail >= 1), shortest first, into
+ * cand (at least the single symbol); returns how many */
+static inline int jumps_walk(const JumpsJob *J, const int32_t *x, int64_t avail, int *cand) {
+    int32_t node = 0;
+    int nc = 0;
+    const int64_t lim = avail < J->max_k ? avail : J->max_k;
+    for (int64_t j = 0; j < lim; j++) {
+        node = J->children[(size_t)node * J->nsym + x[j]];
+        if (node < 0) break;
+        if (J->entry_of[node] >= 0) cand[nc++] = J->entry_of[node];
+    }
+    return nc;
+}
+
+static void jumps_work(void *arg, int tid, int nt) {
+    JumpsJob *J = (JumpsJob *)arg;
+    const Kernels *K = J->K;
+    int sense = 0;
+    const int dp = J->dp, kd = J->kd, Vp = J->Vp, V = J->V, P = J->P, E = J->n_ent;
+    const int r0 = (int)((int64_t)P * tid / nt), r1 = (int)((int64_t)P * (tid + 1) / nt), nr = r1 - r0;
+    const int VLk = K->vl, jmax = (J->d + VLk - 1) / VLk * VLk;
+    const int width = dp + (J->max_k > 1 ? (J->max_k - 1) : 0) * Vp; /* a readout scratch row */
+    int *active = (int *)malloc(sizeof(int) * (nr + 1));
+    int *ent = (int *)malloc(sizeof(int) * (nr + 1));
+    int *cand = (int *)malloc(sizeof(int) * (size_t)(nr + 1) * J->max_k);
+    int *ncand = (int *)malloc(sizeof(int) * (nr + 1));
+    int64_t *pos = (int64_t *)calloc(nr + 1, sizeof(int64_t));
+    char *dead = (char *)calloc(nr + 1, 1);
+    int *cnt = (int *)malloc(sizeof(int) * (E + 1));
+    int *order = (int *)malloc(sizeof(int) * (nr + 1));
+    const float **Ap = (const float **)malloc(sizeof(float *) * (nr + 1));
+    float **Cp = (float **)malloc(sizeof(float *) * (nr + 1));
+    const float **EAp = (const float **)malloc(sizeof(float *) * (nr + 1));
+    float **ECp = (float **)malloc(sizeof(float *) * (nr + 1));
+    float *scr = (float *)aligned_alloc(64, sizeof(float) * 64 * (size_t)(width > Vp ? width : Vp));
+    float *sp[64];
+    int ok = active && ent && cand && ncand && pos && dead && cnt && order && Ap && Cp && EAp && ECp && scr && J->fault_tid != tid;
+    if (!ok) atomic_store(&J->fail, 1);
+    J->total_steps[tid] = 0;
+    J->jumps[tid] = 0;
+    if (!barrier_wait_any(&J->bar, &sense, !ok)) {
+        int n = 0;
+        for (int s = r0; s < r1; s++) active[n++] = s;
+        int64_t steps = 0;
+        for (int64_t t = 0;; t++) {
+            float *cur = (t & 1) ? J->Hb : J->H;
+            float *nxt = (t & 1) ? J->H : J->Hb;
+            /* between rounds: drop rows that diverged, finished or (pairs) converged */
+            const int check = J->pairs && t > 0 && (t % J->check_every == 0);
+            int m = 0;
+            for (int a = 0; a < n; a++) {
+                const int s = active[a], ls = s - r0;
+                int stop = 0;
+                if (dead[ls] || pos[ls] >= J->len[s]) stop = 1;
+                else if (check) {
+                    const float mh = K->row_absmax(cur + (size_t)s * dp, dp);
+                    const float me = K->row_absmax(cur + (size_t)(s + P) * dp, dp);
+                    const float r = me / mh;
+                    J->residual[s] = r;
+                    if (r <= J->stop_ratio) stop = 1;
+                }
+                if (stop) {
+                    J->steps_done[s] = pos[ls] < J->len[s] ? pos[ls] : J->len[s];
+                    if (t & 1) {
+                        memcpy(J->H + (size_t)s * dp, J->Hb + (size_t)s * dp, sizeof(float) * dp);
+                        if (J->pairs) memcpy(J->H + (size_t)(s + P) * dp, J->Hb + (size_t)(s + P) * dp, sizeof(float) * dp);
+                    }
+                    continue;
+                }
+                active[m++] = s;
+            }
+            n = m;
+            if (n == 0) break;
+            /* this round's entries, and the readout before each jump with the range check */
+            for (int a = 0; a < n; a++) {
+                const int s = active[a];
+                ncand[a] = jumps_walk(J, J->ids + J->start[s] + pos[s - r0], J->len[s] - pos[s - r0],
+                                      cand + (size_t)a * J->max_k);
+                ent[a] = cand[(size_t)a * J->max_k + ncand[a] - 1];
+            }
+            /* rows whose longest key would make a group of fewer than min_group rows take their next
+             * shorter key, until every group of a key longer than one symbol has min_group rows */
+            for (int pass = 0; J->min_group > 1 && pass < J->max_k; pass++) {
+                memset(cnt, 0, sizeof(int) * (E + 1));
+                for (int a = 0; a < n; a++) cnt[ent[a]]++;
+                int changed = 0;
+                for (int a = 0; a < n; a++)
+                    if (ncand[a] > 1 && cnt[ent[a]] < J->min_group) {
+                        ncand[a]--;
+                        ent[a] = cand[(size_t)a * J->max_k + ncand[a] - 1];
+                        changed = 1;
+                    }
+                if (!changed) break;
+            }
+            for (int b0 = 0; b0 < n; b0 += 64) {
+                const int nb = n - b0 < 64 ? n - b0 : 64;
+                for (int i = 0; i < nb; i++) Ap[i] = cur + (size_t)active[b0 + i] * dp;
+                if (J->bits) {
+                    for (int i = 0; i < nb; i++) sp[i] = scr + (size_t)i * Vp;
+                    K->gemm_rows(nb, Ap, J->RoT, kd, 0, Vp, sp);
+                }
+                for (int i = 0; i < nb; i++) {
+                    const int s = active[b0 + i], ls = s - r0;
+                    const int64_t p = J->start[s] + pos[ls];
+                    double b = 0.0;
+                    if (J->bits) {
+                        b = K->lse_bits(sp[i], V, Vp, J->ids[p]);
+                        J->bits[p] = b;
+                    }
+                    if ((!K->row_ok(Ap[i], dp, J->limit) || !isfinite(b)) && !dead[ls]) {
+                        dead[ls] = 1;
+                        J->diverged[s] = pos[ls];
+                    }
+                }
+            }
+            /* group by entry (stable counting sort) */
+            memset(cnt, 0, sizeof(int) * (E + 1));
+            for (int a = 0; a < n; a++) cnt[ent[a] + 1]++;
+            for (int e = 0; e < E; e++) cnt[e + 1] += cnt[e];
+            for (int a = 0; a < n; a++) order[cnt[ent[a]]++] = a;
+            for (int e = E; e > 0; e--) cnt[e] = cnt[e - 1];
+            cnt[0] = 0;
+            for (int q = 0; q < n; q++) {
+                const int s = active[order[q]];
+                Ap[q] = cur + (size_t)s * dp;
+                Cp[q] = nxt + (size_t)s * dp;
+                if (J->pairs) {
+                    EAp[q] = cur + (size_t)(s + P) * dp;
+                    ECp[q] = nxt + (size_t)(s + P) * dp;
+                }
+            }
+            /* the jumps, entry by entry (alternate directions: the matrices used last come first) */
+            for (int qq = 0; qq < E; qq++) {
+                const int e = (t & 1) ? E - 1 - qq : qq;
+                const int g0 = cnt[e], g1 = cnt[e + 1];
+                if (g1 == g0) continue;
+                const float *Me = J->M + J->m_off[e];
+                const int k = J->klen[e];
+                K->gemm_rows(g1 - g0, Ap + g0, Me, kd, 0, jmax, Cp + g0);
+                if (J->pairs) K->gemm_rows(g1 - g0, EAp + g0, Me, kd, 0, jmax, ECp + g0);
+                if (J->bits && k > 1) {
+                    for (int b0 = g0; b0 < g1; b0 += 64) {
+                        const int nb = g1 - b0 < 64 ? g1 - b0 : 64;
+                        for (int i = 0; i < nb; i++) sp[i] = scr + (size_t)i * width;
+                        K->gemm_rows(nb, Ap + b0, Me, kd, dp, dp + (k - 1) * Vp, sp);
+                        for (int i = 0; i < nb; i++) {
+                            const int s = active[order[b0 + i]], ls = s - r0;
+                            const int64_t p = J->start[s] + pos[ls];
+                            for (int c = 1; c < k; c++) {
+                                const double b = K->lse_bits(sp[i] + dp + (size_t)(c - 1) * Vp, V, Vp, J->ids[p + c]);
+                                J->bits[p + c] = b;
+                                if (!isfinite(b) && !dead[ls]) {
+                                    dead[ls] = 1;
+                                    J->diverged[s] = pos[ls] + c;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            for (int a = 0; a < n; a++) {
+                const int k = J->klen[ent[a]];
+                pos[active[a] - r0] += k;
+                steps += k;
+            }
+            J->jumps[tid] += n;
+        }
+        J->total_steps[tid] = steps;
+    }
+    free(active); free(ent); free(cand); free(ncand); free(pos); free(dead); free(cnt); free(order);
+    free(Ap); free(Cp); free(EAp); free(ECp); free(scr);
+}
+
+/* ------------------------------------------------------------------------------------------
  * Python bindings. The wrappers in streams.py / sequential.py check dtypes, shapes and
  * contiguity; here every buffer's size is checked again against what is read or written.
  * ------------------------------------------------------------------------------------------ */
@@ -715,6 +935,107 @@ static PyObject *py_run_streams(PyObject *self, PyObject *args) {
         }
     }
     PyBuffer_Release(&WT); PyBuffer_Release(&RoT); PyBuffer_Release(&ids); PyBuffer_Release(&start);
+    PyBuffer_Release(&len); PyBuffer_Release(&H); PyBuffer_Release(&Hb); PyBuffer_Release(&bits);
+    PyBuffer_Release(&steps_done); PyBuffer_Release(&residual); PyBuffer_Release(&diverged);
+    return ret;
+}
+
+static PyObject *py_run_jumps(PyObject *self, PyObject *args) {
+    Py_buffer M, m_off, klen, children, entry_of, RoT, ids, start, len, H, Hb, bits, steps_done, residual, diverged;
+    int nsym, V, Vp, d, dp, P, pairs, check_every, nt, want_bits, min_group;
+    float stop_ratio, limit;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*iiiiiy*y*y*w*w*w*iiffiw*w*w*iii", &M, &m_off, &klen, &children, &entry_of,
+                          &RoT, &nsym, &V, &Vp, &d, &dp, &ids, &start, &len, &H, &Hb, &bits, &P, &pairs, &stop_ratio,
+                          &limit, &check_every, &steps_done, &residual, &diverged, &nt, &want_bits, &min_group))
+        return NULL;
+    PyObject *ret = NULL;
+    const int rows = pairs ? 2 * P : P, kd = d + 1;
+    const Py_ssize_t E = klen.len / 4, n_nodes = entry_of.len / 4;
+    int ok = need(&m_off, E * 8, "m_off") && need(&children, n_nodes * nsym * 4, "children") &&
+             need(&RoT, (Py_ssize_t)kd * Vp * 4, "RoT") && need(&start, (Py_ssize_t)P * 8, "start") &&
+             need(&len, (Py_ssize_t)P * 8, "len") && need(&H, (Py_ssize_t)rows * dp * 4, "H") &&
+             need(&Hb, (Py_ssize_t)rows * dp * 4, "Hb") && need(&steps_done, (Py_ssize_t)P * 8, "steps_done") &&
+             need(&residual, (Py_ssize_t)P * 4, "residual") && need(&diverged, (Py_ssize_t)P * 8, "diverged");
+    if (ok && (dp % 16 || dp < kd || Vp % 16 || Vp < V || check_every < 1 || nsym < 1 || nsym > 65536 || E < 1 ||
+               n_nodes < 1)) {
+        PyErr_SetString(PyExc_ValueError, "run_jumps: inconsistent sizes");
+        ok = 0;
+    }
+    int max_k = 1;
+    if (ok) { /* every entry's matrix inside M; the trie's links inside it; every single symbol an entry */
+        const int64_t *mo = (const int64_t *)m_off.buf;
+        const int32_t *kl = (const int32_t *)klen.buf, *ch = (const int32_t *)children.buf,
+                      *en = (const int32_t *)entry_of.buf;
+        for (Py_ssize_t e = 0; e < E && ok; e++) {
+            if (kl[e] < 1 || kl[e] > 4096 || mo[e] < 0 || mo[e] % 16 ||
+                (mo[e] + (int64_t)kd * (dp + (int64_t)(kl[e] - 1) * Vp)) * 4 > M.len) ok = 0;
+            if (ok && kl[e] > max_k) max_k = kl[e];
+        }
+        for (Py_ssize_t i = 0; i < n_nodes * nsym && ok; i++)
+            if (ch[i] < -1 || ch[i] >= n_nodes) ok = 0;
+        for (Py_ssize_t i = 0; i < n_nodes && ok; i++)
+            if (en[i] < -1 || en[i] >= E) ok = 0;
+        for (int x = 0; x < nsym && ok; x++)
+            if (ch[x] < 0 || en[ch[x]] < 0) ok = 0;
+        if (!ok) PyErr_SetString(PyExc_ValueError, "run_jumps: an entry outside M, a trie link out of range, or a "
+                                                   "single symbol that is not an entry");
+    }
+    if (ok) { /* every position read must lie inside ids and bits */
+        const int64_t *st = (const int64_t *)start.buf, *ln = (const int64_t *)len.buf;
+        const Py_ssize_t n_ids = ids.len / 4;
+        const int32_t *xi = (const int32_t *)ids.buf;
+        for (int s = 0; s < P && ok; s++) {
+            if (st[s] < 0 || ln[s] < 0 || st[s] + ln[s] > n_ids) { PyErr_SetString(PyExc_ValueError, "run_jumps: a row reads outside ids"); ok = 0; }
+            if (ok && want_bits && (st[s] + ln[s]) * 8 > bits.len) { PyErr_SetString(PyExc_ValueError, "run_jumps: bits is too short"); ok = 0; }
+            for (int64_t t = 0; ok && t < ln[s]; t++)
+                if (xi[st[s] + t] < 0 || xi[st[s] + t] >= nsym) { PyErr_SetString(PyExc_ValueError, "run_jumps: a symbol id is out of range"); ok = 0; }
+        }
+    }
+    if (ok) {
+        JumpsJob *J = (JumpsJob *)calloc(1, sizeof(JumpsJob));
+        if (!J) {
+            PyErr_NoMemory();
+        } else {
+            J->K = KERN;
+            J->M = (const float *)M.buf; J->RoT = (const float *)RoT.buf; J->m_off = (const int64_t *)m_off.buf;
+            J->klen = (const int32_t *)klen.buf; J->children = (const int32_t *)children.buf;
+            J->entry_of = (const int32_t *)entry_of.buf; J->n_ent = (int)E; J->n_nodes = (int)n_nodes; J->max_k = max_k;
+            J->nsym = nsym; J->V = V; J->Vp = Vp; J->d = d; J->dp = dp; J->kd = kd;
+            J->P = P; J->pairs = pairs; J->ids = (const int32_t *)ids.buf;
+            J->start = (const int64_t *)start.buf; J->len = (const int64_t *)len.buf;
+            J->H = (float *)H.buf; J->Hb = (float *)Hb.buf;
+            J->bits = want_bits ? (double *)bits.buf : NULL;
+            J->stop_ratio = stop_ratio; J->check_every = check_every; J->limit = limit;
+            J->steps_done = (int64_t *)steps_done.buf; J->residual = (float *)residual.buf;
+            J->diverged = (int64_t *)diverged.buf;
+            J->min_group = min_group;
+            J->fault_tid = atomic_exchange(&fault_alloc_tid, -1);
+            const int max_threads = atomic_exchange(&fault_max_threads, 0);
+            for (int s = 0; s < P; s++) {
+                J->diverged[s] = -1;
+                J->residual[s] = INFINITY;
+                J->steps_done[s] = 0;
+            }
+            if (nt < 1) nt = 1;
+            if (nt > 64) nt = 64;
+            if (nt > P) nt = P > 0 ? P : 1;
+            long long total = 0, jumps = 0;
+            Py_BEGIN_ALLOW_THREADS
+            const int used = run_parallel(jumps_work, J, nt, jumps_set_nt, max_threads);
+            barrier_destroy(&J->bar);
+            for (int q = 0; q < used; q++) { total += J->total_steps[q]; jumps += J->jumps[q]; }
+            if (!atomic_load(&J->fail))
+                for (int s = 0; s < P; s++)
+                    if (J->diverged[s] < 0 && !KERN->row_ok(J->H + (size_t)s * dp, dp, limit))
+                        J->diverged[s] = J->steps_done[s];
+            Py_END_ALLOW_THREADS
+            if (atomic_load(&J->fail)) PyErr_NoMemory();
+            else ret = Py_BuildValue("LL", total, jumps);
+            free(J);
+        }
+    }
+    PyBuffer_Release(&M); PyBuffer_Release(&m_off); PyBuffer_Release(&klen); PyBuffer_Release(&children);
+    PyBuffer_Release(&entry_of); PyBuffer_Release(&RoT); PyBuffer_Release(&ids); PyBuffer_Release(&start);
     PyBuffer_Release(&len); PyBuffer_Release(&H); PyBuffer_Release(&Hb); PyBuffer_Release(&bits);
     PyBuffer_Release(&steps_done); PyBuffer_Release(&residual); PyBuffer_Release(&diverged);
     return ret;
@@ -847,6 +1168,44 @@ static PyObject *py_greedy_segment(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(n);
 }
 
+/* The machine's float32 FMA peak as this instruction set reaches it: every thread runs n rounds of
+ * 12 independent vector FMAs (enough chains to cover the FMA latency on two ports). */
+typedef struct {
+    int64_t n;
+    float sink[64];
+} PeakJob;
+
+static void peak_set_nt(void *arg, int nt) { (void)arg; (void)nt; }
+
+static void peak_work(void *arg, int tid, int nt) {
+    PeakJob *J = (PeakJob *)arg;
+    (void)nt;
+    J->sink[tid] = KERN->fma_loop(J->n);
+}
+
+static PyObject *py_fma_peak(PyObject *self, PyObject *args) {
+    long long n;
+    int nt;
+    if (!PyArg_ParseTuple(args, "Li", &n, &nt)) return NULL;
+    if (n < 1 || nt < 1 || nt > 64) {
+        PyErr_SetString(PyExc_ValueError, "fma_peak: n >= 1 and 1 <= threads <= 64");
+        return NULL;
+    }
+    PeakJob J = {.n = n};
+    struct timespec t0, t1;
+    int used;
+    Py_BEGIN_ALLOW_THREADS
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    used = run_parallel(peak_work, &J, nt, peak_set_nt, 0);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    Py_END_ALLOW_THREADS
+    const double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    const double flops = (double)used * (double)n * 24.0 * KERN->vl;
+    float s = 0.0f;
+    for (int i = 0; i < used; i++) s += J.sink[i];
+    return Py_BuildValue("(ddif)", flops, secs, used, s);
+}
+
 static PyObject *py_isa(PyObject *self, PyObject *noargs) { return PyUnicode_FromString(KERN->name); }
 
 
@@ -875,9 +1234,11 @@ static PyObject *py_inject_faults(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"run_streams", py_run_streams, METH_VARARGS, "Grouped multi-row scoring (see streams.py)."},
+    {"run_jumps", py_run_jumps, METH_VARARGS, "Grouped multi-row scoring by composed jumps (see jumps.py)."},
     {"seq_composed", py_seq_composed, METH_VARARGS, "One stream through a trie table (see sequential.py)."},
     {"greedy_segment", py_greedy_segment, METH_VARARGS, "Greedy longest-match starts from match lengths."},
     {"trie_segment", py_trie_segment, METH_VARARGS, "Greedy longest-match segmentation along a trie (see composed.py)."},
+    {"fma_peak", py_fma_peak, METH_VARARGS, "fma_peak(n, threads) -> (flops, seconds, threads used, sink)."},
     {"isa", py_isa, METH_NOARGS, "The instruction set the kernels run with."},
     {"set_isa", py_set_isa, METH_VARARGS, "Choose the instruction set: generic, avx2 or avx512 (tests)."},
     {"inject_faults", py_inject_faults, METH_VARARGS,

@@ -36,6 +36,7 @@ import numpy as np
 
 from isan.engine.guard import MAX_STATE_ABS
 from isan.engine.kernels.streams import StreamModel, run_streams
+from isan.params import ISANParams
 
 #: Defaults (DESIGN.md section 6 and measurements on 2.5M characters, 2 threads): a chunk much
 #: longer than the ~110 characters its correction runs (a pair of rows each, so ~9% extra work at
@@ -60,6 +61,10 @@ class ChunkedReport:
         residual: the largest ``max|e| / max(1, max|h|)`` at which a correction stopped.
         rtol, margin: the tolerance asked for (a correction stops at ``rtol / margin``).
         fallback_chunks: chunks redone one after another because an error had not died out.
+        path: ``"chunked"`` (one character a step) or ``"jumps"`` (composed jumps,
+            :func:`~isan.engine.kernels.jumps.run_jumps`).
+        steps, jumps: row-steps (characters) and row-jumps of the kernel's passes (equal on the
+            chunked path); ``steps / jumps`` is the average jump.
     """
 
     chunks: int
@@ -70,15 +75,21 @@ class ChunkedReport:
     margin: float = DEFAULT_MARGIN
     fallback_chunks: int = 0
     corrections: list[int] = field(default_factory=list, repr=False)
+    path: str = "chunked"
+    steps: int = 0
+    jumps: int = 0
 
     @property
     def extra_fraction(self) -> float:
         return self.extra_steps / self.chars if self.chars else 0.0
 
     def to_json(self) -> dict:
-        return {"path": "chunked", "chunks": self.chunks, "extra_fraction": round(self.extra_fraction, 6),
-                "residual": float(self.residual), "rtol": self.rtol, "margin": self.margin,
-                "fallback_chunks": self.fallback_chunks}
+        out = {"path": self.path, "chunks": self.chunks, "extra_fraction": round(self.extra_fraction, 6),
+               "residual": float(self.residual), "rtol": self.rtol, "margin": self.margin,
+               "fallback_chunks": self.fallback_chunks}
+        if self.path == "jumps":
+            out["chars_per_jump"] = round(self.steps / self.jumps, 4) if self.jumps else 0.0
+        return out
 
 
 def plan_chunks(lengths: Sequence[int], target_rows: int = 2 * ROWS_PER_THREAD, min_chunk: int = MIN_CHUNK) -> list[int]:
@@ -106,7 +117,8 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
                         chunks: Sequence[int] | None = None, guess: np.ndarray | None = None,
                         rtol: float = DEFAULT_RTOL, margin: float = DEFAULT_MARGIN, check_every: int = CHECK_EVERY,
                         threads: int = 1, limit: float = MAX_STATE_ABS, want_bits: bool = True,
-                        runner: Runner = run_streams, fallback: "Float64Fallback | None" = None) -> tuple[list[np.ndarray], np.ndarray, ChunkedReport, list]:
+                        runner: Runner = run_streams, fallback: "Float64Fallback | None" = None,
+                        path: str = "chunked") -> tuple[list[np.ndarray], np.ndarray, ChunkedReport, list]:
     """Score B texts exactly, each cut into chunks, all chunks in one batch.
 
     Args:
@@ -121,6 +133,7 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
         runner: :func:`run_streams` or its numpy twin :func:`run_streams_ref`.
         fallback: how chunks whose errors do not die out are redone (default: float64 reference
             recurrence of the model, :class:`Float64Fallback`, built from ``model``'s weights).
+        path: the name the report gives the kernel (``"chunked"``, ``"jumps"``).
     Returns:
         (bits per text (n_i,) float64 (empty arrays if not want_bits), final states (B, d) float32,
         report, divergences). ``divergences`` is empty, or holds one ``(text index, offset of the
@@ -160,7 +173,7 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
     h_init = np.asarray(h_init, dtype=np.float64).reshape(B, d)
     g = np.asarray(guess if guess is not None else h_init[0], dtype=np.float64).reshape(d)
     bits = np.empty(len(ids), dtype=np.float64) if want_bits else None
-    report = ChunkedReport(chunks=C, chars=len(ids), rtol=rtol, margin=margin)
+    report = ChunkedReport(chunks=C, chars=len(ids), rtol=rtol, margin=margin, path=path)
     stop = rtol / margin
 
     # 1. guess pass
@@ -169,6 +182,7 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
     H[first, :d] = h_init[c_text[first]]
     H[:, d] = 1.0
     r1 = runner(model, ids, c_start, c_len, H, bits, threads=threads, limit=limit)
+    report.steps, report.jumps = int(r1.total_steps), int(r1.jumps)
     F = H[:, :d].copy()  # final state of each chunk in the guess pass
     div1 = np.asarray(r1.diverged)
 
@@ -186,6 +200,8 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
         r2 = runner(model, ids, c_start[corr], c_len[corr], H2, bits, pairs=True, stop_ratio=stop,
                     check_every=check_every, threads=threads, limit=limit)
         report.extra_steps += 2 * int(r2.total_steps)
+        report.steps += int(r2.total_steps)
+        report.jumps += int(r2.jumps)
         conv, res = _converged(H2, P2, np.asarray(r2.steps_done), c_len[corr], np.asarray(r2.residual), stop)
         report.corrections = np.asarray(r2.steps_done).tolist()
         converged[corr] = conv
@@ -276,7 +292,7 @@ class Float64Fallback:
     def params(self):
         if self._params is None:
             src = self._source
-            self._params = (src.params() if isinstance(src, StreamModel) else src).astype(np.float64)
+            self._params = (src if isinstance(src, ISANParams) else src.params()).astype(np.float64)
         return self._params
 
     def __call__(self, ids: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

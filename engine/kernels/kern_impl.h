@@ -244,9 +244,25 @@ static float SFX(row_absmax)(const float *h, const int n) {
     return r;
 }
 
+/* n rounds of 12 independent FMAs on vectors (the peak's microbenchmark); returns a sum so that
+ * nothing is optimised away. */
+static float SFX(fma_loop)(int64_t n) {
+    const SFX(vf) a = (SFX(vf)){0} + 0.999999f, b = (SFX(vf)){0} + 1e-7f;
+    SFX(vf) c0 = a * 0.0f, c1 = c0 + 1e-3f, c2 = c0 + 2e-3f, c3 = c0 + 3e-3f, c4 = c0 + 4e-3f, c5 = c0 + 5e-3f,
+            c6 = c0 + 6e-3f, c7 = c0 + 7e-3f, c8 = c0 + 8e-3f, c9 = c0 + 9e-3f, c10 = c0 + 1e-2f, c11 = c0 + 1.1e-2f;
+    for (int64_t r = 0; r < n; r++) {
+        c0 = c0 * a + b; c1 = c1 * a + b; c2 = c2 * a + b; c3 = c3 * a + b; c4 = c4 * a + b; c5 = c5 * a + b;
+        c6 = c6 * a + b; c7 = c7 * a + b; c8 = c8 * a + b; c9 = c9 * a + b; c10 = c10 * a + b; c11 = c11 * a + b;
+    }
+    const SFX(vf) t = ((c0 + c1) + (c2 + c3)) + ((c4 + c5) + (c6 + c7)) + ((c8 + c9) + (c10 + c11));
+    float s = 0.0f;
+    for (int k = 0; k < VL; k++) s += t[k];
+    return s;
+}
+
 static const Kernels SFX(kernels) = {
     .name = KERNEL_NAME, .vl = VL, .mr = MR, .nvm = NVM,
     .gemm_rows = SFX(gemm_rows), .lse_bits = SFX(lse_bits),
     .matvec_f32 = SFX(matvec_f32), .matvec_f16 = SFX(matvec_f16),
-    .row_ok = SFX(row_ok), .row_absmax = SFX(row_absmax),
+    .row_ok = SFX(row_ok), .row_absmax = SFX(row_absmax), .fma_loop = SFX(fma_loop),
 };

@@ -120,12 +120,19 @@ class StreamsResult:
         residual: (P,) float32 last checked ``max|e| / max|h|`` of each pair (inf if never checked).
         diverged: (P,) int64 the step t at which row s's state (before character t) left the range
             or its bits were not finite; -1 where it did not.
+        jumps: row-jumps run by the true rows (:func:`~isan.engine.kernels.jumps.run_jumps`; equal
+            to ``total_steps`` one character a step).
     """
 
     total_steps: int
     steps_done: np.ndarray
     residual: np.ndarray
     diverged: np.ndarray
+    jumps: int = -1
+
+    def __post_init__(self):
+        if self.jumps < 0:
+            self.jumps = self.total_steps
 
 
 def _check(model: StreamModel, ids, start, length, H, bits, pairs):

@@ -457,7 +457,7 @@ def load_onnx_engine(path: str | Path, device: str = "cpu", path_mode: str = "au
     Raises:
         BundleFormatError, BackendUnavailableError, IsanError (see :meth:`OnnxRunner.load`).
     """
-    if path_mode in ("composed", "chunked"):
+    if path_mode in ("composed", "chunked", "jumps"):
         raise IsanError(f"--path {path_mode} runs isan's own kernels; use --backend numpy, or --path auto")
     if path_mode not in ("auto", "reference"):
         raise IsanError(f"path must be auto, composed, chunked or reference; got {path_mode!r}")

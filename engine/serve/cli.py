@@ -11,7 +11,7 @@ from isan.engine.serve.config import DEFAULT_MAX_CHARS, ServeConfig
 
 _D = ServeConfig()
 #: the engine's computation paths that ``--path`` takes (those of ``load_engine``)
-PATH_CHOICES = ("auto", "composed", "chunked", "reference")
+PATH_CHOICES = ("auto", "composed", "chunked", "jumps", "reference")
 
 
 def read_key(path: str | None) -> str | None:

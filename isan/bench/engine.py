@@ -58,7 +58,7 @@ SIZES = {"long": 2_500_000, "stream_chunk": 1_000, "stream": 300_000, "batch_tex
 #: A quick run (`isan bench engine --quick`, and the test of the benchmark itself).
 QUICK_SIZES = {"long": 60_000, "stream_chunk": 1_000, "stream": 20_000, "batch_texts": 16, "batch_len": 2_000,
                "ref": 10_000, "peer_stream": 2_000, "peer_batch": 16, "peer_batch_len": 100,
-               "ngram_train": 500_000}
+               "ngram_train": 500_000, "sweep_rows": (16, 64), "sweep_len": 500, "big_batch_texts": 0}
 STREAM_CHUNK = SIZES["stream_chunk"]
 
 
@@ -104,8 +104,8 @@ def bench_engine(model: str | None, data: str | Path, repeats: int = 3, threads:
     ids = eng.encode(unseen)
     n = len(ids)
     ref = eng.with_path("reference")
-    steps = ["reference", "long text", "long text, 1 thread", "streaming f32", "streaming f16", "batched",
-             "ingest", "onnx LSTM", "KenLM", "start-up"]
+    steps = ["reference", "long text", "long text, 1 thread", "long text, jumps", "streaming f32", "streaming f16",
+             "batched", "batched, jumps", "ingest", "sweep", "onnx LSTM", "KenLM", "start-up"]
     bar = tqdm(total=len(steps), desc="isan bench engine", unit="step", disable=not progress)
     rows, raw, facts = [], {}, {}
 
@@ -145,6 +145,18 @@ def bench_engine(model: str | None, data: str | Path, repeats: int = 3, threads:
     bar.update()
     add("long text, 1 thread", n, lambda: run_long(1))
     bar.update()
+    jump_result = {}
+
+    def run_long_jumps():
+        jump_result["r"] = eng.score(ids, per_char=True, normalize="none", threads=threads, path="jumps")
+
+    eng._jump_table()  # composed once, outside the timing (as the per-symbol layout is)
+    add(f"long text ({n:,} unseen chars, chunk-parallel by composed jumps)", n, run_long_jumps)
+    rj = jump_result["r"]
+    facts["long_text_jumps"] = {"scoring": rj.scoring, "max_abs_bits_vs_reference": float(
+        np.abs(rj.per_char_bits[: len(ref_ids)] - ref_result["r"].per_char_bits).max()),
+        "total_bits_rel_vs_chunked": abs(rj.bits - r.bits) / r.bits}
+    bar.update()
 
     # 3. streaming in 1,000-character chunks through the composed table (float32, then float16)
     chunks = [ids[i : i + sz["stream_chunk"]] for i in range(0, min(n, sz["stream"]), sz["stream_chunk"])]
@@ -179,6 +191,17 @@ def bench_engine(model: str | None, data: str | Path, repeats: int = 3, threads:
     texts = [ids[i * bl : (i + 1) * bl] for i in range(bt)]
     add(f"batched, {bt} texts of {bl:,} chars", bt * bl, lambda: eng.score_batch(texts, normalize="none", threads=threads))
     bar.update()
+    add(f"batched, {bt} texts of {bl:,} chars, composed jumps", bt * bl,
+        lambda: eng.score_batch(texts, normalize="none", threads=threads, group="jumps"))
+    big = sz.get("big_batch_texts", 4096)
+    if big and len(ids) >= 1:
+        bigtexts = [ids[(i * bl) % (n - bl) : (i * bl) % (n - bl) + bl] for i in range(big)]
+        add(f"batched, {big:,} texts of {bl:,} chars", big * bl,
+            lambda: eng.score_batch(bigtexts, normalize="none", threads=threads), reps=1)
+        add(f"batched, {big:,} texts of {bl:,} chars, composed jumps", big * bl,
+            lambda: eng.score_batch(bigtexts, normalize="none", threads=threads, group="jumps"), reps=1)
+        del bigtexts
+    bar.update()
 
     # 5. ingestion without readout
     add(f"ingest ({n:,} chars, no readout)", n, lambda: eng.advance(ids, normalize="none", threads=threads))
@@ -188,6 +211,14 @@ def bench_engine(model: str | None, data: str | Path, repeats: int = 3, threads:
     facts["long_text"]["gflops"] = flops * n * (1 + r.scoring.get("extra_fraction", 0.0)) / lt["median_s"] / 1e9
     facts["long_text"]["flops_per_char"] = flops
     facts["long_text"]["flop_bound_chars_per_s_at_100_gflops_per_core"] = 100e9 * threads / flops
+    facts["fma_peak"] = fma_peak(threads)
+    peak = facts["fma_peak"].get("gflops_all_threads")
+    for row in rows:  # useful FLOP/s: counted per character (a composed jump counts its characters)
+        row["useful_gflops"] = row["chars_per_s"] * flops / 1e9 if row["name"] != "reference" else None
+        row["of_peak"] = row["useful_gflops"] / peak if peak and row["useful_gflops"] else None
+    facts["sweep"] = sweep_rows(eng, ids, sz.get("sweep_rows", (64, 256, 1024, 4096)), sz.get("sweep_len", 500),
+                                threads_list=sorted({1, threads}), repeats=repeats, log=log)
+    bar.update()
 
     facts["rss_mib_engine"] = rss_mb()  # before the peers load their models
     facts["peak_rss_mib_engine"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -235,6 +266,88 @@ def bench_engine(model: str | None, data: str | Path, repeats: int = 3, threads:
 
 class _PeerUnavailable(Exception):
     pass
+
+
+def fma_peak(threads: int, rounds: int = 20_000_000) -> dict:
+    """The machine's float32 FMA peak as the compiled kernels' instruction set reaches it (12
+    independent vector FMA chains a thread; :func:`_native.fma_peak`), median of 3, on one thread
+    and on ``threads``. Empty without the compiled kernels."""
+    from isan.engine.kernels import native
+
+    nat = native()
+    if nat is None:
+        return {}
+    out = {"isa": nat.isa()}
+    for key, th in (("gflops_1_thread", 1), ("gflops_all_threads", threads)):
+        vals = []
+        for _ in range(3):
+            fl, secs, used, _sink = nat.fma_peak(rounds, th)
+            vals.append(fl / secs / 1e9)
+        out[key] = statistics.median(vals)
+    return out
+
+
+def sweep_rows(eng, ids: np.ndarray, rows_list, length: int, threads_list, repeats: int = 3, log=print) -> dict:
+    """chars/s of the two batched kernels (per symbol: ``group="symbol"``; composed jumps: the
+    ``jumps`` kernel without cutting) against the number of rows (texts of ``length`` characters
+    cut from ``ids``) and threads, in this process. Returns {"length", "rows": [...], "points":
+    [{"kernel", "rows", "threads", "chars_per_s", "chars_per_jump"}]}."""
+    from isan.engine.kernels.chunked import score_texts_chunked
+    from isan.engine.kernels.jumps import run_jumps
+    from isan.engine.kernels.streams import run_streams
+
+    pts = []
+    h0 = eng.params.h0
+    jt = eng._jump_table()
+    for P in rows_list:
+        P = int(P)
+        n = len(ids) - length
+        texts = [np.ascontiguousarray(ids[(i * length) % n : (i * length) % n + length], dtype=np.int32) for i in range(P)]
+        hs = np.tile(h0, (P, 1))
+        for th in threads_list:
+            for kernel, model, runner in (("per symbol", eng._streams(), run_streams), ("composed jumps", jt, run_jumps)):
+                rep = {}
+
+                def go():
+                    rep["r"] = score_texts_chunked(model, texts, hs, chunks=[1] * P, threads=th, runner=runner,
+                                                   fallback=eng._fallback, path="jumps" if runner is run_jumps else "chunked")
+
+                med, _ = median_time(go, repeats)
+                r = rep["r"][2]
+                cps = P * length / med
+                pts.append({"kernel": kernel, "rows": P, "threads": th, "chars_per_s": cps,
+                            "chars_per_jump": r.steps / r.jumps if r.jumps else 1.0})
+                log(f"  sweep: {kernel}, {P} rows x {length} chars, {th} thread(s): {cps:,.0f} chars/s")
+    return {"length": length, "rows": [int(p) for p in rows_list], "points": pts}
+
+
+def plot_sweep(result: dict, out: str | Path) -> None:
+    """chars/s against rows, one line per kernel and thread count (bench_results/*.png)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sw = result["facts"]["sweep"]
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
+    keys = sorted({(p["kernel"], p["threads"]) for p in sw["points"]})
+    for kernel, th in keys:
+        pts = sorted((p for p in sw["points"] if p["kernel"] == kernel and p["threads"] == th), key=lambda p: p["rows"])
+        ax.plot([p["rows"] for p in pts], [p["chars_per_s"] / 1e6 for p in pts], marker="o",
+                linestyle="-" if kernel == "per symbol" else "--", label=f"{kernel}, {th} thread{'s' if th > 1 else ''}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(f"rows (texts of {sw['length']} characters)")
+    ax.set_ylabel("million characters / s")
+    m = result["machine"]
+    ax.set_title(f"batched scoring: per-symbol steps vs composed jumps\n{m['cpu']}, {m['cores']} cores", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    from isan.atomic import atomic_path
+
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
 
 
 def _float16_engine(eng, out: Path):
@@ -358,9 +471,12 @@ def markdown(result: dict) -> str:
     lines = [f"Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, numpy {m['numpy']}; "
              f"kernels {result['facts']['kernels'].get('isa')}, {result['threads']} threads",
              f"Command: `{result['command']}`  (median of {result['repeats']} runs)", "",
-             "| measurement | chars | chars/s | vs reference |", "|---|---:|---:|---:|"]
+             "| measurement | chars | chars/s | vs reference | useful GFLOP/s (of FMA peak) |",
+             "|---|---:|---:|---:|---:|"]
     for r in result["rows"]:
-        lines.append(f"| {r['name']} | {r['chars']:,} | {r['chars_per_s']:,.0f} | {r['ratio']:.2f}x |")
+        g = r.get("useful_gflops")
+        gf = f"{g:.0f} ({r['of_peak']:.0%})" if g and r.get("of_peak") else (f"{g:.0f}" if g else "-")
+        lines.append(f"| {r['name']} | {r['chars']:,} | {r['chars_per_s']:,.0f} | {r['ratio']:.2f}x | {gf} |")
     f = result["facts"]
     lt, sm = f["long_text"], f.get("streaming", {})
     sc = lt["scoring"]
@@ -369,6 +485,11 @@ def markdown(result: dict) -> str:
               f"{sc.get('residual', 0):.1e} (stop at rtol {sc.get('rtol')} / margin {sc.get('margin')}) |",
               f"| long text: max bits/char from the float64 reference (first {lt['reference_chars']:,} chars) | {lt['max_abs_bits_vs_reference']:.1e} |",
               f"| long text: GFLOP/s ({lt['flops_per_char'] / 1e3:.0f} kFLOP a character) | {lt['gflops']:.0f} |",
+              f"| float32 FMA peak measured ({f.get('fma_peak', {}).get('isa')}; 1 thread / all) | "
+              f"{f.get('fma_peak', {}).get('gflops_1_thread', 0):.0f} / {f.get('fma_peak', {}).get('gflops_all_threads', 0):.0f} GFLOP/s |",
+              f"| composed jumps: characters a jump (long text), max bits/char from the reference | "
+              f"{f.get('long_text_jumps', {}).get('scoring', {}).get('chars_per_jump', 0):.2f}, "
+              f"{f.get('long_text_jumps', {}).get('max_abs_bits_vs_reference', float('nan')):.1e} |",
               f"| streaming: average match, bytes read a character (float32) | {sm.get('avg_match_length', 0):.2f}, "
               f"{sm.get('bytes_read_per_char_f32', 0) / 1e3:.0f} KB |",
               f"| streaming: bandwidth drawn (float32 / float16) | {sm.get('gb_per_s_f32', 0):.1f} / {sm.get('gb_per_s_f16', 0):.1f} GB/s |",

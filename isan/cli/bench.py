@@ -26,13 +26,16 @@ def bench():
 @click.option("--quick", is_flag=True, help="Small sizes (60,000 characters of long text): a check that it runs, not a measurement.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.option("--out", default=None, help="Write the JSON results here (nothing is written without it).")
+@click.option("--plot", default=None, help="Write the plot of chars/s against rows and threads (per-symbol steps vs "
+                                           "composed jumps) here, a PNG (nothing is written without it).")
 @friendly
-def bench_engine_cmd(model, data, repeats, threads, peers, quick, progress, out):
-    """Long-text (2.5M unseen characters, chunk-parallel), streaming (1,000-character chunks, float32
-    and float16 tables), batched (256 x 2,000) and ingestion throughput against the per-character
-    reference in the same process, with onnxruntime's LSTM and KenLM as peers; start-up, memory,
-    exactness and where the time goes."""
-    from isan.bench.engine import QUICK_SIZES, bench_engine, markdown, write_json
+def bench_engine_cmd(model, data, repeats, threads, peers, quick, progress, out, plot):
+    """Long-text (2.5M unseen characters, chunk-parallel, one character a step and by composed
+    jumps), streaming (1,000-character chunks, float32 and float16 tables), batched (256 and 4,096 x
+    2,000, both kernels) and ingestion throughput against the per-character reference in the same
+    process, useful GFLOP/s against the measured FMA peak, a sweep over rows and threads, with
+    onnxruntime's LSTM and KenLM as peers; start-up, memory, exactness and where the time goes."""
+    from isan.bench.engine import QUICK_SIZES, bench_engine, markdown, plot_sweep, write_json
 
     if threads is not None and threads < 1:
         raise UserError(f"--threads must be at least 1; got {threads}")
@@ -42,6 +45,9 @@ def bench_engine_cmd(model, data, repeats, threads, peers, quick, progress, out)
     if out:
         write_json(result, out)
         click.echo(f"\nwrote {out}")
+    if plot:
+        plot_sweep(result, plot)
+        click.echo(f"wrote {plot}")
 
 
 @bench.command("budgets")

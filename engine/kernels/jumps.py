@@ -1,0 +1,381 @@
+"""Many state rows advanced together by composed jumps, grouped by table entry: ``run_jumps``
+(compiled) and its numpy twin ``run_jumps_ref`` (same signature, same results within float32
+rounding). Issue 22; Foerster et al. 2017, section 5 ("the affine transformations of frequent
+substrings can be precomputed").
+
+:func:`~isan.engine.kernels.streams.run_streams` advances every row one character a round, so a
+character costs ``2 (d (d + 1) + (d + 1) V)`` FLOPs (105 kFLOP at d = 216): the state update
+dominates. Here each round every row takes one *jump*: the longest key of a :class:`JumpTable`
+that its text continues with (greedy longest match, never past the row's end; every single
+symbol is a key). For a key ``s`` of ``k`` characters read from state ``h`` (DESIGN.md section 2):
+
+* the k predictions inside the jump: ``logits_i = W_ro (A_{s[:i]} h + c_{s[:i]}) + b_ro`` for
+  i < k, from precomposed readouts ``[W_ro A_{s[:i]} | W_ro c_{s[:i]} + b_ro]`` (``i = 0`` is the
+  plain readout ``[W_ro | b_ro]``, shared by every key);
+* the state after it: ``h <- A_s h + c_s``, one d x (d + 1) product for k characters.
+
+A character then costs about ``2 (d (d + 1) / L + (d + 1) V)``, L the average jump. The rows of a
+round are grouped by key so each key's matrix is read once a round for all the rows that take
+it: the product is a GEMM, compute-bound when groups are large (many rows, few keys).
+
+With ``pairs=True`` the error rows (``P + s``) follow row s through the same jumps without bias
+(``e <- A_s e``, the homogeneous coordinate is 0) and without readout: the correction pass of
+:mod:`~isan.engine.kernels.chunked` runs unchanged on jumps (affine maps compose). The
+convergence check runs every ``check_every`` rounds (jumps), and positions, ``steps_done`` and
+``diverged`` count characters, as in ``run_streams``. The range check (:mod:`isan.engine.guard`)
+sees the state at jump boundaries; bits that are not finite anywhere inside a jump are caught
+at their character.
+
+Layout: :class:`JumpTable` holds, per key e of k characters, ``M_e`` = ``[WT_e | Ro_{e,1} | ...
+| Ro_{e,k-1}]`` of shape (d + 1, dp + (k - 1) Vp), ``WT_e`` the transposed homogeneous
+``[[A_s, c_s], [0, 1]]`` (as :class:`~isan.engine.kernels.streams.StreamModel`'s WT) and
+``Ro_{e,i}`` the transposed readout of prefix i padded to Vp columns; the compiled kernel reads
+them in panels of 16 columns (:func:`~isan.engine.kernels.streams.pack_panels`), concatenated.
+Precision: the keys' maps are composed in float64 and stored in float32; states are float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from isan.engine.guard import MAX_STATE_ABS
+from isan.engine.kernels.streams import LOG2E, StreamModel, StreamsResult, _check, pack_panels
+from isan.params import ISANParams
+
+#: See ``run_jumps``'s ``min_group``; and the rows a thread runs when a long text is cut into chunks
+#: for this kernel: groups by key need many rows (measured on 2M characters of text8 with the
+#: default table: 1,024 rows a thread averaged 1.36 characters a jump with min_group 8, 4,096
+#: rows 1.84; 2,048 a thread keeps chunks of 2.5M characters above MIN_CHUNK).
+MIN_GROUP = 8
+ROWS_PER_THREAD = 2048
+
+
+@dataclass(frozen=True)
+class JumpTable:
+    """Composed jumps for the batched kernels (see the module docstring); immutable.
+
+    Attributes:
+        stream: the per-symbol weights (:class:`StreamModel`): ``RoT``, ``d``, ``V``, ``dp``, ``Vp``.
+        keys: (E,) tuple of the keys' symbol ids (tuples); keys 0..K-1 are the single symbols.
+        klen: (E,) int32 characters of each key.
+        M: list of E float32 arrays (d + 1, dp + (k_e - 1) Vp): the numpy twin's layout.
+        M_panels: every ``M_e`` in panels of 16 columns, concatenated (float32, flat).
+        m_off: (E,) int64 where each ``M_e`` starts in ``M_panels`` (floats).
+        children: (nodes, K) int32 the keys' trie (node 0 the root; -1: no child);
+        entry_of: (nodes,) int32 the key ending at each node, or -1.
+    """
+
+    stream: StreamModel
+    keys: tuple
+    klen: np.ndarray
+    M: list = field(repr=False)
+    M_panels: np.ndarray = field(repr=False)
+    m_off: np.ndarray = field(repr=False)
+    children: np.ndarray = field(repr=False)
+    entry_of: np.ndarray = field(repr=False)
+
+    # what chunked.py and Float64Fallback read from a model
+    @property
+    def d(self) -> int:
+        return self.stream.d
+
+    @property
+    def dp(self) -> int:
+        return self.stream.dp
+
+    @property
+    def V(self) -> int:
+        return self.stream.V
+
+    @property
+    def K(self) -> int:
+        return self.stream.K
+
+    @property
+    def n_entries(self) -> int:
+        return len(self.keys)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the composed matrices (what the kernel reads)."""
+        return int(self.M_panels.nbytes)
+
+    def params(self) -> ISANParams:
+        return self.stream.params()
+
+    def avg_jump(self, ids: np.ndarray) -> float:
+        """The average characters a jump on ``ids`` (one row, greedy longest match)."""
+        n = len(ids)
+        if n == 0:
+            return 0.0
+        return n / len(segment(self, np.asarray(ids, dtype=np.int32)))
+
+    @classmethod
+    def build(cls, params: ISANParams, keys: Sequence[Sequence[int]], stream: StreamModel | None = None) -> "JumpTable":
+        """Compose the keys' maps (float64, one d x d product per trie node) into a table.
+
+        Args:
+            params: the model.
+            keys: symbol-id sequences (length >= 2; duplicates and single symbols are ignored:
+                every single symbol is always a key).
+            stream: the model's :class:`StreamModel` if already made.
+        Raises:
+            ValueError: a key with an id outside the alphabet.
+        """
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(1, user_api="blas"):  # small float64 products: one BLAS thread is faster
+            return cls._build(params, keys, stream)
+
+    @classmethod
+    def _build(cls, params: ISANParams, keys: Sequence[Sequence[int]], stream: StreamModel | None) -> "JumpTable":
+        stream = stream or StreamModel.from_params(params)
+        K, d, V = params.K, params.d, params.V
+        dp, Vp = stream.dp, stream.Vp
+        p = params.astype(np.float64)
+        seen = set()
+        multi = []
+        for key in keys:
+            kt = tuple(int(x) for x in key)
+            if any(x < 0 or x >= K for x in kt):
+                raise ValueError(f"a key has a symbol id outside 0..{K - 1}: {kt}")
+            if len(kt) >= 2 and kt not in seen:
+                seen.add(kt)
+                multi.append(kt)
+        multi.sort()
+        all_keys = [(x,) for x in range(K)] + multi
+        # the trie of every key (and every prefix of one): composed (A, c) at each node, float64
+        children = [[-1] * K]
+        entry_of = [-1]
+        node_A = [np.eye(d)]
+        node_c = [np.zeros(d)]
+        node_of_key = []
+        for e, key in enumerate(all_keys):
+            node = 0
+            for x in key:
+                nxt = children[node][x]
+                if nxt < 0:
+                    nxt = len(entry_of)
+                    children[node][x] = nxt
+                    children.append([-1] * K)
+                    entry_of.append(-1)
+                    node_A.append(p.W[x] @ node_A[node])
+                    node_c.append(p.W[x] @ node_c[node] + p.b[x])
+                node = nxt
+            entry_of[node] = e
+            node_of_key.append(node)
+        Ro = np.concatenate([p.W_ro, p.b_ro[:, None]], axis=1)  # (V, d+1)
+        M, panels, offs = [], [], []
+        off = 0
+        for e, key in enumerate(all_keys):
+            k = len(key)
+            Me = np.zeros((d + 1, dp + (k - 1) * Vp), dtype=np.float64)
+            node = node_of_key[e]
+            Me[:d, :d] = node_A[node].T
+            Me[d, :d] = node_c[node]
+            Me[d, d] = 1.0
+            pre = 0
+            for i in range(1, k):  # readout of prefix key[:i]
+                pre = children[pre][key[i - 1]]
+                Ri = Ro[:, :d] @ node_A[pre]
+                ri = Ro[:, :d] @ node_c[pre] + p.b_ro
+                c0 = dp + (i - 1) * Vp
+                Me[:d, c0 : c0 + V] = Ri.T
+                Me[d, c0 : c0 + V] = ri
+            M32 = Me.astype(np.float32)
+            M32.setflags(write=False)
+            M.append(M32)
+            pan = pack_panels(M32).reshape(-1)
+            panels.append(pan)
+            offs.append(off)
+            off += len(pan)
+        M_panels = np.concatenate(panels).astype(np.float32)
+        arrays = dict(klen=np.array([len(k) for k in all_keys], dtype=np.int32),
+                      m_off=np.array(offs, dtype=np.int64), children=np.array(children, dtype=np.int32),
+                      entry_of=np.array(entry_of, dtype=np.int32))
+        for a in (M_panels, *arrays.values()):
+            a.setflags(write=False)
+        return cls(stream=stream, keys=tuple(all_keys), M=M, M_panels=M_panels, **arrays)
+
+
+def segment(table: JumpTable, ids: np.ndarray) -> np.ndarray:
+    """The entries of one row's jumps (greedy longest match along the trie), (m,) int64."""
+    from isan.engine.kernels import native
+
+    nat = native()
+    ids = np.ascontiguousarray(ids, dtype=np.int32)
+    if nat is not None:
+        starts = np.empty(len(ids), dtype=np.int64)
+        ents = np.empty(len(ids), dtype=np.int64)
+        n = nat.trie_segment(table.children, table.entry_of, table.K, ids, starts, ents)
+        return ents[:n]
+    out, i, N = [], 0, len(ids)
+    ch, en = table.children, table.entry_of
+    while i < N:
+        node, best, blen, j = 0, -1, 0, i
+        while j < N:
+            node = ch[node, ids[j]]
+            if node < 0:
+                break
+            j += 1
+            if en[node] >= 0:
+                best, blen = int(en[node]), j - i
+        out.append(best)
+        i += blen
+    return np.asarray(out, dtype=np.int64)
+
+
+def run_jumps(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: np.ndarray, H: np.ndarray,
+              bits: np.ndarray | None = None, pairs: bool = False, stop_ratio: float = 0.0,
+              check_every: int = 16, limit: float = MAX_STATE_ABS, threads: int = 1,
+              split: str = "auto", min_group: int = MIN_GROUP) -> StreamsResult:
+    """Advance every row through its characters by composed jumps (compiled; module docstring).
+
+    The signature and results are :func:`~isan.engine.kernels.streams.run_streams`'s (``split`` is
+    accepted for that and ignored: rows are split between threads, each runs its block alone).
+
+    Args:
+        model: the :class:`JumpTable`.
+        ids: (N,) int32 symbol ids; start, length: (P,) int64: row s reads
+            ``ids[start[s] : start[s] + length[s]]``.
+        H: (P, dp) float32 (2P with ``pairs``) state rows, updated in place to the final states.
+        bits: (N,) float64 or None: where the bits of each character are written.
+        pairs, stop_ratio, check_every: the correction mode (checked every ``check_every`` jumps).
+        limit: the largest ``|h_i|`` accepted (checked at jump boundaries).
+        threads: threads sharing the rows.
+        min_group: a row whose longest key would be taken by fewer than this many rows of its
+            thread in a round takes its next shorter key instead (a composed matrix read for one
+            or two rows costs more than the steps it saves; single symbols are always taken).
+    Returns:
+        StreamsResult (steps in characters; ``jumps`` the jumps taken).
+    Raises:
+        TypeError, ValueError: arrays of the wrong dtype, shape or range.
+    """
+    from isan.engine.kernels import native
+
+    nat = native()
+    if nat is None:
+        return run_jumps_ref(model, ids, start, length, H, bits, pairs, stop_ratio, check_every, limit, threads, split,
+                             min_group)
+    sm = model.stream
+    P = _check(sm, ids, start, length, H, bits, pairs)
+    steps_done = np.zeros(P, dtype=np.int64)
+    residual = np.zeros(P, dtype=np.float32)
+    diverged = np.zeros(P, dtype=np.int64)
+    Hb = H.copy()
+    want = bits is not None
+    out_bits = bits if want else np.zeros(0, dtype=np.float64)
+    total, jumps = nat.run_jumps(model.M_panels, model.m_off, model.klen, model.children, model.entry_of,
+                                 sm.RoT_panels, sm.K, sm.V, sm.Vp, sm.d, sm.dp, ids, start, length, H, Hb, out_bits,
+                                 P, int(pairs), float(stop_ratio), float(limit), int(check_every), steps_done,
+                                 residual, diverged, int(threads), int(want), int(min_group))
+    return StreamsResult(int(total), steps_done, residual, diverged, int(jumps))
+
+
+def run_jumps_ref(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: np.ndarray, H: np.ndarray,
+                  bits: np.ndarray | None = None, pairs: bool = False, stop_ratio: float = 0.0,
+                  check_every: int = 16, limit: float = MAX_STATE_ABS, threads: int = 1,
+                  split: str = "auto", min_group: int = MIN_GROUP) -> StreamsResult:
+    """The numpy twin of :func:`run_jumps`: the same jumps, rounds, groups and stops, with
+    ``threads = 1`` (``min_group`` counts the rows of a thread, so the compiled kernel takes the
+    same jumps only with one thread; the bits agree for any) and ``split`` ignored; the
+    log-softmax is float64 here."""
+    sm = model.stream
+    P = _check(sm, ids, start, length, H, bits, pairs)
+    d, V, dp, Vp = sm.d, sm.V, sm.dp, sm.Vp
+    steps_done = np.zeros(P, dtype=np.int64)
+    residual = np.full(P, np.inf, dtype=np.float32)
+    diverged = np.full(P, -1, dtype=np.int64)
+    ids64 = ids.astype(np.int64)
+    pos = np.zeros(P, dtype=np.int64)
+    RoT = sm.RoT[:, :V]
+    ch, en, klen = model.children, model.entry_of, model.klen
+    max_k = int(klen.max())
+    active = np.arange(P)
+    total, t, n_jumps = 0, 0, 0
+
+    def lse_bits(L, targets):
+        L = L.astype(np.float64)
+        mx = L.max(axis=1, keepdims=True)
+        lse = np.log(np.exp(L - mx).sum(axis=1)) + mx[:, 0]
+        return (lse - L[np.arange(len(L)), targets]) * LOG2E
+
+    while True:
+        keep = np.ones(len(active), dtype=bool)
+        gone = (diverged[active] >= 0) | (pos[active] >= length[active])
+        steps_done[active[gone]] = np.minimum(pos[active[gone]], length[active[gone]])
+        keep &= ~gone
+        if pairs and t > 0 and t % check_every == 0:
+            a = active[keep]
+            mh = np.abs(H[a]).max(axis=1)
+            me = np.abs(H[a + P]).max(axis=1)
+            r = (me / mh).astype(np.float32)
+            residual[a] = r
+            conv = r <= np.float32(stop_ratio)
+            steps_done[a[conv]] = pos[a[conv]]
+            idx = np.flatnonzero(keep)
+            keep[idx[conv]] = False
+        active = active[keep]
+        if len(active) == 0:
+            break
+        # the jumps: longest key along the trie, not past the row's end
+        cands = []
+        for s in active.tolist():
+            p0, avail = int(start[s] + pos[s]), int(length[s] - pos[s])
+            node, c = 0, []
+            for j in range(min(avail, max_k)):
+                node = ch[node, ids64[p0 + j]]
+                if node < 0:
+                    break
+                if en[node] >= 0:
+                    c.append(int(en[node]))
+            cands.append(c)
+        ent = np.array([c[-1] for c in cands], dtype=np.int64)
+        for _ in range(max_k if min_group > 1 else 0):  # small groups take shorter keys
+            cnt = np.bincount(ent, minlength=len(klen))
+            small = [a for a, c in enumerate(cands) if len(c) > 1 and cnt[ent[a]] < min_group]
+            if not small:
+                break
+            for a in small:
+                cands[a].pop()
+                ent[a] = cands[a][-1]
+        p = start[active] + pos[active]
+        bad = ~(np.abs(H[active, :d]).max(axis=1) <= limit)
+        if bits is not None:
+            b = lse_bits(H[active] @ RoT, ids64[p])
+            bits[p] = b
+            bad |= ~np.isfinite(b)
+        newly = bad & (diverged[active] < 0)
+        diverged[active[newly]] = pos[active[newly]]
+        order = np.argsort(ent, kind="stable")
+        cuts = np.flatnonzero(np.diff(ent[order])) + 1
+        Hn = H.copy()
+        for grp in np.split(order, cuts):
+            e = int(ent[grp[0]])
+            k = int(klen[e])
+            Me = model.M[e]
+            rows = active[grp]
+            Hn[rows, : d + 1] = H[rows, : d + 1] @ Me[:, : d + 1]
+            if pairs:
+                Hn[rows + P, : d + 1] = H[rows + P, : d + 1] @ Me[:, : d + 1]
+            if bits is not None and k > 1:
+                L = H[rows, : d + 1] @ Me[:, dp:]  # (n, (k-1) Vp)
+                for c in range(1, k):
+                    pc = start[rows] + pos[rows] + c
+                    bc = lse_bits(L[:, (c - 1) * Vp : (c - 1) * Vp + V], ids64[pc])
+                    bits[pc] = bc
+                    nf = ~np.isfinite(bc) & (diverged[rows] < 0)
+                    diverged[rows[nf]] = pos[rows[nf]] + c
+        H[:] = Hn
+        total += int(klen[ent].sum())
+        n_jumps += len(active)
+        pos[active] += klen[ent]
+        t += 1
+    final = H[:P, :d]
+    m = np.abs(final).max(axis=1)
+    bad = (diverged < 0) & ~(m <= limit)
+    diverged[bad] = steps_done[bad]
+    return StreamsResult(total, steps_done, residual, diverged, n_jumps)

@@ -1,0 +1,223 @@
+"""The batched kernel by composed jumps (issue 22): engine/kernels/jumps.py.
+
+Against its numpy twin (the same jumps, groups and stops), against the per-character kernel
+run_streams, and against the float64 reference through the engine's ``jumps`` path, on real text
+and on hypothesis-made texts of every chunk count and batch shape. Tolerances: per-character bits
+within 1e-4 of the float64 reference, totals within a relative 1e-6 (module docstring of
+engine/composed.py); the compiled kernel and its twin differ by float32 summation order only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from isan.engine.kernels import native
+from isan.engine.kernels.chunked import score_texts_chunked
+from isan.engine.kernels.jumps import JumpTable, run_jumps, run_jumps_ref, segment
+from isan.engine.kernels.streams import run_streams
+from isan.errors import StateDivergedError
+
+
+@pytest.fixture(scope="module")
+def table(default_engine):
+    return default_engine._jump_table()
+
+
+@pytest.fixture(scope="module")
+def test_ids(default_engine, text8_test):
+    return default_engine.encode(text8_test[:200_000]).astype(np.int32)
+
+
+def _rows(table, ids, P, h0):
+    L = len(ids) // P
+    start = np.arange(P, dtype=np.int64) * L
+    length = np.full(P, L, dtype=np.int64)
+    H = table.stream.rows(np.tile(h0, (P, 1)))
+    return start, length, H
+
+
+def test_table_holds_every_symbol_and_the_bundles_keys(table, default_engine):
+    K = default_engine.params.K
+    assert table.keys[:K] == tuple((x,) for x in range(K))
+    assert table.n_entries == default_engine.table.n_entries  # the recipe's keys (singles included)
+    assert table.klen.max() > 1
+    # a key's matrix composes its symbols' maps: check one against the per-symbol products (float64)
+    p = default_engine.params
+    e = max(range(table.n_entries), key=lambda i: table.klen[i])
+    A, c = np.eye(p.d), np.zeros(p.d)
+    for x in table.keys[e]:
+        A, c = p.W[x] @ A, p.W[x] @ c + p.b[x]
+    np.testing.assert_allclose(table.M[e][: p.d, : p.d].T, A, atol=1e-6 * np.abs(A).max())
+    np.testing.assert_allclose(table.M[e][p.d, : p.d], c, rtol=1e-5, atol=1e-5 * np.abs(c).max())
+
+
+@pytest.mark.skipif(native() is None, reason="the compiled kernels are not built")
+@pytest.mark.parametrize("min_group", [1, 4, 8])
+@pytest.mark.parametrize("want_bits", [True, False])
+def test_compiled_equals_numpy_twin(table, test_ids, default_engine, min_group, want_bits):
+    ids = test_ids[:24_000]
+    start, length, H = _rows(table, ids, 48, default_engine.params32.h0)
+    out = []
+    for fn in (run_jumps, run_jumps_ref):
+        Hx = H.copy()
+        bits = np.zeros(len(ids)) if want_bits else None
+        r = fn(table, ids, start, length, Hx, bits, threads=1, min_group=min_group)
+        out.append((r, Hx, bits))
+    (r1, H1, b1), (r2, H2, b2) = out
+    assert r1.total_steps == r2.total_steps == len(ids)
+    assert r1.jumps == r2.jumps  # the same jumps (one thread: the same groups)
+    if min_group == 1:
+        assert r1.jumps < 0.8 * len(ids)  # greedy longest match takes multi-character keys
+    np.testing.assert_array_equal(r1.steps_done, r2.steps_done)
+    np.testing.assert_array_equal(r1.diverged, r2.diverged)
+    np.testing.assert_allclose(H1, H2, rtol=1e-4, atol=1e-4)
+    if want_bits:
+        np.testing.assert_allclose(b1, b2, atol=1e-4)
+
+
+@pytest.mark.skipif(native() is None, reason="the compiled kernels are not built")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_equals_the_per_character_kernel_on_real_text(table, test_ids, default_engine, threads):
+    start, length, H = _rows(table, test_ids, 512, default_engine.params32.h0)
+    H1, H2 = H.copy(), H.copy()
+    b1, b2 = np.zeros(len(test_ids)), np.zeros(len(test_ids))
+    r = run_jumps(table, test_ids, start, length, H1, b1, threads=threads, min_group=1)
+    run_streams(table.stream, test_ids, start, length, H2, b2, threads=threads)
+    assert r.jumps < 0.8 * r.total_steps
+    n = int(length.sum())
+    assert np.abs(b1[:n] - b2[:n]).max() < 1e-4
+    assert abs(b1[:n].sum() - b2[:n].sum()) < 1e-6 * b2[:n].sum()
+    np.testing.assert_allclose(H1, H2, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(native() is None, reason="the compiled kernels are not built")
+def test_pairs_mode_equals_twin(table, test_ids, default_engine):
+    """The correction pass's error rows follow their rows through the same jumps, without bias."""
+    ids = test_ids[:16_000]
+    start, length, H = _rows(table, ids, 16, default_engine.params32.h0)
+    H2 = np.concatenate([H, H * 0.0])
+    H2[16:, : default_engine.d] = np.random.default_rng(0).normal(0, 1, (16, default_engine.d))
+    out = []
+    for fn in (run_jumps, run_jumps_ref):
+        Hx = H2.copy()
+        bits = np.zeros(len(ids))
+        r = fn(table, ids, start, length, Hx, bits, pairs=True, stop_ratio=1e-7, check_every=4, threads=1,
+               min_group=1)
+        out.append((r, Hx))
+    (r1, A), (r2, B) = out
+    np.testing.assert_array_equal(r1.steps_done, r2.steps_done)
+    assert (r1.steps_done < length).all()  # every error died out inside its chunk
+    np.testing.assert_allclose(A, B, rtol=1e-4, atol=1e-4)
+
+
+def test_engine_jumps_path_equals_reference(default_engine, text8_test):
+    text = text8_test[200_000:260_000]
+    ref = default_engine.with_path("reference").score(text, per_char=True)
+    r = default_engine.score(text, per_char=True, path="jumps")
+    assert r.scoring["path"] == "jumps" and r.scoring["chars_per_jump"] >= 1.0
+    assert np.abs(r.per_char_bits - ref.per_char_bits).max() < 1e-4
+    assert abs(r.bits - ref.bits) < 1e-6 * ref.bits
+    assert np.abs(r.state.h - ref.state.h).max() < 1e-4 * max(1.0, np.abs(ref.state.h).max())
+    h = default_engine.advance(text, path="jumps").h
+    assert np.abs(h - ref.state.h).max() < 1e-4 * max(1.0, np.abs(ref.state.h).max())
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_chunked_by_jumps_equals_reference_any_shape(default_engine, table, data):
+    """Hypothesis-made texts (table keys and random symbols), any batch shape and chunk count,
+    through the exact chunk-parallel algorithm with the jumps kernel (compiled and twin)."""
+    K = default_engine.params.K
+    keys = [k for k in table.keys if len(k) > 1]
+    piece = st.one_of(st.sampled_from(keys), st.lists(st.integers(0, K - 1), min_size=1, max_size=5).map(tuple))
+    texts = data.draw(st.lists(st.lists(piece, min_size=1, max_size=300).map(
+        lambda ps: np.array([x for p in ps for x in p], dtype=np.int32)), min_size=1, max_size=5))
+    chunks = [data.draw(st.integers(1, max(1, len(t) // 64))) for t in texts]
+    runner = data.draw(st.sampled_from([run_jumps, run_jumps_ref]) if native() is not None else st.just(run_jumps_ref))
+    threads = data.draw(st.integers(1, 2))
+    h0 = default_engine.params.h0
+    hs = np.tile(h0, (len(texts), 1))
+    bits, finals, rep, div = score_texts_chunked(table, texts, hs, chunks=chunks, threads=threads, runner=runner,
+                                                 path="jumps")
+    assert not div
+    p = default_engine.params
+    for t, b, hf in zip(texts, bits, finals):
+        from isan.engine.reference import score_ref
+
+        rb, rh = score_ref(p, t.astype(np.int64), h0)
+        assert np.abs(b - rb).max() < 1e-4
+        assert abs(b.sum() - rb.sum()) <= 1e-6 * rb.sum() + 1e-6
+        assert np.abs(hf - rh).max() < 1e-4 * max(1.0, np.abs(rh).max())
+
+
+def test_score_batch_jumps_equals_each_alone(default_engine, text8_test):
+    texts = [text8_test[i * 700 : i * 700 + 300 + 97 * i] for i in range(9)]
+    got = default_engine.score_batch(texts, per_char=True, group="jumps")
+    for t, g in zip(texts, got):
+        alone = default_engine.with_path("reference").score(t, per_char=True)
+        assert np.abs(g.per_char_bits - alone.per_char_bits).max() < 1e-4
+        assert g.scoring["path"] == "jumps"
+
+
+def test_segment_is_greedy_longest_match(table, default_engine):
+    ids = default_engine.encode(" the cat and the dog ").astype(np.int32)
+    ents = segment(table, ids)
+    assert sum(int(table.klen[e]) for e in ents) == len(ids)
+    # greedy: at each start no longer key matches
+    pos = 0
+    for e in ents:
+        k = int(table.klen[e])
+        assert tuple(ids[pos : pos + k]) == table.keys[e]
+        longer = [kk for kk in table.keys if len(kk) > k and tuple(ids[pos : pos + len(kk)]) == kk]
+        assert not longer
+        pos += k
+
+
+def test_jumps_path_reports_divergence_like_chunked(unconstrained_engine):
+    """A diverging state (the unconstrained model on a long run of 'h') is located exactly."""
+    text = "the " + "h" * 30_000
+    errs = []
+    for path in ("chunked", "jumps"):
+        with pytest.raises(StateDivergedError) as e:
+            unconstrained_engine.score(text, path=path)
+        errs.append(e.value.offset)
+    assert errs[0] == errs[1]
+
+
+@pytest.mark.skipif(native() is None, reason="the compiled kernels are not built")
+def test_a_failing_call_then_good_calls(table, test_ids, default_engine):
+    """An allocation failure in a thread raises MemoryError; the next calls are correct (issue 20's rule)."""
+    from isan.engine.kernels import _native
+
+    ids = test_ids[:40_000]
+    start, length, H = _rows(table, ids, 64, default_engine.params32.h0)
+    want = np.zeros(len(ids))
+    run_jumps(table, ids, start, length, H.copy(), want, threads=2)
+    for tid in (0, 1, 0):
+        _native.inject_faults(tid, 0)
+        with pytest.raises(MemoryError):
+            run_jumps(table, ids, start, length, H.copy(), np.zeros(len(ids)), threads=2)
+        got = np.zeros(len(ids))
+        run_jumps(table, ids, start, length, H.copy(), got, threads=2)
+        np.testing.assert_array_equal(got, want)
+    _native.inject_faults(-1, 1)  # the system refuses the second thread: one thread does all rows
+    got = np.zeros(len(ids))
+    run_jumps(table, ids, start, length, H.copy(), got, threads=2, min_group=1)
+    ref = np.zeros(len(ids))
+    run_jumps(table, ids, start, length, H.copy(), ref, threads=1, min_group=1)
+    np.testing.assert_allclose(got, ref, atol=1e-6)
+
+
+def test_bad_input_is_refused(table, default_engine):
+    ids = np.array([0, 1, 99], dtype=np.int32)
+    start, length = np.array([0], np.int64), np.array([3], np.int64)
+    H = table.stream.rows(default_engine.params32.h0[None])
+    with pytest.raises(ValueError):
+        run_jumps(table, ids, start, length, H, np.zeros(3))
+    with pytest.raises(ValueError):
+        run_jumps(table, ids[:2], start, length, H, np.zeros(3))
+    with pytest.raises(ValueError):
+        JumpTable.build(default_engine.params32, [[0, 99]])
