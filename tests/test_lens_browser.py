@@ -118,8 +118,8 @@ def shown(pg) -> dict:
 def test_colouring_prediction_and_attribution_match_the_api(page, server):
     pg = page
     pg.goto(server + "/")
-    pg.wait_for_function("document.body.dataset.state === 'ready' || document.getElementById('model').textContent "
-                         "!== 'loading the model…'")
+    # a function, not an expression: Playwright evaluates expressions with eval, which the page's CSP refuses
+    pg.wait_for_function("() => document.body.dataset.state === 'ready'", timeout=20_000)
     pg.click("#input")
     pg.keyboard.type(TEXT, delay=5)  # typed: one frame per keystroke, only the new characters
     wait_scored(pg, TEXT)
@@ -346,10 +346,50 @@ def test_any_bundle_bytes(browser, tmp_path):
     assert not errors, errors
 
 
+@pytest.mark.parametrize("kind", ["pairs", "words"])
+def test_any_bundle_pairs_and_words_typed(browser, tmp_path, kind):
+    """Pairs and words are read whole: typed a character at a time, the page shows the bits of the
+    whole text (not of a pair padded or a word cut at each keystroke), and a word model's words are
+    its sources."""
+    from conftest import random_params
+    from isan.alphabet import Alphabet
+    from isan.engine import Engine
+    from isan.engine.bundle import write_bundle
+    from isan.tokens import PairAlphabet, WordAlphabet
+
+    alpha = PairAlphabet(Alphabet.text8()) if kind == "pairs" else WordAlphabet.from_text("the cat sat on mat a dog")
+    write_bundle(tmp_path / kind, random_params(K=len(alpha), V=len(alpha), d=8, seed=3).as_dict(), alpha, kind="isan")
+    eng = Engine.load(tmp_path / kind)
+    ctx = browser.new_context()
+    pg = ctx.new_page()
+    errors: list[str] = []
+    pg.on("console", lambda m: errors.append(m.text) if m.type in ("error", "warning") else None)
+    with running(create_app(eng, config=ServeConfig(state_secret=b"p" * 32))) as addr:
+        pg.goto(f"http://{addr}/")
+        pg.wait_for_selector("#c0", state="attached", timeout=20_000)
+        text = "the cat sat on the mat a dog"
+        pg.click("#input")
+        pg.keyboard.type(text, delay=5)
+        wait_scored(pg, text)
+        ref = httpx.post(f"http://{addr}/v1/score", json={"text": text, "per_char": True}, timeout=30).json()
+        spans = pg.evaluate("() => [...document.querySelectorAll('#view span[data-off]:not(.end)')].map(s => "
+                            "s.dataset.bits === '' ? 0 : +s.dataset.bits)")
+        assert sum(spans) == pytest.approx(ref["bits"], abs=1e-4)
+        assert float(pg.get_attribute("#bpc", "data-bits")) == pytest.approx(ref["bits"], abs=1e-4)
+        if kind == "words":
+            pg.select_option("#by", "word")
+            got = point(pg, text.index("dog"))
+            assert got["sources"] == ["<h0>", "the", "cat", "sat", "on", "the", "mat", "a"]
+            assert abs(got["base"] + sum(got["contributions"]) - got["value"]) <= TOL
+        ctx.close()  # before the server stops: the page would try to reconnect
+    assert not errors, errors
+
+
 def test_no_ui_and_static_files(default_engine):
     with running(create_app(default_engine, config=ServeConfig(ui=False))) as addr:
         r = httpx.get(f"http://{addr}/", timeout=10)
         assert r.status_code == 404 and r.json()["status"] == 404 and "there is no GET /" in r.json()["error"]
+        assert "lens page" not in r.json()["error"]  # the list of endpoints does not offer the page it turned off
         assert httpx.get(f"http://{addr}/lens/lens.js", timeout=10).status_code == 404
     with running(create_app(default_engine)) as addr:
         r = httpx.get(f"http://{addr}/", timeout=10)
@@ -362,6 +402,7 @@ def test_no_ui_and_static_files(default_engine):
         assert r.status_code == 404
         r = httpx.get(f"http://{addr}/lens/app.py", timeout=10)
         assert r.status_code == 404 and r.json()["status"] == 404
+        assert "GET / (the lens page)" in httpx.get(f"http://{addr}/nowhere", timeout=10).json()["error"]
         # nothing from elsewhere: no http(s) URL in the page's files
         from isan.engine.serve.lens import STATIC
 

@@ -74,7 +74,9 @@ ENCODE_INLINE_CHARS = 50_000
 SAMPLE_FIRST_PIECE, SAMPLE_PIECE = 16, 64
 ENDPOINTS = ("GET /healthz, GET /metrics, POST /v1/score, POST /v1/score/batch, POST /v1/next, POST /v1/sample, "
              "POST /v1/attribute, POST /v1/explain, POST /v1/completions, GET /v1/models, GET /tokenizer_info, POST /tokenize, "
-             "POST /detokenize, WebSocket /v1/stream, GET /docs, GET /openapi.json, GET / (the lens page)")
+             "POST /detokenize, WebSocket /v1/stream, GET /docs, GET /openapi.json")
+#: appended to :data:`ENDPOINTS` in 404 messages where the lens page is served (not with ``--no-ui``)
+LENS_ENDPOINT = ", GET / (the lens page)"
 
 DESCRIPTION = """Score, predict, sample and attribute text with an Input Switched Affine Network, in bits.
 
@@ -361,7 +363,7 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
                                   "(ws://HOST:PORT/v1/stream) and send JSON frames like {\"text\": \"...\"}")
             return error_response(e)
         if exc.status_code == 404:
-            msg = f"there is no {method} {path}; the endpoints are {ENDPOINTS}"
+            msg = f"there is no {method} {path}; the endpoints are {ENDPOINTS}{LENS_ENDPOINT if config.ui else ''}"
         elif exc.status_code == 405:
             allow = {k.lower(): v for k, v in (exc.headers or {}).items()}.get("allow", "?")
             msg = f"{method} is not allowed on {path}; allowed: {allow}"

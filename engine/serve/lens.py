@@ -160,7 +160,7 @@ def _explain(eng, req, window: int) -> dict:
     # the window: the last `window` symbols before i (in word mode, widened back to a word's start)
     lo = max(0, i - window)
     spans: list[tuple[int, int]] = []
-    if req.by == "word" and i > 0:
+    if req.by == "word" and i > 0 and alphabet.kind != "words":  # a word model's symbols are its words
         text_read = prep.text if alphabet.kind == "chars" else ""
         for a, b in word_spans(ids[:i], text_read[:i] if alphabet.kind == "chars" else "", alphabet):
             if b > lo:

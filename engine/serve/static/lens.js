@@ -82,11 +82,23 @@
     ws.onerror = () => status("the stream to the server failed; reconnecting…");
     ws.onclose = () => { S.wsReady = false; if (S.ws === ws) setTimeout(connect, 1000); };
   }
-  function send(frame, base, end, prefix) {
-    S.frames.push({ base, end, prefix, t0: performance.now() });
+  function send(frame, base, end, prefix, safe = true) {
+    S.frames.push({ base, end, prefix, safe, t0: performance.now() });
     S.ws.send(JSON.stringify(frame));
   }
   const CHUNK = 512; // a snapshot every 512 characters: an edit rescores at most that much before it
+  // Characters and bytes are read one at a time, so the stream can stop anywhere and go on. A pair
+  // or a word is read whole: a frame that ends inside one reads it cut (a pair padded, a word split),
+  // so for those models the page goes on only from a snapshot taken where a symbol ends for sure
+  // (words: after whitespace; pairs: the start) and rescores the rest on every edit.
+  const continues = () => S.unit === "char" || S.unit === "byte";
+  function sendTokens(first, base, text) {
+    const cut = S.unit === "word" ? Math.max(text.lastIndexOf(" "), text.lastIndexOf("\n"), text.lastIndexOf("\t")) + 1 : 0;
+    if (cut > base) {
+      send({ ...first, text: text.slice(base, cut) }, base, cut, text.slice(0, cut), true);
+      if (cut < text.length) send({ text: text.slice(cut), per_char: true, snapshot: true, unknown: "skip" }, cut, text.length, text, false);
+    } else send({ ...first, text: text.slice(base) }, base, text.length, text, false);
+  }
   function update() {
     if (!S.wsReady) return;
     const text = el.input.value;
@@ -96,7 +108,7 @@
     while (p < m && text.charCodeAt(p) === S.sent.charCodeAt(p)) p++;
     const opts = { per_char: true, snapshot: true, unknown: "skip" };
     let base;
-    if (p === S.sent.length) { // typing at the end: only the new characters
+    if (p === S.sent.length && continues()) { // typing at the end: only the new characters
       base = p;
     } else { // an edit inside: rescore from the last snapshot before it
       let cp = null;
@@ -106,6 +118,11 @@
       const first = { ...opts };
       if (cp) first.restore = cp.state; else first.reset = true;
       if (base === text.length) { send(first, base, base, text); S.sent = text; return; }
+      if (!continues()) {
+        sendTokens(first, base, text);
+        S.sent = text; S.rebuildFrom = Math.min(S.rebuildFrom, p); markPending(p);
+        return;
+      }
       const end = Math.min(text.length, base + 4 * CHUNK);
       first.text = text.slice(base, end);
       send(first, base, end, text.slice(0, end));
@@ -131,7 +148,7 @@
     S.tokOff.length = k; S.tokBits.length = k;
     const offs = j.per_char_offsets || [], bits = j.per_char_bits || [];
     for (let i = 0; i < offs.length; i++) { S.tokOff.push(f.base + offs[i]); S.tokBits.push(bits[i]); }
-    if (j.state) {
+    if (j.state && f.safe) {
       S.checkpoints = S.checkpoints.filter((c) => c.off < f.end);
       S.checkpoints.push({ off: f.end, state: j.state, prefix: f.prefix });
       if (S.checkpoints.length > 96) S.checkpoints.splice(1, 1); // keep the start, thin the oldest
@@ -222,8 +239,8 @@
         own >= 0 ? `${ch}: read with the ${S.unit} at offset ${own}` : `${ch}: not read (normalised away)`);
     }
   }
-  function diverging(x) { // -1 blue .. 0 neutral .. +1 orange (colour-blind safe pair)
-    const neg = [33, 102, 172], pos = [224, 123, 0];
+  function diverging(x) { // -1 orange .. 0 neutral .. +1 blue (colour-blind safe pair; the bars of the list alike)
+    const neg = [224, 123, 0], pos = [33, 102, 172];
     const mid = document.documentElement.dataset.theme === "dark" ? [43, 47, 54] : [240, 240, 240];
     const t = Math.min(1, Math.abs(x)), end = x < 0 ? neg : pos;
     return mid.map((v, k) => Math.round(v + t * (end[k] - v)));
@@ -242,7 +259,7 @@
   function legend() {
     const stops = SCALES[el.palette.value];
     if (el.colour.value === "attr") {
-      el.legendBar.style.background = "linear-gradient(90deg, rgb(33,102,172), var(--neutral), rgb(224,123,0))";
+      el.legendBar.style.background = "linear-gradient(90deg, rgb(224,123,0), var(--neutral), rgb(33,102,172))";
       el.legendLo.textContent = "−"; el.legendHi.textContent = "+"; el.legendUnit.textContent = "contribution to the target";
     } else {
       el.legendBar.style.background = `linear-gradient(90deg, ${stops.join(", ")})`;
@@ -263,7 +280,7 @@
   }
   function markCursor() {
     const old = el.view.querySelector(".cursor");
-    if (old) old.classList.remove("cursor");
+    if (old) { old.classList.remove("cursor"); old.removeAttribute("aria-selected"); }
     const s = $("c" + S.cursor);
     if (s) { s.classList.add("cursor"); s.setAttribute("aria-selected", "true"); el.view.setAttribute("aria-activedescendant", s.id); }
   }
@@ -413,7 +430,7 @@
       <text x="2" y="12">${fmt(ymax, 1)}</text><text x="2" y="${H - B}">0</text>
       <text x="${L}" y="${H - 6}">0</text><text x="${W - 40}" y="${H - 6}">n = ${n - 1}</text>
       <text x="${L + 40}" y="${H - 6}">symbols of history kept</text>
-      <text x="${W - 110}" y="${y(h.full_bits) - 4}">full model ${fmt(h.full_bits, 2)} bits</text></svg>`;
+      <text x="${W - 4}" y="12" text-anchor="end">dashed: full model ${fmt(h.full_bits, 2)} bits</text></svg>`;
     el.history.dataset.bits = JSON.stringify(bits);
     el.history.dataset.full = h.full_bits;
     el.history.setAttribute("aria-label", `Bits of the predicted symbol keeping the last n symbols: n=0 ${fmt(bits[0], 2)}, ` +
@@ -481,7 +498,11 @@
           const block = buf.slice(0, i); buf = buf.slice(i + 2);
           const ev = (block.match(/^event: (.*)$/m) || [])[1], data = JSON.parse((block.match(/^data: (.*)$/m) || [])[1] || "{}");
           events++;
-          if (ev === "chars") { S.sampleText += data.text; gen.textContent = S.sampleText; }
+          if (ev === "chars") {
+            // a word model's sample is its words joined by spaces: one more space after a prompt that ends in a word
+            const sep = S.unit === "word" && !S.sampleText && prompt && !/\s$/.test(prompt) && !/^\s/.test(data.text) ? " " : "";
+            S.sampleText += sep + data.text; gen.textContent = S.sampleText;
+          }
           else if (ev === "done") {
             el.sampleOut.dataset.seed = data.seed; el.sampleOut.dataset.bits = data.bits; el.sampleOut.dataset.text = data.text;
             status(`sampled ${data.chars} ${S.unit}s at β = ${body.inverse_temperature} (seed ${data.seed}): ${fmt(data.bits / Math.max(1, data.chars))} bits per ${S.unit}`);
