@@ -683,9 +683,11 @@ class ProvenForgetting:
 def word_spans(ids: np.ndarray, text: str, alphabet) -> list[tuple[int, int]]:
     """Word sources as spans of symbol positions: maximal runs of non-space or of space symbols
     (characters: of the text; bytes: the space byte; pairs: a pair is a space only if both its
-    characters are)."""
+    characters are); a word model's symbols are its words, each its own source."""
     if alphabet.kind == "chars":
         return [m.span() for m in re.finditer(r"[^ ]+| +", text)]
+    if alphabet.kind == "words":
+        return [(k, k + 1) for k in range(len(ids))]
     labels = np.array([alphabet.decode([int(i)]).strip() == "" for i in range(len(alphabet))])
     space = labels[np.asarray(ids)]
     cuts = np.flatnonzero(np.diff(space.astype(np.int8))) + 1

@@ -252,3 +252,14 @@ def test_byte_lstm_bundle_reads_inputs_through_the_map(tmp_path, byte_alphabet):
         bits.append(-log_softmax(p.readout(s))[y] / np.log(2))
         s = baseline_step_ref(p, s, p.input_table()[byte_alphabet.input_map[y]])
     np.testing.assert_allclose(r.per_char_bits, bits, atol=1e-10)
+
+
+def test_word_spans_of_a_word_model_are_its_words():
+    """Attribution by word on a word model: every symbol (a word) is its own source (the lens
+    reviewer found them lumped into one run of non-space symbols)."""
+    from isan.engine.core import word_spans
+    from isan.tokens import WordAlphabet
+
+    al = WordAlphabet(("the", "cat", "sat"))
+    ids = al.encode("the cat sat the")
+    assert word_spans(ids, "", al) == [(k, k + 1) for k in range(len(ids))]
