@@ -112,7 +112,7 @@ class Engine:
         if self.threads < 1:
             raise IsanError(f"threads must be >= 1; got {threads}")
         self._streams_model = None
-        self._jumps = None  # the batched kernel's composed table (jumps path), built on first use
+        self._jumps = {}  # the batched kernel's composed tables by dtype (jumps path), built on first use
         self._fallback = None
         native()  # says once if the compiled kernels are missing
         self.backend = "numpy"
@@ -303,21 +303,24 @@ class Engine:
         bits, hf = self._score_ref(ids, h)
         return bits, hf, {"path": "reference"}
 
-    def _jump_table(self):
+    def _jump_table(self, dtype: str = "float32"):
         """The trie table's keys as a :class:`~isan.engine.kernels.jumps.JumpTable` for the
-        batched kernel (composed in float64 on first use, ~2 s for the default table's 70 keys)."""
-        if self._jumps is None:
+        batched kernel (composed in float64 on first use, ~0.4 s for the default table's 70 keys);
+        ``dtype="float16"`` stores the composed matrices in half precision (not exact: measured in
+        ``isan bench engine``)."""
+        if dtype not in self._jumps:
             from isan.engine.kernels.jumps import JumpTable
             from isan.trie_tables.codes import decode_code
 
             keys = [decode_code(int(c), self.params.K) for c in self.table.sorted_codes.tolist()]
-            self._jumps = JumpTable.build(self.params32, keys, stream=self._streams())
-        return self._jumps
+            self._jumps[dtype] = JumpTable.build(self.params32, keys, stream=self._streams(), dtype=dtype)
+        return self._jumps[dtype]
 
     def _chunked(self, ids_list: list[np.ndarray], hs: np.ndarray, want_bits: bool = True,
                  threads: int | None = None, cut: bool = True, kernel: str = "chunked"):
         """Chunk-parallel scoring of texts (:func:`isan.engine.kernels.chunked.score_texts_chunked`)
-        with the per-symbol kernel (``kernel="chunked"``) or composed jumps (``"jumps"``);
+        with the per-symbol kernel (``kernel="chunked"``) or composed jumps (``"jumps"``; ``"jumps-f16"``:
+        float16 matrices, not exact, for the benchmark);
         raises StateDivergedError (located by the float64 reference) naming the text and offset."""
         from isan.engine.kernels.chunked import MIN_CHUNK, Float64Fallback, score_texts_chunked
 
@@ -330,12 +333,12 @@ class Engine:
         threads = threads or self.threads
         chunks = None if cut else [1] * len(ids_list)
         kw = {}
-        if kernel == "jumps":
+        if kernel in ("jumps", "jumps-f16"):
             from isan.engine.kernels.chunked import plan_chunks
             from isan.engine.kernels.jumps import ROWS_PER_THREAD, run_jumps
 
-            kw = {"runner": run_jumps, "path": "jumps"}
-            model = self._jump_table()
+            kw = {"runner": run_jumps, "path": kernel}
+            model = self._jump_table("float16" if kernel == "jumps-f16" else "float32")
             if cut:
                 chunks = plan_chunks([len(x) for x in ids_list], target_rows=ROWS_PER_THREAD * threads)
         else:

@@ -221,3 +221,27 @@ def test_bad_input_is_refused(table, default_engine):
         run_jumps(table, ids[:2], start, length, H, np.zeros(3))
     with pytest.raises(ValueError):
         JumpTable.build(default_engine.params32, [[0, 99]])
+
+
+def test_float16_matrices_twin_and_error(default_engine, table, test_ids):
+    """float16 storage of the composed matrices (the not-exact option): the compiled kernel equals
+    its twin (same half-precision values), and the bits stay within 0.02 of the float32 kernel's,
+    totals within a relative 1e-4 (the float16 sequential table's tolerance)."""
+    t16 = default_engine._jump_table("float16")
+    assert t16.dtype == "float16" and t16.nbytes * 2 == table.nbytes
+    ids = test_ids[:24_000]
+    start, length, H = _rows(table, ids, 48, default_engine.params32.h0)
+    out = {}
+    for name, fn, t in (("c16", run_jumps, t16), ("ref16", run_jumps_ref, t16), ("c32", run_jumps, table)):
+        if fn is run_jumps and native() is None:
+            continue
+        b = np.zeros(len(ids))
+        fn(t, ids, start, length, H.copy(), b, threads=1, min_group=1)
+        out[name] = b
+    if "c16" in out:
+        np.testing.assert_allclose(out["c16"], out["ref16"], atol=1e-4)
+    base = out.get("c32", out["ref16"])
+    assert np.abs(out["ref16"] - base).max() < 0.02
+    assert abs(out["ref16"].sum() - base.sum()) < 1e-4 * base.sum()
+    with pytest.raises(ValueError):
+        JumpTable.build(default_engine.params32, [], dtype="bfloat16")

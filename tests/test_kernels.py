@@ -391,8 +391,8 @@ def test_bench_engine_runs_and_is_exact(text8_path):
     r = bench_engine(None, text8_path, repeats=1, peers=False, progress=False, log=lambda m: None, sizes=QUICK_SIZES,
                      startup=False)
     names = [row["name"] for row in r["rows"]]
-    assert names[0] == "reference" and len(names) == 9
-    assert sum("composed jumps" in n for n in names) == 2
+    assert names[0] == "reference" and len(names) == 10
+    assert sum("composed jumps" in n for n in names) == 3
     assert all(row["chars_per_s"] > 0 and np.isfinite(row["ratio"]) for row in r["rows"])
     f = r["facts"]
     assert f["long_text"]["scoring"]["path"] == "chunked"
@@ -400,6 +400,7 @@ def test_bench_engine_runs_and_is_exact(text8_path):
     assert f["long_text_jumps"]["scoring"]["path"] == "jumps"
     assert f["long_text_jumps"]["max_abs_bits_vs_reference"] < BITS_TOL
     assert f["long_text_jumps"]["total_bits_rel_vs_chunked"] < 1e-6
+    assert f["long_text_jumps"]["float16"]["max_abs_bits_vs_reference"] < 0.02
     assert f["fma_peak"]["gflops_1_thread"] > 0
     sw = f["sweep"]["points"]
     assert {p["kernel"] for p in sw} == {"per symbol", "composed jumps"} and all(p["chars_per_s"] > 0 for p in sw)

@@ -73,6 +73,7 @@ typedef struct {
     const char *name;
     int vl, mr, nvm;
     void (*gemm_rows)(int n, const float *const *A, const float *B, int kd, int j0, int j1, float *const *C);
+    void (*gemm_rows_h)(int n, const float *const *A, const uint16_t *B, int kd, int j0, int j1, float *const *C);
     double (*lse_bits)(float *l, int V, int Vp, int target);
     void (*matvec_f32)(const float *M, int rows, int kd, const float *x, float *y);
     void (*matvec_f16)(const uint16_t *M, int rows, int kd, const float *x, float *y);
@@ -648,6 +649,7 @@ static void seq_work(void *arg, int tid, int nt) {
 typedef struct {
     const Kernels *K;
     const float *M, *RoT;
+    int f16; /* M holds IEEE halves (uint16) */
     const int64_t *m_off;
     const int32_t *klen, *children, *entry_of;
     int n_ent, n_nodes, max_k;
@@ -815,14 +817,17 @@ static void jumps_work(void *arg, int tid, int nt) {
                 const int g0 = cnt[e], g1 = cnt[e + 1];
                 if (g1 == g0) continue;
                 const float *Me = J->M + J->m_off[e];
+                const uint16_t *Mh = (const uint16_t *)J->M + J->m_off[e];
                 const int k = J->klen[e];
-                K->gemm_rows(g1 - g0, Ap + g0, Me, kd, 0, jmax, Cp + g0);
-                if (J->pairs) K->gemm_rows(g1 - g0, EAp + g0, Me, kd, 0, jmax, ECp + g0);
+#define JGEMM(n_, A_, j0_, j1_, C_) \
+    (J->f16 ? K->gemm_rows_h(n_, A_, Mh, kd, j0_, j1_, C_) : K->gemm_rows(n_, A_, Me, kd, j0_, j1_, C_))
+                JGEMM(g1 - g0, Ap + g0, 0, jmax, Cp + g0);
+                if (J->pairs) JGEMM(g1 - g0, EAp + g0, 0, jmax, ECp + g0);
                 if (J->bits && k > 1) {
                     for (int b0 = g0; b0 < g1; b0 += 64) {
                         const int nb = g1 - b0 < 64 ? g1 - b0 : 64;
                         for (int i = 0; i < nb; i++) sp[i] = scr + (size_t)i * width;
-                        K->gemm_rows(nb, Ap + b0, Me, kd, dp, dp + (k - 1) * Vp, sp);
+                        JGEMM(nb, Ap + b0, dp, dp + (k - 1) * Vp, sp);
                         for (int i = 0; i < nb; i++) {
                             const int s = active[order[b0 + i]], ls = s - r0;
                             const int64_t p = J->start[s] + pos[ls];
@@ -843,6 +848,7 @@ static void jumps_work(void *arg, int tid, int nt) {
                 pos[active[a] - r0] += k;
                 steps += k;
             }
+#undef JGEMM
             J->jumps[tid] += n;
         }
         J->total_steps[tid] = steps;
@@ -942,11 +948,12 @@ static PyObject *py_run_streams(PyObject *self, PyObject *args) {
 
 static PyObject *py_run_jumps(PyObject *self, PyObject *args) {
     Py_buffer M, m_off, klen, children, entry_of, RoT, ids, start, len, H, Hb, bits, steps_done, residual, diverged;
-    int nsym, V, Vp, d, dp, P, pairs, check_every, nt, want_bits, min_group;
+    int nsym, V, Vp, d, dp, P, pairs, check_every, nt, want_bits, min_group, f16;
     float stop_ratio, limit;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*iiiiiy*y*y*w*w*w*iiffiw*w*w*iii", &M, &m_off, &klen, &children, &entry_of,
-                          &RoT, &nsym, &V, &Vp, &d, &dp, &ids, &start, &len, &H, &Hb, &bits, &P, &pairs, &stop_ratio,
-                          &limit, &check_every, &steps_done, &residual, &diverged, &nt, &want_bits, &min_group))
+    if (!PyArg_ParseTuple(args, "y*iy*y*y*y*y*iiiiiy*y*y*w*w*w*iiffiw*w*w*iii", &M, &f16, &m_off, &klen, &children,
+                          &entry_of, &RoT, &nsym, &V, &Vp, &d, &dp, &ids, &start, &len, &H, &Hb, &bits, &P, &pairs,
+                          &stop_ratio, &limit, &check_every, &steps_done, &residual, &diverged, &nt, &want_bits,
+                          &min_group))
         return NULL;
     PyObject *ret = NULL;
     const int rows = pairs ? 2 * P : P, kd = d + 1;
@@ -968,7 +975,7 @@ static PyObject *py_run_jumps(PyObject *self, PyObject *args) {
                       *en = (const int32_t *)entry_of.buf;
         for (Py_ssize_t e = 0; e < E && ok; e++) {
             if (kl[e] < 1 || kl[e] > 4096 || mo[e] < 0 || mo[e] % 16 ||
-                (mo[e] + (int64_t)kd * (dp + (int64_t)(kl[e] - 1) * Vp)) * 4 > M.len) ok = 0;
+                (mo[e] + (int64_t)kd * (dp + (int64_t)(kl[e] - 1) * Vp)) * (f16 ? 2 : 4) > M.len) ok = 0;
             if (ok && kl[e] > max_k) max_k = kl[e];
         }
         for (Py_ssize_t i = 0; i < n_nodes * nsym && ok; i++)
@@ -997,7 +1004,8 @@ static PyObject *py_run_jumps(PyObject *self, PyObject *args) {
             PyErr_NoMemory();
         } else {
             J->K = KERN;
-            J->M = (const float *)M.buf; J->RoT = (const float *)RoT.buf; J->m_off = (const int64_t *)m_off.buf;
+            J->M = (const float *)M.buf; J->f16 = f16 != 0; J->RoT = (const float *)RoT.buf;
+            J->m_off = (const int64_t *)m_off.buf;
             J->klen = (const int32_t *)klen.buf; J->children = (const int32_t *)children.buf;
             J->entry_of = (const int32_t *)entry_of.buf; J->n_ent = (int)E; J->n_nodes = (int)n_nodes; J->max_k = max_k;
             J->nsym = nsym; J->V = V; J->Vp = Vp; J->d = d; J->dp = dp; J->kd = kd;

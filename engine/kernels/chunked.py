@@ -87,7 +87,7 @@ class ChunkedReport:
         out = {"path": self.path, "chunks": self.chunks, "extra_fraction": round(self.extra_fraction, 6),
                "residual": float(self.residual), "rtol": self.rtol, "margin": self.margin,
                "fallback_chunks": self.fallback_chunks}
-        if self.path == "jumps":
+        if self.path.startswith("jumps"):
             out["chars_per_jump"] = round(self.steps / self.jumps, 4) if self.jumps else 0.0
         return out
 

@@ -62,8 +62,8 @@ class JumpTable:
         keys: (E,) tuple of the keys' symbol ids (tuples); keys 0..K-1 are the single symbols.
         klen: (E,) int32 characters of each key.
         M: list of E float32 arrays (d + 1, dp + (k_e - 1) Vp): the numpy twin's layout.
-        M_panels: every ``M_e`` in panels of 16 columns, concatenated (float32, flat).
-        m_off: (E,) int64 where each ``M_e`` starts in ``M_panels`` (floats).
+        M_panels: every ``M_e`` in panels of 16 columns, concatenated (float32 or float16, flat).
+        m_off: (E,) int64 where each ``M_e`` starts in ``M_panels`` (elements).
         children: (nodes, K) int32 the keys' trie (node 0 the root; -1: no child);
         entry_of: (nodes,) int32 the key ending at each node, or -1.
     """
@@ -113,8 +113,14 @@ class JumpTable:
             return 0.0
         return n / len(segment(self, np.asarray(ids, dtype=np.int32)))
 
+    @property
+    def dtype(self) -> str:
+        """``"float32"`` (exact: the default) or ``"float16"`` (half the bytes; not exact)."""
+        return str(self.M_panels.dtype)
+
     @classmethod
-    def build(cls, params: ISANParams, keys: Sequence[Sequence[int]], stream: StreamModel | None = None) -> "JumpTable":
+    def build(cls, params: ISANParams, keys: Sequence[Sequence[int]], stream: StreamModel | None = None,
+              dtype: str = "float32") -> "JumpTable":
         """Compose the keys' maps (float64, one d x d product per trie node) into a table.
 
         Args:
@@ -122,16 +128,22 @@ class JumpTable:
             keys: symbol-id sequences (length >= 2; duplicates and single symbols are ignored:
                 every single symbol is always a key).
             stream: the model's :class:`StreamModel` if already made.
+            dtype: ``"float32"`` or ``"float16"``: how the composed matrices are stored (float16
+                matrices are read as halves and multiplied in float32; the readout before each jump,
+                ``[W_ro | b_ro]``, stays float32).
         Raises:
-            ValueError: a key with an id outside the alphabet.
+            ValueError: a key with an id outside the alphabet, or another dtype.
         """
         from threadpoolctl import threadpool_limits
 
+        if dtype not in ("float32", "float16"):
+            raise ValueError(f"dtype must be float32 or float16; got {dtype!r}")
         with threadpool_limits(1, user_api="blas"):  # small float64 products: one BLAS thread is faster
-            return cls._build(params, keys, stream)
+            return cls._build(params, keys, stream, np.dtype(dtype))
 
     @classmethod
-    def _build(cls, params: ISANParams, keys: Sequence[Sequence[int]], stream: StreamModel | None) -> "JumpTable":
+    def _build(cls, params: ISANParams, keys: Sequence[Sequence[int]], stream: StreamModel | None,
+               dtype=np.dtype(np.float32)) -> "JumpTable":
         stream = stream or StreamModel.from_params(params)
         K, d, V = params.K, params.d, params.V
         dp, Vp = stream.dp, stream.Vp
@@ -185,14 +197,15 @@ class JumpTable:
                 c0 = dp + (i - 1) * Vp
                 Me[:d, c0 : c0 + V] = Ri.T
                 Me[d, c0 : c0 + V] = ri
-            M32 = Me.astype(np.float32)
+            Mq = Me.astype(dtype)
+            M32 = Mq.astype(np.float32)  # what the kernel multiplies with (float16 values, exactly)
             M32.setflags(write=False)
             M.append(M32)
-            pan = pack_panels(M32).reshape(-1)
+            pan = np.ascontiguousarray(pack_panels(M32).reshape(-1).astype(dtype))
             panels.append(pan)
             offs.append(off)
             off += len(pan)
-        M_panels = np.concatenate(panels).astype(np.float32)
+        M_panels = np.concatenate(panels).astype(dtype)
         arrays = dict(klen=np.array([len(k) for k in all_keys], dtype=np.int32),
                       m_off=np.array(offs, dtype=np.int64), children=np.array(children, dtype=np.int32),
                       entry_of=np.array(entry_of, dtype=np.int32))
@@ -268,7 +281,7 @@ def run_jumps(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: np.n
     Hb = H.copy()
     want = bits is not None
     out_bits = bits if want else np.zeros(0, dtype=np.float64)
-    total, jumps = nat.run_jumps(model.M_panels, model.m_off, model.klen, model.children, model.entry_of,
+    total, jumps = nat.run_jumps(model.M_panels, int(model.M_panels.dtype == np.float16), model.m_off, model.klen, model.children, model.entry_of,
                                  sm.RoT_panels, sm.K, sm.V, sm.Vp, sm.d, sm.dp, ids, start, length, H, Hb, out_bits,
                                  P, int(pairs), float(stop_ratio), float(limit), int(check_every), steps_done,
                                  residual, diverged, int(threads), int(want), int(min_group))

@@ -54,6 +54,53 @@ static inline __attribute__((always_inline)) void SFX(tile)(const int mr, const 
         for (int v = 0; v < nv; v++) *(SFX(vf) *)(C[r] + j0 + v * VL) = acc[r][v];
 }
 
+/* float16 B (IEEE half, converted as it is read; products and sums in float32): the same tile. */
+static inline __attribute__((always_inline)) SFX(vf) SFX(load_hv)(const uint16_t *p) {
+#if HAVE_F16C && VL == 16
+    return (SFX(vf))_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#elif HAVE_F16C && VL == 8
+    return (SFX(vf))_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#else
+    SFX(vf) v;
+    for (int k = 0; k < VL; k++) v[k] = half_to_float(p[k]);
+    return v;
+#endif
+}
+
+static inline __attribute__((always_inline)) void SFX(tile_h)(const int mr, const int nv, const float *const *A,
+                                                              const uint16_t *B, const int kd, float *const *C,
+                                                              const int j0) {
+    SFX(vf) acc[MR][NVM];
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++) acc[r][v] = (SFX(vf)){0};
+    const float *a[MR];
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; r++) a[r] = A[r];
+    const uint16_t *bp[NVM];
+#pragma GCC unroll 8
+    for (int v = 0; v < nv; v++) {
+        const int c = j0 + v * VL;
+        bp[v] = B + (size_t)(c / 16) * kd * 16 + (c % 16);
+    }
+    for (int i = 0; i < kd; i++) {
+        SFX(vf) b[NVM];
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++) b[v] = SFX(load_hv)(bp[v] + (size_t)i * 16);
+#pragma GCC unroll 8
+        for (int r = 0; r < mr; r++) {
+            const float s = a[r][i];
+#pragma GCC unroll 8
+            for (int v = 0; v < nv; v++) acc[r][v] += b[v] * s;
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++) *(SFX(vf) *)(C[r] + j0 + v * VL) = acc[r][v];
+}
+
 #define GEMM_DISPATCH                                             \
     switch (mr) { /* constant row counts (never above MR) for the tile's unrolled loops */ \
     case 1: TILE_NV(1) break;                                     \
@@ -68,14 +115,15 @@ static inline __attribute__((always_inline)) void SFX(tile)(const int mr, const 
 
 #define TILE_NV(mr_)                                                         \
     switch (nv) {                                                            \
-    case 1: SFX(tile)(mr_, 1, A + r0, B, kd, C + r0, j); break;          \
-    case 2: if (NVM >= 2) SFX(tile)(mr_, 2 <= NVM ? 2 : NVM, A + r0, B, kd, C + r0, j); break; \
-    case 3: if (NVM >= 3) SFX(tile)(mr_, 3 <= NVM ? 3 : NVM, A + r0, B, kd, C + r0, j); break; \
-    default: if (NVM >= 4) SFX(tile)(mr_, 4 <= NVM ? 4 : NVM, A + r0, B, kd, C + r0, j); break; \
+    case 1: TILEFN(mr_, 1, A + r0, B, kd, C + r0, j); break;          \
+    case 2: if (NVM >= 2) TILEFN(mr_, 2 <= NVM ? 2 : NVM, A + r0, B, kd, C + r0, j); break; \
+    case 3: if (NVM >= 3) TILEFN(mr_, 3 <= NVM ? 3 : NVM, A + r0, B, kd, C + r0, j); break; \
+    default: if (NVM >= 4) TILEFN(mr_, 4 <= NVM ? 4 : NVM, A + r0, B, kd, C + r0, j); break; \
     }
 
 /* Rows given by pointers: C[r][j0:j1] = A[r][0:kd] @ B[0:kd, j0:j1] for r < n, B packed in panels
  * of 16 columns (see tile). j0 and j1 must be multiples of VL; rows of A need kd readable floats. */
+#define TILEFN SFX(tile)
 static void SFX(gemm_rows)(const int n, const float *const *A, const float *B, const int kd,
                            const int j0, const int j1, float *const *C) {
     /* column tiles outer: a tile's panel of B (kd x NVM*VL floats) stays in L1 while every row
@@ -89,6 +137,21 @@ static void SFX(gemm_rows)(const int n, const float *const *A, const float *B, c
         }
     }
 }
+#undef TILEFN
+#define TILEFN SFX(tile_h)
+/* As gemm_rows, B in float16 panels (the composed-jump tables stored in half precision). */
+static void SFX(gemm_rows_h)(const int n, const float *const *A, const uint16_t *B, const int kd,
+                             const int j0, const int j1, float *const *C) {
+    for (int j = j0; j < j1; j += NVM * VL) {
+        int nv = (j1 - j) / VL;
+        if (nv > NVM) nv = NVM;
+        for (int r0 = 0; r0 < n; r0 += MR) {
+            const int mr = n - r0 < MR ? n - r0 : MR;
+            GEMM_DISPATCH
+        }
+    }
+}
+#undef TILEFN
 #undef TILE_NV
 #undef GEMM_DISPATCH
 
@@ -262,7 +325,7 @@ static float SFX(fma_loop)(int64_t n) {
 
 static const Kernels SFX(kernels) = {
     .name = KERNEL_NAME, .vl = VL, .mr = MR, .nvm = NVM,
-    .gemm_rows = SFX(gemm_rows), .lse_bits = SFX(lse_bits),
+    .gemm_rows = SFX(gemm_rows), .gemm_rows_h = SFX(gemm_rows_h), .lse_bits = SFX(lse_bits),
     .matvec_f32 = SFX(matvec_f32), .matvec_f16 = SFX(matvec_f16),
     .row_ok = SFX(row_ok), .row_absmax = SFX(row_absmax), .fma_loop = SFX(fma_loop),
 };
