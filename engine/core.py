@@ -417,8 +417,9 @@ class Engine:
         """Score many independent texts together (DESIGN.md section 6: group work, never gather).
 
         Args:
-            group: ``"chunked"`` (the default: every text a row of the compiled symbol-grouped
-                kernel, long texts cut into chunks so that the rows keep both cores busy),
+            group: ``"chunked"`` (the default, ``"jumps"`` on an engine of the jumps path: every text
+                a row of the compiled symbol-grouped kernel, long texts cut into chunks so that the
+                rows keep both cores busy),
                 ``"symbol"`` (the same without cutting), ``"jumps"`` (as ``"chunked"``, the rows
                 advanced by composed jumps grouped by table entry: :mod:`isan.engine.kernels.jumps`)
                 or ``"entry"`` (numpy: composed table jumps shared by streams needing the same entry).
@@ -431,7 +432,7 @@ class Engine:
         """
         states, preps = prepare_batch(self, texts, states, normalize, unknown, replacement)
         ids = [p.ids for p in preps]
-        group = group or "chunked"
+        group = group or ("jumps" if self.path == "jumps" else "chunked")
         if group not in ("chunked", "symbol", "jumps", "entry"):
             raise IsanError(f"group must be chunked, symbol, jumps or entry; got {group!r}")
         if group in ("entry", "jumps") and self._composed is None:

@@ -245,3 +245,25 @@ def test_float16_matrices_twin_and_error(default_engine, table, test_ids):
     assert abs(out["ref16"].sum() - base.sum()) < 1e-4 * base.sum()
     with pytest.raises(ValueError):
         JumpTable.build(default_engine.params32, [], dtype="bfloat16")
+
+
+def test_server_on_the_jumps_path_scores_as_the_library(default_engine, text8_test):
+    """`isan-serve --path jumps`: the scheduler's rounds advance by composed jumps, and a batch of
+    requests gets the library's bits."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from isan.engine.serve import ServeConfig, create_app
+    from server_helpers import running
+
+    eng = default_engine.with_path("jumps")
+    texts = [text8_test[i * 1500 : i * 1500 + 1000 + 37 * i] for i in range(12)]
+    with running(create_app(eng, config=ServeConfig(max_chars=200_000))) as addr:
+        with ThreadPoolExecutor(6) as ex:
+            got = list(ex.map(lambda t: httpx.post(f"http://{addr}/v1/score", json={"text": t, "per_char": True},
+                                                   timeout=60).json(), texts))
+    for t, g in zip(texts, got):
+        want = default_engine.with_path("reference").score(t, per_char=True)
+        assert abs(g["bits"] - want.bits) < 1e-6 * want.bits
+        assert np.abs(np.asarray(g["per_char_bits"]) - want.per_char_bits).max() < 1e-4

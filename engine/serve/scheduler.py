@@ -161,9 +161,16 @@ class KernelRounds:
 
     def __init__(self, engine):
         from isan.engine.kernels.chunked import Float64Fallback
-        from isan.engine.kernels.streams import StreamModel
+        from isan.engine.kernels.streams import StreamModel, run_streams
 
-        self.model = StreamModel.from_params(engine.params32)
+        # `isan-serve --path jumps`: the rounds advance by the table's composed jumps (issue 22)
+        self.path = "jumps" if engine.path == "jumps" else "chunked"
+        if self.path == "jumps":
+            from isan.engine.kernels.jumps import run_jumps
+
+            self.model, self.runner = engine._jump_table(), run_jumps
+        else:
+            self.model, self.runner = StreamModel.from_params(engine.params32), run_streams
         self.fallback = Float64Fallback(engine.params32)
         self.W, self.b = engine.params.W, engine.params.b
         self.symbols = tuple(engine.alphabet.symbols)
@@ -182,7 +189,8 @@ class KernelRounds:
         from isan.engine.guard import raise_diverged
         from isan.engine.kernels.chunked import score_texts_chunked
 
-        bits, finals, _, div = score_texts_chunked(self.model, texts, hs, threads=threads, fallback=self.fallback)
+        bits, finals, _, div = score_texts_chunked(self.model, texts, hs, threads=threads, fallback=self.fallback,
+                                                   runner=self.runner, path=self.path)
         if div:
             i, off, h_start, t = div[0]
             try:
