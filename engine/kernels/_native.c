@@ -897,6 +897,45 @@ static int need(Py_buffer *b, Py_ssize_t bytes, const char *name) {
     return 1;
 }
 
+/* The per-row outputs before a run (nothing done, no residual checked, nothing diverged), and the
+ * threads to start: 1..64, no more than the rows when rows are split between threads. */
+static int init_rows(int64_t *steps_done, float *residual, int64_t *diverged, int P, int nt, int split_rows) {
+    for (int s = 0; s < P; s++) {
+        diverged[s] = -1;
+        residual[s] = INFINITY;
+        steps_done[s] = 0;
+    }
+    if (nt < 1) nt = 1;
+    if (nt > 64) nt = 64;
+    if (split_rows && nt > P) nt = P > 0 ? P : 1;
+    return nt;
+}
+
+/* Every position a row reads lies inside ids (and bits, with bits) and holds a symbol id below nsym;
+ * else a ValueError naming the kernel. */
+static int check_rows(const char *kernel, Py_buffer *start, Py_buffer *len, int P, Py_buffer *ids, Py_buffer *bits,
+                      int want_bits, int nsym) {
+    const int64_t *st = (const int64_t *)start->buf, *ln = (const int64_t *)len->buf;
+    const Py_ssize_t n_ids = ids->len / 4;
+    const int32_t *xi = (const int32_t *)ids->buf;
+    for (int s = 0; s < P; s++) {
+        if (st[s] < 0 || ln[s] < 0 || st[s] + ln[s] > n_ids) {
+            PyErr_Format(PyExc_ValueError, "%s: a row reads outside ids", kernel);
+            return 0;
+        }
+        if (want_bits && (st[s] + ln[s]) * 8 > bits->len) {
+            PyErr_Format(PyExc_ValueError, "%s: bits is too short", kernel);
+            return 0;
+        }
+        for (int64_t t = 0; t < ln[s]; t++)
+            if (xi[st[s] + t] < 0 || xi[st[s] + t] >= nsym) {
+                PyErr_Format(PyExc_ValueError, "%s: a symbol id is out of range", kernel);
+                return 0;
+            }
+    }
+    return 1;
+}
+
 static PyObject *py_run_streams(PyObject *self, PyObject *args) {
     Py_buffer WT, RoT, ids, start, len, H, Hb, bits, steps_done, residual, diverged;
     int nsym, V, Vp, d, dp, P, pairs, check_every, nt, want_bits, split_cols;
@@ -916,17 +955,7 @@ static PyObject *py_run_streams(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "run_streams: inconsistent sizes");
         ok = 0;
     }
-    if (ok) { /* every position read must lie inside ids and bits */
-        const int64_t *st = (const int64_t *)start.buf, *ln = (const int64_t *)len.buf;
-        const Py_ssize_t n_ids = ids.len / 4;
-        const int32_t *xi = (const int32_t *)ids.buf;
-        for (int s = 0; s < P && ok; s++) {
-            if (st[s] < 0 || ln[s] < 0 || st[s] + ln[s] > n_ids) { PyErr_SetString(PyExc_ValueError, "run_streams: a row reads outside ids"); ok = 0; }
-            if (ok && want_bits && (st[s] + ln[s]) * 8 > bits.len) { PyErr_SetString(PyExc_ValueError, "run_streams: bits is too short"); ok = 0; }
-            for (int64_t t = 0; ok && t < ln[s]; t++)
-                if (xi[st[s] + t] < 0 || xi[st[s] + t] >= nsym) { PyErr_SetString(PyExc_ValueError, "run_streams: a symbol id is out of range"); ok = 0; }
-        }
-    }
+    if (ok) ok = check_rows("run_streams", &start, &len, P, &ids, &bits, want_bits, nsym);
     if (ok) {
         StreamsJob *J = (StreamsJob *)calloc(1, sizeof(StreamsJob));
         if (!J) {
@@ -945,14 +974,7 @@ static PyObject *py_run_streams(PyObject *self, PyObject *args) {
             J->diverged = (int64_t *)diverged.buf;
             J->fault_tid = atomic_exchange(&fault_alloc_tid, -1);
             const int max_threads = atomic_exchange(&fault_max_threads, 0);
-            for (int s = 0; s < P; s++) {
-                J->diverged[s] = -1;
-                J->residual[s] = INFINITY;
-                J->steps_done[s] = 0;
-            }
-            if (nt < 1) nt = 1;
-            if (nt > 64) nt = 64;
-            if (!split_cols && nt > P) nt = P > 0 ? P : 1;
+            nt = init_rows(J->steps_done, J->residual, J->diverged, P, nt, !split_cols);
             long long total = 0;
             Py_BEGIN_ALLOW_THREADS
             const int used = run_parallel(streams_work, J, nt, streams_set_nt, max_threads);
@@ -1016,17 +1038,7 @@ static PyObject *py_run_jumps(PyObject *self, PyObject *args) {
         if (!ok) PyErr_SetString(PyExc_ValueError, "run_jumps: an entry outside M, a trie link out of range, or a "
                                                    "single symbol that is not an entry");
     }
-    if (ok) { /* every position read must lie inside ids and bits */
-        const int64_t *st = (const int64_t *)start.buf, *ln = (const int64_t *)len.buf;
-        const Py_ssize_t n_ids = ids.len / 4;
-        const int32_t *xi = (const int32_t *)ids.buf;
-        for (int s = 0; s < P && ok; s++) {
-            if (st[s] < 0 || ln[s] < 0 || st[s] + ln[s] > n_ids) { PyErr_SetString(PyExc_ValueError, "run_jumps: a row reads outside ids"); ok = 0; }
-            if (ok && want_bits && (st[s] + ln[s]) * 8 > bits.len) { PyErr_SetString(PyExc_ValueError, "run_jumps: bits is too short"); ok = 0; }
-            for (int64_t t = 0; ok && t < ln[s]; t++)
-                if (xi[st[s] + t] < 0 || xi[st[s] + t] >= nsym) { PyErr_SetString(PyExc_ValueError, "run_jumps: a symbol id is out of range"); ok = 0; }
-        }
-    }
+    if (ok) ok = check_rows("run_jumps", &start, &len, P, &ids, &bits, want_bits, nsym);
     if (ok) {
         JumpsJob *J = (JumpsJob *)calloc(1, sizeof(JumpsJob));
         if (!J) {
@@ -1049,14 +1061,7 @@ static PyObject *py_run_jumps(PyObject *self, PyObject *args) {
             J->prefetch = 1; /* measured: 4-10% faster (a key's matrix is read for a few rows, then another's) */
             J->fault_tid = atomic_exchange(&fault_alloc_tid, -1);
             const int max_threads = atomic_exchange(&fault_max_threads, 0);
-            for (int s = 0; s < P; s++) {
-                J->diverged[s] = -1;
-                J->residual[s] = INFINITY;
-                J->steps_done[s] = 0;
-            }
-            if (nt < 1) nt = 1;
-            if (nt > 64) nt = 64;
-            if (nt > P) nt = P > 0 ? P : 1;
+            nt = init_rows(J->steps_done, J->residual, J->diverged, P, nt, 1);
             long long total = 0, jumps = 0;
             Py_BEGIN_ALLOW_THREADS
             const int used = run_parallel(jumps_work, J, nt, jumps_set_nt, max_threads);

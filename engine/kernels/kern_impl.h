@@ -17,46 +17,7 @@ typedef float SFX(vf) __attribute__((vector_size(VL * 4), aligned(4)));
 typedef int32_t SFX(vi) __attribute__((vector_size(VL * 4), aligned(4)));
 typedef float SFX(vf8) __attribute__((vector_size(32), aligned(4)));
 
-/* ---- C[r][j0 : j0 + nv*VL] = sum_{i < kd} A[r][i] * B[i, j0 + ...], r < mr (one register tile).
- * B is packed in panels of 16 columns: element (i, c) at B[(c / 16) * kd * 16 + i * 16 + c % 16], so
- * a tile reads each of its vectors from one contiguous stream. ---- */
-static inline __attribute__((always_inline)) void SFX(tile)(const int mr, const int nv, const float *const *A,
-                                                            const float *B, const int kd, float *const *C,
-                                                            const int j0, const char *pfp, const int pfn) {
-    SFX(vf) acc[MR][NVM];
-#pragma GCC unroll 8
-    for (int r = 0; r < mr; r++)
-#pragma GCC unroll 8
-        for (int v = 0; v < nv; v++) acc[r][v] = (SFX(vf)){0};
-    const float *a[MR];
-#pragma GCC unroll 8
-    for (int r = 0; r < mr; r++) a[r] = A[r];
-    const float *bp[NVM];
-#pragma GCC unroll 8
-    for (int v = 0; v < nv; v++) {
-        const int c = j0 + v * VL;
-        bp[v] = B + (size_t)(c / 16) * kd * 16 + (c % 16);
-    }
-    for (int i = 0; i < kd; i++) {
-        SFX(vf) b[NVM];
-#pragma GCC unroll 8
-        for (int v = 0; v < nv; v++) b[v] = *(const SFX(vf) *)(bp[v] + (size_t)i * 16);
-        if (pfp) /* a share of the next matrix towards L2 while this one computes (never faults) */
-            for (int q = 0; q < pfn; q++) __builtin_prefetch(pfp + ((size_t)i * pfn + q) * 64, 0, 2);
-#pragma GCC unroll 8
-        for (int r = 0; r < mr; r++) {
-            const float s = a[r][i];
-#pragma GCC unroll 8
-            for (int v = 0; v < nv; v++) acc[r][v] += b[v] * s;
-        }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < mr; r++)
-#pragma GCC unroll 8
-        for (int v = 0; v < nv; v++) *(SFX(vf) *)(C[r] + j0 + v * VL) = acc[r][v];
-}
-
-/* float16 B (IEEE half, converted as it is read; products and sums in float32): the same tile. */
+/* float16 B (IEEE half, converted as it is read; products and sums in float32): read by the tile below when half is 1. */
 static inline __attribute__((always_inline)) SFX(vf) SFX(load_hv)(const uint16_t *p) {
 #if HAVE_F16C && VL == 16
     return (SFX(vf))_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
@@ -69,9 +30,13 @@ static inline __attribute__((always_inline)) SFX(vf) SFX(load_hv)(const uint16_t
 #endif
 }
 
-static inline __attribute__((always_inline)) void SFX(tile_h)(const int mr, const int nv, const float *const *A,
-                                                              const uint16_t *B, const int kd, float *const *C,
-                                                              const int j0, const char *pfp, const int pfn) {
+/* ---- C[r][j0 : j0 + nv*VL] = sum_{i < kd} A[r][i] * B[i, j0 + ...], r < mr (one register tile).
+ * B is packed in panels of 16 columns: element (i, c) at B[(c / 16) * kd * 16 + i * 16 + c % 16], so
+ * a tile reads each of its vectors from one contiguous stream. ---- */
+static inline __attribute__((always_inline)) void SFX(tile)(const int mr, const int nv, const float *const *A,
+                                                            const void *B, const int kd, float *const *C,
+                                                            const int j0, const char *pfp, const int pfn,
+                                                            const int half) {
     SFX(vf) acc[MR][NVM];
 #pragma GCC unroll 8
     for (int r = 0; r < mr; r++)
@@ -80,17 +45,19 @@ static inline __attribute__((always_inline)) void SFX(tile_h)(const int mr, cons
     const float *a[MR];
 #pragma GCC unroll 8
     for (int r = 0; r < mr; r++) a[r] = A[r];
-    const uint16_t *bp[NVM];
+    size_t bp[NVM]; /* element offsets of the tile's column vectors in B */
 #pragma GCC unroll 8
     for (int v = 0; v < nv; v++) {
         const int c = j0 + v * VL;
-        bp[v] = B + (size_t)(c / 16) * kd * 16 + (c % 16);
+        bp[v] = (size_t)(c / 16) * kd * 16 + (c % 16);
     }
     for (int i = 0; i < kd; i++) {
         SFX(vf) b[NVM];
 #pragma GCC unroll 8
-        for (int v = 0; v < nv; v++) b[v] = SFX(load_hv)(bp[v] + (size_t)i * 16);
-        if (pfp)
+        for (int v = 0; v < nv; v++)
+            b[v] = half ? SFX(load_hv)((const uint16_t *)B + bp[v] + (size_t)i * 16)
+                        : *(const SFX(vf) *)((const float *)B + bp[v] + (size_t)i * 16);
+        if (pfp) /* a share of the next matrix towards L2 while this one computes (never faults) */
             for (int q = 0; q < pfn; q++) __builtin_prefetch(pfp + ((size_t)i * pfn + q) * 64, 0, 2);
 #pragma GCC unroll 8
         for (int r = 0; r < mr; r++) {
@@ -119,21 +86,21 @@ static inline __attribute__((always_inline)) void SFX(tile_h)(const int mr, cons
 
 #define TILE_NV(mr_)                                                         \
     switch (nv) {                                                            \
-    case 1: TILEFN(mr_, 1, A + r0, B, kd, C + r0, j, pfp, pfn); break;          \
-    case 2: if (NVM >= 2) TILEFN(mr_, 2 <= NVM ? 2 : NVM, A + r0, B, kd, C + r0, j, pfp, pfn); break; \
-    case 3: if (NVM >= 3) TILEFN(mr_, 3 <= NVM ? 3 : NVM, A + r0, B, kd, C + r0, j, pfp, pfn); break; \
-    default: if (NVM >= 4) TILEFN(mr_, 4 <= NVM ? 4 : NVM, A + r0, B, kd, C + r0, j, pfp, pfn); break; \
+    case 1: SFX(tile)(mr_, 1, A + r0, B, kd, C + r0, j, pfp, pfn, half); break;          \
+    case 2: if (NVM >= 2) SFX(tile)(mr_, 2 <= NVM ? 2 : NVM, A + r0, B, kd, C + r0, j, pfp, pfn, half); break; \
+    case 3: if (NVM >= 3) SFX(tile)(mr_, 3 <= NVM ? 3 : NVM, A + r0, B, kd, C + r0, j, pfp, pfn, half); break; \
+    default: if (NVM >= 4) SFX(tile)(mr_, 4 <= NVM ? 4 : NVM, A + r0, B, kd, C + r0, j, pfp, pfn, half); break; \
     }
 
 /* Rows given by pointers: C[r][j0:j1] = A[r][0:kd] @ B[0:kd, j0:j1] for r < n, B packed in panels
- * of 16 columns (see tile). j0 and j1 must be multiples of VL; rows of A need kd readable floats. */
-#define TILEFN SFX(tile)
-static void SFX(gemm_rows_pf)(const int n, const float *const *A, const float *B, const int kd,
-                           const int j0, const int j1, float *const *C, const void *pf, const size_t pf_bytes) {
-    /* column tiles outer: a tile's panel of B (kd x NVM*VL floats) stays in L1 while every row
-     * block of the group goes through it (measured 10% faster than row blocks outer). With pf,
-     * the tiles also prefetch pf_bytes (the next matrix) to L2, a share each, spread over their
-     * k loop. */
+ * of 16 columns (see tile), float32 or (half) float16. j0 and j1 must be multiples of VL; rows of A
+ * need kd readable floats. Column tiles outer: a tile's panel of B (kd x NVM*VL) stays in L1 while
+ * every row block of the group goes through it (measured 10% faster than row blocks outer). With pf,
+ * the tiles also prefetch pf_bytes (the next matrix) to L2, a share each, spread over their k loop. */
+static inline __attribute__((always_inline)) void SFX(gemm_any)(const int n, const float *const *A, const void *B,
+                                                                const int kd, const int j0, const int j1,
+                                                                float *const *C, const void *pf,
+                                                                const size_t pf_bytes, const int half) {
     const int ntile = ((j1 - j0 + NVM * VL - 1) / (NVM * VL)) * ((n + MR - 1) / MR);
     const size_t lines = (pf_bytes + 63) / 64, per_call = ntile > 0 ? (lines + ntile - 1) / ntile : 0;
     const int pfn = pf && kd > 0 ? (int)((per_call + kd - 1) / kd) : 0;
@@ -147,36 +114,23 @@ static void SFX(gemm_rows_pf)(const int n, const float *const *A, const float *B
             GEMM_DISPATCH
         }
     }
+}
+
+static void SFX(gemm_rows_pf)(const int n, const float *const *A, const float *B, const int kd, const int j0,
+                              const int j1, float *const *C, const void *pf, const size_t pf_bytes) {
+    SFX(gemm_any)(n, A, B, kd, j0, j1, C, pf, pf_bytes, 0);
 }
 
 static void SFX(gemm_rows)(const int n, const float *const *A, const float *B, const int kd,
                            const int j0, const int j1, float *const *C) {
-    SFX(gemm_rows_pf)(n, A, B, kd, j0, j1, C, NULL, 0);
+    SFX(gemm_any)(n, A, B, kd, j0, j1, C, NULL, 0, 0);
 }
-#undef TILEFN
-#define TILEFN SFX(tile_h)
-/* As gemm_rows_pf, B in float16 panels (the composed-jump tables stored in half precision). */
-static void SFX(gemm_rows_h)(const int n, const float *const *A, const uint16_t *B, const int kd,
-                           const int j0, const int j1, float *const *C, const void *pf, const size_t pf_bytes) {
-    /* column tiles outer: a tile's panel of B (kd x NVM*VL floats) stays in L1 while every row
-     * block of the group goes through it (measured 10% faster than row blocks outer). With pf,
-     * the tiles also prefetch pf_bytes (the next matrix) to L2, a share each, spread over their
-     * k loop. */
-    const int ntile = ((j1 - j0 + NVM * VL - 1) / (NVM * VL)) * ((n + MR - 1) / MR);
-    const size_t lines = (pf_bytes + 63) / 64, per_call = ntile > 0 ? (lines + ntile - 1) / ntile : 0;
-    const int pfn = pf && kd > 0 ? (int)((per_call + kd - 1) / kd) : 0;
-    int call = 0;
-    for (int j = j0; j < j1; j += NVM * VL) {
-        int nv = (j1 - j) / VL;
-        if (nv > NVM) nv = NVM;
-        for (int r0 = 0; r0 < n; r0 += MR, call++) {
-            const int mr = n - r0 < MR ? n - r0 : MR;
-            const char *pfp = pfn ? (const char *)pf + (size_t)call * kd * pfn * 64 : NULL;
-            GEMM_DISPATCH
-        }
-    }
+
+/* B in float16 panels (the composed-jump tables stored in half precision). */
+static void SFX(gemm_rows_h)(const int n, const float *const *A, const uint16_t *B, const int kd, const int j0,
+                             const int j1, float *const *C, const void *pf, const size_t pf_bytes) {
+    SFX(gemm_any)(n, A, B, kd, j0, j1, C, pf, pf_bytes, 1);
 }
-#undef TILEFN
 #undef TILE_NV
 #undef GEMM_DISPATCH
 
