@@ -103,6 +103,21 @@ def test_annealing_schedules():
         anneal("cubic", 0.5)
 
 
+def test_annealing_reaches_lambda_max_at_t_max_and_holds_it():
+    # Occam's Gates sec. 4.4: min{(e / T_max)^k lambda_max, lambda_max}
+    assert [anneal("linear", p, t_max=0.5) for p in (0, 0.25, 0.5, 0.75, 1)] == [0, 0.5, 1, 1, 1]
+    assert [anneal("quadratic", p, t_max=0.5) for p in (0, 0.25, 0.5, 1)] == [0, 0.25, 1, 1]
+    assert anneal("flat", 0.0, t_max=0.5) == 1
+    with pytest.raises(ValueError):
+        anneal("linear", 0.5, t_max=0)
+    for s in ("flat", "linear", "quadratic"):
+        m = OCCAM[f"occam_sched_{s}"](5, 5, 4)
+        assert (m.lam, m.schedule, m.t_max) == (0.2, s, 0.5)
+        assert m.lam_at(0.6) == m.lam_at(1.0) == 0.2
+        assert occam_from_config(m.config()).t_max == 0.5
+    assert occam_from_config({k: v for k, v in OCCAM["occam"](5, 5, 4).config().items() if k != "t_max"}).t_max == 1.0
+
+
 @pytest.mark.parametrize("schedule", ["flat", "linear", "quadratic"])
 def test_aux_loss_is_lambda_times_the_mean_gate(schedule):
     m = _model(lam=0.2, schedule=schedule)

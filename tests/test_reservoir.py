@@ -64,7 +64,7 @@ def test_esn_construction(ids):
     E, W = R.esn_network(50, V, rng)
     assert max(abs(np.linalg.eigvals(W))) == pytest.approx(0.98)
     assert np.abs(E).max() < 1
-    Rm = R.cooccurrence_ratios(tr, V)
+    Rm = R.transition_ratios(tr, V)
     cols = Rm.sum(0)
     assert np.allclose(cols[cols > 0], 1.0)  # column j: the distribution of the symbol after j
     E2, _ = R.esn_network(50, V, np.random.default_rng(0), Rm)

@@ -15,15 +15,28 @@ starts at +3 (every gate 95% open) so the model begins as a plain LSTM; the forg
 ``b_in`` starts at 1 as in :class:`isan.train.baselines.LSTM`.
 
 Penalty: ``lambda(progress) * mean_t,b g_t`` (nats per symbol, added to the cross-entropy), with
-``lambda(progress) = lam * s(progress)``, ``s`` = 1 (flat), ``progress`` (linear) or ``progress^2``
-(quadratic annealing), progress in [0, 1] the fraction of the training budget seen. The loop calls
+``lambda(progress) = lam * s(progress)`` and, as in Raiman and Sidor's section 4.4,
+
+    lambda_sparse(e) = lambda_max                                 flat regimen
+                       min{(e / T_max) * lambda_max, lambda_max}    linear regimen
+                       min{(e / T_max)^2 * lambda_max, lambda_max}  quadratic regimen
+
+with ``e / T_max`` read as ``progress / t_max``: progress in [0, 1] is the fraction of the training
+budget seen, and ``t_max`` the fraction at which lambda reaches lambda_max and is then held. The
+paper counts e and T_max in epochs and gives no value of T_max. The first four kinds below were run
+with ``t_max = 1`` (lambda reached lambda_max only at the last step: the paper's formula with T_max
+at the end of training, kept so that their committed runs reload as they were trained); the
+``occam_sched_*`` kinds (issue #26) use ``t_max = 0.5``: the ramp over the first half, lambda_max
+held over the second. The loop calls
 :meth:`OccamLSTM.aux_loss` (its aux-loss hook); where a loop has no hook, ``penalty_mode="inject"``
 adds the penalty's gradient inside the forward pass (the same gradient; the logged loss then
 excludes the penalty), with progress read from ``progress_fn``.
 
 Registered in :data:`isan.train.models.MODELS` as ``occam`` (first order, lam 0.05, linear
 annealing), ``occam_nopenalty`` (first order, lam 0), ``occam2`` (second order, lam 0.05, linear),
-``occam_strong`` (first order, lam 0.2, linear).
+``occam_strong`` (first order, lam 0.2, linear), all with ``t_max = 1``; and ``occam_sched_flat``,
+``occam_sched_linear``, ``occam_sched_quadratic`` (first order, lam_max 0.2, ``t_max = 0.5``: the
+three regimens of section 4.4 side by side).
 The numpy twin is :mod:`isan.engine.runners.occam`.
 """
 
@@ -43,9 +56,13 @@ DEFAULT_LAMBDA = 0.05
 GATE_INIT = 3.0
 
 
-def anneal(schedule: str, progress: float) -> float:
-    """The annealing factor in [0, 1] of ``schedule`` at ``progress`` (clipped to [0, 1])."""
-    p = min(max(float(progress), 0.0), 1.0)
+def anneal(schedule: str, progress: float, t_max: float = 1.0) -> float:
+    """The annealing factor in [0, 1] of ``schedule`` at ``progress``: Raiman and Sidor's section 4.4,
+    ``min{(e / T_max)^k, 1}`` with ``e / T_max = progress / t_max`` (k = 0 flat, 1 linear, 2 quadratic);
+    from ``progress >= t_max`` on the factor is 1 (lambda_max held)."""
+    if not t_max > 0:
+        raise ValueError(f"t_max must be > 0; got {t_max!r}")
+    p = min(max(float(progress) / float(t_max), 0.0), 1.0)
     if schedule == "flat":
         return 1.0
     if schedule == "linear":
@@ -80,13 +97,14 @@ class OccamLSTM(nn.Module):
     kind = "occam"
 
     def __init__(self, K: int, V: int, d: int, seed: int | None = None, gate: str = "first",
-                 lam: float = DEFAULT_LAMBDA, schedule: str = "linear", forget_bias: float = 1.0):
+                 lam: float = DEFAULT_LAMBDA, schedule: str = "linear", forget_bias: float = 1.0,
+                 t_max: float = 1.0):
         super().__init__()
         if gate not in GATE_FORMS:
             raise ValueError(f"gate must be one of {GATE_FORMS}; got {gate!r}")
-        anneal(schedule, 0.0)  # validates
+        anneal(schedule, 0.0, t_max)  # validates
         self.K, self.V, self.d = int(K), int(V), int(d)
-        self.gate, self.lam, self.schedule = gate, float(lam), schedule
+        self.gate, self.lam, self.schedule, self.t_max = gate, float(lam), schedule, float(t_max)
         g = torch.Generator().manual_seed(seed) if seed is not None else None
         bound = 1 / math.sqrt(d)
         u = lambda *s: torch.empty(*s).uniform_(-bound, bound, generator=g)  # noqa: E731
@@ -121,7 +139,7 @@ class OccamLSTM(nn.Module):
 
     def config(self) -> dict:
         return {"kind": self.kind, "K": self.K, "V": self.V, "d": self.d, "gate": self.gate, "lam": self.lam,
-                "schedule": self.schedule, "state": self.state_names()}
+                "schedule": self.schedule, "t_max": self.t_max, "state": self.state_names()}
 
     def state_names(self) -> list[str]:
         return ["h", "c"]
@@ -130,7 +148,7 @@ class OccamLSTM(nn.Module):
         return self.h0.unsqueeze(0).expand(B, self.d), self.c0.unsqueeze(0).expand(B, self.d)
 
     def lam_at(self, progress: float) -> float:
-        return self.lam * anneal(self.schedule, progress)
+        return self.lam * anneal(self.schedule, progress, self.t_max)
 
     def aux_loss(self, progress_fraction: float) -> torch.Tensor | None:
         """``lambda(progress) * mean gate`` of the last forward pass (None without a penalty)."""
@@ -221,8 +239,37 @@ class OccamStrong(OccamLSTM):
         super().__init__(K, V, d, seed=seed, **kw)
 
 
+class _OccamSched(OccamLSTM):
+    """lam_max 0.2 reached at t_max = 0.5 of the budget and held (section 4.4 of Occam's Gates)."""
+
+    default_schedule = "linear"
+
+    def __init__(self, K: int, V: int, d: int, seed: int | None = None, **kw):
+        kw.setdefault("lam", 0.2)
+        kw.setdefault("schedule", self.default_schedule)
+        kw.setdefault("t_max", 0.5)
+        super().__init__(K, V, d, seed=seed, **kw)
+
+
+class OccamSchedFlat(_OccamSched):
+    kind = "occam_sched_flat"
+    default_schedule = "flat"
+
+
+class OccamSchedLinear(_OccamSched):
+    kind = "occam_sched_linear"
+    default_schedule = "linear"
+
+
+class OccamSchedQuadratic(_OccamSched):
+    kind = "occam_sched_quadratic"
+    default_schedule = "quadratic"
+
+
 #: merged into :data:`isan.train.models.MODELS` (``isan train occam ...``)
-OCCAM = {"occam": OccamLSTM, "occam_nopenalty": OccamNoPenalty, "occam2": Occam2, "occam_strong": OccamStrong}
+OCCAM = {"occam": OccamLSTM, "occam_nopenalty": OccamNoPenalty, "occam2": Occam2, "occam_strong": OccamStrong,
+         "occam_sched_flat": OccamSchedFlat, "occam_sched_linear": OccamSchedLinear,
+         "occam_sched_quadratic": OccamSchedQuadratic}
 
 
 def occam_from_config(config: dict) -> OccamLSTM:
@@ -231,7 +278,8 @@ def occam_from_config(config: dict) -> OccamLSTM:
     if cls is None:
         raise ValueError(f"unknown Occam kind {config.get('kind')!r}; choose one of {', '.join(OCCAM)}")
     return cls(int(config["K"]), int(config["V"]), int(config["d"]), gate=config.get("gate", "first"),
-               lam=float(config.get("lam", DEFAULT_LAMBDA)), schedule=config.get("schedule", "linear"))
+               lam=float(config.get("lam", DEFAULT_LAMBDA)), schedule=config.get("schedule", "linear"),
+               t_max=float(config.get("t_max", 1.0)))  # runs before issue #26 have no t_max: 1
 
 
 # ------------------------------------------------------------------------------------ training

@@ -59,7 +59,7 @@ def bias_study(p: ISANParams, unigram_counts: np.ndarray, symbols, groups: dict[
     Returns:
         {"rank_readout", "d", "norms": {"full", "readout", "complement"} (K,), "logprob" (K,),
         "correlation": {"full", "readout", "complement"} (Pearson, norm against log-probability),
-        "order" (symbols in group order), "cosine": {"readout", "complement"} ((K, K) lists in that order),
+        "order" (symbols in group order), "cosine": {"full", "readout", "complement"} ((K, K) lists in that order),
         "group_means": {subspace: {"a-b": mean distance}}, "variance_fraction_complement"}.
     """
     p = p.astype(np.float64)
@@ -78,7 +78,8 @@ def bias_study(p: ISANParams, unigram_counts: np.ndarray, symbols, groups: dict[
                   "space": " "}
     order = [c for g in groups.values() for c in g if c in symbols]
     idx = [symbols.index(c) for c in order]
-    cos = {"readout": cosine_distances(in_ro)[np.ix_(idx, idx)], "complement": cosine_distances(in_perp)[np.ix_(idx, idx)]}
+    cos = {"full": cosine_distances(b)[np.ix_(idx, idx)],  # Fig 7a: the whole b_x (issue #26)
+           "readout": cosine_distances(in_ro)[np.ix_(idx, idx)], "complement": cosine_distances(in_perp)[np.ix_(idx, idx)]}
     gi = {g: [order.index(c) for c in s if c in order] for g, s in groups.items()}
     means = {}
     names = list(groups)
@@ -108,7 +109,9 @@ def ngram_agreement(p: ISANParams, unigram_counts: np.ndarray, bigram_counts: np
     Returns:
         {"unigram": {"model", "data" (V,), "correlation", "kl_bits" (KL(data || model))},
          "bigram": {"model", "data" ((K, V) lists), "correlation" per x, "kl_bits" per x,
-         "correlation_all" (every pair pooled), "correlation_median"}}.
+         "correlation_all" (every pair pooled), "correlation_median"},
+         "space": Fig 8b's numbers for x = '_', "unigram_as_bigram_predictor": Fig 8c's x-axis, the
+         correlation of the unigram P(x) with P(next | x) per x, and for how many x the model does better}.
     """
     from isan.engine.reference import log_softmax
 
@@ -125,7 +128,18 @@ def ngram_agreement(p: ISANParams, unigram_counts: np.ndarray, bigram_counts: np
         return float((a[m] * np.log2(a[m] / b[m])).sum())
 
     corr = [_pearson(mb[x], pb[x]) for x in range(len(mb))]
-    return {"symbols": list(symbols),
+    corr_uni = [_pearson(pu, pb[x]) for x in range(len(mb))]  # Fig 8c's x-axis: the unigram as a predictor
+    sym = list(symbols)
+    space = {}
+    if " " in sym:  # Fig 8b: softmax(W_ro b_'_' + b_ro) against P(x_t+1 | '_')
+        s_ = sym.index(" ")
+        space = {"model": mb[s_].tolist(), "data": pb[s_].tolist(), "correlation": corr[s_],
+                 "kl_bits": kl(pb[s_], mb[s_]), "unigram_correlation": corr_uni[s_]}
+    better = [a > b_ for a, b_ in zip(corr, corr_uni) if a is not None and b_ is not None]
+    return {"symbols": sym, "space": space,
+            "unigram_as_bigram_predictor": {"correlation": corr_uni, "median": float(np.nanmedian(
+                [np.nan if v is None else v for v in corr_uni])), "model_better_for": int(sum(better)),
+                "of": len(better)},
             "unigram": {"model": mu.tolist(), "data": pu.tolist(), "correlation": _pearson(mu, pu), "kl_bits": kl(pu, mu)},
             "bigram": {"model": mb.tolist(), "data": pb.tolist(), "correlation": corr,
                        "kl_bits": [kl(pb[x], mb[x]) for x in range(len(mb))],

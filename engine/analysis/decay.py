@@ -45,6 +45,8 @@ class DecayStats:
         bits_full: mean bits with every source (the model itself).
         word_positions: (P,) positions in the word 0..P-1 (0: the state after a space).
         word_bits_full, word_bits_space_only, word_bits_no_space: (P,) mean bits there.
+        word_median_full, word_median_space_only, word_median_no_space: (P,) the median bits there (the
+            paper's Fig 4b plots "the median cross entropy"; issue #26).
         word_counts: (P,) positions counted at each.
         space_outside_window: positions skipped in Fig 4b because the last space was N or more back.
         max_abs_error: max |b_ro + sum kappa - logits| (against the reference logits).
@@ -67,6 +69,9 @@ class DecayStats:
     max_abs_error: float
     segments: int = 1
     warmup_error: float | None = None
+    word_median_full: np.ndarray | None = None
+    word_median_space_only: np.ndarray | None = None
+    word_median_no_space: np.ndarray | None = None
 
 
 def window_statistics(p: ISANParams, ids: np.ndarray, window: int = 50, segments: int = 128, space_id: int | None = 0,
@@ -113,6 +118,7 @@ def window_statistics(p: ISANParams, ids: np.ndarray, window: int = 50, segments
     n_pos = 0
     P = max_word_position + 1
     w_full, w_only, w_none, w_cnt = np.zeros(P), np.zeros(P), np.zeros(P), np.zeros(P, dtype=np.int64)
+    w_vals = {k: [[] for _ in range(P)] for k in ("full", "only", "none")}  # per position: bits, for medians
     last_space = np.full(B, -1, dtype=np.int64)  # position of the last space read, per segment
     outside = 0
     err = 0.0
@@ -172,14 +178,20 @@ def window_statistics(p: ISANParams, ids: np.ndarray, window: int = 50, segments
                 np.add.at(w_only, lag[j], -only * LOG2E)
                 np.add.at(w_none, lag[j], -none * LOG2E)
                 np.add.at(w_cnt, lag[j], 1)
+                for k, v in (("full", -lp_full[j] * LOG2E), ("only", -only * LOG2E), ("none", -none * LOG2E)):
+                    for q in np.unique(lag[j]):
+                        w_vals[k][q].append(v[lag[j] == q].astype(np.float32))
     if err > tol * lmax:
         raise AttributionCheckError(f"b_ro + sum kappa differs from the logits by {err:.3g} (window statistics)")
     c = np.maximum(w_cnt, 1)
     warm_err = None
     if len(snap) == 2:
         warm_err = float(np.abs(snap[0] - snap[1]).max()) / max(1.0, float(np.abs(snap[0]).max()))
+    med = {k: np.array([float(np.median(np.concatenate(v[q]))) if v[q] else np.nan for q in range(P)])
+           for k, v in w_vals.items()}
     return DecayStats(N, n_pos, norm_sum / n_pos, hist_norm_sum / n_pos, keep_sum / n_pos, full_sum / n_pos,
-                      np.arange(P), w_full / c, w_only / c, w_none / c, w_cnt, outside, err, B, warm_err)
+                      np.arange(P), w_full / c, w_only / c, w_none / c, w_cnt, outside, err, B, warm_err,
+                      med["full"], med["only"], med["none"])
 
 
 def fit_two_rates(norms: np.ndarray, min_points: int = 4) -> dict:

@@ -82,13 +82,10 @@ def fig2_stack(stack, out) -> Path:
     return _save(fig, out)
 
 
-def fig3_contributions(cf: dict, out) -> Path:
-    """Figure 3: each source's contribution to two logits, and the prediction with and without a word."""
-    plt = _plt()
+def _fig3_row(ax, ax2, cf: dict, label: str | None = None) -> None:
     chars = list(cf["contributions"])
     labels = cf["source_labels"]
     S = len(labels)
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 1.3]})
     w = 0.4
     for i, c in enumerate(chars):
         ax.bar(np.arange(S) + (i - 0.5) * w, cf["contributions"][c][:S], w, label=f"logit of {_show(c)!r}")
@@ -98,7 +95,8 @@ def fig3_contributions(cf: dict, out) -> Path:
     ax.set_xticklabels(labels, fontsize=7, rotation=90)
     ax.axhline(0, color="k", lw=0.6)
     ax.set_ylabel("kappa (logit units)")
-    ax.set_title(f"contributions to the next character after {cf['text'].replace(' ', '_')!r}", fontsize=9)
+    head = f"{label}: " if label else ""
+    ax.set_title(f"{head}contributions to the next character after {cf['text'].replace(' ', '_')!r}", fontsize=9)
     ax.legend(fontsize=7)
     full, wo = cf["full"], cf["without"]
     x = np.arange(len(chars))
@@ -108,8 +106,21 @@ def fig3_contributions(cf: dict, out) -> Path:
     ax2.set_xticklabels([repr(_show(c)) for c in chars])
     ax2.set_yscale("log")
     ax2.set_ylabel("probability")
-    ax2.set_title(f"greedy: {full['greedy'].replace(' ', '_')!r} vs {wo['greedy'].replace(' ', '_')!r}", fontsize=8)
+    top_s = f"; top {_show(full['top'])!r} ({full['top_prob']:.2f})" if "top" in full else ""
+    ax2.set_title(f"greedy: {full['greedy'].replace(' ', '_')!r} vs {wo['greedy'].replace(' ', '_')!r}{top_s}",
+                  fontsize=8)
     ax2.legend(fontsize=7)
+
+
+def fig3_contributions(cf: dict, out, label: str | None = None, others: dict | None = None) -> Path:
+    """Figure 3: each source's contribution to two logits, and the prediction with and without a word;
+    one row per model (``label`` for ``cf``, then ``others`` = {label: cf} side by side below it)."""
+    plt = _plt()
+    rows = [(label, cf)] + list((others or {}).items())
+    fig, axes = plt.subplots(len(rows), 2, figsize=(11, 4 * len(rows)), gridspec_kw={"width_ratios": [3, 1.3]},
+                             squeeze=False)
+    for (lab, c), (ax, ax2) in zip(rows, axes):
+        _fig3_row(ax, ax2, c, lab)
     return _save(fig, out)
 
 
@@ -134,12 +145,22 @@ def fig4_decay(stats, fit: dict, out, min_count: int = 1000) -> Path:
     ax = axs[1]
     m = stats.word_counts >= min_count
     pos = stats.word_positions[m]
-    ax.plot(pos, stats.word_bits_full[m], "o-", ms=3, label="all kappa")
-    ax.plot(pos, stats.word_bits_space_only[m], "s-", ms=3, label="only the space's kappa")
-    ax.plot(pos, stats.word_bits_no_space[m], "^-", ms=3, label="the space's kappa removed")
+    has_med = stats.word_median_full is not None
+    for i, (name, mean, med, mk) in enumerate((("all kappa", stats.word_bits_full, stats.word_median_full, "o"),
+                                               ("only the space's kappa", stats.word_bits_space_only,
+                                                stats.word_median_space_only, "s"),
+                                               ("the space's kappa removed", stats.word_bits_no_space,
+                                                stats.word_median_no_space, "^"))):
+        if has_med:
+            ax.plot(pos, med[m], mk + "-", ms=3, color=f"C{i}", label=f"{name} (median)")
+            ax.plot(pos, mean[m], mk + ":", ms=2, color=f"C{i}", alpha=0.6, label=f"{name} (mean)")
+        else:
+            ax.plot(pos, mean[m], mk + "-", ms=3, color=f"C{i}", label=name)
+    ax.axhline(1.0, color="k", lw=0.5, ls="--")
     ax.set_xlabel("characters since the last space (0: after the space)")
     ax.set_ylabel("cross entropy (bits/char)")
-    ax.set_title(f"(b) by position in the word (positions seen >= {min_count:,} times)", fontsize=9)
+    ax.set_title(f"(b) by position in the word: median (solid, the paper's) and mean (dotted); "
+                 f"positions seen >= {min_count:,} times", fontsize=8)
     ax.legend(fontsize=7)
     ax = axs[2]
     n = np.arange(len(stats.bits_keep_last))
@@ -178,39 +199,46 @@ def fig5_words(wc, symbols, out) -> Path:
 
 
 def fig6_7_basis(bs: dict, symbols, out) -> Path:
-    """Figures 6-7: ||b_x|| against log P(x) in the readout subspace and its complement, and the cosine
-    distances between the b_x in each."""
+    """Figures 6-7 as the paper lays them out: top row (Fig 6) ||b_x|| against log P(x) in (a) the full
+    space, (b) the readout subspace, (c) its complement; bottom row (Fig 7) the cosine distances between
+    the b_x in the same three."""
     plt = _plt()
-    fig, axs = plt.subplots(1, 4, figsize=(17, 4.2))
+    fig, axs = plt.subplots(2, 3, figsize=(15, 9))
     lp = np.asarray(bs["logprob"])
-    for ax, sub in zip(axs[:2], ("readout", "complement")):
+    names = {"full": "full space", "readout": "readout subspace P_par", "complement": "complement P_perp"}
+    for ax, sub, tag in zip(axs[0], ("full", "readout", "complement"), "abc"):
         nr = np.asarray(bs["norms"][sub])
         ax.scatter(lp, nr, s=10)
         for i, c in enumerate(symbols):
             ax.annotate(_show(c), (lp[i], nr[i]), fontsize=8)
         r = bs["correlation"][sub]
-        ax.set_title(f"{sub} subspace: r = {r:.2f}" if r is not None else sub, fontsize=9)
+        ax.set_title(f"Fig 6{tag}: {names[sub]}: r = {r:.2f}" if r is not None else names[sub], fontsize=9)
         ax.set_xlabel("unigram log P(x) (nats)")
-        ax.set_ylabel("||b_x|| in the subspace")
+        ax.set_ylabel("||b_x||")
     order = bs["order"]
-    for ax, sub in zip(axs[2:], ("readout", "complement")):
+    for ax, sub, tag in zip(axs[1], ("full", "readout", "complement"), "abc"):
+        if sub not in bs["cosine"]:
+            ax.axis("off")
+            continue
         D = np.asarray(bs["cosine"][sub])
         im = ax.imshow(D, cmap="magma", vmin=0, vmax=2, interpolation="nearest")
         ax.set_xticks(range(len(order)))
         ax.set_xticklabels([_show(c) for c in order], fontsize=6)
         ax.set_yticks(range(len(order)))
         ax.set_yticklabels([_show(c) for c in order], fontsize=6)
-        ax.set_title(f"cosine distance of b_x, {sub}", fontsize=9)
+        ax.set_title(f"Fig 7{tag}: cosine distance of b_x, {names[sub]}", fontsize=9)
         fig.colorbar(im, ax=ax, fraction=0.04)
     return _save(fig, out)
 
 
 def fig8_ngram(ng: dict, out) -> Path:
-    """Figure 8: softmax(b_ro) against the unigram distribution, softmax(W_ro b_x + b_ro) against the
-    bigram for every x, and the correlations per x."""
+    """Figure 8 as the paper lays it out: (a) softmax(b_ro) against the unigram distribution, (b)
+    softmax(W_ro b_'_' + b_ro) against P(x_t+1 | '_'), (c) per x, the correlation of
+    softmax(W_ro b_x + b_ro) with P(x_t+1 | x) (y) against that of the unigram P(x) (x); and (d) every
+    (x, next) pair pooled."""
     plt = _plt()
     sym = ng["symbols"]
-    fig, axs = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, axs = plt.subplots(1, 4, figsize=(19, 4.4))
     ax = axs[0]
     u, m = np.asarray(ng["unigram"]["data"]), np.asarray(ng["unigram"]["model"])
     ax.scatter(u, m, s=10)
@@ -220,23 +248,41 @@ def fig8_ngram(ng: dict, out) -> Path:
     ax.plot([0, hi], [0, hi], "k--", lw=0.6)
     ax.set_xlabel("unigram P(x) (train split)")
     ax.set_ylabel("softmax(b_ro)")
-    ax.set_title(f"r = {ng['unigram']['correlation']:.3f}, KL(unigram || model) = {ng['unigram']['kl_bits']:.2f} bits",
+    ax.set_title(f"(a) r = {ng['unigram']['correlation']:.3f}, KL(unigram || model) = {ng['unigram']['kl_bits']:.2f} bits",
                  fontsize=9)
     ax = axs[1]
+    sp = ng.get("space") or {}
+    if sp:
+        d_, m_ = np.asarray(sp["data"]), np.asarray(sp["model"])
+        ax.scatter(d_, m_, s=10)
+        for i, c in enumerate(sym):
+            ax.annotate(_show(c), (d_[i], m_[i]), fontsize=8)
+        hi = max(d_.max(), m_.max()) * 1.05
+        ax.plot([0, hi], [0, hi], "k--", lw=0.6)
+        ax.set_title(f"(b) after '_': r = {sp['correlation']:.3f}, KL = {sp['kl_bits']:.2f} bits", fontsize=9)
+    ax.set_xlabel("P(x_t+1 | '_') (train split)")
+    ax.set_ylabel("softmax(W_ro b_'_' + b_ro)")
+    ax = axs[2]
+    r = np.array([np.nan if v is None else v for v in ng["bigram"]["correlation"]], dtype=float)
+    ub = ng.get("unigram_as_bigram_predictor")
+    if ub:
+        ru = np.array([np.nan if v is None else v for v in ub["correlation"]], dtype=float)
+        ax.scatter(ru, r, s=10)
+        for i, c in enumerate(sym):
+            ax.annotate(_show(c), (ru[i], r[i]), fontsize=8)
+        lo = float(np.nanmin(np.concatenate([r, ru]))) - 0.05
+        ax.plot([lo, 1], [lo, 1], "k--", lw=0.6)
+        ax.set_xlabel("corr(unigram P(x), P(x_t+1 | x))")
+        ax.set_title(f"(c) model above the diagonal for {ub['model_better_for']} of {ub['of']} x", fontsize=9)
+    ax.set_ylabel("corr(softmax(W_ro b_x + b_ro), P(x_t+1 | x))")
+    ax = axs[3]
     B, M = np.asarray(ng["bigram"]["data"]), np.asarray(ng["bigram"]["model"])
     ax.scatter(B.ravel(), M.ravel(), s=3, alpha=0.5)
     ax.plot([0, 1], [0, 1], "k--", lw=0.6)
     ax.set_xlabel("bigram P(next | x)")
     ax.set_ylabel("softmax(W_ro b_x + b_ro)")
-    ax.set_title(f"every (x, next): r = {ng['bigram']['correlation_all']:.3f}", fontsize=9)
-    ax = axs[2]
-    r = np.array([np.nan if v is None else v for v in ng["bigram"]["correlation"]], dtype=float)
-    ax.bar(range(len(r)), r)
-    ax.set_xticks(range(len(r)))
-    ax.set_xticklabels([_show(c) for c in sym], fontsize=7)
-    ax.set_ylim(min(0.0, np.nanmin(r) - 0.05), 1.0)
-    ax.set_ylabel("correlation with the bigram")
-    ax.set_title(f"per input x (median {ng['bigram']['correlation_median']:.3f})", fontsize=9)
+    ax.set_title(f"(d) every (x, next): r = {ng['bigram']['correlation_all']:.3f}; median per x "
+                 f"{ng['bigram']['correlation_median']:.3f}", fontsize=9)
     return _save(fig, out)
 
 
@@ -256,13 +302,17 @@ def fig1b_pca(spectra: dict, out, first: int = 210) -> Path:
 
 
 def fig9_parentheses(tb, Z: np.ndarray, ids: np.ndarray, symbols, effective: np.ndarray, ideal: np.ndarray,
-                     out, steps: int = 48) -> Path:
+                     out, steps: int = 48, H: np.ndarray | None = None, W_orig: np.ndarray | None = None,
+                     w_label: str = "'['") -> Path:
     """Figure 9: the states of the parentheses ISAN in the task basis over a stretch of input, and each
-    symbol's transition on the k-hot coordinates next to the exact delay-line solution."""
+    symbol's transition on the k-hot coordinates next to the exact delay-line solution; with ``H`` (the
+    states in the original basis) and ``W_orig`` (one symbol's matrix as trained), a bottom row with the
+    paper's panels (a) and (b): both in the original basis."""
     plt = _plt()
     K = effective.shape[0]
-    fig = plt.figure(figsize=(3.1 * (K + 1), 8))
-    gs = fig.add_gridspec(2, K + 1, height_ratios=[1.1, 1])
+    orig = H is not None and W_orig is not None
+    fig = plt.figure(figsize=(3.1 * (K + 1), 12.5 if orig else 8))
+    gs = fig.add_gridspec(3 if orig else 2, K + 1, height_ratios=[1.1, 1, 1.1] if orig else [1.1, 1])
     ax = fig.add_subplot(gs[0, :])
     im = _diverging(ax, Z[:steps].T)
     for _, (i, j) in tb.blocks.items():
@@ -286,4 +336,16 @@ def fig9_parentheses(tb, Z: np.ndarray, ids: np.ndarray, symbols, effective: np.
     a.set_title("exact solution for '(' (projected)", fontsize=8)
     a.set_xticks([])
     a.set_yticks([])
+    if orig:
+        a = fig.add_subplot(gs[2, :2])
+        im = _diverging(a, W_orig)
+        a.set_title(f"(a) W[{w_label}] in the original basis", fontsize=9)
+        fig.colorbar(im, ax=a, fraction=0.04)
+        a = fig.add_subplot(gs[2, 2:])
+        im = _diverging(a, H[:steps].T)
+        a.set_xticks(range(min(steps, len(H))))
+        a.set_xticklabels([symbols[i] for i in ids[:steps]], fontsize=8)
+        a.set_ylabel("hidden unit", fontsize=8)
+        a.set_title("(b) hidden states in the original basis (same stretch as the top panel)", fontsize=9)
+        fig.colorbar(im, ax=a, fraction=0.02)
     return _save(fig, out)

@@ -25,7 +25,8 @@ import numpy as np
 from isan.errors import BundleFormatError
 from isan.engine.runners.recurrent import NumpyBaselineRunner, RunnerParams, _sigmoid, bits_from_logits
 
-OCCAM_KINDS = ("occam", "occam_nopenalty", "occam2", "occam_strong")
+OCCAM_KINDS = ("occam", "occam_nopenalty", "occam2", "occam_strong", "occam_sched_flat", "occam_sched_linear",
+               "occam_sched_quadratic")
 
 
 def occam_shapes(config: dict) -> dict[str, tuple[int, ...]]:

@@ -32,7 +32,8 @@ Bundle (directory, written atomically; see :func:`write_reservoir_bundle`)::
                            esn: E (K, n), W_hh (n, n), h0 (n,), W_out (V, n), b_out (V,)
                            npm: E (K, n), W_hh (n, n), h0 (n,), centroids (M, n), counts (M, V)
 
-``model`` (the config): ``{"kind", "variant" ("esn", "esn+", "npm-u", "npm-u+", "npm-t"), "K", "V",
+``model`` (the config): ``{"kind", "variant" ("esn", "esn+", "npm-u", "npm-u+", "npm-t", "npm-u+eq6",
+"npm-t-ekf"; the paper's ESN with output feedback, isan.train.reservoir.PaperESN, has no bundle yet), "K", "V",
 "d", "o_min" (esn), "contexts" M and "gamma" (npm)}``. ``params_sha256`` is the sha256 of every
 tensor in sorted name order as float32 (:func:`isan.engine.runners.recurrent.baseline_sha256`);
 ``files`` and ``manifest_sha256`` are as in :mod:`isan.engine.bundle` (format version 2), so an
@@ -52,7 +53,7 @@ from isan.errors import BundleFormatError
 from isan.engine.runners.recurrent import RunnerParams, validated_tensors
 
 RESERVOIR_KINDS = ("esn", "npm")
-VARIANTS = {"esn": ("esn", "esn+"), "npm": ("npm-u", "npm-u+", "npm-t")}
+VARIANTS = {"esn": ("esn", "esn+"), "npm": ("npm-u", "npm-u+", "npm-t", "npm-u+eq6", "npm-t-ekf")}
 REBUILD = "rebuild it with `isan study elman export` (or restore the bundle from a good copy)"
 LOG2E = 1.0 / math.log(2.0)
 

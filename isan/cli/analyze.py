@@ -25,6 +25,21 @@ BASELINES = ("rnn-3.2e5", "gru-3.2e5", "isan-3.2e5")
 PAREN_CKPT = "results/paper/models/parentheses"
 
 
+def _compare_models(paths) -> dict:
+    """{bundle name: (params, symbols)} of the models Fig 3 shows beside the analysed one (default:
+    the new default model, text8-d216-stable, where it is installed)."""
+    from isan.engine.core import paper_model_path
+
+    if not paths:
+        stable = paper_model_path().parent / "text8-d216-stable"
+        paths = (stable,) if stable.is_dir() else ()
+    out = {}
+    for q in paths:
+        _, p, sym, path = _load(q)
+        out[Path(path).name] = (p, sym)
+    return out
+
+
 def _load(model):
     from isan.engine.bundle import load_isan_bundle
     from isan.engine.core import paper_model_path
@@ -91,15 +106,18 @@ def stack_cmd(model, out, text):
 @click.option("--text", default=None, help="Text (default: 'the annual reve').")
 @click.option("--word", default="annual", show_default=True, help="The word removed in the counterfactual.")
 @click.option("--chars", default="nr", show_default=True, help="The two characters whose logits are shown.")
+@click.option("--compare", "compare", multiple=True, default=None,
+              help="ISAN bundles shown beside the model (default: isan/models/text8-d216-stable).")
 @friendly
-def contributions_cmd(model, out, text, word, chars):
+def contributions_cmd(model, out, text, word, chars, compare):
     """Figure 3: contributions to two logits, and the prediction with one word's kappa removed."""
     from isan.engine.analysis import studies
 
-    _, p, sym, _ = _load(model)
+    _, p, sym, path = _load(model)
     if len(chars) != 2:
         raise UserError("--chars must be two characters, e.g. nr")
-    _write(out, "contributions", studies.study_contributions(p, sym, text or studies.FIG3_TEXT, word, tuple(chars), out))
+    _write(out, "contributions", studies.study_contributions(p, sym, text or studies.FIG3_TEXT, word, tuple(chars), out,
+                                                             label=Path(path).name, compare=_compare_models(compare)))
 
 
 @analyze.command("decay")
@@ -219,7 +237,7 @@ def samples_cmd(model, out, prompt, n, betas, seeds):
     _write(out, "samples", _samples(model, prompt, n, betas, seeds))
 
 
-def _parentheses(checkpoint, out, chars, seed):
+def _parentheses(checkpoint, out, chars, seed, seeds=tuple(range(10))):
     import numpy as np
 
     from isan.engine.analysis import studies
@@ -240,9 +258,16 @@ def _parentheses(checkpoint, out, chars, seed):
     target = np.zeros_like(counts)
     target[1:] = counts[:-1]  # the state after symbol s reports the counts after s - 1
     sym = tuple(task.alphabet.symbols)
+    streams = {}
+    for s in seeds:  # issue #26: the same measures over more fresh streams
+        ids_s = task.sample(chars, s)
+        c_s = task.counts(ids_s)
+        t_s = np.zeros_like(c_s)
+        t_s[1:] = c_s[:-1]
+        streams[s] = (ids_s, t_s, c_s)
     res = studies.study_parentheses(p, sym, ids, target, counts, task.kinds, task.levels, hold=len(sym) - 1,
-                                    out_dir=out)
-    res.update({"checkpoint": str(checkpoint), "seed": seed, "task": task.config()})
+                                    out_dir=out, seed_streams=streams)
+    res.update({"checkpoint": str(checkpoint), "seed": seed, "task": task.config(), "more_seeds": list(seeds)})
     # the training run's own validation numbers, for reference
     logf = Path(checkpoint) / "train_log.jsonl"
     if logf.is_file():
@@ -261,12 +286,15 @@ def _parentheses(checkpoint, out, chars, seed):
 @click.option("--out", default=DEFAULT_OUT, show_default=True, type=click.Path(file_okay=False))
 @click.option("--chars", type=int, default=20_000, show_default=True, help="Symbols of the fresh test stream.")
 @click.option("--seed", type=int, default=12345, show_default=True)
+@click.option("--seeds", default="0,1,2,3,4,5,6,7,8,9", show_default=True,
+              help="More fresh streams (seeds, comma-separated) for accuracy and the start-up transient.")
 @friendly
-def parentheses_cmd(checkpoint, out, chars, seed):
+def parentheses_cmd(checkpoint, out, chars, seed, seeds):
     """Section 4, Figure 9: the counting task in the readout basis plus a sparse basis of its complement."""
     if chars < 200:
         raise UserError("--chars must be at least 200")
-    _write(out, "parentheses", _parentheses(checkpoint, out, chars, seed))
+    sd = tuple(int(x) for x in seeds.split(",") if x.strip())
+    _write(out, "parentheses", _parentheses(checkpoint, out, chars, seed, sd))
 
 
 @analyze.command("attribute")
@@ -333,6 +361,29 @@ def attribute_cmd(text, data, max_chars, model, target, char, other, window, top
         click.echo(f"{t:5d} {sym[ids[t]]!r} -> {sym[ta.classes[t]]!r} {ta.value[t]:+.3f} = base {ta.base[t]:+.2f} + {parts} ...")
 
 
+def _naive_bayes(train: str, test: str, sym, max_window: int = 10) -> dict:
+    from isan.engine.analysis import studies
+    from isan.engine.analysis.naive_bayes import naive_bayes_bits
+
+    r = naive_bayes_bits(studies.encode(train, sym), studies.encode(test, sym), len(sym), max_window)
+    r["paper"] = "Sec 3.2: 'a Naive Bayes model on the task, at 3.3 bits / char' (the model is not defined there)"
+    return r
+
+
+@analyze.command("naive-bayes")
+@click.option("--out", default=DEFAULT_OUT, show_default=True, type=click.Path(file_okay=False))
+@data_option
+@click.option("--max-window", type=int, default=10, show_default=True, help="Largest number of previous characters.")
+@friendly
+def naive_bayes_cmd(out, data, max_window):
+    """Table 1's Naive Bayes control (Sec 3.2): test bits/char with the previous k characters as
+    independent features, k = 1..max-window (train-split counts, add-0.5)."""
+    from isan.alphabet import Alphabet
+
+    sym = tuple(Alphabet.text8().symbols)
+    _write(out, "naive_bayes", _naive_bayes(_split(data, "train"), _split(data, "test"), sym, max_window))
+
+
 @analyze.command("all")
 @common
 @data_option
@@ -340,8 +391,11 @@ def attribute_cmd(text, data, max_chars, model, target, char, other, window, top
 @click.option("--baseline", "baselines", multiple=True,
               default=tuple(f"results/paper/models/{b}" for b in BASELINES), show_default=True)
 @click.option("--skip", multiple=True, help="Studies to leave out (e.g. --skip pca).")
+@click.option("--compare", "compare", multiple=True, default=None,
+              help="ISAN bundles shown beside the model in Fig 3 (default: the new default model, "
+                   "isan/models/text8-d216-stable).")
 @friendly
-def all_cmd(model, out, data, checkpoint, baselines, skip):
+def all_cmd(model, out, data, checkpoint, baselines, skip, compare):
     """Every study: figures, OUT/<study>.json, OUT/paper.json and OUT/command.txt."""
     from isan.atomic import write_bytes_atomic
     from isan.engine.analysis import studies
@@ -353,15 +407,19 @@ def all_cmd(model, out, data, checkpoint, baselines, skip):
     test, train = _split(data, "test"), _split(data, "train")
     steps = {
         "stack": lambda: studies.study_stack(p, sym, out_dir=out_dir),
-        "contributions": lambda: studies.study_contributions(p, sym, out_dir=out_dir),
+        "contributions": lambda: studies.study_contributions(p, sym, out_dir=out_dir, label=Path(path).name,
+                                                             compare=_compare_models(compare)),
         "decay": lambda: studies.study_decay(p, sym, test, out_dir=out_dir),
         "words": lambda: studies.study_words(p, sym, out_dir=out_dir),
+        "words_paper": lambda: studies.study_words(p, sym, studies.FIG5_PAPER_FRAGMENT, keep=(1, 2, 3, None),
+                                                   out_dir=out_dir, fig_name="fig5_words_paper_fragment.png"),
         "basis": lambda: studies.study_basis(p, sym, train, out_dir=out_dir),
         "ngram": lambda: studies.study_ngram(p, sym, train, out_dir=out_dir),
         "pca": lambda: studies.study_pca(_pca_models(model, baselines), test, out_dir=out_dir),
         "samples": lambda: _samples(model, "annual reve", 120, (1.5, 2.0), (0, 1, 2)),
         "attribution": lambda: studies.study_attribution(p, sym, test[:2001]),
         "parentheses": lambda: _parentheses(checkpoint, out_dir, 20_000, 12345),
+        "naive_bayes": lambda: _naive_bayes(train, test, sym),
     }
     bad = [s for s in skip if s not in steps]
     if bad:

@@ -53,11 +53,15 @@ def elman_data(out, data_dir):
 @elman.command("fig1")
 @click.option("--out", default="results/elman", show_default=True, type=click.Path(file_okay=False))
 @click.option("--runs", type=int, default=10, show_default=True)
-@click.option("--models", default="esn,esn+,npm-u,npm-u+,npm-t", show_default=True)
+@click.option("--models", default="esn-paper,esn+-paper,npm-u,npm-u+eq6,npm-t-ekf", show_default=True,
+              help="The paper's models as written (default; esn-paper also writes esn-paper-tf), or the first "
+                   "study's variants: esn (dense, ridge), esn+ (transition ratios), npm-u+ (transition ratios), npm-t (Adam).")
 @click.option("--sizes", default=None, help="Reservoir sizes, comma-separated (default: the study's).")
 @click.option("--contexts", default=None, help="NPM context counts, comma-separated (default: the study's).")
 @click.option("--log-name", default="fig1_runs.jsonl", show_default=True)
-def elman_fig1(out, runs, models, sizes, contexts, log_name):
+@click.option("--run-from", type=int, default=0, show_default=True,
+              help="First run index (to split the runs over processes, each with its own --log-name).")
+def elman_fig1(out, runs, models, sizes, contexts, log_name, run_from):
     """Train and score every model of Fig. 1; appends to OUT/fig1_runs.jsonl (resumable)."""
     from isan.train.studies import elman_study as S
 
@@ -67,7 +71,8 @@ def elman_fig1(out, runs, models, sizes, contexts, log_name):
         kw["esn_sizes"] = tuple(int(x) for x in sizes.split(","))
     if contexts:
         kw["contexts"] = tuple(int(x) for x in contexts.split(","))
-    p = S.run_fig1(Path(out), runs=runs, models=tuple(m.strip() for m in models.split(",")), log_name=log_name, **kw)
+    p = S.run_fig1(Path(out), runs=runs, models=tuple(m.strip() for m in models.split(",")), log_name=log_name,
+                   run_from=run_from, **kw)
     click.echo(f"wrote {p}")
 
 
@@ -150,7 +155,7 @@ def occam_score(run_dir, name, data, out, max_chars):
 @click.option("--name", required=True)
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True)
 @click.option("--out", default="results/occam", show_default=True, type=click.Path(file_okay=False))
-@click.option("--chars", type=int, default=600, show_default=True, help="Length of the rendered test passage.")
+@click.option("--chars", type=int, default=360, show_default=True, help="Length of the rendered test passage.")
 def occam_gates(run_dir, name, data, out, chars):
     """Render the gates over a test passage as highlights (PNG and HTML, like the paper's Figs 9-10)."""
     from isan.train.studies.occam_study import render_gates

@@ -8,8 +8,11 @@ Three steps, each a command (``isan study elman ...``); the last reads only comm
    next-word distribution, and the checkers' verdict on every generated sentence.
 2. ``fig1``: for each of ``runs`` seeds, ESN and ESN+ at each reservoir size, NPM-U, NPM-U+ and NPM-T
    at each number of contexts, trained on train and scored on test (NNL, eq. 7); one JSON line per
-   (model, size, run) in ``fig1_runs.jsonl`` (with the seconds it took), and a ridge check on the
-   validation sentences. ``export`` writes one bundle per reservoir model (run 0, size 100 / 100
+   (model, size, run) in ``fig1_runs.jsonl`` (with the seconds it took). Since issue #26 the default
+   models are the paper's as written (:data:`PAPER_MODELS`: sparse ESN/ESN+ with output feedback and
+   the RLS readout, eq. 6, NPM-T over an EKF-trained SRN; see :mod:`isan.train.reservoir`); the first
+   study's models (:data:`MODELS`: dense ESN without feedback, ridge readout, transition ratios, Adam)
+   are kept as named variants, with their ridge check on the validation sentences. ``export`` writes one bundle per reservoir model (run 0, size 100 / 100
    contexts) under ``bundles/`` and checks that the engine's scorer gives the logged NNL.
 3. ``table``: ``TABLE.md``, ``table.json`` and ``fig1.png`` (NNL against reservoir size and number
    of contexts, mean and standard deviation over the runs, H as a line) from the logs, plus the
@@ -34,9 +37,21 @@ log = logging.getLogger(__name__)
 
 ESN_SIZES = (1, 2, 5, 10, 20, 50, 100, 200, 400)
 NPM_CONTEXTS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+#: the first study's models (issue #15), kept as named variants (see :mod:`isan.train.reservoir`)
 MODELS = ("esn", "esn+", "npm-u", "npm-u+", "npm-t")
+#: the paper's models as written (issue #26): sparse ESN with output feedback and an RLS readout, eq. 6's
+#: ratios, NPM-T over an EKF-trained SRN. Each "-tf" model is the same trained ESN run on test text with
+#: the feedback teacher-forced (written by the same command as its own-output twin).
+PAPER_MODELS = ("esn-paper", "esn+-paper", "esn-paper-tf", "esn+-paper-tf", "npm-u", "npm-u+eq6", "npm-t-ekf")
+ALL_MODELS = PAPER_MODELS + ("esn", "esn+", "npm-u+", "npm-t")
 SRN_EPOCHS = 5
-LABELS = {"esn": "ESN", "esn+": "ESN+", "npm-u": "NPM-U", "npm-u+": "NPM-U+", "npm-t": "NPM-T"}
+#: passes of the EKF over the training stream for NPM-T (global EKF: ~6 min a pass on one shared core)
+EKF_EPOCHS = 1.0
+LABELS = {"esn": "ESN-dense (ours: dense, ridge, no feedback)", "esn+": "ESN+-transition (ours)",
+          "npm-u": "NPM-U", "npm-u+": "NPM-U+-transition (ours)", "npm-t": "NPM-T-Adam (ours)",
+          "esn-paper": "ESN (paper: sparse, feedback, RLS)", "esn+-paper": "ESN+ (paper: eq. 6)",
+          "esn-paper-tf": "ESN (paper), teacher-forced feedback", "esn+-paper-tf": "ESN+ (paper), teacher-forced feedback",
+          "npm-u+eq6": "NPM-U+ (eq. 6)", "npm-t-ekf": "NPM-T (EKF)"}
 
 
 def study_ids() -> dict[str, np.ndarray]:
@@ -120,7 +135,7 @@ def esn_batched(runs: list[int], ids: dict, n: int, plus: bool, ridge: float = R
     same ridge solution (accumulated blockwise), so the numbers equal the unbatched path's to rounding.
     """
     tr, te, V = ids["train"], ids["test"], len(EG.SYMBOLS)
-    Rm = RS.cooccurrence_ratios(tr, V) if plus else None
+    Rm = RS.transition_ratios(tr, V) if plus else None
     nets = [RS.esn_network(n, V, np.random.default_rng(1000 * r + n), Rm) for r in runs]
     E = np.stack([e for e, _ in nets])
     W = np.stack([w for _, w in nets])
@@ -158,7 +173,7 @@ def npm_records(run: int, ids: dict, contexts=NPM_CONTEXTS, models=MODELS):
     from isan.engine.runners.reservoir import ReservoirParams
 
     tr, te, V = ids["train"], ids["test"], len(EG.SYMBOLS)
-    for name in ("npm-u", "npm-u+", "npm-t"):
+    for name in ("npm-u", "npm-u+", "npm-t", "npm-u+eq6", "npm-t-ekf"):
         if name not in models:
             continue
         t0 = time.perf_counter()
@@ -166,9 +181,11 @@ def npm_records(run: int, ids: dict, contexts=NPM_CONTEXTS, models=MODELS):
         info = {}
         if name == "npm-t":
             E, W, info = RS.train_srn(tr, V, seed=run, epochs=SRN_EPOCHS)
+        elif name == "npm-t-ekf":
+            E, W, info = RS.train_srn_ekf(tr, V, seed=run, epochs=EKF_EPOCHS)
         else:
-            R = RS.cooccurrence_ratios(tr, V) if name == "npm-u+" else None
-            E, W = RS.untrained_network(V, rng, R=R)
+            R = {"npm-u+": RS.transition_ratios, "npm-u+eq6": RS.cooccurrence_ratios}.get(name)
+            E, W = RS.untrained_network(V, rng, R=R(tr, V) if R else None)
         h0 = np.zeros(W.shape[0])
         Htr = RS.states_before(E, W, tr, h0)
         Hte = RS.states_before(E, W, te, h0)
@@ -186,6 +203,37 @@ def npm_records(run: int, ids: dict, contexts=NPM_CONTEXTS, models=MODELS):
             yield rec
 
 
+#: the study fits the paper's readout by the closed form of its RLS solution (equal to rounding, see
+#: :func:`isan.train.reservoir.rls_readout` and tests/test_elman_paper.py; ~10x faster at n = 400 on one core);
+#: run 0 at n = 100 also runs the RLS itself and logs the largest difference of the two readouts.
+RLS_CHECK_SIZE = 100
+
+
+def paper_esn_records(run: int, ids: dict, plus: bool, esn_sizes=ESN_SIZES):
+    """The paper's ESN (or ESN+) of each size for run ``run`` (seed ``1000 run + n``): the RLS readout on
+    the teacher-forced training stream (computed in closed form), then two records per size, the test NNL
+    with the network's own output fed back (``esn-paper``) and with the feedback teacher-forced
+    (``esn-paper-tf``)."""
+    tr, te, V = ids["train"], ids["test"], len(EG.SYMBOLS)
+    name = "esn+-paper" if plus else "esn-paper"
+    for n in esn_sizes:
+        t0 = time.perf_counter()
+        net = RS.train_paper_esn(tr, V, n, seed=1000 * run + n, plus=plus, rls=False)
+        t_fit = time.perf_counter() - t0
+        check = {}
+        if run == 0 and n == RLS_CHECK_SIZE:
+            t1 = time.perf_counter()
+            rls = RS.train_paper_esn(tr, V, n, seed=1000 * run + n, plus=plus, rls=True)
+            check = {"rls_check_max_abs_dW": float(np.abs(rls.W_out - net.W_out).max()),
+                     "rls_check_seconds": round(time.perf_counter() - t1, 3)}
+        for fb, key in (("output", name), ("teacher", name + "-tf")):
+            net.feedback = fb
+            yield {"model": key, "size": n, "run": run, "nnl": RS.paper_esn_nnl(net, te), "feedback": fb,
+                   "p_rec": float(min(1.0, (RS.P_REC_ESN_PLUS_EG if plus else RS.P_REC_ESN) / n)),
+                   "readout": "rls-closed-form", "rls_delta": RS.RLS_DELTA,
+                   "seconds": round(time.perf_counter() - t0, 3), "seconds_fit": round(t_fit, 3), **check}
+
+
 def ridge_check(ids: dict, n: int = 100, ridges=(1e-9, 1e-7, 1e-5, 1e-3, 1e-1)) -> list[dict]:
     """The ESN readout's ridge constant against valid NNL (run 0, size n)."""
     out = []
@@ -198,25 +246,35 @@ def ridge_check(ids: dict, n: int = 100, ridges=(1e-9, 1e-7, 1e-5, 1e-3, 1e-1)) 
 
 
 def run_fig1(out: Path, runs: int = 10, models=MODELS, esn_sizes=ESN_SIZES, contexts=NPM_CONTEXTS,
-             log_name: str = "fig1_runs.jsonl", resume: bool = True) -> Path:
-    """Append every record to ``out/log_name`` (records already there are skipped when resuming)."""
+             log_name: str = "fig1_runs.jsonl", resume: bool = True, run_from: int = 0) -> Path:
+    """Append every record to ``out/log_name`` (records already there are skipped when resuming); runs
+    ``run_from`` .. ``runs - 1`` (several processes may split the runs, one log each)."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / log_name
     done = set()
     if resume:
-        last = {"esn": max(esn_sizes), "esn+": max(esn_sizes)}
+        last = {m: max(esn_sizes) for m in ALL_MODELS if m.startswith("esn")}
         for r in all_records(out):
             if r.get("event") != "ridge" and r["size"] == last.get(r["model"], max(contexts)):
                 done.add((r["model"], r["run"]))
     ids = study_ids()
     with open(path, "a") as f:
-        if not any(r.get("event") == "ridge" for r in all_records(out)):
+        if any(m in MODELS[:2] for m in models) and not any(r.get("event") == "ridge" for r in all_records(out)):
             for r in ridge_check(ids):
                 f.write(json.dumps(r) + "\n")
                 f.flush()
         for m in models:
+            if m in ("esn-paper", "esn+-paper"):
+                for run in range(run_from, runs):
+                    if (m, run) in done:
+                        continue
+                    for r in paper_esn_records(run, ids, m == "esn+-paper", esn_sizes):
+                        f.write(json.dumps(r) + "\n")
+                        f.flush()
+                        log.info("%s", r)
+                continue
             if m.startswith("esn"):
-                todo = [r for r in range(runs) if (m, r) not in done]
+                todo = [r for r in range(run_from, runs) if (m, r) not in done]
                 for n in esn_sizes if todo else ():
                     t0 = time.perf_counter()
                     nnls = esn_batched(todo, ids, n, plus=m == "esn+")
@@ -227,7 +285,7 @@ def run_fig1(out: Path, runs: int = 10, models=MODELS, esn_sizes=ESN_SIZES, cont
                         log.info("%s", r)
                     f.flush()
                 continue
-            for run in range(runs):
+            for run in range(run_from, runs):
                 if (m, run) in done:
                     continue
                 for r in npm_records(run, ids, contexts, (m,)):
@@ -293,25 +351,55 @@ def load_log(path: Path) -> list[dict]:
 
 
 def summarise(records: list[dict]) -> dict:
-    """{model: {size: {"mean", "std", "runs", "min", "max"}}} of NNL over runs (std: population, ddof=0)."""
+    """{model: {size: {"mean", "std", "runs", "min", "max", "diverged"}}} of NNL over runs (std: population,
+    ddof=0). A run whose NNL is not finite (the paper's ESN run with its own output fed back can blow up:
+    eq. 3's ``y(t-1)`` term is a linear recurrence of the output on itself) is counted in "diverged" and left
+    out of the statistics."""
     out: dict = {}
     for r in records:
         if r.get("event") == "ridge" or "nnl" not in r:
             continue
         out.setdefault(r["model"], {}).setdefault(int(r["size"]), []).append(r["nnl"])
-    return {m: {s: {"mean": float(np.mean(v)), "std": float(np.std(v)), "runs": len(v), "min": float(np.min(v)),
-                    "max": float(np.max(v))} for s, v in sorted(d.items())} for m, d in out.items()}
+    res: dict = {}
+    for m, d in out.items():
+        res[m] = {}
+        for s, v in sorted(d.items()):
+            f = [x for x in v if math.isfinite(x)]
+            res[m][s] = {"mean": float(np.mean(f)) if f else float("nan"), "std": float(np.std(f)) if f else float("nan"),
+                         "runs": len(f), "min": float(np.min(f)) if f else float("nan"),
+                         "max": float(np.max(f)) if f else float("nan"), "diverged": len(v) - len(f)}
+    return res
 
 
 def _fmt(x, nd=3):
     return "—" if x is None else f"{x:.{nd}f}"
 
 
+def welch_p(a: dict, b: dict) -> float | None:
+    """Two-sided p of Welch's unpaired t-test (the paper's sec. 7 test) from two cells of :func:`summarise`
+    (population std converted to the sample std); None with fewer than 2 runs or without scipy."""
+    na, nb = a["runs"], b["runs"]
+    if na < 2 or nb < 2:
+        return None
+    try:
+        from scipy import stats
+    except ImportError:  # pragma: no cover
+        return None
+    va, vb = a["std"] ** 2 * na / (na - 1), b["std"] ** 2 * nb / (nb - 1)
+    se2 = va / na + vb / nb
+    if se2 == 0:
+        return 0.0 if a["mean"] != b["mean"] else 1.0
+    t = (a["mean"] - b["mean"]) / math.sqrt(se2)
+    df = se2 ** 2 / ((va / na) ** 2 / (na - 1) + (vb / nb) ** 2 / (nb - 1))
+    return float(2 * stats.t.sf(abs(t), df))
+
+
 def claims(summary: dict) -> dict:
     """The paper's two claims, checked size by size: ESN+ below ESN, NPM-U+ below NPM-U (mean NNL),
     and whether the difference exceeds the two standard deviations combined."""
     out = {}
-    for plus, base in (("esn+", "esn"), ("npm-u+", "npm-u")):
+    for plus, base in (("esn+-paper", "esn-paper"), ("esn+-paper-tf", "esn-paper-tf"), ("npm-u+eq6", "npm-u"),
+                       ("esn+", "esn"), ("npm-u+", "npm-u")):
         if plus not in summary or base not in summary:
             continue
         rows = []
@@ -319,9 +407,11 @@ def claims(summary: dict) -> dict:
             a, b = summary[plus][s], summary[base][s]
             diff = b["mean"] - a["mean"]
             rows.append({"size": s, "plus": a["mean"], "base": b["mean"], "base_minus_plus": diff,
-                         "plus_better": diff > 0, "beyond_std": abs(diff) > a["std"] + b["std"]})
+                         "plus_better": diff > 0, "beyond_std": abs(diff) > a["std"] + b["std"],
+                         "welch_p": welch_p(a, b)})
+        sig = [r for r in rows if r["plus_better"] and r["welch_p"] is not None and r["welch_p"] < 0.05]
         out[f"{plus} vs {base}"] = {"sizes_plus_better": sum(r["plus_better"] for r in rows), "sizes": len(rows),
-                                    "rows": rows}
+                                    "sizes_plus_better_p05": len(sig), "rows": rows}
     return out
 
 
@@ -353,24 +443,39 @@ def write_table(results: Path, readme_out: Path | None = None) -> dict:
              f"checkers: {ent['splits']['train']['grammatical_oracle']:,}/{ent['splits']['train']['sentences']:,} "
              f"train, {ent['splits']['test']['grammatical_oracle']:,}/{ent['splits']['test']['sentences']:,} test.",
              "", "NNL on the test set (mean ± std over runs; lower is better; H is the floor):", ""]
-    for group, sizes, label in (("esn", ESN_SIZES, "reservoir units n"), ("npm", NPM_CONTEXTS, "contexts M")):
-        models = [m for m in MODELS if m.startswith(group) and m in summ]
+    groups = (("esn-paper", ESN_SIZES, "reservoir units n", "The paper's ESN and ESN+ as written (sparse reservoir, "
+               "output feedback, RLS readout; eq. 6), run on test text with their own output fed back and, in the "
+               "-tf columns, with the feedback teacher-forced:"),
+              ("esn-ours", ESN_SIZES, "reservoir units n", "Our first ESN and ESN+ (issue #15: dense, no feedback, "
+               "ridge; transition ratios instead of eq. 6), kept as named variants:"),
+              ("npm", NPM_CONTEXTS, "contexts M", "NPMs: the paper's NPM-U, NPM-U+ (eq. 6) and NPM-T (EKF), then our "
+               "first NPM-U+ (transition ratios) and NPM-T (Adam):"))
+    members = {"esn-paper": ("esn-paper", "esn+-paper", "esn-paper-tf", "esn+-paper-tf"), "esn-ours": ("esn", "esn+"),
+               "npm": ("npm-u", "npm-u+eq6", "npm-t-ekf", "npm-u+", "npm-t")}
+    for group, sizes, label, intro in groups:
+        models = [m for m in members[group] if m in summ]
+        if models:
+            lines += [intro, ""]
         if not models:
             continue
         allsizes = sorted(set().union(*[summ[m].keys() for m in models]))
         lines += [f"| {label} | " + " | ".join(LABELS[m] for m in models) + " |",
                   "|---:|" + "---:|" * len(models)]
         for s in allsizes:
-            cells = [f"{summ[m][s]['mean']:.4f} ± {summ[m][s]['std']:.4f}" if s in summ[m] else "—" for m in models]
+            cells = [(f"{summ[m][s]['mean']:.4f} ± {summ[m][s]['std']:.4f}"
+                      + (f" ({summ[m][s]['diverged']} diverged)" if summ[m][s].get("diverged") else "")) if s in summ[m]
+                     else "—" for m in models]
             lines.append(f"| {s} | " + " | ".join(cells) + " |")
-        runs = sorted({summ[m][s]["runs"] for m in models for s in summ[m]})
-        lines += ["", f"Runs per cell: {', '.join(map(str, runs))}.", ""]
+        runs = sorted({summ[m][s]["runs"] + summ[m][s].get("diverged", 0) for m in models for s in summ[m]})
+        lines += ["", f"Runs per cell: {', '.join(map(str, runs))} (a diverged run, NNL not finite, is counted "
+                  "beside the cell and left out of its mean).", ""]
     lines += ["The paper's claims, size by size (mean NNL):", ""]
     for k, v in table["claims"].items():
         beyond = sum(r["beyond_std"] and r["plus_better"] for r in v["rows"])
         worse = [r["size"] for r in v["rows"] if not r["plus_better"]]
         lines.append(f"- {k}: the + variant is better at {v['sizes_plus_better']} of {v['sizes']} sizes "
-                     f"({beyond} by more than the two standard deviations combined)"
+                     f"({beyond} by more than the two standard deviations combined; {v['sizes_plus_better_p05']} "
+                     f"at p < 0.05 by Welch's t-test)"
                      + (f"; not at {worse}" if worse else "") + ".")
     if neural:
         lines += ["", "Trained models on the same data (one run each; valid and test NNL scored as one stream from "
@@ -425,26 +530,36 @@ def plot_fig1(summ: dict, H: float, path: Path, trained: dict | None = None) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=90)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), dpi=90)
+    style = {"esn-paper": ("C0", "-"), "esn+-paper": ("C1", "-"), "esn-paper-tf": ("C0", "--"),
+             "esn+-paper-tf": ("C1", "--"), "esn": ("0.6", ":"), "esn+": ("0.35", ":"),
+             "npm-u": ("C2", "-"), "npm-u+eq6": ("C3", "-"), "npm-t-ekf": ("C4", "-"), "npm-u+": ("0.6", ":"),
+             "npm-t": ("0.35", ":")}
     for ax, group, xl in ((axes[0], "esn", "reservoir units n"), (axes[1], "npm", "contexts M")):
-        for m in MODELS:
+        for m in ALL_MODELS:
             if not m.startswith(group) or m not in summ:
                 continue
             s = sorted(summ[m])
             mu = np.array([summ[m][k]["mean"] for k in s])
             sd = np.array([summ[m][k]["std"] for k in s])
-            ax.errorbar(s, mu, yerr=sd, marker="o", ms=3, capsize=2, label=LABELS[m])
+            runs = sorted({summ[m][k]["runs"] for k in s})
+            c, ls = style.get(m, (None, "-"))
+            ax.errorbar(s, mu, yerr=sd, marker="o", ms=3, capsize=2, color=c, ls=ls,
+                        label=f"{LABELS[m]} ({'/'.join(map(str, runs))} runs)")
         ax.axhline(H, color="k", ls="--", lw=1, label=f"H = {H:.3f}")
         for (name, v), c in zip(sorted((trained or {}).items()), ("tab:red", "tab:purple", "tab:brown", "tab:gray")):
             ax.axhline(v, color=c, ls=":", lw=1.2, label=f"{name} {v:.3f}")
         ax.set_xscale("log")
+        ax.set_ylim(H - 0.03, 1.0)  # an ESN run with its own output fed back can blow up: clipped, see TABLE.md
         ax.set_xlabel(xl)
         ax.set_ylabel("test NNL (base 24)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    axes[0].set_title("ESN / ESN+")
-    axes[1].set_title("NPM-U / NPM-U+ / NPM-T")
-    fig.suptitle("Elman's grammar: NNL against model size (mean ± std over runs)", fontsize=10)
+    axes[0].set_title("(a) ESN / ESN+ (solid: the paper's, own output fed back; dashed: teacher-forced feedback;\n"
+                      "dotted grey: our first). y clipped at 1.0", fontsize=9)
+    axes[1].set_title("(b) NPM-U / NPM-U+ / NPM-T (dotted grey: our first)", fontsize=9)
+    fig.suptitle("Elman's grammar (Čerňanský et al. 2008, Fig. 1a-b): test NNL against model size, mean ± std over runs",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -7,6 +7,14 @@ DATA=runs/elman/data
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 
 isan study elman data --out $OUT --data-dir $DATA                     # entropy.json (H, checkers)
+# Fig. 1 with the paper's models as written (issue #26): sparse ESN/ESN+ with output feedback and the RLS readout,
+# eq. 6's ratios, NPM-T over EKF-trained SRNs (the EKF runs take ~6 CPU-minutes each: split over two processes)
+isan study elman fig1 --out $OUT --runs 10 --models esn-paper,esn+-paper --log-name fig1_esn_paper.jsonl &
+isan study elman fig1 --out $OUT --runs 10 --models npm-u+eq6 --log-name fig1_npm-uplus-eq6.jsonl &
+isan study elman fig1 --out $OUT --runs 5 --models npm-t-ekf --log-name fig1_npm-t-ekf.jsonl &
+isan study elman fig1 --out $OUT --runs 10 --run-from 5 --models npm-t-ekf --log-name fig1_npm-t-ekf-b.jsonl &
+wait
+# Our first models (issue #15), kept as named variants: dense ESN without feedback, ridge readout, transition ratios
 isan study elman fig1 --out $OUT --runs 10 --models esn,esn+ --log-name fig1_esn.jsonl &
 isan study elman fig1 --out $OUT --runs 10 --models npm-u --log-name fig1_npm-u.jsonl &
 isan study elman fig1 --out $OUT --runs 10 --models npm-u+ --log-name fig1_npm-uplus.jsonl &

@@ -146,8 +146,14 @@ def score_run(run_dir: Path, data: str, out: Path, max_chars: int | None = None)
     return res
 
 
-def render_gates(run_dir: Path, data: str, out: Path, chars: int = 600, warmup: int = 200) -> list[Path]:
-    """The gate of every character of a test passage as a highlight (darker: more open), PNG + HTML."""
+def render_gates(run_dir: Path, data: str, out: Path, chars: int = 360, warmup: int = 200, cols: int = 60) -> list[Path]:
+    """The gate of every character of a test passage as a highlighter behind the text, as in Raiman and
+    Sidor's Figs 9-10 ("gate action shown with yellow highlighter"), PNG + HTML.
+
+    Two panels over the same passage: (a) the shading is the gate itself (white 0, full yellow 1: the
+    paper's convention); (b) the shading is rescaled to the passage's own range [min, max], so that
+    small differences between mostly open gates show (the range is printed). The first ``warmup``
+    characters are read but not shown."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -158,30 +164,41 @@ def render_gates(run_dir: Path, data: str, out: Path, chars: int = 600, warmup: 
 
     _, model, _ = _load_model(run_dir)
     text = read_text8_split(data, "test")[: warmup + chars]
-    g = run_gates(model, Alphabet.text8().encode(text))[warmup:]
+    g = np.asarray(run_gates(model, Alphabet.text8().encode(text))[warmup:], dtype=np.float64)
     shown = text[warmup:]
     out.mkdir(parents=True, exist_ok=True)
-    cols = 100
     rows = math.ceil(len(shown) / cols)
-    fig, ax = plt.subplots(figsize=(cols * 0.1, rows * 0.22 + 0.5), dpi=80)
-    cmap = plt.get_cmap("Reds")
-    for i, (ch, v) in enumerate(zip(shown, g)):
-        r, c = divmod(i, cols)
-        ax.add_patch(plt.Rectangle((c, -r - 1), 1, 1, color=cmap(0.7 * float(v))))
-        ax.text(c + 0.5, -r - 0.5, "·" if ch == " " else ch, ha="center", va="center", fontsize=7, family="monospace")
-    ax.set_xlim(0, cols)
-    ax.set_ylim(-rows, 0)
-    ax.axis("off")
-    ax.set_title(f"{run_dir.name}: input gate per character (white: 0, red: 1); '·' is a space", fontsize=8)
+    lo, hi = float(g.min()), float(g.max())
+    scaled = (g - lo) / (hi - lo) if hi > lo else np.zeros_like(g)
+    fig, axes = plt.subplots(2, 1, figsize=(cols * 0.155, 2 * rows * 0.3 + 1.1), dpi=100)
+    yellow = np.array([1.0, 0.86, 0.0])
+    for ax, vals, title in ((axes[0], g, f"(a) shading = gate (white 0, yellow 1); mean {g.mean():.3f}"),
+                            (axes[1], scaled, f"(b) shading rescaled to this passage's range: white {lo:.3g}, yellow {hi:.3g}")):
+        for i, (ch, v) in enumerate(zip(shown, vals)):
+            r, c = divmod(i, cols)
+            col = 1.0 - float(np.clip(v, 0, 1)) * (1.0 - yellow)
+            ax.add_patch(plt.Rectangle((c, -r - 1), 1, 1, color=col, lw=0))
+            ax.text(c + 0.5, -r - 0.5, "_" if ch == " " else ch, ha="center", va="center", fontsize=9,
+                    family="monospace", color="0.45" if ch == " " else "black")
+        ax.set_xlim(0, cols)
+        ax.set_ylim(-rows, 0)
+        ax.axis("off")
+        ax.set_title(title, fontsize=9, loc="left")
+    fig.suptitle(f"{run_dir.name}: Occam input gate per character of test text ('_' is a space)", fontsize=10)
     fig.tight_layout()
     png = out / "gates.png"
     fig.savefig(png)
     plt.close(fig)
-    spans = "".join(f'<span title="{v:.3f}" style="background: rgba(200,0,0,{v:.3f})">'
+    spans = "".join(f'<span title="{v:.3f}" style="background: rgba(255,220,0,{v:.3f})">'
                     f'{"&nbsp;" if ch == " " else html.escape(ch)}</span>' for ch, v in zip(shown, g))
+    spans_s = "".join(f'<span title="{v:.3f}" style="background: rgba(255,220,0,{w:.3f})">'
+                      f'{"&nbsp;" if ch == " " else html.escape(ch)}</span>' for ch, v, w in zip(shown, g, scaled))
     page = out / "gates.html"
     page.write_text(f"<!doctype html><meta charset=utf-8><title>{run_dir.name} gates</title>"
-                    f"<p style='font-family: monospace; line-height: 1.6'>{spans}</p>\n")
+                    f"<p>(a) highlight = gate (0 none, 1 full yellow); hover for the value</p>"
+                    f"<p style='font-family: monospace; font-size: 16px; line-height: 1.7'>{spans}</p>"
+                    f"<p>(b) highlight rescaled to this passage's range [{lo:.3g}, {hi:.3g}]</p>"
+                    f"<p style='font-family: monospace; font-size: 16px; line-height: 1.7'>{spans_s}</p>\n")
     return [png, page]
 
 
@@ -222,7 +239,7 @@ def write_table(results: Path) -> dict:
              "Written by `isan study occam table --results results/occam` from the committed files; commands in "
              "`command.txt`. bpc from `isan.train.loop.evaluate_bpc` (100 streams from the initial state) on the "
              "best checkpoint (valid: the loop's evaluation logged during training); the train slice is the first 200,000 characters of the train split; gate statistics over the first 5,000 test characters. Gates rendered over test text: `<run>/gates.png` and `<run>/gates.html`.", "",
-             "| run | params | d | lambda (schedule) | chars trained | valid bpc | test bpc | train-slice bpc | "
+             "| run | params | d | lambda_max (regimen, T_max) | chars trained | valid bpc | test bpc | train-slice bpc | "
              "valid - train slice | mean gate (test) | space / first letter / other letters | AUC boundary | "
              "corr(gate, bits) |",
              "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
@@ -230,7 +247,7 @@ def write_table(results: Path) -> dict:
         m = r["model"]
         chars = r["valid_curve"][-1]["chars_seen"] if r["valid_curve"] else 0
         gs = r["gate_stats"]
-        lines.append(f"| {name} | {r['n_params']:,} | {m['d']} | {m['lam']} ({m['schedule']}) | {chars:,} | "
+        lines.append(f"| {name} | {r['n_params']:,} | {m['d']} | {m['lam']} ({m['schedule']}, T_max {m.get('t_max', 1.0):g} of the budget) | {chars:,} | "
                      f"{r['valid_bpc']:.4f} | {r['test_bpc']:.4f} | {r['train_bpc']:.4f} | "
                      f"{r['gap_valid_minus_train_slice']:+.4f} | {gs['mean']:.4f} | {gs['mean_space']:.4f} / "
                      f"{gs['mean_word_first_letter']:.4f} / {gs['mean_word_other_letters']:.4f} | "
