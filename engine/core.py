@@ -137,7 +137,7 @@ class Engine:
             raise IsanError(f"path must be auto or one of {', '.join(PATHS)}; got {path_mode!r}")
         manifest, params, alphabet = load_isan_bundle(path)
         table = None
-        if path_mode in ("auto", "composed"):
+        if path_mode in ("auto", "composed", "jumps"):
             table = find_table(Path(path), manifest, params, alphabet, progress_bar=progress_bar)
         return cls(params, alphabet, manifest, source=str(path), table=table,
                    path=None if path_mode == "auto" else path_mode)
@@ -283,7 +283,7 @@ class Engine:
         if path in ("composed", "jumps"):
             if self._composed is None:
                 raise TableFormatError(f"this engine has no trie table for the {path} path; use path='chunked'")
-            if n >= CHUNKED_MIN_CHARS and not forced:
+            if path == "composed" and n >= CHUNKED_MIN_CHARS and not forced:
                 return "chunked"
         return path
 

@@ -267,3 +267,24 @@ def test_server_on_the_jumps_path_scores_as_the_library(default_engine, text8_te
         want = default_engine.with_path("reference").score(t, per_char=True)
         assert abs(g["bits"] - want.bits) < 1e-6 * want.bits
         assert np.abs(np.asarray(g["per_char_bits"]) - want.per_char_bits).max() < 1e-4
+
+
+def test_cli_and_loader_take_the_jumps_path(tmp_path, text8_test):
+    """`isan score --path jumps FILE`: the loader keeps the table and every text takes the path
+    (a short one too), with the same bits as the default path."""
+    import json
+    import subprocess
+    import sys
+
+    from isan.engine import load_engine
+
+    eng = load_engine(None, path="jumps")
+    assert eng.path == "jumps" and eng.table is not None
+    assert eng.score(text8_test[:500]).scoring["path"] == "jumps"
+    f = tmp_path / "t.txt"
+    f.write_text(text8_test[:30_000])
+    runs = [json.loads(subprocess.run([sys.executable, "-m", "isan.cli", "score", "--json", *extra, str(f)],
+                                      capture_output=True, text=True, check=True).stdout)
+            for extra in (["--path", "jumps"], [])]
+    assert runs[0]["scoring"]["path"] == "jumps"
+    assert abs(runs[0]["bits"] - runs[1]["bits"]) < 1e-6 * runs[1]["bits"]
