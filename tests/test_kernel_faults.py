@@ -239,6 +239,9 @@ def child_interrupt(text8: str, n_interrupts: int) -> dict:
 
     from isan.errors import StateDivergedError
 
+    # A shell starts a background job with SIGINT ignored, and then Python installs no handler for
+    # it: a run of the suite in the background (`bash .ci/run &`) would never see the Ctrl-C.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     eng = _engine(2)
     bad, test = _texts(text8)
     work = [
