@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import statistics
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +74,23 @@ def page(browser, server, tmp_path):
     yield pg
     ctx.close()
     assert not errors, errors
+
+
+@contextmanager
+def lens_page(browser, eng, secret: bytes):
+    """A page of the lens on a server of ``eng``: yields (page, address, console errors and
+    warnings); the page closes before the server stops (it would try to reconnect)."""
+    ctx = browser.new_context()
+    pg = ctx.new_page()
+    errors: list[str] = []
+    pg.on("console", lambda m: errors.append(m.text) if m.type in ("error", "warning") else None)
+    with running(create_app(eng, config=ServeConfig(state_secret=secret))) as addr:
+        try:
+            pg.goto(f"http://{addr}/")
+            pg.wait_for_selector("#c0", state="attached", timeout=20_000)
+            yield pg, addr, errors
+        finally:
+            ctx.close()
 
 
 def api(server, path, body):
@@ -324,13 +342,7 @@ def test_any_bundle_bytes(browser, tmp_path):
     alpha = ByteAlphabet.from_data("the world of words, the wörld " * 20, K=12)
     write_bundle(tmp_path / "bytes", random_params(K=alpha.K, V=256, d=8, seed=3).as_dict(), alpha, kind="isan")
     eng = Engine.load(tmp_path / "bytes")
-    ctx = browser.new_context()
-    pg = ctx.new_page()
-    errors: list[str] = []
-    pg.on("console", lambda m: errors.append(m.text) if m.type in ("error", "warning") else None)
-    with running(create_app(eng, config=ServeConfig(state_secret=b"b" * 32))) as addr:
-        pg.goto(f"http://{addr}/")
-        pg.wait_for_selector("#c0", state="attached", timeout=20_000)
+    with lens_page(browser, eng, b"b" * 32) as (pg, addr, errors):
         text = "the wörld"
         set_text(pg, text)
         spans = pg.evaluate("() => [...document.querySelectorAll('#view span[data-off]:not(.end)')].map(s => "
@@ -342,7 +354,6 @@ def test_any_bundle_bytes(browser, tmp_path):
         assert got["sources"][0] == "<h0>" and abs(got["base"] + sum(got["contributions"]) - got["value"]) <= TOL
         assert pg.text_content("#legend-unit").startswith("bits per byte")
         pg.screenshot(path=str(tmp_path / "bytes.png"))
-    ctx.close()
     assert not errors, errors
 
 
@@ -360,13 +371,7 @@ def test_any_bundle_pairs_and_words_typed(browser, tmp_path, kind):
     alpha = PairAlphabet(Alphabet.text8()) if kind == "pairs" else WordAlphabet.from_text("the cat sat on mat a dog")
     write_bundle(tmp_path / kind, random_params(K=len(alpha), V=len(alpha), d=8, seed=3).as_dict(), alpha, kind="isan")
     eng = Engine.load(tmp_path / kind)
-    ctx = browser.new_context()
-    pg = ctx.new_page()
-    errors: list[str] = []
-    pg.on("console", lambda m: errors.append(m.text) if m.type in ("error", "warning") else None)
-    with running(create_app(eng, config=ServeConfig(state_secret=b"p" * 32))) as addr:
-        pg.goto(f"http://{addr}/")
-        pg.wait_for_selector("#c0", state="attached", timeout=20_000)
+    with lens_page(browser, eng, b"p" * 32) as (pg, addr, errors):
         text = "the cat sat on the mat a dog"
         pg.click("#input")
         pg.keyboard.type(text, delay=5)
@@ -381,7 +386,6 @@ def test_any_bundle_pairs_and_words_typed(browser, tmp_path, kind):
             got = point(pg, text.index("dog"))
             assert got["sources"] == ["<h0>", "the", "cat", "sat", "on", "the", "mat", "a"]
             assert abs(got["base"] + sum(got["contributions"]) - got["value"]) <= TOL
-        ctx.close()  # before the server stops: the page would try to reconnect
     assert not errors, errors
 
 
