@@ -8,7 +8,8 @@
 # 1/d: rate * d(8e4) / d(BUDGET). The rate is halved on a validation plateau; early stopping with
 # patience 4 at evaluations every half epoch; MAX_CHARS (default 18e6, two epochs) characters.
 # Usage (from the repository root): bash train/studies/table1.sh MODEL BUDGET [MAX_CHARS]
-# Environment: THREADS (torch CPU threads), DATA (text8 file).
+# Environment: THREADS (torch CPU threads), DATA (text8 file), EXTRA (options added to the recorded
+# training command: the 1.28e6 RNN is EXTRA="--clip 5.0", from the probes in results/table1/notes).
 # A run that was stopped resumes from runs/table1/MODEL-BUDGET when started again.
 set -euo pipefail
 model=$1 budget=$2 max_chars=${3:-18e6}
@@ -26,7 +27,7 @@ lr = s.get('lr', 2e-3) * d_tuned / d
 print('--lr', f'{lr:.3g}', *(['--init-scale', s['init_scale']] if init else []))" "$model" "$budget")
 threads=${THREADS:+--threads $THREADS}
 run=runs/table1/$model-$budget bundle=runs/table1/$model-$budget.bundle out=results/table1/$model-$budget
-train_cmd="isan train $model --out $run --params $budget --data $data $settings --batch-size 32 --bptt 64 --max-chars $max_chars --eval-every 0.5 --patience 4 --max-epochs 100 --no-progress"
+train_cmd="isan train $model --out $run --params $budget --data $data $settings ${EXTRA:+$EXTRA }--batch-size 32 --bptt 64 --max-chars $max_chars --eval-every 0.5 --patience 4 --max-epochs 100 --no-progress"
 # threads change speed only, so they stay out of the recorded command
 export_cmd="isan export $run $bundle --overwrite --no-table"
 score_cmd="isan score --model $bundle --json --text8-split test $data"
