@@ -1,7 +1,11 @@
 """Many state rows advanced together by composed jumps, grouped by table entry: ``run_jumps``
 (compiled) and its numpy twin ``run_jumps_ref`` (same signature, same results within float32
-rounding). Issue 22; Foerster et al. 2017, section 5 ("the affine transformations of frequent
-substrings can be precomputed").
+rounding). Issue 22; Foerster et al. 2017 (ICML), section 5: "ISAN is unique in its ability to
+precompute affine transformations corresponding to input strings", which "can therefore achieve
+very large speedups on input processing, at the cost of increased memory use, by accumulating
+large lookup tables ... corresponding to common input sequences. Of course, practical
+implementations will have to incorporate complexities of memory management, batching, etc." This
+module is that batching; what the memory costs is measured in the speed guide.
 
 :func:`~isan.engine.kernels.streams.run_streams` advances every row one character a round, so a
 character costs ``2 (d (d + 1) + (d + 1) V)`` FLOPs (105 kFLOP at d = 216): the state update
