@@ -95,19 +95,39 @@ def _free_port() -> int:
 
 
 class LocalCluster:
-    """``ray start --head`` plus a second node on this machine; stopped by killing their process groups."""
+    """``ray start --head`` plus more nodes on this machine; stopped by killing their process groups.
 
-    def __init__(self, cpus_per_node: int = 1, nodes: int = 2):
+    Args:
+        cpus_per_node, nodes: the cluster's shape.
+        object_store_bytes: each node's object store.
+        env: more environment for the nodes (RAY_ADDRESS is dropped: the cluster is this one).
+        min_nodes: the fewest nodes that make a cluster (default ``nodes``); a later node that fails
+            to start below ``nodes`` is tolerated down to it (``self.nodes`` says how many started).
+        timeout: seconds for each ``ray start``.
+    Raises:
+        RuntimeError: the head, or too many of the other nodes, did not start (all are stopped).
+    """
+
+    def __init__(self, cpus_per_node: int = 1, nodes: int = 2, object_store_bytes: int = 100_000_000,
+                 env: dict | None = None, min_nodes: int | None = None, timeout: float = 180):
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.groups: list[int] = []
         self.nodes = 0
-        self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
-        common = [f"--num-cpus={cpus_per_node}", "--object-store-memory=100000000", "--disable-usage-stats"]
+        self.timeout = timeout
+        self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", **(env or {})}
+        self.env.pop("RAY_ADDRESS", None)
+        common = [f"--num-cpus={cpus_per_node}", f"--object-store-memory={object_store_bytes}", "--disable-usage-stats"]
         try:
             self._start(["ray", "start", "--head", f"--port={self.port}", "--include-dashboard=false", *common])
+            failed = None
             for _ in range(nodes - 1):
-                self._start(["ray", "start", f"--address={self.address}", *common])
+                try:
+                    self._start(["ray", "start", f"--address={self.address}", *common])
+                except RuntimeError as e:
+                    failed = e
+            if failed is not None and self.nodes < (nodes if min_nodes is None else min_nodes):
+                raise failed
         except BaseException:
             self.stop()
             raise
@@ -116,19 +136,33 @@ class LocalCluster:
         p = subprocess.Popen(cmd, env=self.env, start_new_session=True, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
         self.groups.append(p.pid)
-        out, _ = p.communicate(timeout=180)
+        out, _ = p.communicate(timeout=self.timeout)
         if p.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd[:3])} failed: {out[-400:]}")
         self.nodes += 1
 
+    def _alive(self) -> bool:
+        for g in self.groups:
+            try:
+                os.killpg(g, 0)
+                return True
+            except (ProcessLookupError, PermissionError):
+                pass
+        return False
+
     def stop(self):
+        """SIGTERM, then SIGKILL, to every node's process group (up to 2 s each until none is left)."""
         for sig in (signal.SIGTERM, signal.SIGKILL):
             for g in self.groups:
                 try:
                     os.killpg(g, sig)
                 except (ProcessLookupError, PermissionError):
                     pass
-            time.sleep(2)
+            deadline = time.time() + 2
+            while self._alive() and time.time() < deadline:
+                time.sleep(0.2)
+            if not self._alive():
+                break
         cur = Path("/tmp/ray/ray_current_cluster")
         try:
             if cur.read_text().strip().endswith(f":{self.port}"):
