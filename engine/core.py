@@ -304,16 +304,23 @@ class Engine:
         return bits, hf, {"path": "reference"}
 
     def _jump_table(self, dtype: str = "float32"):
-        """The trie table's keys as a :class:`~isan.engine.kernels.jumps.JumpTable` for the
-        batched kernel (composed in float64 on first use, ~0.4 s for the default table's 70 keys);
-        ``dtype="float16"`` stores the composed matrices in half precision (not exact: measured in
+        """The trie table as a :class:`~isan.engine.kernels.jumps.JumpTable` for the batched kernel,
+        packed on first use from the table's own composed matrices (a float16 table is composed
+        again in float64 from its keys, so that the float32 kernel stays exact);
+        ``dtype="float16"`` stores the packed matrices in half precision (not exact: measured in
         ``isan bench engine``)."""
         if dtype not in self._jumps:
             from isan.engine.kernels.jumps import JumpTable
             from isan.trie_tables.codes import decode_code
 
-            keys = [decode_code(int(c), self.params.K) for c in self.table.sorted_codes.tolist()]
-            self._jumps[dtype] = JumpTable.build(self.params32, keys, stream=self._streams(), dtype=dtype)
+            t = self.table
+            keys = [()] * t.n_entries
+            for code, e in zip(t.sorted_codes.tolist(), t.entry_of_sorted.tolist()):
+                keys[e] = decode_code(int(code), self.params.K)
+            if t.header.get("dtype", "float32") == "float32":
+                self._jumps[dtype] = JumpTable.from_composed(self._streams(), keys, t.Ac, t.R, t.offsets, dtype)
+            else:
+                self._jumps[dtype] = JumpTable.build(self.params32, keys, stream=self._streams(), dtype=dtype)
         return self._jumps[dtype]
 
     def _chunked(self, ids_list: list[np.ndarray], hs: np.ndarray, want_bits: bool = True,

@@ -148,10 +148,9 @@ class JumpTable:
     @classmethod
     def _build(cls, params: ISANParams, keys: Sequence[Sequence[int]], stream: StreamModel | None,
                dtype=np.dtype(np.float32)) -> "JumpTable":
-        stream = stream or StreamModel.from_params(params)
+        from isan.trie_tables.compose import compose_entries
+
         K, d, V = params.K, params.d, params.V
-        dp, Vp = stream.dp, stream.Vp
-        p = params.astype(np.float64)
         seen = set()
         multi = []
         for key in keys:
@@ -161,48 +160,63 @@ class JumpTable:
             if len(kt) >= 2 and kt not in seen:
                 seen.add(kt)
                 multi.append(kt)
-        multi.sort()
-        all_keys = [(x,) for x in range(K)] + multi
-        # the trie of every key (and every prefix of one): composed (A, c) at each node, float64
+        all_keys = [(x,) for x in range(K)] + sorted(multi)
+        lengths = np.array([len(k) for k in all_keys], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        Ac = np.empty((len(all_keys), d, d + 1))  # float64: the trie table's composition, kept in float64
+        R = np.empty((int(lengths.sum()), V, d + 1))
+        compose_entries(params, [np.asarray(k) for k in all_keys], Ac, R, offsets)
+        return cls.from_composed(stream or StreamModel.from_params(params), all_keys, Ac, R, offsets, dtype)
+
+    @classmethod
+    def from_composed(cls, stream: StreamModel, keys: Sequence[Sequence[int]], Ac: np.ndarray, R: np.ndarray,
+                      offsets: np.ndarray, dtype=np.dtype(np.float32)) -> "JumpTable":
+        """Pack composed maps into the kernel's layout: a trie table's arrays as they are
+        (:func:`~isan.trie_tables.compose.compose_entries`: ``Ac[e] = [A | c]``, ``R[offsets[e] + i]``
+        the readout of key e's prefix of i symbols), no composition again.
+
+        Args:
+            stream: the model's :class:`StreamModel`.
+            keys: entry e's symbol ids; every single symbol must be among them.
+            Ac: (n, d, d + 1); R: (rows, V, d + 1); offsets: (n,) int64.
+            dtype: how the packed matrices are stored (float32 or float16).
+        Raises:
+            ValueError: a single symbol that is not a key.
+        """
+        K, d, V, dp, Vp = stream.K, stream.d, stream.V, stream.dp, stream.Vp
+        keys = [tuple(int(x) for x in k) for k in keys]
+        index = {k: e for e, k in enumerate(keys)}
+        missing = [x for x in range(K) if (x,) not in index]
+        if missing:
+            raise ValueError(f"the single symbols {missing} are not keys of the table")
+        # singles first (ids 0..K-1), then the longer keys in their order
+        order = [index[(x,)] for x in range(K)] + [e for e, k in enumerate(keys) if len(k) > 1]
+        all_keys = [keys[e] for e in order]
         children = [[-1] * K]
         entry_of = [-1]
-        node_A = [np.eye(d)]
-        node_c = [np.zeros(d)]
-        node_of_key = []
-        for e, key in enumerate(all_keys):
+        for j, key in enumerate(all_keys):
             node = 0
             for x in key:
-                nxt = children[node][x]
-                if nxt < 0:
-                    nxt = len(entry_of)
-                    children[node][x] = nxt
+                if children[node][x] < 0:
+                    children[node][x] = len(entry_of)
                     children.append([-1] * K)
                     entry_of.append(-1)
-                    node_A.append(p.W[x] @ node_A[node])
-                    node_c.append(p.W[x] @ node_c[node] + p.b[x])
-                node = nxt
-            entry_of[node] = e
-            node_of_key.append(node)
-        Ro = np.concatenate([p.W_ro, p.b_ro[:, None]], axis=1)  # (V, d+1)
+                node = children[node][x]
+            entry_of[node] = j
         M, panels, offs = [], [], []
         off = 0
-        for e, key in enumerate(all_keys):
-            k = len(key)
+        for e in order:
+            k = len(keys[e])
             Me = np.zeros((d + 1, dp + (k - 1) * Vp), dtype=np.float64)
-            node = node_of_key[e]
-            Me[:d, :d] = node_A[node].T
-            Me[d, :d] = node_c[node]
+            Me[:d, :d] = np.asarray(Ac[e][:, :d], dtype=np.float64).T
+            Me[d, :d] = Ac[e][:, d]
             Me[d, d] = 1.0
-            pre = 0
-            for i in range(1, k):  # readout of prefix key[:i]
-                pre = children[pre][key[i - 1]]
-                Ri = Ro[:, :d] @ node_A[pre]
-                ri = Ro[:, :d] @ node_c[pre] + p.b_ro
+            for i in range(1, k):  # the readout of the key's prefix of i symbols
+                Ri = np.asarray(R[offsets[e] + i], dtype=np.float64)
                 c0 = dp + (i - 1) * Vp
-                Me[:d, c0 : c0 + V] = Ri.T
-                Me[d, c0 : c0 + V] = ri
-            Mq = Me.astype(dtype)
-            M32 = Mq.astype(np.float32)  # what the kernel multiplies with (float16 values, exactly)
+                Me[:d, c0 : c0 + V] = Ri[:, :d].T
+                Me[d, c0 : c0 + V] = Ri[:, d]
+            M32 = Me.astype(dtype).astype(np.float32)  # what the kernel multiplies with (float16 values, exactly)
             M32.setflags(write=False)
             M.append(M32)
             pan = np.ascontiguousarray(pack_panels(M32).reshape(-1).astype(dtype))
