@@ -354,7 +354,6 @@ typedef struct {
     float stop_ratio; /* pairs: stop once max|e| <= stop_ratio * max(1, max|h|) */
     int check_every;
     float limit;
-    int prefetch;        /* prefetch the next group's matrix during each group's product */
     int64_t *steps_done; /* (P,) */
     float *residual;     /* (P,) */
     int64_t *diverged;   /* (P,) round t at which the state before character t is out of range; -1 */
@@ -529,18 +528,10 @@ static void streams_work(void *arg, int tid, int nt) {
                 for (int q = 0; q < J->nsym; q++) {
                     const int x = (t & 1) ? J->nsym - 1 - q : q;
                     const int g0 = S.grp_start[x], g1 = S.grp_start[x + 1];
-                    if (g1 == g0) continue;
-                    /* split by rows, the next group's matrix is prefetched to L2 while this one computes */
-                    const void *pf = NULL;
-                    for (int q2 = q + 1; !cols && J->prefetch && q2 < J->nsym; q2++) {
-                        const int x2 = (t & 1) ? J->nsym - 1 - q2 : q2;
-                        if (S.grp_start[x2 + 1] > S.grp_start[x2]) {
-                            pf = J->WT + (size_t)x2 * dp * kd;
-                            break;
-                        }
-                    }
-                    K->gemm_rows_pf(g1 - g0, S.Aptr + g0, J->WT + (size_t)x * dp * kd, kd, j0, j1, S.Cptr + g0, pf,
-                                    pf ? sizeof(float) * (size_t)dp * kd : 0);
+                    /* no prefetch of the next symbol's matrix here: measured no faster (the 27
+                     * matrices are reused every round), 2% slower at 256 rows */
+                    if (g1 > g0)
+                        K->gemm_rows(g1 - g0, S.Aptr + g0, J->WT + (size_t)x * dp * kd, kd, j0, j1, S.Cptr + g0);
                 }
             }
             if (writes) J->total_steps[tid] += n;
@@ -680,7 +671,6 @@ typedef struct {
     float *residual;
     int64_t *diverged;
     int min_group; /* a row takes a shorter key rather than a group of fewer rows than this */
-    int prefetch;  /* prefetch the next group's matrix during each group's product */
     int nt;
     Barrier bar;
     int64_t total_steps[64];
@@ -834,19 +824,19 @@ static void jumps_work(void *arg, int tid, int nt) {
                 const float *Me = J->M + J->m_off[e];
                 const uint16_t *Mh = (const uint16_t *)J->M + J->m_off[e];
                 const int k = J->klen[e];
-                /* the next group's matrix, prefetched while this one computes */
+                /* the next group's matrix, prefetched while this one computes (measured 4-10% faster:
+                 * a key's matrix is read for a few rows, then another's) */
                 const void *pf = NULL;
                 size_t pf_bytes = 0;
-                if (J->prefetch)
-                    for (int q2 = qq + 1; q2 < E; q2++) {
-                        const int e2 = (t & 1) ? E - 1 - q2 : q2;
-                        if (cnt[e2 + 1] > cnt[e2]) {
-                            const size_t isz = J->f16 ? 2 : 4;
-                            pf = (const char *)J->M + J->m_off[e2] * isz;
-                            pf_bytes = (size_t)kd * (dp + (size_t)(J->klen[e2] - 1) * Vp) * isz;
-                            break;
-                        }
+                for (int q2 = qq + 1; q2 < E; q2++) {
+                    const int e2 = (t & 1) ? E - 1 - q2 : q2;
+                    if (cnt[e2 + 1] > cnt[e2]) {
+                        const size_t isz = J->f16 ? 2 : 4;
+                        pf = (const char *)J->M + J->m_off[e2] * isz;
+                        pf_bytes = (size_t)kd * (dp + (size_t)(J->klen[e2] - 1) * Vp) * isz;
+                        break;
                     }
+                }
 #define JGEMM(n_, A_, j0_, j1_, C_, pf_, pfb_) \
     (J->f16 ? K->gemm_rows_h(n_, A_, Mh, kd, j0_, j1_, C_, pf_, pfb_) : K->gemm_rows_pf(n_, A_, Me, kd, j0_, j1_, C_, pf_, pfb_))
                 JGEMM(g1 - g0, Ap + g0, 0, jmax, Cp + g0, pf, pf_bytes);
@@ -969,7 +959,6 @@ static PyObject *py_run_streams(PyObject *self, PyObject *args) {
             J->H = (float *)H.buf; J->Hb = (float *)Hb.buf;
             J->bits = want_bits ? (double *)bits.buf : NULL;
             J->stop_ratio = stop_ratio; J->check_every = check_every; J->limit = limit;
-            J->prefetch = 0; /* measured: no faster here (the 27 matrices are reused every round), 2% slower at 256 rows */
             J->steps_done = (int64_t *)steps_done.buf; J->residual = (float *)residual.buf;
             J->diverged = (int64_t *)diverged.buf;
             J->fault_tid = atomic_exchange(&fault_alloc_tid, -1);
@@ -1058,7 +1047,6 @@ static PyObject *py_run_jumps(PyObject *self, PyObject *args) {
             J->steps_done = (int64_t *)steps_done.buf; J->residual = (float *)residual.buf;
             J->diverged = (int64_t *)diverged.buf;
             J->min_group = min_group;
-            J->prefetch = 1; /* measured: 4-10% faster (a key's matrix is read for a few rows, then another's) */
             J->fault_tid = atomic_exchange(&fault_alloc_tid, -1);
             const int max_threads = atomic_exchange(&fault_max_threads, 0);
             nt = init_rows(J->steps_done, J->residual, J->diverged, P, nt, 1);
