@@ -45,7 +45,14 @@ def _says_what_to_fix(status: int, msg: str) -> None:
 # left after normalisation, a diverging state). schemathesis's default for valid data is 2xx,
 # 3xx, 401, 403, 404, 409, 429 and 5xx (the 5xx are failed by our own check below). The
 # OpenAI-compatible /v1/completions answers a "model" it does not serve with 404, as OpenAI does.
+#
+# schemathesis reads an event stream until it ends, `max-stream-events` events have come or
+# `request-timeout` seconds have passed, and then closes the connection (`stream_cut_short`): the
+# limits are raised so that every stream the fuzz asks for is read to its end, and a stream that is
+# still cut (a loaded machine) is checked event by event but not for its last event.
 CONFIG = """
+max-stream-events = 100000
+request-timeout = 120
 [checks.negative_data_rejection]
 expected-statuses = [400, 403, 404, 409, 413, 415, 422]
 [checks.positive_data_acceptance]
@@ -89,12 +96,13 @@ def one_error_shape(ctx, response, case):
     assert "Traceback" not in response.text
     if ctype.startswith("text/plain"):
         return
+    cut = response.stream_cut_short  # schemathesis stopped reading (see CONFIG): the events so far
     if case.path in OPENAI_PATHS:
-        _openai_shape(response, ctype)
+        _openai_shape(response, ctype, cut)
         return
     if ctype.startswith("text/event-stream"):
         events = [b for b in response.text.split("\n\n") if b.strip()]
-        assert events and events[-1].split("\n")[0] in ("event: done", "event: error"), response.text[-300:]
+        assert events and (cut or events[-1].split("\n")[0] in ("event: done", "event: error")), response.text[-300:]
         for block in events:
             event, data = block.split("\n", 1)
             data = _strict_json(data.removeprefix("data: "))
@@ -110,14 +118,18 @@ def one_error_shape(ctx, response, case):
         _says_what_to_fix(response.status_code, body["error"])
 
 
-def _openai_shape(response, ctype: str) -> None:
+def _openai_shape(response, ctype: str, cut: bool = False) -> None:
     if ctype.startswith("text/event-stream"):  # data: {chunk} ... data: [DONE], or ending with data: {"error"}
         events = [b for b in response.text.split("\n\n") if b.strip()]
         assert events and all(e.startswith("data: ") for e in events), response.text[-300:]
         for e in events[:-1]:
             assert "choices" in _strict_json(e[6:])
-        if events[-1] != "data: [DONE]":
-            err = _strict_json(events[-1][6:])["error"]
+        if events[-1] == "data: [DONE]":
+            return
+        last = _strict_json(events[-1][6:])
+        assert cut or "error" in last, f"the stream ended without data: [DONE] or an error: {events[-1][:300]}"
+        if "error" in last:
+            err = last["error"]
             assert 400 <= err["code"] < 500, events[-1][:300]
             _says_what_to_fix(err["code"], err["message"])
         return
@@ -131,9 +143,8 @@ def _openai_shape(response, ctype: str) -> None:
 
 
 @schema.parametrize()
-# derandomize: CI runs the same cases every time. A random run once found a streamed completion that
-# ended without `data: [DONE]` or an error event (not reproduced since; an open bug, see the issue
-# notes); longer random runs: ISAN_FUZZ_EXAMPLES=1500 with this line removed.
+# derandomize: CI runs the same cases every time; longer random runs: ISAN_FUZZ_EXAMPLES=1500 with
+# this line removed.
 @settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_http_api_against_its_schema(case):
     """Generated requests (valid and invalid per the schema): no 5xx, answers conform to the
