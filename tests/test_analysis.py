@@ -201,6 +201,96 @@ def test_word_conditioning_against_plain(p64):
 
 
 # ------------------------------------------------------------------------------------ Figures 6-8
+# ------------------------------------------------------------------- ICLR workshop Figure 6
+def test_word_kappa_against_per_character_kappa_on_real_words(text8_valid_head):
+    """kappa_word from one composed bias a word = the sum of per-character kappa (eq. 6) over the
+    word's characters, with the paper's model on the frequent words of real text; at the space
+    after the word and at its last character."""
+    from isan.cli.analyze import _load
+    from isan.engine.analysis import embedding
+
+    _, p, sym, _ = _load(None)
+    pairs = embedding.frequent_words(text8_valid_head, 150)
+    assert pairs[0][1] >= pairs[-1][1] and all(" " not in w and w for w, _ in pairs)
+    words = [w for w, _ in pairs]
+    for at in (" ", None):
+        fast, ref = embedding.word_kappa(p, words, sym, at), embedding.word_kappa_ref(p, words, sym, at)
+        assert fast.shape == (len(words), p.V) and np.isfinite(fast).all()
+        assert np.abs(fast - ref).max() <= 1e-9 * max(1.0, np.abs(ref).max())
+    # the composed bias: what the word leaves in the state read from zero (states_ref from h = 0)
+    p64 = p.astype(np.float64)
+    ids = studies.encode(words[7], sym)
+    assert np.allclose(embedding.word_bias(p, words[7:8], sym)[0], states_ref(p64, ids, np.zeros(p.d))[-1],
+                       rtol=0, atol=1e-10)
+    # context-free: kappa of the word's characters is the same after any earlier text
+    text = "the cat sat on " + words[7] + " "
+    k = kappa_ref(p64, studies.encode(text, sym), p64.h0)
+    s0 = len("the cat sat on ")
+    assert np.allclose(k[len(text) - 1, s0 + 1 : s0 + 1 + len(words[7])].sum(0),
+                       embedding.word_kappa(p, words[7:8], sym)[0], rtol=0, atol=1e-9)
+
+
+def test_word_kappa_errors(p64):
+    from isan.engine.analysis import embedding
+
+    with pytest.raises(IsanError, match="'C'"):
+        embedding.word_kappa(p64, ["aCb"], SYMBOLS)
+    with pytest.raises(IsanError, match="empty word"):
+        embedding.word_kappa(p64, ["ab", ""], SYMBOLS)
+    with pytest.raises(IsanError, match="one character"):
+        embedding.word_kappa(p64, ["ab"], SYMBOLS, at="  ")
+    with pytest.raises(IsanError, match="no words"):
+        embedding.frequent_words("   ", 10)
+
+
+def test_neighbour_purity_by_hand():
+    from isan.engine.analysis import embedding
+
+    # two tight clusters far apart: every member's 2 nearest are members
+    X = np.array([[0, 0], [0, 1], [1, 0], [10, 10], [10, 11], [11, 10], [50, 50.0]])
+    m = np.array([1, 1, 1, 0, 0, 0, 0], dtype=bool)
+    r = embedding.neighbour_purity(X, m, k=2)
+    assert r["purity"] == 1.0 and r["chance"] == pytest.approx(2 / 6) and r["lift"] == pytest.approx(3.0)
+    # k = 3: the third nearest of each member is in the other cluster
+    assert embedding.neighbour_purity(X, m, k=3)["purity"] == pytest.approx(2 / 3)
+    # members spread evenly among the others: purity near chance
+    rng = np.random.default_rng(0)
+    Y = rng.normal(size=(2000, 5))
+    mask = rng.random(2000) < 0.1
+    r = embedding.neighbour_purity(Y, mask, k=10)
+    assert abs(r["lift"] - 1.0) < 0.25
+    with pytest.raises(IsanError, match="at least 2 members"):
+        embedding.neighbour_purity(X, np.eye(1, 7, dtype=bool)[0], k=2)
+
+
+def test_suffix_agreement_by_hand():
+    from isan.engine.analysis import embedding
+
+    words = ["cat", "bat", "hat", "dog", "fog", "log"]
+    # the -at words together, the -og words together: each word's 2 nearest share its ending
+    X = np.array([[0, 0], [0, 1], [1, 0], [9, 9], [9, 10], [10, 9.0]])
+    r = embedding.suffix_agreement(X, words, k=2)
+    assert r["share"] == 1.0 and r["chance"] == pytest.approx(2 / 5)
+    # interleaved: each word's nearest is of the other ending
+    Y = np.array([[0.0, 0], [5, 0], [10, 0], [1, 0], [6, 0], [11, 0]])
+    assert embedding.suffix_agreement(Y, words, k=1)["share"] == 0.0
+
+
+def test_cli_word_embedding(runner, small_bundle, text8_path, tmp_path):
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("sklearn")
+    r = runner.invoke(main, ["analyze", "word-embedding", "--model", str(small_bundle), "--data", str(text8_path),
+                             "--words", "300", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["words"] == 300 and out["max_abs_error"] < 1e-9
+    g = out["groups"]["numbers"]
+    assert {"one", "two", "three"} <= set(g["members"]) and 0 <= g["kappa"]["purity"] <= 1
+    assert 0 <= out["suffix"]["kappa"]["share"] <= 1 and 0 < out["suffix"]["kappa"]["chance"] < 1
+    assert (tmp_path / "iclr_fig6_word_tsne.png").stat().st_size > 1000
+    assert json.loads((tmp_path / "word_embedding.json").read_text())["groups"].keys() == out["groups"].keys()
+
+
 def test_readout_basis_and_bias_study(p64):
     Q, Qp = basis.readout_basis(p64.W_ro[:5])  # rank 5 < d = 12
     assert Q.shape == (12, 5) and Qp.shape == (12, 7)

@@ -198,6 +198,61 @@ def fig5_words(wc, symbols, out) -> Path:
     return _save(fig, out)
 
 
+def _zoom_box(Y: np.ndarray, mask: np.ndarray, near: int = 15, points: int = 45) -> tuple[np.ndarray, float]:
+    """The densest place of a group in the plane: the member with the most members among its
+    ``near`` nearest points is the centre; the half-width holds its ``points`` nearest points."""
+    members = np.flatnonzero(mask)
+    D = np.abs(Y[members][:, None, :] - Y[None, :, :]).max(2)  # Chebyshev distances (members, all)
+    order = np.argsort(D, axis=1)[:, 1 : near + 1]
+    best = int(np.argmax(mask[order].sum(1)))
+    r = float(np.sort(D[best])[min(points, len(Y) - 1)])
+    return Y[members[best]], max(r, 1e-9)
+
+
+def iclr_fig6_word_tsne(Y: np.ndarray, words: list[str], groups: dict, out, labels: int = 120) -> Path:
+    """ICLR workshop Fig. 6: (a) t-SNE of kappa_word for every word, the groups coloured; then one
+    zoom per group on its densest place (:func:`_zoom_box`), every word in it labelled (the ``labels`` most frequent), members in the group's colour."""
+    plt = _plt()
+    names = list(groups)
+    cols = 2 if len(names) >= 2 else 1 + len(names)
+    rows = -(-(1 + len(names)) // cols)
+    fig, axs = plt.subplots(rows, cols, figsize=(6.5 * cols, 6.5 * rows), squeeze=False)
+    axs = axs.ravel()
+    for ax in axs[1 + len(names):]:
+        ax.axis("off")
+    colours = ["tab:red", "tab:blue", "tab:green", "tab:purple"]
+    index = {w: i for i, w in enumerate(words)}
+    ax = axs[0]
+    ax.scatter(Y[:, 0], Y[:, 1], s=2, c="0.7", linewidths=0)
+    for name, col in zip(names, colours):
+        ix = [index[w] for w in groups[name]["members"]]
+        g = groups[name]
+        ax.scatter(Y[ix, 0], Y[ix, 1], s=9, c=col, linewidths=0,
+                   label=f"{name}: {len(ix)} words, {g['kappa']['k']}-NN purity {g['kappa']['purity']:.2f} "
+                         f"(chance {g['kappa']['chance']:.3f})")
+    for i in range(min(25, len(words))):
+        ax.annotate(words[i], Y[i], fontsize=6, color="0.25")
+    ax.set_title(f"(a) t-SNE of kappa_word, the {len(words):,} most frequent words", fontsize=9)
+    ax.legend(fontsize=7, loc="lower left", markerscale=2)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    for ax, name, col, tag in zip(axs[1 : 1 + len(names)], names, colours, "bcdef"):
+        mask = np.zeros(len(words), dtype=bool)
+        mask[[index[w] for w in groups[name]["members"]]] = True
+        centre, r = _zoom_box(Y, mask)
+        inside = np.flatnonzero((np.abs(Y - centre) <= r).all(1))
+        ax.scatter(Y[inside, 0], Y[inside, 1], s=6, c=np.where(mask[inside], col, "0.6"), linewidths=0)
+        for i in inside[:labels]:  # words are in order of frequency
+            ax.annotate(words[i], Y[i], fontsize=7, color=col if mask[i] else "0.2")
+        ax.set_xlim(centre[0] - r, centre[0] + r)
+        ax.set_ylim(centre[1] - r, centre[1] + r)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.set_title(f"({tag}) zoom on {name}: {int(mask[inside].sum())} of {len(inside)} words here are members",
+                     fontsize=9)
+    return _save(fig, out)
+
+
 def fig6_7_basis(bs: dict, symbols, out) -> Path:
     """Figures 6-7 as the paper lays them out: top row (Fig 6) ||b_x|| against log P(x) in (a) the full
     space, (b) the readout subspace, (c) its complement; bottom row (Fig 7) the cosine distances between

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from isan.engine.analysis import attribution, basis, decay, figures, parentheses, pca, stack
+from isan.engine.analysis import attribution, basis, decay, embedding, figures, parentheses, pca, stack
 from isan.errors import IsanError
 from isan.params import ISANParams
 
@@ -177,6 +177,43 @@ def study_words(p: ISANParams, symbols, text: str = FIG5_TEXT, keep=(1, 2, 3, 4,
     f = _fig(out_dir, fig_name)
     if f:
         out["figure"] = figures.fig5_words(wc, symbols, f).name
+    return finite(out)
+
+
+@_timed
+def study_word_embedding(p: ISANParams, symbols, train_text: str, n_words: int = 4000, at: str | None = " ",
+                         k: int = 10, seed: int = 0, out_dir=None) -> dict:
+    """The ICLR workshop version's Figure 6: t-SNE of kappa_word for the ``n_words`` most frequent
+    words of ``train_text`` (:mod:`embedding`), and how the word groups of :data:`embedding.GROUPS`
+    cluster: the share of each member's ``k`` nearest neighbours that are members, in kappa space
+    and in the t-SNE plane, against chance.
+
+    Returns {"words", "at", "k", "max_abs_error" (fast path against per-character kappa on the first
+    100 words), "groups": {name: {"members", "kappa", "tsne", "other_vectors"}}, "suffix" (the share
+    of neighbours with the word's last two letters, :func:`embedding.suffix_agreement`), "figure"}."""
+    words = [w for w, _ in embedding.frequent_words(train_text, n_words)]
+    K = embedding.word_kappa(p, words, symbols, at)
+    err = float(np.abs(K[:100] - embedding.word_kappa_ref(p, words[:100], symbols, at)).max())
+    Y = embedding.tsne(K, seed=seed)
+    groups = {}
+    for name, members in embedding.GROUPS.items():
+        mask = np.array([w.endswith("tion") if members is None else w in members for w in words])
+        if mask.sum() < 2:
+            continue
+        groups[name] = {"members": [w for w, m in zip(words, mask) if m],
+                        "kappa": embedding.neighbour_purity(K, mask, k), "tsne": embedding.neighbour_purity(Y, mask, k)}
+    # the same measure on two other vectors a word leaves (no t-SNE): kappa at the word's last
+    # character, and the composed bias c_word itself (state space; every kappa_word^t is a linear map of it)
+    others = {"kappa at the last character": embedding.word_kappa(p, words, symbols, None),
+              "c_word (state space)": embedding.word_bias(p, words, symbols)}
+    for name, g in groups.items():
+        mask = np.isin(words, g["members"])
+        g["other_vectors"] = {v: embedding.neighbour_purity(X, mask, k)["purity"] for v, X in others.items()}
+    out = {"words": len(words), "at": at, "k": k, "seed": seed, "max_abs_error": err, "groups": groups,
+           "suffix": {"kappa": embedding.suffix_agreement(K, words, k), "tsne": embedding.suffix_agreement(Y, words, k)}}
+    f = _fig(out_dir, "iclr_fig6_word_tsne.png")
+    if f:
+        out["figure"] = figures.iclr_fig6_word_tsne(Y, words, groups, f).name
     return finite(out)
 
 

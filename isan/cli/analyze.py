@@ -148,6 +148,23 @@ def words_cmd(model, out, text):
     _write(out, "words", studies.study_words(p, sym, text or studies.FIG5_TEXT, out_dir=out))
 
 
+@analyze.command("word-embedding")
+@common
+@data_option
+@click.option("--words", "n_words", type=click.IntRange(50, 20_000), default=4000, show_default=True,
+              help="How many of the train split's most frequent words.")
+@click.option("--seed", type=int, default=0, show_default=True, help="t-SNE's seed.")
+@friendly
+def word_embedding_cmd(model, out, data, n_words, seed):
+    """ICLR workshop Fig. 6: t-SNE of word-level kappa (kappa_word at the space after each word) for
+    the most frequent words, and how number, profession and -tion words cluster."""
+    from isan.engine.analysis import studies
+
+    _, p, sym, _ = _load(model)
+    _write(out, "word_embedding", studies.study_word_embedding(p, sym, _split(data, "train"), n_words, seed=seed,
+                                                               out_dir=out))
+
+
 @analyze.command("basis")
 @common
 @data_option
@@ -413,6 +430,7 @@ def all_cmd(model, out, data, checkpoint, baselines, skip, compare):
         "words": lambda: studies.study_words(p, sym, out_dir=out_dir),
         "words_paper": lambda: studies.study_words(p, sym, studies.FIG5_PAPER_FRAGMENT, keep=(1, 2, 3, None),
                                                    out_dir=out_dir, fig_name="fig5_words_paper_fragment.png"),
+        "word_embedding": lambda: studies.study_word_embedding(p, sym, train, out_dir=out_dir),
         "basis": lambda: studies.study_basis(p, sym, train, out_dir=out_dir),
         "ngram": lambda: studies.study_ngram(p, sym, train, out_dir=out_dir),
         "pca": lambda: studies.study_pca(_pca_models(model, baselines), test, out_dir=out_dir),
