@@ -200,7 +200,6 @@ def test_word_conditioning_against_plain(p64):
     assert wc.prob_next[0, 4] == pytest.approx(np.exp(log_softmax(p64.b_ro + kc)[ids[5]]), rel=1e-9)
 
 
-# ------------------------------------------------------------------------------------ Figures 6-8
 # ------------------------------------------------------------------- ICLR workshop Figure 6
 def test_word_kappa_against_per_character_kappa_on_real_words(text8_valid_head):
     """kappa_word from one composed bias a word = the sum of per-character kappa (eq. 6) over the
@@ -291,6 +290,7 @@ def test_cli_word_embedding(runner, small_bundle, text8_path, tmp_path):
     assert json.loads((tmp_path / "word_embedding.json").read_text())["groups"].keys() == out["groups"].keys()
 
 
+# ------------------------------------------------------------------------------------ Figures 6-8
 def test_readout_basis_and_bias_study(p64):
     Q, Qp = basis.readout_basis(p64.W_ro[:5])  # rank 5 < d = 12
     assert Q.shape == (12, 5) and Qp.shape == (12, 7)

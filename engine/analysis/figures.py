@@ -211,7 +211,8 @@ def _zoom_box(Y: np.ndarray, mask: np.ndarray, near: int = 15, points: int = 45)
 
 def iclr_fig6_word_tsne(Y: np.ndarray, words: list[str], groups: dict, out, labels: int = 120) -> Path:
     """ICLR workshop Fig. 6: (a) t-SNE of kappa_word for every word, the groups coloured; then one
-    zoom per group on its densest place (:func:`_zoom_box`), every word in it labelled (the ``labels`` most frequent), members in the group's colour."""
+    zoom per group on its densest place (:func:`_zoom_box`), every word in it labelled (the
+    ``labels`` most frequent), members in the group's colour."""
     plt = _plt()
     names = list(groups)
     cols = 2 if len(names) >= 2 else 1 + len(names)

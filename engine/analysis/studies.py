@@ -210,7 +210,8 @@ def study_word_embedding(p: ISANParams, symbols, train_text: str, n_words: int =
         mask = np.isin(words, g["members"])
         g["other_vectors"] = {v: embedding.neighbour_purity(X, mask, k)["purity"] for v, X in others.items()}
     out = {"words": len(words), "at": at, "k": k, "seed": seed, "max_abs_error": err, "groups": groups,
-           "suffix": {"kappa": embedding.suffix_agreement(K, words, k), "tsne": embedding.suffix_agreement(Y, words, k)}}
+           "suffix": {"kappa": embedding.suffix_agreement(K, words, k),
+                      "tsne": embedding.suffix_agreement(Y, words, k)}}
     f = _fig(out_dir, "iclr_fig6_word_tsne.png")
     if f:
         out["figure"] = figures.iclr_fig6_word_tsne(Y, words, groups, f).name
