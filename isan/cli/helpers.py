@@ -59,7 +59,8 @@ def model_options(fn):
                       default="auto", show_default=True,
                       help="composed: trie-table jumps (texts of 10,000+ characters go chunk-parallel); chunked: "
                            "chunk-parallel batches in the compiled kernels; jumps: the same by the table's composed jumps "
-                           "(issue 22: measured no faster on 2 cores, see the speed guide); reference: per-character "
+                           "(exact; on 2 cores faster on long texts and batches of 1,000+ texts, slower on small "
+                           "batches: see the speed guide); reference: per-character "
                            "float64 numpy.")(fn)
     fn = click.option("--threads", type=int, default=None,
                       help="Threads for the compiled kernels (default: the CPUs this process may use; ISAN_NUM_THREADS).")(fn)
