@@ -901,6 +901,14 @@ static int init_rows(int64_t *steps_done, float *residual, int64_t *diverged, in
     return nt;
 }
 
+/* After a run: a row whose final state is out of range (or not finite) diverged at its last step. */
+static void check_final_rows(const float *H, const int64_t *steps_done, int64_t *diverged, int P, int dp,
+                             float limit) {
+    for (int s = 0; s < P; s++)
+        if (diverged[s] < 0 && !KERN->row_ok(H + (size_t)s * dp, dp, limit))
+            diverged[s] = steps_done[s];
+}
+
 /* Every position a row reads lies inside ids (and bits, with bits) and holds a symbol id below nsym;
  * else a ValueError naming the kernel. */
 static int check_rows(const char *kernel, Py_buffer *start, Py_buffer *len, int P, Py_buffer *ids, Py_buffer *bits,
@@ -969,11 +977,7 @@ static PyObject *py_run_streams(PyObject *self, PyObject *args) {
             const int used = run_parallel(streams_work, J, nt, streams_set_nt, max_threads);
             barrier_destroy(&J->bar);
             for (int q = 0; q < used; q++) total += J->total_steps[q];
-            /* range check of the final states */
-            if (!atomic_load(&J->fail))
-                for (int s = 0; s < P; s++)
-                    if (J->diverged[s] < 0 && !KERN->row_ok(J->H + (size_t)s * dp, dp, limit))
-                        J->diverged[s] = J->steps_done[s];
+            if (!atomic_load(&J->fail)) check_final_rows(J->H, J->steps_done, J->diverged, P, dp, limit);
             Py_END_ALLOW_THREADS
             if (atomic_load(&J->fail)) PyErr_NoMemory();
             else ret = Py_BuildValue("L", total);
@@ -1055,10 +1059,7 @@ static PyObject *py_run_jumps(PyObject *self, PyObject *args) {
             const int used = run_parallel(jumps_work, J, nt, jumps_set_nt, max_threads);
             barrier_destroy(&J->bar);
             for (int q = 0; q < used; q++) { total += J->total_steps[q]; jumps += J->jumps[q]; }
-            if (!atomic_load(&J->fail))
-                for (int s = 0; s < P; s++)
-                    if (J->diverged[s] < 0 && !KERN->row_ok(J->H + (size_t)s * dp, dp, limit))
-                        J->diverged[s] = J->steps_done[s];
+            if (!atomic_load(&J->fail)) check_final_rows(J->H, J->steps_done, J->diverged, P, dp, limit);
             Py_END_ALLOW_THREADS
             if (atomic_load(&J->fail)) PyErr_NoMemory();
             else ret = Py_BuildValue("LL", total, jumps);
