@@ -70,16 +70,15 @@ def _ids(word: str, index: dict) -> list[int]:
 def word_bias(p: ISANParams, words: list[str], symbols) -> np.ndarray:
     """c_word, the composed bias of each word's characters read from the zero state (the ``b`` of the
     word's composed affine map): (len(words), d) float64. Raises IsanError as :func:`word_kappa`."""
+    from isan.engine.reference import states_ref
+
     p = p.astype(np.float64)
     index = {c: i for i, c in enumerate(symbols)}
     out = np.empty((len(words), p.d))
     for k, w in enumerate(words):
         if not w:
             raise IsanError("an empty word has no kappa; give words of one character or more")
-        c = np.zeros(p.d)
-        for x in _ids(w, index):  # composition: c <- W[x] c + b[x]
-            c = p.W[x] @ c + p.b[x]
-        out[k] = c
+        out[k] = states_ref(p, _ids(w, index), np.zeros(p.d))[-1]  # the state the word leaves from h = 0
     return out
 
 
@@ -117,6 +116,14 @@ def word_kappa_ref(p: ISANParams, words: list[str], symbols, at: str | None = " 
     return out
 
 
+def _nearest(X: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
+    """The ``k`` nearest other rows of ``X`` (Euclidean) to each of ``rows``: (len(rows), k) indices."""
+    sq = (X * X).sum(1)
+    D = sq[rows][:, None] + sq[None, :] - 2.0 * X[rows] @ X.T  # squared distances
+    D[np.arange(len(rows)), rows] = np.inf  # not itself
+    return np.argpartition(D, k, axis=1)[:, :k]
+
+
 def neighbour_purity(X: np.ndarray, members: np.ndarray, k: int = 10) -> dict:
     """How well the rows ``members`` (a boolean mask) of ``X`` cluster: for each member, the share
     of its ``k`` nearest other rows (Euclidean) that are members; averaged. Chance is the members'
@@ -127,11 +134,7 @@ def neighbour_purity(X: np.ndarray, members: np.ndarray, k: int = 10) -> dict:
     m, n = int(members.sum()), len(X)
     if m < 2 or n <= k:
         raise IsanError(f"neighbour purity needs at least 2 members and more than k = {k} rows; got {m} of {n}")
-    sq = (X * X).sum(1)
-    D = sq[members][:, None] + sq[None, :] - 2.0 * X[members] @ X.T  # (m, n) squared distances
-    D[np.arange(m), np.flatnonzero(members)] = np.inf  # not itself
-    nearest = np.argpartition(D, k, axis=1)[:, :k]
-    purity = float(members[nearest].mean())
+    purity = float(members[_nearest(X, np.flatnonzero(members), k)].mean())
     chance = (m - 1) / (n - 1)
     return {"members": m, "k": k, "purity": purity, "chance": chance, "lift": purity / chance}
 
@@ -146,11 +149,7 @@ def suffix_agreement(X: np.ndarray, words: list[str], k: int = 10, letters: int 
     n = len(X)
     if n <= k:
         raise IsanError(f"suffix agreement needs more than k = {k} words; got {n}")
-    sq = (X * X).sum(1)
-    D = sq[:, None] + sq[None, :] - 2.0 * X @ X.T
-    np.fill_diagonal(D, np.inf)
-    nearest = np.argpartition(D, k, axis=1)[:, :k]
-    same = ends[nearest] == ends[:, None]
+    same = ends[_nearest(X, np.arange(n), k)] == ends[:, None]
     _, inverse, counts = np.unique(ends, return_inverse=True, return_counts=True)
     has = ends != ""
     return {"letters": letters, "k": k, "share": float(same[has].mean()),

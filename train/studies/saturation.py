@@ -1,8 +1,8 @@
 """How saturated a trained GRU's hidden units are, and its bits on a train and a valid slice.
 
 A diagnostic of Table 1's 1.28e6 GRU (issue #26, results/table1/notes/README.md). Reads a baseline
-bundle (``isan export RUN BUNDLE --no-table``), runs the float64 numpy reference step
-(:func:`isan.engine.runners.recurrent.baseline_step_ref`'s equations) from h0 over ``--chars``
+bundle (``isan export RUN BUNDLE --no-table``), runs the float64 numpy reference
+(:func:`isan.engine.runners.recurrent.baseline_states_ref`) from h0 over ``--chars``
 characters of the train split (from offset 2,000,000) and of the valid split (from its start),
 and prints JSON per slice: bits per character, the share of hidden units with |h| > 0.99 (tanh
 saturated: their gradient is under 2% of its largest), and the mean update gate z.
@@ -20,7 +20,7 @@ import json
 import numpy as np
 
 from isan.data import read_text8_split
-from isan.engine.runners.recurrent import _sigmoid, bits_from_logits, load_baseline_bundle
+from isan.engine.runners.recurrent import _sigmoid, baseline_states_ref, bits_from_logits, load_baseline_bundle
 
 #: |h| above this counts as saturated (1 - tanh^2 < 0.02)
 SATURATED = 0.99
@@ -33,22 +33,13 @@ def gru_slice_stats(bundle: str, text: str) -> dict:
         raise SystemExit(f"{bundle} is a {p.kind} bundle; this diagnostic reads GRUs")
     index = {c: i for i, c in enumerate(alphabet.symbols)}
     ids = np.array([index[c] for c in text])
-    d, t = p.d, p.tensors
-    table, W_hh, b_hn = p.input_table(), t["W_hh"], t["b_hn"]
-    h = p.initial_state().astype(np.float64)
-    logits = np.empty((len(ids), p.V))
-    saturated = z_mean = 0.0
-    for k, x in enumerate(ids):
-        logits[k] = p.readout(h)
-        a, gh = table[x], W_hh @ h
-        r = _sigmoid(a[:d] + gh[:d])
-        z = _sigmoid(a[d:2 * d] + gh[d:2 * d])
-        h = (1.0 - z) * np.tanh(a[2 * d:] + r * (gh[2 * d:] + b_hn)) + z * h
-        saturated += float((np.abs(h) > SATURATED).mean())
-        z_mean += float(z.mean())
-    n = len(ids)
-    return {"chars": n, "bpc": float(bits_from_logits(logits, ids).mean()), "saturated": saturated / n,
-            "z_mean": z_mean / n}
+    h0 = p.initial_state().astype(np.float64)
+    H = baseline_states_ref(p, ids, h0)  # (T, d) the states after each character
+    before = np.vstack([h0[None, :], H[:-1]])  # the states each character is read from
+    d, W_hh = p.d, p.tensors["W_hh"]
+    z = _sigmoid(p.input_table()[ids, d:2 * d] + before @ W_hh[d:2 * d].T)  # the update gates (T, d)
+    return {"chars": len(ids), "bpc": float(bits_from_logits(p.readout(before), ids).mean()),
+            "saturated": float((np.abs(H) > SATURATED).mean()), "z_mean": float(z.mean())}
 
 
 def main(argv=None) -> None:
