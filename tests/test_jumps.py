@@ -57,14 +57,17 @@ def test_table_holds_every_symbol_and_the_bundles_keys(table, default_engine):
 @pytest.mark.skipif(native() is None, reason="the compiled kernels are not built")
 @pytest.mark.parametrize("min_group", [1, 4, 8])
 @pytest.mark.parametrize("want_bits", [True, False])
-def test_compiled_equals_numpy_twin(table, test_ids, default_engine, min_group, want_bits):
+@pytest.mark.parametrize("frac", [0.0, 0.5, 1.0])
+def test_compiled_equals_numpy_twin(table, test_ids, default_engine, min_group, want_bits, frac):
+    """The same schedule (frac: 0 every row every round, 1 the longest symbol queue alone), so the
+    same groups and jumps, and the same bits within float32 rounding."""
     ids = test_ids[:24_000]
     start, length, H = _rows(table, ids, 48, default_engine.params32.h0)
     out = []
     for fn in (run_jumps, run_jumps_ref):
         Hx = H.copy()
         bits = np.zeros(len(ids)) if want_bits else None
-        r = fn(table, ids, start, length, Hx, bits, threads=1, min_group=min_group)
+        r = fn(table, ids, start, length, Hx, bits, threads=1, min_group=min_group, frac=frac)
         out.append((r, Hx, bits))
     (r1, H1, b1), (r2, H2, b2) = out
     assert r1.total_steps == r2.total_steps == len(ids)

@@ -122,8 +122,11 @@ typedef struct {
 #pragma GCC target("avx512f,avx512vl,avx2,fma,f16c")
 #define SFX(name) name##_avx512
 #define VL 16
-#define MR 6
-#define NVM 4
+/* 14 rows x 2 vectors (28 of the 32 registers accumulate): a tile reads a 2-vector panel of B
+ * (217 x 32 floats, 28 KB: stays in L1) against 6 x 4 before; long text 2.36M chars/s against
+ * 2.08M (two threads, the same run of builds; 8 x 3: 2.29M) */
+#define MR 14
+#define NVM 2
 #define HAVE_F16C 1
 #define KERNEL_NAME "avx512"
 #include "kern_impl.h"
@@ -337,8 +340,17 @@ static int run_parallel(WorkFn fn, void *arg, int nt, void (*set_nt)(void *, int
  *     its slice of each matrix: best when rows are few.
  *   split by rows: each thread owns a contiguous block of rows and runs them alone, no barrier:
  *     best when rows are many.
- * Either way each thread builds its own copy of the round's schedule (the same one, from the
- * same data), so no thread waits for another between rounds except at the barrier.
+ * Either way each thread builds its own copy of the schedule (the same one, from the same data),
+ * so no thread waits for another between rounds except at the barrier.
+ *
+ * The schedule (issue 22): rows are independent, so they need not move in step. Each row waits
+ * in the queue of the symbol it reads next, with its own count of steps taken; a round takes the
+ * queues that are at least `frac` of the longest one (split by rows; split by columns, every
+ * non-empty queue, one barrier a round as before), reads their rows out and steps them. A rare
+ * symbol's matrix is then read once for the rows that have gathered on it instead of every round
+ * for one or two: on text8 at 256 rows a thread, about 20 rows a matrix against 11 in step. The
+ * order of the steps does not change any row's arithmetic (a row's product is the same whatever
+ * group it is in), so the bits are those of the in-step schedule, bit for bit.
  * ------------------------------------------------------------------------------------------ */
 typedef struct {
     const Kernels *K;
@@ -347,6 +359,7 @@ typedef struct {
     int P;          /* true rows: 0..P-1 */
     int pairs;      /* 1: rows P..2P-1 are error rows paired with 0..P-1 */
     int split_cols; /* 1: split by columns, 0: by rows */
+    float frac;     /* split by rows, a round takes the symbol queues at least this share of the longest */
     const int32_t *ids;
     const int64_t *start, *len;
     float *H, *Hb;  /* (rows, dp) state rows (in: initial, out: final) and scratch of the same shape */
@@ -356,10 +369,10 @@ typedef struct {
     float limit;
     int64_t *steps_done; /* (P,) */
     float *residual;     /* (P,) */
-    int64_t *diverged;   /* (P,) round t at which the state before character t is out of range; -1 */
+    int64_t *diverged;   /* (P,) step t at which the state before character t is out of range; -1 */
     int nt;
     Barrier bar;
-    /* divergences found in a round's readouts, per round parity and thread: (row, round) pairs */
+    /* divergences found in a round's readouts, per round parity and thread: (row, step) pairs */
     int64_t *div_list[2][64];
     int div_n[2][64];
     int64_t total_steps[64];
@@ -367,86 +380,119 @@ typedef struct {
     int fault_tid;   /* test hook: this thread fails its allocations (-1: none) */
 } StreamsJob;
 
-typedef struct { /* one thread's schedule */
-    int *active, n_active;
-    int *grp_start;
+typedef struct {    /* one thread's schedule; rows indexed from r0 */
+    int64_t *tt;    /* steps each row has taken: its state is in H when even, in Hb when odd */
+    char *stopped;
+    int *next;      /* queue links (-1 ends a queue) */
+    int *head, *cnt; /* (nsym,) each symbol's queue of rows and its length */
+    int *prev, n_prev; /* the rows stepped in the last round (true rows) */
+    int *rows, n_rows; /* this round's true rows, grouped by symbol */
+    int *grp_sym, *grp_start, n_grp; /* this round's groups: symbol and start in Aptr (n_grp + 1 starts) */
     const float **Aptr;
     float **Cptr;
-    char *dead;
-    int r0, r1; /* rows this thread schedules (all rows when split by columns) */
+    int live;       /* rows not stopped */
+    int r0, r1;     /* rows this thread schedules (all rows when split by columns) */
 } Sched;
 
-/* Between rounds: drop rows that diverged, finished or (pairs) converged; group the rest by
- * symbol. Only thread 0 writes the shared outputs when split by columns (the others reach the
- * same decisions). */
-static void sched_round(StreamsJob *J, Sched *S, int64_t t, int tid, int writes) {
-    float *cur = (t & 1) ? J->Hb : J->H;
-    float *nxt = (t & 1) ? J->H : J->Hb;
-    const int P = J->P, dp = J->dp;
-    if (t > 0) { /* divergences recorded during the previous round: by every thread when split by
-                  * columns (the barrier orders them), by this thread alone when split by rows
-                  * (its rows are its own, and nothing orders the other threads' lists) */
-        const int par = (int)((t - 1) & 1);
+/* A row stops after done steps: its final state goes to H (and its error row's, with pairs). */
+static void stop_row(StreamsJob *J, Sched *S, int s, int writes) {
+    const int64_t done = S->tt[s - S->r0];
+    S->stopped[s - S->r0] = 1;
+    S->live--;
+    if (!writes) return;
+    J->steps_done[s] = done;
+    if (done & 1) {
+        const size_t dp = (size_t)J->dp;
+        memcpy(J->H + s * dp, J->Hb + s * dp, sizeof(float) * dp);
+        if (J->pairs) memcpy(J->H + (s + (size_t)J->P) * dp, J->Hb + (s + (size_t)J->P) * dp, sizeof(float) * dp);
+    }
+}
+
+/* A row that has not stopped: stop it if it is at its end or (pairs, every check_every steps) its
+ * error is small, else put it in the queue of the symbol it reads next. */
+static void enqueue_row(StreamsJob *J, Sched *S, int s, int writes) {
+    const int ls = s - S->r0;
+    const int64_t t = S->tt[ls];
+    if (t >= J->len[s]) {
+        stop_row(J, S, s, writes);
+        return;
+    }
+    if (J->pairs && t > 0 && t % J->check_every == 0) {
+        /* over the whole row: the homogeneous 1 floors max|h| at 1 (the error row has 0 there) */
+        const float *cur = (t & 1) ? J->Hb : J->H;
+        const float mh = J->K->row_absmax(cur + (size_t)s * J->dp, J->dp);
+        const float me = J->K->row_absmax(cur + (size_t)(s + J->P) * J->dp, J->dp);
+        const float r = me / mh;
+        if (writes) J->residual[s] = r;
+        if (r <= J->stop_ratio) {
+            stop_row(J, S, s, writes);
+            return;
+        }
+    }
+    const int x = J->ids[J->start[s] + t];
+    S->next[ls] = S->head[x];
+    S->head[x] = ls;
+    S->cnt[x]++;
+}
+
+/* Between rounds: stop the rows whose readout last round found them diverged, queue the others
+ * of last round (or stop them), then take this round's queues and lay their rows out in groups.
+ * Only thread 0 writes the shared outputs when split by columns (the others reach the same
+ * decisions). */
+static void sched_round(StreamsJob *J, Sched *S, int64_t round, int tid, int writes) {
+    const int P = J->P;
+    if (round > 0) { /* divergences recorded during the previous round: by every thread when split by
+                      * columns (the barrier orders them), by this thread alone when split by rows
+                      * (its rows are its own, and nothing orders the other threads' lists) */
+        const int par = (int)((round - 1) & 1);
         const int q0 = J->split_cols ? 0 : tid, q1 = J->split_cols ? J->nt : tid + 1;
         for (int q = q0; q < q1; q++)
             for (int k = 0; k < J->div_n[par][q]; k++) {
                 const int64_t s = J->div_list[par][q][2 * k];
                 if (s >= S->r0 && s < S->r1) {
-                    S->dead[s - S->r0] = 1;
                     if (writes) J->diverged[s] = J->div_list[par][q][2 * k + 1];
+                    if (!S->stopped[s - S->r0]) stop_row(J, S, (int)s, writes);
                 }
             }
     }
-    int n = 0;
-    const int check = J->pairs && t > 0 && (t % J->check_every == 0);
-    for (int a = 0; a < S->n_active; a++) {
-        const int s = S->active[a];
-        int stop = 0;
-        int64_t done = t;
-        if (S->dead[s - S->r0]) stop = 1;
-        else if (t >= J->len[s]) { stop = 1; done = J->len[s]; }
-        else if (check) {
-            /* over the whole row: the homogeneous 1 floors max|h| at 1 (the error row has 0 there) */
-            const float mh = J->K->row_absmax(cur + (size_t)s * dp, dp);
-            const float me = J->K->row_absmax(cur + (size_t)(s + P) * dp, dp);
-            const float r = me / mh;
-            if (writes) J->residual[s] = r;
-            if (r <= J->stop_ratio) stop = 1;
-        }
-        if (stop) {
-            if (writes) {
-                J->steps_done[s] = done;
-                if (t & 1) { /* the final state is in Hb: bring it to H */
-                    memcpy(J->H + (size_t)s * dp, J->Hb + (size_t)s * dp, sizeof(float) * dp);
-                    if (J->pairs) memcpy(J->H + (size_t)(s + P) * dp, J->Hb + (size_t)(s + P) * dp, sizeof(float) * dp);
-                }
+    for (int a = 0; a < S->n_prev; a++) {
+        const int s = S->prev[a];
+        if (!S->stopped[s - S->r0]) enqueue_row(J, S, s, writes);
+    }
+    S->n_prev = 0;
+    S->n_rows = 0;
+    S->n_grp = 0;
+    if (S->live == 0) return;
+    int thr = 1;
+    if (!J->split_cols) {
+        int mx = 0;
+        for (int x = 0; x < J->nsym; x++)
+            if (S->cnt[x] > mx) mx = S->cnt[x];
+        thr = (int)(J->frac * (float)mx);
+        if (thr < 1) thr = 1;
+    }
+    int p = 0;
+    for (int x = 0; x < J->nsym; x++) {
+        if (S->cnt[x] < thr || S->cnt[x] == 0) continue;
+        S->grp_sym[S->n_grp] = x;
+        S->grp_start[S->n_grp++] = p;
+        for (int ls = S->head[x]; ls >= 0; ls = S->next[ls]) {
+            const int s = ls + S->r0;
+            const int64_t t = S->tt[ls];
+            const float *cur = (t & 1) ? J->Hb : J->H;
+            float *nxt = (t & 1) ? J->H : J->Hb;
+            S->rows[S->n_rows++] = s;
+            S->Aptr[p] = cur + (size_t)s * J->dp;
+            S->Cptr[p++] = nxt + (size_t)s * J->dp;
+            if (J->pairs) {
+                S->Aptr[p] = cur + (size_t)(s + P) * J->dp;
+                S->Cptr[p++] = nxt + (size_t)(s + P) * J->dp;
             }
-            continue;
         }
-        S->active[n++] = s;
+        S->head[x] = -1;
+        S->cnt[x] = 0;
     }
-    S->n_active = n;
-    int *cnt = S->grp_start;
-    memset(cnt, 0, sizeof(int) * (J->nsym + 1));
-    for (int a = 0; a < n; a++) {
-        const int s = S->active[a];
-        cnt[J->ids[J->start[s] + t] + 1] += J->pairs ? 2 : 1;
-    }
-    for (int x = 0; x < J->nsym; x++) cnt[x + 1] += cnt[x];
-    for (int a = 0; a < n; a++) { /* stable fill: cnt[x] walks from group x's start to its end */
-        const int s = S->active[a];
-        const int x = J->ids[J->start[s] + t];
-        int p = cnt[x]++;
-        S->Aptr[p] = cur + (size_t)s * dp;
-        S->Cptr[p] = nxt + (size_t)s * dp;
-        if (J->pairs) {
-            p = cnt[x]++;
-            S->Aptr[p] = cur + (size_t)(s + P) * dp;
-            S->Cptr[p] = nxt + (size_t)(s + P) * dp;
-        }
-    }
-    for (int x = J->nsym; x > 0; x--) cnt[x] = cnt[x - 1]; /* back to group starts */
-    cnt[0] = 0;
+    S->grp_start[S->n_grp] = p;
 }
 
 static void streams_set_nt(void *arg, int nt) {
@@ -472,16 +518,23 @@ static void streams_work(void *arg, int tid, int nt) {
     const int blocks = jmax / VLk;
     const int j0 = cols ? VLk * (blocks * tid / nt) : 0, j1 = cols ? VLk * (blocks * (tid + 1) / nt) : jmax;
     const int writes = !cols || tid == 0;
-    S.active = (int *)malloc(sizeof(int) * (nr + 1));
+    S.tt = (int64_t *)calloc(nr + 1, sizeof(int64_t));
+    S.stopped = (char *)calloc(nr + 1, 1);
+    S.next = (int *)malloc(sizeof(int) * (nr + 1));
+    S.head = (int *)malloc(sizeof(int) * J->nsym);
+    S.cnt = (int *)calloc(J->nsym, sizeof(int));
+    S.prev = (int *)malloc(sizeof(int) * (nr + 1));
+    S.rows = (int *)malloc(sizeof(int) * (nr + 1));
+    S.grp_sym = (int *)malloc(sizeof(int) * (J->nsym + 1));
     S.grp_start = (int *)malloc(sizeof(int) * (J->nsym + 1));
     S.Aptr = (const float **)malloc(sizeof(float *) * (rows + 1));
     S.Cptr = (float **)malloc(sizeof(float *) * (rows + 1));
-    S.dead = (char *)calloc(nr + 1, 1);
     float *scr = (float *)aligned_alloc(64, sizeof(float) * 64 * Vp);
     float *sp[64];
     const float *ap[64];
     int64_t *dl[2] = {(int64_t *)malloc(sizeof(int64_t) * 2 * (nr + 1)), (int64_t *)malloc(sizeof(int64_t) * 2 * (nr + 1))};
-    int ok = S.active && S.grp_start && S.Aptr && S.Cptr && S.dead && scr && dl[0] && dl[1] && J->fault_tid != tid;
+    int ok = S.tt && S.stopped && S.next && S.head && S.cnt && S.prev && S.rows && S.grp_sym && S.grp_start &&
+             S.Aptr && S.Cptr && scr && dl[0] && dl[1] && J->fault_tid != tid;
     if (!ok) atomic_store(&J->fail, 1);
     J->div_list[0][tid] = dl[0];
     J->div_list[1][tid] = dl[1];
@@ -491,25 +544,32 @@ static void streams_work(void *arg, int tid, int nt) {
      * (split by rows the barrier is one thread's: each runs its rows if its own memory is there) */
     if (!barrier_wait_any(&J->bar, &sense, !ok)) {
         for (int i = 0; i < 64; i++) sp[i] = scr + (size_t)i * Vp;
-        for (int s = S.r0; s < S.r1; s++) S.active[s - S.r0] = s;
-        S.n_active = nr;
-        for (int64_t t = 0;; t++) {
-            sched_round(J, &S, t, tid, writes);
-            const int n = S.n_active;
-            if (n == 0) break;
-            const float *cur = (t & 1) ? J->Hb : J->H;
-            const int par = (int)(t & 1);
+        for (int x = 0; x < J->nsym; x++) S.head[x] = -1;
+        /* every row starts as if stepped last round (with no divergence), so the first schedule
+         * queues it or stops it (no characters) */
+        for (int s = S.r0; s < S.r1; s++) S.prev[s - S.r0] = s;
+        S.n_prev = nr;
+        S.live = nr;
+        for (int64_t round = 0;; round++) {
+            sched_round(J, &S, round, tid, writes);
+            if (S.live == 0) break;
+            const int n = S.n_rows;
+            const int par = (int)(round & 1);
             J->div_n[par][tid] = 0;
-            /* range check and readout of this thread's share of the active true rows */
+            /* range check and readout of this thread's share of the round's true rows */
             const int a0 = cols ? (int)((int64_t)n * tid / nt) : 0, a1 = cols ? (int)((int64_t)n * (tid + 1) / nt) : n;
             for (int b0 = a0; b0 < a1; b0 += 64) {
                 const int nb = a1 - b0 < 64 ? a1 - b0 : 64;
-                for (int i = 0; i < nb; i++) ap[i] = cur + (size_t)S.active[b0 + i] * dp;
+                for (int i = 0; i < nb; i++) {
+                    const int s = S.rows[b0 + i];
+                    ap[i] = ((S.tt[s - S.r0] & 1) ? J->Hb : J->H) + (size_t)s * dp;
+                }
                 double bl[64];
                 if (J->bits) {
                     K->gemm_rows(nb, ap, J->RoT, kd, 0, Vp, sp);
                     for (int i = 0; i < nb; i++) {
-                        const int64_t pos = J->start[S.active[b0 + i]] + t;
+                        const int s = S.rows[b0 + i];
+                        const int64_t pos = J->start[s] + S.tt[s - S.r0];
                         bl[i] = K->lse_bits(sp[i], V, Vp, J->ids[pos]);
                         J->bits[pos] = bl[i];
                     }
@@ -517,29 +577,40 @@ static void streams_work(void *arg, int tid, int nt) {
                 for (int i = 0; i < nb; i++) {
                     if (!K->row_ok(ap[i], dp, J->limit) || (J->bits && !isfinite(bl[i]))) {
                         const int k = J->div_n[par][tid]++;
-                        dl[par][2 * k] = S.active[b0 + i];
-                        dl[par][2 * k + 1] = t;
+                        const int s = S.rows[b0 + i];
+                        dl[par][2 * k] = s;
+                        dl[par][2 * k + 1] = S.tt[s - S.r0];
                     }
                 }
             }
-            /* the step: this thread's columns of every symbol group, in alternate directions on
-             * alternate rounds so that the matrices used last (still in L2) are used first */
+            /* the step: this thread's columns of every group. Split by rows, the matrix of the longest
+             * queue left (the likely next round) is prefetched towards L2 meanwhile */
             if (j1 > j0) {
-                for (int q = 0; q < J->nsym; q++) {
-                    const int x = (t & 1) ? J->nsym - 1 - q : q;
-                    const int g0 = S.grp_start[x], g1 = S.grp_start[x + 1];
-                    /* no prefetch of the next symbol's matrix here: measured no faster (the 27
-                     * matrices are reused every round), 2% slower at 256 rows */
-                    if (g1 > g0)
-                        K->gemm_rows(g1 - g0, S.Aptr + g0, J->WT + (size_t)x * dp * kd, kd, j0, j1, S.Cptr + g0);
+                const void *pf = NULL;
+                if (!cols) {
+                    int x2 = -1;
+                    for (int x = 0; x < J->nsym; x++)
+                        if (S.cnt[x] > 0 && (x2 < 0 || S.cnt[x] > S.cnt[x2])) x2 = x;
+                    if (x2 >= 0) pf = J->WT + (size_t)x2 * dp * kd;
+                }
+                for (int g = 0; g < S.n_grp; g++) {
+                    const int g0 = S.grp_start[g], g1 = S.grp_start[g + 1];
+                    K->gemm_rows_pf(g1 - g0, S.Aptr + g0, J->WT + (size_t)S.grp_sym[g] * dp * kd, kd, j0, j1,
+                                    S.Cptr + g0, g == S.n_grp - 1 ? pf : NULL, sizeof(float) * (size_t)dp * kd);
                 }
             }
+            for (int a = 0; a < n; a++) {
+                S.tt[S.rows[a] - S.r0]++;
+                S.prev[a] = S.rows[a];
+            }
+            S.n_prev = n;
             if (writes) J->total_steps[tid] += n;
             barrier_wait(&J->bar, &sense); /* no flag: the next schedule decides (see sched_round) */
         }
     }
     barrier_wait(&J->bar, &sense); /* nobody frees a divergence list another may still read */
-    free(S.active); free(S.grp_start); free(S.Aptr); free(S.Cptr); free(S.dead); free(scr);
+    free(S.tt); free(S.stopped); free(S.next); free(S.head); free(S.cnt); free(S.prev); free(S.rows);
+    free(S.grp_sym); free(S.grp_start); free(S.Aptr); free(S.Cptr); free(scr);
     free(dl[0]); free(dl[1]);
 }
 
@@ -671,6 +742,7 @@ typedef struct {
     float *residual;
     int64_t *diverged;
     int min_group; /* a row takes a shorter key rather than a group of fewer rows than this */
+    float frac;    /* a round takes the symbol queues at least this share of the longest */
     int nt;
     Barrier bar;
     int64_t total_steps[64];
@@ -712,6 +784,10 @@ static void jumps_work(void *arg, int tid, int nt) {
     int *cand = (int *)malloc(sizeof(int) * (size_t)(nr + 1) * J->max_k);
     int *ncand = (int *)malloc(sizeof(int) * (nr + 1));
     int64_t *pos = (int64_t *)calloc(nr + 1, sizeof(int64_t));
+    int64_t *nj = (int64_t *)calloc(nr + 1, sizeof(int64_t)); /* jumps taken: the state is in H when even */
+    int *qnext = (int *)malloc(sizeof(int) * (nr + 1));
+    int *qhead = (int *)malloc(sizeof(int) * J->nsym);
+    int *qcnt = (int *)calloc(J->nsym, sizeof(int));
     char *dead = (char *)calloc(nr + 1, 1);
     int *cnt = (int *)malloc(sizeof(int) * (E + 1));
     int *order = (int *)malloc(sizeof(int) * (nr + 1));
@@ -721,25 +797,27 @@ static void jumps_work(void *arg, int tid, int nt) {
     float **ECp = (float **)malloc(sizeof(float *) * (nr + 1));
     float *scr = (float *)aligned_alloc(64, sizeof(float) * 64 * (size_t)(width > Vp ? width : Vp));
     float *sp[64];
-    int ok = active && ent && cand && ncand && pos && dead && cnt && order && Ap && Cp && EAp && ECp && scr && J->fault_tid != tid;
+    int ok = active && ent && cand && ncand && pos && nj && qnext && qhead && qcnt && dead && cnt && order && Ap && Cp && EAp &&
+             ECp && scr && J->fault_tid != tid;
     if (!ok) atomic_store(&J->fail, 1);
     J->total_steps[tid] = 0;
     J->jumps[tid] = 0;
     if (!barrier_wait_any(&J->bar, &sense, !ok)) {
-        int n = 0;
-        for (int s = r0; s < r1; s++) active[n++] = s;
+        /* the schedule of run_streams: rows wait in the queue of the symbol they read next; a round
+         * takes the queues at least `frac` of the longest, and its rows jump as below */
+        for (int x = 0; x < J->nsym; x++) qhead[x] = -1;
+        int n = 0, live = nr;
+        for (int s = r0; s < r1; s++) active[n++] = s; /* as if stepped last round: queued or stopped */
         int64_t steps = 0;
         for (int64_t t = 0;; t++) {
-            float *cur = (t & 1) ? J->Hb : J->H;
-            float *nxt = (t & 1) ? J->H : J->Hb;
-            /* between rounds: drop rows that diverged, finished or (pairs) converged */
-            const int check = J->pairs && t > 0 && (t % J->check_every == 0);
-            int m = 0;
+            /* between rounds: the rows of the last round that diverged, finished or (pairs, every
+             * check_every jumps) converged stop; the others join the queue of their next symbol */
             for (int a = 0; a < n; a++) {
                 const int s = active[a], ls = s - r0;
+                const float *cur = (nj[ls] & 1) ? J->Hb : J->H;
                 int stop = 0;
                 if (dead[ls] || pos[ls] >= J->len[s]) stop = 1;
-                else if (check) {
+                else if (J->pairs && nj[ls] > 0 && nj[ls] % J->check_every == 0) {
                     const float mh = K->row_absmax(cur + (size_t)s * dp, dp);
                     const float me = K->row_absmax(cur + (size_t)(s + P) * dp, dp);
                     const float r = me / mh;
@@ -747,17 +825,32 @@ static void jumps_work(void *arg, int tid, int nt) {
                     if (r <= J->stop_ratio) stop = 1;
                 }
                 if (stop) {
+                    live--;
                     J->steps_done[s] = pos[ls] < J->len[s] ? pos[ls] : J->len[s];
-                    if (t & 1) {
+                    if (nj[ls] & 1) {
                         memcpy(J->H + (size_t)s * dp, J->Hb + (size_t)s * dp, sizeof(float) * dp);
                         if (J->pairs) memcpy(J->H + (size_t)(s + P) * dp, J->Hb + (size_t)(s + P) * dp, sizeof(float) * dp);
                     }
                     continue;
                 }
-                active[m++] = s;
+                const int x = J->ids[J->start[s] + pos[ls]];
+                qnext[ls] = qhead[x];
+                qhead[x] = ls;
+                qcnt[x]++;
             }
-            n = m;
-            if (n == 0) break;
+            if (live == 0) break;
+            int mx = 0;
+            for (int x = 0; x < J->nsym; x++)
+                if (qcnt[x] > mx) mx = qcnt[x];
+            int thr = (int)(J->frac * (float)mx);
+            if (thr < 1) thr = 1;
+            n = 0;
+            for (int x = 0; x < J->nsym; x++) {
+                if (qcnt[x] < thr) continue;
+                for (int ls = qhead[x]; ls >= 0; ls = qnext[ls]) active[n++] = ls + r0;
+                qhead[x] = -1;
+                qcnt[x] = 0;
+            }
             /* this round's entries, and the readout before each jump with the range check */
             for (int a = 0; a < n; a++) {
                 const int s = active[a];
@@ -781,7 +874,10 @@ static void jumps_work(void *arg, int tid, int nt) {
             }
             for (int b0 = 0; b0 < n; b0 += 64) {
                 const int nb = n - b0 < 64 ? n - b0 : 64;
-                for (int i = 0; i < nb; i++) Ap[i] = cur + (size_t)active[b0 + i] * dp;
+                for (int i = 0; i < nb; i++) {
+                    const int s = active[b0 + i];
+                    Ap[i] = ((nj[s - r0] & 1) ? J->Hb : J->H) + (size_t)s * dp;
+                }
                 if (J->bits) {
                     for (int i = 0; i < nb; i++) sp[i] = scr + (size_t)i * Vp;
                     K->gemm_rows(nb, Ap, J->RoT, kd, 0, Vp, sp);
@@ -809,6 +905,8 @@ static void jumps_work(void *arg, int tid, int nt) {
             cnt[0] = 0;
             for (int q = 0; q < n; q++) {
                 const int s = active[order[q]];
+                const float *cur = (nj[s - r0] & 1) ? J->Hb : J->H;
+                float *nxt = (nj[s - r0] & 1) ? J->H : J->Hb;
                 Ap[q] = cur + (size_t)s * dp;
                 Cp[q] = nxt + (size_t)s * dp;
                 if (J->pairs) {
@@ -864,6 +962,7 @@ static void jumps_work(void *arg, int tid, int nt) {
             for (int a = 0; a < n; a++) {
                 const int k = J->klen[ent[a]];
                 pos[active[a] - r0] += k;
+                nj[active[a] - r0]++;
                 steps += k;
             }
 #undef JGEMM
@@ -871,7 +970,8 @@ static void jumps_work(void *arg, int tid, int nt) {
         }
         J->total_steps[tid] = steps;
     }
-    free(active); free(ent); free(cand); free(ncand); free(pos); free(dead); free(cnt); free(order);
+    free(active); free(ent); free(cand); free(ncand); free(pos); free(nj); free(qnext); free(qhead); free(qcnt);
+    free(dead); free(cnt); free(order);
     free(Ap); free(Cp); free(EAp); free(ECp); free(scr);
 }
 
@@ -937,10 +1037,10 @@ static int check_rows(const char *kernel, Py_buffer *start, Py_buffer *len, int 
 static PyObject *py_run_streams(PyObject *self, PyObject *args) {
     Py_buffer WT, RoT, ids, start, len, H, Hb, bits, steps_done, residual, diverged;
     int nsym, V, Vp, d, dp, P, pairs, check_every, nt, want_bits, split_cols;
-    float stop_ratio, limit;
-    if (!PyArg_ParseTuple(args, "y*y*iiiiiy*y*y*w*w*w*iiffiw*w*w*iii", &WT, &RoT, &nsym, &V, &Vp, &d, &dp, &ids,
+    float stop_ratio, limit, frac;
+    if (!PyArg_ParseTuple(args, "y*y*iiiiiy*y*y*w*w*w*iiffiw*w*w*iiif", &WT, &RoT, &nsym, &V, &Vp, &d, &dp, &ids,
                           &start, &len, &H, &Hb, &bits, &P, &pairs, &stop_ratio, &limit, &check_every,
-                          &steps_done, &residual, &diverged, &nt, &want_bits, &split_cols))
+                          &steps_done, &residual, &diverged, &nt, &want_bits, &split_cols, &frac))
         return NULL;
     PyObject *ret = NULL;
     const int rows = pairs ? 2 * P : P;
@@ -949,7 +1049,8 @@ static PyObject *py_run_streams(PyObject *self, PyObject *args) {
              need(&H, (Py_ssize_t)rows * dp * 4, "H") && need(&Hb, (Py_ssize_t)rows * dp * 4, "Hb") &&
              need(&steps_done, (Py_ssize_t)P * 8, "steps_done") && need(&residual, (Py_ssize_t)P * 4, "residual") &&
              need(&diverged, (Py_ssize_t)P * 8, "diverged");
-    if (ok && (dp % 16 || dp < d + 1 || Vp % 16 || Vp < V || check_every < 1 || nsym < 1 || nsym > 65536)) {
+    if (ok && (dp % 16 || dp < d + 1 || Vp % 16 || Vp < V || check_every < 1 || nsym < 1 || nsym > 65536 ||
+               !(frac >= 0.0f && frac <= 1.0f))) {
         PyErr_SetString(PyExc_ValueError, "run_streams: inconsistent sizes");
         ok = 0;
     }
@@ -962,7 +1063,7 @@ static PyObject *py_run_streams(PyObject *self, PyObject *args) {
             J->K = KERN;
             J->WT = (const float *)WT.buf; J->RoT = (const float *)RoT.buf;
             J->nsym = nsym; J->V = V; J->Vp = Vp; J->d = d; J->dp = dp; J->kd = d + 1;
-            J->P = P; J->pairs = pairs; J->split_cols = split_cols; J->ids = (const int32_t *)ids.buf;
+            J->P = P; J->pairs = pairs; J->split_cols = split_cols; J->frac = frac; J->ids = (const int32_t *)ids.buf;
             J->start = (const int64_t *)start.buf; J->len = (const int64_t *)len.buf;
             J->H = (float *)H.buf; J->Hb = (float *)Hb.buf;
             J->bits = want_bits ? (double *)bits.buf : NULL;
@@ -993,11 +1094,11 @@ static PyObject *py_run_streams(PyObject *self, PyObject *args) {
 static PyObject *py_run_jumps(PyObject *self, PyObject *args) {
     Py_buffer M, m_off, klen, children, entry_of, RoT, ids, start, len, H, Hb, bits, steps_done, residual, diverged;
     int nsym, V, Vp, d, dp, P, pairs, check_every, nt, want_bits, min_group, f16;
-    float stop_ratio, limit;
-    if (!PyArg_ParseTuple(args, "y*iy*y*y*y*y*iiiiiy*y*y*w*w*w*iiffiw*w*w*iii", &M, &f16, &m_off, &klen, &children,
+    float stop_ratio, limit, frac;
+    if (!PyArg_ParseTuple(args, "y*iy*y*y*y*y*iiiiiy*y*y*w*w*w*iiffiw*w*w*iiif", &M, &f16, &m_off, &klen, &children,
                           &entry_of, &RoT, &nsym, &V, &Vp, &d, &dp, &ids, &start, &len, &H, &Hb, &bits, &P, &pairs,
                           &stop_ratio, &limit, &check_every, &steps_done, &residual, &diverged, &nt, &want_bits,
-                          &min_group))
+                          &min_group, &frac))
         return NULL;
     PyObject *ret = NULL;
     const int rows = pairs ? 2 * P : P, kd = d + 1;
@@ -1008,7 +1109,7 @@ static PyObject *py_run_jumps(PyObject *self, PyObject *args) {
              need(&Hb, (Py_ssize_t)rows * dp * 4, "Hb") && need(&steps_done, (Py_ssize_t)P * 8, "steps_done") &&
              need(&residual, (Py_ssize_t)P * 4, "residual") && need(&diverged, (Py_ssize_t)P * 8, "diverged");
     if (ok && (dp % 16 || dp < kd || Vp % 16 || Vp < V || check_every < 1 || nsym < 1 || nsym > 65536 || E < 1 ||
-               n_nodes < 1)) {
+               n_nodes < 1 || !(frac >= 0.0f && frac <= 1.0f))) {
         PyErr_SetString(PyExc_ValueError, "run_jumps: inconsistent sizes");
         ok = 0;
     }
@@ -1050,7 +1151,7 @@ static PyObject *py_run_jumps(PyObject *self, PyObject *args) {
             J->stop_ratio = stop_ratio; J->check_every = check_every; J->limit = limit;
             J->steps_done = (int64_t *)steps_done.buf; J->residual = (float *)residual.buf;
             J->diverged = (int64_t *)diverged.buf;
-            J->min_group = min_group;
+            J->min_group = min_group; J->frac = frac;
             J->fault_tid = atomic_exchange(&fault_alloc_tid, -1);
             const int max_threads = atomic_exchange(&fault_max_threads, 0);
             nt = init_rows(J->steps_done, J->residual, J->diverged, P, nt, 1);

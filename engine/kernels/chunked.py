@@ -40,12 +40,15 @@ from isan.params import ISANParams
 
 #: Defaults (DESIGN.md section 6 and measurements on 2.5M characters, 2 threads): a chunk much
 #: longer than the ~110 characters its correction runs (a pair of rows each, so ~9% extra work at
-#: 1,024 chunks, ~4.5% at 512), and enough rows per thread to keep the grouped GEMMs busy (256
-#: rows a thread scored 1.06M chars/s, 512 rows a thread 0.90M: more correction, no faster GEMMs).
+#: 1,024 chunks, ~4.5% at 512), and enough rows per thread to keep the grouped GEMMs busy. With
+#: the rows moving in step, 256 rows a thread was best (1.06M chars/s against 0.90M at 512: more
+#: correction, no faster GEMMs); with the queued schedule (streams.py, issue 22) a matrix serves
+#: twice the rows and 512 a thread is best (one thread: 1.06M chars/s at 512, 0.97M at 256;
+#: two: 2.06M against 1.94M; 768 no faster).
 DEFAULT_RTOL = 1e-6
 DEFAULT_MARGIN = 4.0
 MIN_CHUNK = 1024
-ROWS_PER_THREAD = 256
+ROWS_PER_THREAD = 512
 CHECK_EVERY = 16
 
 

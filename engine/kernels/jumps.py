@@ -46,7 +46,7 @@ from typing import Sequence
 import numpy as np
 
 from isan.engine.guard import MAX_STATE_ABS
-from isan.engine.kernels.streams import LOG2E, StreamModel, StreamsResult, _check, pack_panels
+from isan.engine.kernels.streams import LOG2E, SCHED_FRAC, StreamModel, StreamsResult, _check, pack_panels
 from isan.params import ISANParams
 
 #: See ``run_jumps``'s ``min_group``; and the rows a thread runs when a long text is cut into chunks
@@ -262,7 +262,7 @@ def segment(table: JumpTable, ids: np.ndarray) -> np.ndarray:
 def run_jumps(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: np.ndarray, H: np.ndarray,
               bits: np.ndarray | None = None, pairs: bool = False, stop_ratio: float = 0.0,
               check_every: int = 16, limit: float = MAX_STATE_ABS, threads: int = 1,
-              split: str = "auto", min_group: int = MIN_GROUP) -> StreamsResult:
+              split: str = "auto", min_group: int = MIN_GROUP, frac: float = SCHED_FRAC) -> StreamsResult:
     """Advance every row through its characters by composed jumps (compiled; module docstring).
 
     The signature and results are :func:`~isan.engine.kernels.streams.run_streams`'s (``split`` is
@@ -280,6 +280,9 @@ def run_jumps(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: np.n
         min_group: a row whose longest key would be taken by fewer than this many rows of its
             thread in a round takes its next shorter key instead (a composed matrix read for one
             or two rows costs more than the steps it saves; single symbols are always taken).
+        frac: the schedule of :func:`~isan.engine.kernels.streams.run_streams`: rows wait in the
+            queue of the symbol they read next, and a round takes the queues at least this share
+            of the longest (0: every row every round); ``min_group`` counts the rows of a round.
     Returns:
         StreamsResult (steps in characters; ``jumps`` the jumps taken).
     Raises:
@@ -290,7 +293,7 @@ def run_jumps(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: np.n
     nat = native()
     if nat is None:
         return run_jumps_ref(model, ids, start, length, H, bits, pairs, stop_ratio, check_every, limit, threads, split,
-                             min_group)
+                             min_group, frac)
     sm = model.stream
     P = _check(sm, ids, start, length, H, bits, pairs)
     steps_done = np.zeros(P, dtype=np.int64)
@@ -302,15 +305,15 @@ def run_jumps(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: np.n
     total, jumps = nat.run_jumps(model.M_panels, int(model.M_panels.dtype == np.float16), model.m_off, model.klen, model.children, model.entry_of,
                                  sm.RoT_panels, sm.K, sm.V, sm.Vp, sm.d, sm.dp, ids, start, length, H, Hb, out_bits,
                                  P, int(pairs), float(stop_ratio), float(limit), int(check_every), steps_done,
-                                 residual, diverged, int(threads), int(want), int(min_group))
+                                 residual, diverged, int(threads), int(want), int(min_group), float(frac))
     return StreamsResult(int(total), steps_done, residual, diverged, int(jumps))
 
 
 def run_jumps_ref(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: np.ndarray, H: np.ndarray,
                   bits: np.ndarray | None = None, pairs: bool = False, stop_ratio: float = 0.0,
                   check_every: int = 16, limit: float = MAX_STATE_ABS, threads: int = 1,
-                  split: str = "auto", min_group: int = MIN_GROUP) -> StreamsResult:
-    """The numpy twin of :func:`run_jumps`: the same jumps, rounds, groups and stops, with
+                  split: str = "auto", min_group: int = MIN_GROUP, frac: float = SCHED_FRAC) -> StreamsResult:
+    """The numpy twin of :func:`run_jumps`: the same schedule, jumps, groups and stops, with
     ``threads = 1`` (``min_group`` counts the rows of a thread, so the compiled kernel takes the
     same jumps only with one thread; the bits agree for any) and ``split`` ignored; the
     log-softmax is float64 here."""
@@ -325,8 +328,12 @@ def run_jumps_ref(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: 
     RoT = sm.RoT[:, :V]
     ch, en, klen = model.children, model.entry_of, model.klen
     max_k = int(klen.max())
-    active = np.arange(P)
-    total, t, n_jumps = 0, 0, 0
+    if not 0.0 <= frac <= 1.0:
+        raise ValueError(f"frac must be in [0, 1]; got {frac}")
+    nj = np.zeros(P, dtype=np.int64)  # jumps each row has taken
+    waiting = np.zeros(P, dtype=bool)  # in a symbol's queue
+    active = np.arange(P)  # the rows stepped last round (at first: every row, to be queued or stopped)
+    total, n_jumps = 0, 0
 
     def lse_bits(L, targets):
         L = L.astype(np.float64)
@@ -335,23 +342,31 @@ def run_jumps_ref(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: 
         return (lse - L[np.arange(len(L)), targets]) * LOG2E
 
     while True:
+        # between rounds: last round's rows that diverged, finished or converged stop; the others queue
         keep = np.ones(len(active), dtype=bool)
         gone = (diverged[active] >= 0) | (pos[active] >= length[active])
         steps_done[active[gone]] = np.minimum(pos[active[gone]], length[active[gone]])
         keep &= ~gone
-        if pairs and t > 0 and t % check_every == 0:
-            a = active[keep]
+        if pairs:
+            chk = keep & (nj[active] > 0) & (nj[active] % check_every == 0)
+            a = active[chk]
             mh = np.abs(H[a]).max(axis=1)
             me = np.abs(H[a + P]).max(axis=1)
             r = (me / mh).astype(np.float32)
             residual[a] = r
             conv = r <= np.float32(stop_ratio)
             steps_done[a[conv]] = pos[a[conv]]
-            idx = np.flatnonzero(keep)
-            keep[idx[conv]] = False
-        active = active[keep]
-        if len(active) == 0:
+            keep[np.flatnonzero(chk)[conv]] = False
+        waiting[active[keep]] = True
+        queued = np.flatnonzero(waiting)
+        if len(queued) == 0:
             break
+        # this round: the queues (rows by the symbol they read next) at least frac of the longest
+        nxt = ids64[start[queued] + pos[queued]]
+        cnt = np.bincount(nxt, minlength=sm.K)
+        thr = max(1, int(np.float32(frac) * np.float32(cnt.max())))
+        active = queued[cnt[nxt] >= thr]
+        waiting[active] = False
         # the jumps: longest key along the trie, not past the row's end
         cands = []
         for s in active.tolist():
@@ -404,7 +419,7 @@ def run_jumps_ref(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: 
         total += int(klen[ent].sum())
         n_jumps += len(active)
         pos[active] += klen[ent]
-        t += 1
+        nj[active] += 1
     final = H[:P, :d]
     m = np.abs(final).max(axis=1)
     bad = (diverged < 0) & ~(m <= limit)

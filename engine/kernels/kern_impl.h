@@ -13,6 +13,10 @@
  * (streams.py, sequential.py), which compute the same thing.
  */
 
+#if MR > 16 || NVM > 8
+#error "the tile dispatch below handles at most 16 rows and 8 vectors"
+#endif
+
 typedef float SFX(vf) __attribute__((vector_size(VL * 4), aligned(4)));
 typedef int32_t SFX(vi) __attribute__((vector_size(VL * 4), aligned(4)));
 typedef float SFX(vf8) __attribute__((vector_size(32), aligned(4)));
@@ -38,12 +42,12 @@ static inline __attribute__((always_inline)) void SFX(tile)(const int mr, const 
                                                             const int j0, const char *pfp, const int pfn,
                                                             const int half) {
     SFX(vf) acc[MR][NVM];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int r = 0; r < mr; r++)
 #pragma GCC unroll 8
         for (int v = 0; v < nv; v++) acc[r][v] = (SFX(vf)){0};
     const float *a[MR];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int r = 0; r < mr; r++) a[r] = A[r];
     size_t bp[NVM]; /* element offsets of the tile's column vectors in B */
 #pragma GCC unroll 8
@@ -59,37 +63,49 @@ static inline __attribute__((always_inline)) void SFX(tile)(const int mr, const 
                         : *(const SFX(vf) *)((const float *)B + bp[v] + (size_t)i * 16);
         if (pfp) /* a share of the next matrix towards L2 while this one computes (never faults) */
             for (int q = 0; q < pfn; q++) __builtin_prefetch(pfp + ((size_t)i * pfn + q) * 64, 0, 2);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int r = 0; r < mr; r++) {
             const float s = a[r][i];
 #pragma GCC unroll 8
             for (int v = 0; v < nv; v++) acc[r][v] += b[v] * s;
         }
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int r = 0; r < mr; r++)
 #pragma GCC unroll 8
         for (int v = 0; v < nv; v++) *(SFX(vf) *)(C[r] + j0 + v * VL) = acc[r][v];
 }
 
-#define GEMM_DISPATCH                                             \
-    switch (mr) { /* constant row counts (never above MR) for the tile's unrolled loops */ \
-    case 1: TILE_NV(1) break;                                     \
-    case 2: if (MR >= 2) { TILE_NV(2 <= MR ? 2 : MR) } break;     \
-    case 3: if (MR >= 3) { TILE_NV(3 <= MR ? 3 : MR) } break;     \
-    case 4: if (MR >= 4) { TILE_NV(4 <= MR ? 4 : MR) } break;     \
-    case 5: if (MR >= 5) { TILE_NV(5 <= MR ? 5 : MR) } break;     \
-    case 6: if (MR >= 6) { TILE_NV(6 <= MR ? 6 : MR) } break;     \
-    case 7: if (MR >= 7) { TILE_NV(7 <= MR ? 7 : MR) } break;     \
-    default: if (MR >= 8) { TILE_NV(8 <= MR ? 8 : MR) } break;    \
+#define GEMM_DISPATCH                                                                                \
+    switch (mr) { /* constant row counts (never above MR) for the tile's unrolled loops */            \
+    case 1: TILE_NV(1) break;                                                                        \
+    case 2: if (MR >= 2) { TILE_NV(2 <= MR ? 2 : MR) } break;                                 \
+    case 3: if (MR >= 3) { TILE_NV(3 <= MR ? 3 : MR) } break;                                 \
+    case 4: if (MR >= 4) { TILE_NV(4 <= MR ? 4 : MR) } break;                                 \
+    case 5: if (MR >= 5) { TILE_NV(5 <= MR ? 5 : MR) } break;                                 \
+    case 6: if (MR >= 6) { TILE_NV(6 <= MR ? 6 : MR) } break;                                 \
+    case 7: if (MR >= 7) { TILE_NV(7 <= MR ? 7 : MR) } break;                                 \
+    case 8: if (MR >= 8) { TILE_NV(8 <= MR ? 8 : MR) } break;                                 \
+    case 9: if (MR >= 9) { TILE_NV(9 <= MR ? 9 : MR) } break;                                 \
+    case 10: if (MR >= 10) { TILE_NV(10 <= MR ? 10 : MR) } break;                                 \
+    case 11: if (MR >= 11) { TILE_NV(11 <= MR ? 11 : MR) } break;                                 \
+    case 12: if (MR >= 12) { TILE_NV(12 <= MR ? 12 : MR) } break;                                 \
+    case 13: if (MR >= 13) { TILE_NV(13 <= MR ? 13 : MR) } break;                                 \
+    case 14: if (MR >= 14) { TILE_NV(14 <= MR ? 14 : MR) } break;                                 \
+    case 15: if (MR >= 15) { TILE_NV(15 <= MR ? 15 : MR) } break;                                 \
+    default: if (MR >= 16) { TILE_NV(16 <= MR ? 16 : MR) } break;                                    \
     }
 
-#define TILE_NV(mr_)                                                         \
-    switch (nv) {                                                            \
-    case 1: SFX(tile)(mr_, 1, A + r0, B, kd, C + r0, j, pfp, pfn, half); break;          \
+#define TILE_NV(mr_)                                                                                 \
+    switch (nv) {                                                                                    \
+    case 1: SFX(tile)(mr_, 1, A + r0, B, kd, C + r0, j, pfp, pfn, half); break;                      \
     case 2: if (NVM >= 2) SFX(tile)(mr_, 2 <= NVM ? 2 : NVM, A + r0, B, kd, C + r0, j, pfp, pfn, half); break; \
     case 3: if (NVM >= 3) SFX(tile)(mr_, 3 <= NVM ? 3 : NVM, A + r0, B, kd, C + r0, j, pfp, pfn, half); break; \
-    default: if (NVM >= 4) SFX(tile)(mr_, 4 <= NVM ? 4 : NVM, A + r0, B, kd, C + r0, j, pfp, pfn, half); break; \
+    case 4: if (NVM >= 4) SFX(tile)(mr_, 4 <= NVM ? 4 : NVM, A + r0, B, kd, C + r0, j, pfp, pfn, half); break; \
+    case 5: if (NVM >= 5) SFX(tile)(mr_, 5 <= NVM ? 5 : NVM, A + r0, B, kd, C + r0, j, pfp, pfn, half); break; \
+    case 6: if (NVM >= 6) SFX(tile)(mr_, 6 <= NVM ? 6 : NVM, A + r0, B, kd, C + r0, j, pfp, pfn, half); break; \
+    case 7: if (NVM >= 7) SFX(tile)(mr_, 7 <= NVM ? 7 : NVM, A + r0, B, kd, C + r0, j, pfp, pfn, half); break; \
+    default: if (NVM >= 8) SFX(tile)(mr_, 8 <= NVM ? 8 : NVM, A + r0, B, kd, C + r0, j, pfp, pfn, half); break; \
     }
 
 /* Rows given by pointers: C[r][j0:j1] = A[r][0:kd] @ B[0:kd, j0:j1] for r < n, B packed in panels
@@ -159,24 +175,42 @@ static inline __attribute__((always_inline)) SFX(vf) SFX(vexp)(SFX(vf) x) {
     return p * scale;
 }
 
-/* bits = -log2 softmax(l[0:V])[target]; l has Vp >= V floats (Vp a multiple of VL); lanes >= V
- * are overwritten. The max and the exponentials are float32; their sum and the log are float64. */
+/* bits = -log2 softmax(l[0:V])[target]; l has Vp >= V floats (Vp a multiple of VL), lanes >= V
+ * ignored (taken as -1e30 in registers: storing into them before a vector load stalls the load).
+ * The max and the exponentials are float32; their sum and the log are float64 (the sum taken
+ * lane-wise in double vectors, then pairwise across the lanes). */
+typedef double SFX(vd) __attribute__((vector_size(VL * 8), aligned(8)));
+static inline SFX(vf) SFX(lanes_lt)(const float *l, const int j, const int V) {
+    SFX(vi) idx;
+    for (int k = 0; k < VL; k++) idx[k] = j + k;
+    const SFX(vi) in = idx < V;
+    const SFX(vf) x = *(const SFX(vf) *)(l + j);
+    return (SFX(vf))(((SFX(vi))x & in) | ((SFX(vi))((SFX(vf)){0} - 1e30f) & ~in));
+}
 static inline double SFX(lse_bits)(float *l, const int V, const int Vp, const int target) {
-    for (int v = V; v < Vp; v++) l[v] = -1e30f;
-    SFX(vf) mv = *(const SFX(vf) *)l;
+    SFX(vf) mv = SFX(lanes_lt)(l, 0, V);
     for (int j = VL; j < Vp; j += VL) {
-        SFX(vf) x = *(const SFX(vf) *)(l + j);
-        SFX(vi) gt = x > mv;
+        const SFX(vf) x = SFX(lanes_lt)(l, j, V);
+        const SFX(vi) gt = x > mv;
         mv = (SFX(vf))(((SFX(vi))x & gt) | ((SFX(vi))mv & ~gt));
     }
-    float m = mv[0];
-    for (int k = 1; k < VL; k++) m = mv[k] > m ? mv[k] : m;
-    double s = 0.0; /* the exponentials are float32 (about 1 ulp); their sum is float64 */
-    for (int j = 0; j < Vp; j += VL) {
-        const SFX(vf) ev = SFX(vexp)(*(const SFX(vf) *)(l + j) - m);
-        for (int k = 0; k < VL; k++) s += (double)ev[k];
-    }
-    return ((double)m - (double)l[target] + log(s)) * 1.4426950408889634;
+    float mx[VL];
+    memcpy(mx, &mv, sizeof mx);
+#pragma GCC unroll 8
+    for (int w = VL / 2; w >= 1; w /= 2)
+#pragma GCC unroll 16
+        for (int k = 0; k < w; k++) mx[k] = mx[k + w] > mx[k] ? mx[k + w] : mx[k];
+    const float m = mx[0];
+    SFX(vd) sv = (SFX(vd)){0};
+    for (int j = 0; j < Vp; j += VL)
+        sv += __builtin_convertvector(SFX(vexp)(SFX(lanes_lt)(l, j, V) - m), SFX(vd));
+    double a[VL]; /* across the lanes pairwise: log2(VL) dependent additions, not VL */
+    memcpy(a, &sv, sizeof a);
+#pragma GCC unroll 8
+    for (int w = VL / 2; w >= 1; w /= 2)
+#pragma GCC unroll 16
+        for (int k = 0; k < w; k++) a[k] += a[k + w];
+    return ((double)m - (double)l[target] + log(a[0])) * 1.4426950408889634;
 }
 
 /* ---- matrix-vector products for the sequential composed path: y[i] = sum_{j<kd} M[i*kd + j] x[j].

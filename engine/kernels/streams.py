@@ -9,8 +9,13 @@ state row ``H[s]``. Each round t, every active row
    (DESIGN.md section 2: the prediction for a character comes from the state before it);
 2. steps: ``h <- W[x] h + b[x]`` with ``x = ids[start[s] + t]`` (paper eq. 1).
 
-Rows are grouped by their symbol each round, so one symbol's matrix serves all its rows in one
-GEMM (DESIGN.md section 6: batched steps are compute-bound once rows share a matrix).
+Rows are grouped by their symbol, so one symbol's matrix serves all its rows in one GEMM
+(DESIGN.md section 6: batched steps are compute-bound once rows share a matrix). The compiled
+kernel need not move the rows in step (they are independent): each row waits in the queue of the
+symbol it reads next, and a round takes the queues at least ``frac`` of the longest (issue 22:
+about twice the rows a matrix is read for). Which group a row is stepped in never changes its
+arithmetic, so the results are those of the in-step schedule (this twin's), bit for bit. Below,
+"round t" is the row's own step t.
 
 With ``pairs=True`` there are 2P rows: rows ``P + s`` are *error rows* that follow row s through
 the same symbols without the bias (``e <- W[x] e``) and without readout; every ``check_every``
@@ -32,6 +37,12 @@ from isan.engine.guard import MAX_STATE_ABS
 from isan.params import ISANParams
 
 LOG2E = 1.0 / np.log(2.0)
+
+#: The compiled kernels' schedule (split by rows): a round takes every symbol queue at least this
+#: share of the longest one; 1 takes the longest alone (the most rows a matrix read). Measured on
+#: text8, 2.5M characters, 512 rows a thread: 1.0 at 1.06M chars/s on one thread against 1.02M at
+#: 0.5 and 0.76M in step (0; docs/guide/tables-and-speed.md).
+SCHED_FRAC = 1.0
 
 #: ``split="auto"`` splits rows: each thread runs its own block alone, with no barrier (with fewer
 #: rows than threads, fewer threads run). Splitting the columns of every GEMM (a barrier every round)
@@ -151,7 +162,7 @@ def _check(model: StreamModel, ids, start, length, H, bits, pairs):
 def run_streams(model: StreamModel, ids: np.ndarray, start: np.ndarray, length: np.ndarray, H: np.ndarray,
                 bits: np.ndarray | None = None, pairs: bool = False, stop_ratio: float = 0.0,
                 check_every: int = 16, limit: float = MAX_STATE_ABS, threads: int = 1,
-                split: str = "auto") -> StreamsResult:
+                split: str = "auto", frac: float = SCHED_FRAC) -> StreamsResult:
     """Advance every row through its characters (compiled; see the module docstring).
 
     Args:
@@ -166,6 +177,9 @@ def run_streams(model: StreamModel, ids: np.ndarray, start: np.ndarray, length: 
         split: ``"cols"`` (every thread computes a slice of the columns of every symbol group, one
             barrier a round), ``"rows"`` (each thread runs its own block of rows alone) or
             ``"auto"`` (rows: see the note above ``run_streams``).
+        frac: split by rows, a round steps the symbol queues at least this share of the longest,
+            in [0, 1] (0: every row every round; split by columns always so). Results do not
+            depend on it.
     Returns:
         StreamsResult.
     Raises:
@@ -175,7 +189,8 @@ def run_streams(model: StreamModel, ids: np.ndarray, start: np.ndarray, length: 
 
     nat = native()
     if nat is None:
-        return run_streams_ref(model, ids, start, length, H, bits, pairs, stop_ratio, check_every, limit, threads, split)
+        return run_streams_ref(model, ids, start, length, H, bits, pairs, stop_ratio, check_every, limit, threads, split,
+                               frac)
     P = _check(model, ids, start, length, H, bits, pairs)
     if split == "auto":
         split = "rows"
@@ -189,15 +204,16 @@ def run_streams(model: StreamModel, ids: np.ndarray, start: np.ndarray, length: 
     out_bits = bits if want else np.zeros(0, dtype=np.float64)
     total = nat.run_streams(model.WT_panels, model.RoT_panels, model.K, model.V, model.Vp, model.d, model.dp, ids, start, length,
                             H, Hb, out_bits, P, int(pairs), float(stop_ratio), float(limit), int(check_every),
-                            steps_done, residual, diverged, int(threads), int(want), int(split == "cols"))
+                            steps_done, residual, diverged, int(threads), int(want), int(split == "cols"), float(frac))
     return StreamsResult(int(total), steps_done, residual, diverged)
 
 
 def run_streams_ref(model: StreamModel, ids: np.ndarray, start: np.ndarray, length: np.ndarray, H: np.ndarray,
                     bits: np.ndarray | None = None, pairs: bool = False, stop_ratio: float = 0.0,
                     check_every: int = 16, limit: float = MAX_STATE_ABS, threads: int = 1,
-                    split: str = "auto") -> StreamsResult:
-    """The numpy twin of :func:`run_streams`: the same rounds, groups and stops (``threads`` is ignored).
+                    split: str = "auto", frac: float = SCHED_FRAC) -> StreamsResult:
+    """The numpy twin of :func:`run_streams`: the same steps, bits and stops, every row every round
+    (``threads``, ``split`` and ``frac`` are ignored: the schedule does not change the results).
 
     The readout's log-softmax is float64 here (float32 exponentials in the compiled kernel).
     """
