@@ -124,7 +124,8 @@ typedef struct {
 #define VL 16
 /* 14 rows x 2 vectors (28 of the 32 registers accumulate): a tile reads a 2-vector panel of B
  * (217 x 32 floats, 28 KB: stays in L1) against 6 x 4 before; long text 2.36M chars/s against
- * 2.08M (two threads, the same run of builds; 8 x 3: 2.29M) */
+ * 2.08M (development runs of each build, two threads, 5 repeats, on a machine whose speed drifted
+ * by 10%; 8 x 3: 2.29M) */
 #define MR 14
 #define NVM 2
 #define HAVE_F16C 1

@@ -40,8 +40,9 @@ LOG2E = 1.0 / np.log(2.0)
 
 #: The compiled kernels' schedule (split by rows): a round takes every symbol queue at least this
 #: share of the longest one; 1 takes the longest alone (the most rows a matrix read). Measured on
-#: text8, 2.5M characters, 512 rows a thread: 1.0 at 1.06M chars/s on one thread against 1.02M at
-#: 0.5 and 0.76M in step (0; docs/guide/tables-and-speed.md).
+#: text8, 2.5M characters, one thread, medians of 5 in one process (development runs): 1.0 at
+#: 1.06M chars/s with 512 rows against 1.02M at 0.5; in step (0) 0.76M with 256 rows
+#: (docs/guide/tables-and-speed.md).
 SCHED_FRAC = 1.0
 
 #: ``split="auto"`` splits rows: each thread runs its own block alone, with no barrier (with fewer
