@@ -353,6 +353,66 @@ static int run_parallel(WorkFn fn, void *arg, int nt, void (*set_nt)(void *, int
  * order of the steps does not change any row's arithmetic (a row's product is the same whatever
  * group it is in), so the bits are those of the in-step schedule, bit for bit.
  * ------------------------------------------------------------------------------------------ */
+
+/* The rows of one thread (local indices 0..n-1) queued by the symbol each reads next: singly
+ * linked lists, taken whole. Shared by run_streams and run_jumps. */
+typedef struct {
+    int *head, *next, *cnt; /* (nsym,) first row (-1: empty), (n,) the row after, (nsym,) lengths */
+    int nsym;
+} SymQueues;
+
+static int symq_init(SymQueues *Q, int nsym, int n) {
+    Q->nsym = nsym;
+    Q->head = (int *)malloc(sizeof(int) * nsym);
+    Q->next = (int *)malloc(sizeof(int) * (n + 1));
+    Q->cnt = (int *)calloc(nsym, sizeof(int));
+    if (!Q->head || !Q->next || !Q->cnt) return 0;
+    for (int x = 0; x < nsym; x++) Q->head[x] = -1;
+    return 1;
+}
+
+static void symq_free(SymQueues *Q) { free(Q->head); free(Q->next); free(Q->cnt); }
+
+static inline void symq_push(SymQueues *Q, int ls, int x) {
+    Q->next[ls] = Q->head[x];
+    Q->head[x] = ls;
+    Q->cnt[x]++;
+}
+
+/* the longest queue (-1 when all are empty) */
+static int symq_longest(const SymQueues *Q) {
+    int best = -1;
+    for (int x = 0; x < Q->nsym; x++)
+        if (Q->cnt[x] > 0 && (best < 0 || Q->cnt[x] > Q->cnt[best])) best = x;
+    return best;
+}
+
+/* the length a queue needs to be taken this round: frac of the longest, at least 1 (frac 0: every
+ * non-empty queue) */
+static int symq_threshold(const SymQueues *Q, float frac) {
+    const int x = symq_longest(Q);
+    const int thr = x < 0 ? 1 : (int)(frac * (float)Q->cnt[x]);
+    return thr < 1 ? 1 : thr;
+}
+
+/* empty queue x into out[] as rows ls + r0; returns how many */
+static int symq_take(SymQueues *Q, int x, int r0, int *out) {
+    int n = 0;
+    for (int ls = Q->head[x]; ls >= 0; ls = Q->next[ls]) out[n++] = ls + r0;
+    Q->head[x] = -1;
+    Q->cnt[x] = 0;
+    return n;
+}
+
+/* The buffer that holds a row's state after `steps` updates: H when even, Hb when odd. */
+static inline float *state_buf(float *H, float *Hb, int64_t steps) { return (steps & 1) ? Hb : H; }
+
+/* A row that stops with its state in Hb: copy it (and its error row's, with pairs) to H. */
+static void final_to_H(float *H, const float *Hb, int s, int P, int pairs, int dp) {
+    memcpy(H + (size_t)s * dp, Hb + (size_t)s * dp, sizeof(float) * dp);
+    if (pairs) memcpy(H + ((size_t)s + P) * dp, Hb + ((size_t)s + P) * dp, sizeof(float) * dp);
+}
+
 typedef struct {
     const Kernels *K;
     const float *WT, *RoT;
@@ -384,8 +444,7 @@ typedef struct {
 typedef struct {    /* one thread's schedule; rows indexed from r0 */
     int64_t *tt;    /* steps each row has taken: its state is in H when even, in Hb when odd */
     char *stopped;
-    int *next;      /* queue links (-1 ends a queue) */
-    int *head, *cnt; /* (nsym,) each symbol's queue of rows and its length */
+    SymQueues q;    /* the rows waiting, by the symbol each reads next */
     int *prev, n_prev; /* the rows stepped in the last round (true rows) */
     int *rows, n_rows; /* this round's true rows, grouped by symbol */
     int *grp_sym, *grp_start, n_grp; /* this round's groups: symbol and start in Aptr (n_grp + 1 starts) */
@@ -402,11 +461,7 @@ static void stop_row(StreamsJob *J, Sched *S, int s, int writes) {
     S->live--;
     if (!writes) return;
     J->steps_done[s] = done;
-    if (done & 1) {
-        const size_t dp = (size_t)J->dp;
-        memcpy(J->H + s * dp, J->Hb + s * dp, sizeof(float) * dp);
-        if (J->pairs) memcpy(J->H + (s + (size_t)J->P) * dp, J->Hb + (s + (size_t)J->P) * dp, sizeof(float) * dp);
-    }
+    if (done & 1) final_to_H(J->H, J->Hb, s, J->P, J->pairs, J->dp);
 }
 
 /* A row that has not stopped: stop it if it is at its end or (pairs, every check_every steps) its
@@ -420,7 +475,7 @@ static void enqueue_row(StreamsJob *J, Sched *S, int s, int writes) {
     }
     if (J->pairs && t > 0 && t % J->check_every == 0) {
         /* over the whole row: the homogeneous 1 floors max|h| at 1 (the error row has 0 there) */
-        const float *cur = (t & 1) ? J->Hb : J->H;
+        const float *cur = state_buf(J->H, J->Hb, t);
         const float mh = J->K->row_absmax(cur + (size_t)s * J->dp, J->dp);
         const float me = J->K->row_absmax(cur + (size_t)(s + J->P) * J->dp, J->dp);
         const float r = me / mh;
@@ -430,10 +485,7 @@ static void enqueue_row(StreamsJob *J, Sched *S, int s, int writes) {
             return;
         }
     }
-    const int x = J->ids[J->start[s] + t];
-    S->next[ls] = S->head[x];
-    S->head[x] = ls;
-    S->cnt[x]++;
+    symq_push(&S->q, ls, J->ids[J->start[s] + t]);
 }
 
 /* Between rounds: stop the rows whose readout last round found them diverged, queue the others
@@ -464,25 +516,19 @@ static void sched_round(StreamsJob *J, Sched *S, int64_t round, int tid, int wri
     S->n_rows = 0;
     S->n_grp = 0;
     if (S->live == 0) return;
-    int thr = 1;
-    if (!J->split_cols) {
-        int mx = 0;
-        for (int x = 0; x < J->nsym; x++)
-            if (S->cnt[x] > mx) mx = S->cnt[x];
-        thr = (int)(J->frac * (float)mx);
-        if (thr < 1) thr = 1;
-    }
+    const int thr = symq_threshold(&S->q, J->split_cols ? 0.0f : J->frac);
     int p = 0;
     for (int x = 0; x < J->nsym; x++) {
-        if (S->cnt[x] < thr || S->cnt[x] == 0) continue;
+        if (S->q.cnt[x] < thr) continue;
         S->grp_sym[S->n_grp] = x;
         S->grp_start[S->n_grp++] = p;
-        for (int ls = S->head[x]; ls >= 0; ls = S->next[ls]) {
-            const int s = ls + S->r0;
-            const int64_t t = S->tt[ls];
-            const float *cur = (t & 1) ? J->Hb : J->H;
-            float *nxt = (t & 1) ? J->H : J->Hb;
-            S->rows[S->n_rows++] = s;
+        const int a0 = S->n_rows;
+        S->n_rows += symq_take(&S->q, x, S->r0, S->rows + a0);
+        for (int a = a0; a < S->n_rows; a++) {
+            const int s = S->rows[a];
+            const int64_t t = S->tt[s - S->r0];
+            const float *cur = state_buf(J->H, J->Hb, t);
+            float *nxt = state_buf(J->H, J->Hb, t + 1);
             S->Aptr[p] = cur + (size_t)s * J->dp;
             S->Cptr[p++] = nxt + (size_t)s * J->dp;
             if (J->pairs) {
@@ -490,8 +536,6 @@ static void sched_round(StreamsJob *J, Sched *S, int64_t round, int tid, int wri
                 S->Cptr[p++] = nxt + (size_t)(s + P) * J->dp;
             }
         }
-        S->head[x] = -1;
-        S->cnt[x] = 0;
     }
     S->grp_start[S->n_grp] = p;
 }
@@ -521,9 +565,7 @@ static void streams_work(void *arg, int tid, int nt) {
     const int writes = !cols || tid == 0;
     S.tt = (int64_t *)calloc(nr + 1, sizeof(int64_t));
     S.stopped = (char *)calloc(nr + 1, 1);
-    S.next = (int *)malloc(sizeof(int) * (nr + 1));
-    S.head = (int *)malloc(sizeof(int) * J->nsym);
-    S.cnt = (int *)calloc(J->nsym, sizeof(int));
+    const int q_ok = symq_init(&S.q, J->nsym, nr);
     S.prev = (int *)malloc(sizeof(int) * (nr + 1));
     S.rows = (int *)malloc(sizeof(int) * (nr + 1));
     S.grp_sym = (int *)malloc(sizeof(int) * (J->nsym + 1));
@@ -534,7 +576,7 @@ static void streams_work(void *arg, int tid, int nt) {
     float *sp[64];
     const float *ap[64];
     int64_t *dl[2] = {(int64_t *)malloc(sizeof(int64_t) * 2 * (nr + 1)), (int64_t *)malloc(sizeof(int64_t) * 2 * (nr + 1))};
-    int ok = S.tt && S.stopped && S.next && S.head && S.cnt && S.prev && S.rows && S.grp_sym && S.grp_start &&
+    int ok = S.tt && S.stopped && q_ok && S.prev && S.rows && S.grp_sym && S.grp_start &&
              S.Aptr && S.Cptr && scr && dl[0] && dl[1] && J->fault_tid != tid;
     if (!ok) atomic_store(&J->fail, 1);
     J->div_list[0][tid] = dl[0];
@@ -545,7 +587,6 @@ static void streams_work(void *arg, int tid, int nt) {
      * (split by rows the barrier is one thread's: each runs its rows if its own memory is there) */
     if (!barrier_wait_any(&J->bar, &sense, !ok)) {
         for (int i = 0; i < 64; i++) sp[i] = scr + (size_t)i * Vp;
-        for (int x = 0; x < J->nsym; x++) S.head[x] = -1;
         /* every row starts as if stepped last round (with no divergence), so the first schedule
          * queues it or stops it (no characters) */
         for (int s = S.r0; s < S.r1; s++) S.prev[s - S.r0] = s;
@@ -563,7 +604,7 @@ static void streams_work(void *arg, int tid, int nt) {
                 const int nb = a1 - b0 < 64 ? a1 - b0 : 64;
                 for (int i = 0; i < nb; i++) {
                     const int s = S.rows[b0 + i];
-                    ap[i] = ((S.tt[s - S.r0] & 1) ? J->Hb : J->H) + (size_t)s * dp;
+                    ap[i] = state_buf(J->H, J->Hb, S.tt[s - S.r0]) + (size_t)s * dp;
                 }
                 double bl[64];
                 if (J->bits) {
@@ -588,12 +629,8 @@ static void streams_work(void *arg, int tid, int nt) {
              * queue left (the likely next round) is prefetched towards L2 meanwhile */
             if (j1 > j0) {
                 const void *pf = NULL;
-                if (!cols) {
-                    int x2 = -1;
-                    for (int x = 0; x < J->nsym; x++)
-                        if (S.cnt[x] > 0 && (x2 < 0 || S.cnt[x] > S.cnt[x2])) x2 = x;
-                    if (x2 >= 0) pf = J->WT + (size_t)x2 * dp * kd;
-                }
+                const int x2 = cols ? -1 : symq_longest(&S.q);
+                if (x2 >= 0) pf = J->WT + (size_t)x2 * dp * kd;
                 for (int g = 0; g < S.n_grp; g++) {
                     const int g0 = S.grp_start[g], g1 = S.grp_start[g + 1];
                     K->gemm_rows_pf(g1 - g0, S.Aptr + g0, J->WT + (size_t)S.grp_sym[g] * dp * kd, kd, j0, j1,
@@ -610,7 +647,7 @@ static void streams_work(void *arg, int tid, int nt) {
         }
     }
     barrier_wait(&J->bar, &sense); /* nobody frees a divergence list another may still read */
-    free(S.tt); free(S.stopped); free(S.next); free(S.head); free(S.cnt); free(S.prev); free(S.rows);
+    free(S.tt); free(S.stopped); symq_free(&S.q); free(S.prev); free(S.rows);
     free(S.grp_sym); free(S.grp_start); free(S.Aptr); free(S.Cptr); free(scr);
     free(dl[0]); free(dl[1]);
 }
@@ -786,9 +823,8 @@ static void jumps_work(void *arg, int tid, int nt) {
     int *ncand = (int *)malloc(sizeof(int) * (nr + 1));
     int64_t *pos = (int64_t *)calloc(nr + 1, sizeof(int64_t));
     int64_t *nj = (int64_t *)calloc(nr + 1, sizeof(int64_t)); /* jumps taken: the state is in H when even */
-    int *qnext = (int *)malloc(sizeof(int) * (nr + 1));
-    int *qhead = (int *)malloc(sizeof(int) * J->nsym);
-    int *qcnt = (int *)calloc(J->nsym, sizeof(int));
+    SymQueues Q;
+    const int q_ok = symq_init(&Q, J->nsym, nr);
     char *dead = (char *)calloc(nr + 1, 1);
     int *cnt = (int *)malloc(sizeof(int) * (E + 1));
     int *order = (int *)malloc(sizeof(int) * (nr + 1));
@@ -798,7 +834,7 @@ static void jumps_work(void *arg, int tid, int nt) {
     float **ECp = (float **)malloc(sizeof(float *) * (nr + 1));
     float *scr = (float *)aligned_alloc(64, sizeof(float) * 64 * (size_t)(width > Vp ? width : Vp));
     float *sp[64];
-    int ok = active && ent && cand && ncand && pos && nj && qnext && qhead && qcnt && dead && cnt && order && Ap && Cp && EAp &&
+    int ok = active && ent && cand && ncand && pos && nj && q_ok && dead && cnt && order && Ap && Cp && EAp &&
              ECp && scr && J->fault_tid != tid;
     if (!ok) atomic_store(&J->fail, 1);
     J->total_steps[tid] = 0;
@@ -806,7 +842,6 @@ static void jumps_work(void *arg, int tid, int nt) {
     if (!barrier_wait_any(&J->bar, &sense, !ok)) {
         /* the schedule of run_streams: rows wait in the queue of the symbol they read next; a round
          * takes the queues at least `frac` of the longest, and its rows jump as below */
-        for (int x = 0; x < J->nsym; x++) qhead[x] = -1;
         int n = 0, live = nr;
         for (int s = r0; s < r1; s++) active[n++] = s; /* as if stepped last round: queued or stopped */
         int64_t steps = 0;
@@ -815,7 +850,7 @@ static void jumps_work(void *arg, int tid, int nt) {
              * check_every jumps) converged stop; the others join the queue of their next symbol */
             for (int a = 0; a < n; a++) {
                 const int s = active[a], ls = s - r0;
-                const float *cur = (nj[ls] & 1) ? J->Hb : J->H;
+                const float *cur = state_buf(J->H, J->Hb, nj[ls]);
                 int stop = 0;
                 if (dead[ls] || pos[ls] >= J->len[s]) stop = 1;
                 else if (J->pairs && nj[ls] > 0 && nj[ls] % J->check_every == 0) {
@@ -828,30 +863,16 @@ static void jumps_work(void *arg, int tid, int nt) {
                 if (stop) {
                     live--;
                     J->steps_done[s] = pos[ls] < J->len[s] ? pos[ls] : J->len[s];
-                    if (nj[ls] & 1) {
-                        memcpy(J->H + (size_t)s * dp, J->Hb + (size_t)s * dp, sizeof(float) * dp);
-                        if (J->pairs) memcpy(J->H + (size_t)(s + P) * dp, J->Hb + (size_t)(s + P) * dp, sizeof(float) * dp);
-                    }
+                    if (nj[ls] & 1) final_to_H(J->H, J->Hb, s, P, J->pairs, dp);
                     continue;
                 }
-                const int x = J->ids[J->start[s] + pos[ls]];
-                qnext[ls] = qhead[x];
-                qhead[x] = ls;
-                qcnt[x]++;
+                symq_push(&Q, ls, J->ids[J->start[s] + pos[ls]]);
             }
             if (live == 0) break;
-            int mx = 0;
-            for (int x = 0; x < J->nsym; x++)
-                if (qcnt[x] > mx) mx = qcnt[x];
-            int thr = (int)(J->frac * (float)mx);
-            if (thr < 1) thr = 1;
+            const int thr = symq_threshold(&Q, J->frac);
             n = 0;
-            for (int x = 0; x < J->nsym; x++) {
-                if (qcnt[x] < thr) continue;
-                for (int ls = qhead[x]; ls >= 0; ls = qnext[ls]) active[n++] = ls + r0;
-                qhead[x] = -1;
-                qcnt[x] = 0;
-            }
+            for (int x = 0; x < J->nsym; x++)
+                if (Q.cnt[x] >= thr) n += symq_take(&Q, x, r0, active + n);
             /* this round's entries, and the readout before each jump with the range check */
             for (int a = 0; a < n; a++) {
                 const int s = active[a];
@@ -877,7 +898,7 @@ static void jumps_work(void *arg, int tid, int nt) {
                 const int nb = n - b0 < 64 ? n - b0 : 64;
                 for (int i = 0; i < nb; i++) {
                     const int s = active[b0 + i];
-                    Ap[i] = ((nj[s - r0] & 1) ? J->Hb : J->H) + (size_t)s * dp;
+                    Ap[i] = state_buf(J->H, J->Hb, nj[s - r0]) + (size_t)s * dp;
                 }
                 if (J->bits) {
                     for (int i = 0; i < nb; i++) sp[i] = scr + (size_t)i * Vp;
@@ -906,8 +927,8 @@ static void jumps_work(void *arg, int tid, int nt) {
             cnt[0] = 0;
             for (int q = 0; q < n; q++) {
                 const int s = active[order[q]];
-                const float *cur = (nj[s - r0] & 1) ? J->Hb : J->H;
-                float *nxt = (nj[s - r0] & 1) ? J->H : J->Hb;
+                const float *cur = state_buf(J->H, J->Hb, nj[s - r0]);
+                float *nxt = state_buf(J->H, J->Hb, nj[s - r0] + 1);
                 Ap[q] = cur + (size_t)s * dp;
                 Cp[q] = nxt + (size_t)s * dp;
                 if (J->pairs) {
@@ -971,7 +992,7 @@ static void jumps_work(void *arg, int tid, int nt) {
         }
         J->total_steps[tid] = steps;
     }
-    free(active); free(ent); free(cand); free(ncand); free(pos); free(nj); free(qnext); free(qhead); free(qcnt);
+    free(active); free(ent); free(cand); free(ncand); free(pos); free(nj); symq_free(&Q);
     free(dead); free(cnt); free(order);
     free(Ap); free(Cp); free(EAp); free(ECp); free(scr);
 }

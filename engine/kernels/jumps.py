@@ -46,7 +46,7 @@ from typing import Sequence
 import numpy as np
 
 from isan.engine.guard import MAX_STATE_ABS
-from isan.engine.kernels.streams import LOG2E, SCHED_FRAC, StreamModel, StreamsResult, _check, pack_panels
+from isan.engine.kernels.streams import LOG2E, SCHED_FRAC, StreamModel, StreamsResult, _check, _check_frac, pack_panels
 from isan.params import ISANParams
 
 #: See ``run_jumps``'s ``min_group``; and the rows a thread runs when a long text is cut into chunks
@@ -296,6 +296,7 @@ def run_jumps(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: np.n
                              min_group, frac)
     sm = model.stream
     P = _check(sm, ids, start, length, H, bits, pairs)
+    frac = _check_frac(frac)
     steps_done = np.zeros(P, dtype=np.int64)
     residual = np.zeros(P, dtype=np.float32)
     diverged = np.zeros(P, dtype=np.int64)
@@ -305,7 +306,7 @@ def run_jumps(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: np.n
     total, jumps = nat.run_jumps(model.M_panels, int(model.M_panels.dtype == np.float16), model.m_off, model.klen, model.children, model.entry_of,
                                  sm.RoT_panels, sm.K, sm.V, sm.Vp, sm.d, sm.dp, ids, start, length, H, Hb, out_bits,
                                  P, int(pairs), float(stop_ratio), float(limit), int(check_every), steps_done,
-                                 residual, diverged, int(threads), int(want), int(min_group), float(frac))
+                                 residual, diverged, int(threads), int(want), int(min_group), frac)
     return StreamsResult(int(total), steps_done, residual, diverged, int(jumps))
 
 
@@ -328,8 +329,7 @@ def run_jumps_ref(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: 
     RoT = sm.RoT[:, :V]
     ch, en, klen = model.children, model.entry_of, model.klen
     max_k = int(klen.max())
-    if not 0.0 <= frac <= 1.0:
-        raise ValueError(f"frac must be in [0, 1]; got {frac}")
+    frac = _check_frac(frac)
     nj = np.zeros(P, dtype=np.int64)  # jumps each row has taken
     waiting = np.zeros(P, dtype=bool)  # in a symbol's queue
     active = np.arange(P)  # the rows stepped last round (at first: every row, to be queued or stopped)

@@ -160,6 +160,14 @@ def _check(model: StreamModel, ids, start, length, H, bits, pairs):
     return P
 
 
+def _check_frac(frac: float) -> float:
+    """``frac`` as a float in [0, 1], else ValueError (the schedule's share of the longest queue)."""
+    frac = float(frac)
+    if not 0.0 <= frac <= 1.0:
+        raise ValueError(f"frac must be in [0, 1]; got {frac}")
+    return frac
+
+
 def run_streams(model: StreamModel, ids: np.ndarray, start: np.ndarray, length: np.ndarray, H: np.ndarray,
                 bits: np.ndarray | None = None, pairs: bool = False, stop_ratio: float = 0.0,
                 check_every: int = 16, limit: float = MAX_STATE_ABS, threads: int = 1,
@@ -193,6 +201,7 @@ def run_streams(model: StreamModel, ids: np.ndarray, start: np.ndarray, length: 
         return run_streams_ref(model, ids, start, length, H, bits, pairs, stop_ratio, check_every, limit, threads, split,
                                frac)
     P = _check(model, ids, start, length, H, bits, pairs)
+    frac = _check_frac(frac)
     if split == "auto":
         split = "rows"
     if split not in ("cols", "rows"):
@@ -205,7 +214,7 @@ def run_streams(model: StreamModel, ids: np.ndarray, start: np.ndarray, length: 
     out_bits = bits if want else np.zeros(0, dtype=np.float64)
     total = nat.run_streams(model.WT_panels, model.RoT_panels, model.K, model.V, model.Vp, model.d, model.dp, ids, start, length,
                             H, Hb, out_bits, P, int(pairs), float(stop_ratio), float(limit), int(check_every),
-                            steps_done, residual, diverged, int(threads), int(want), int(split == "cols"), float(frac))
+                            steps_done, residual, diverged, int(threads), int(want), int(split == "cols"), frac)
     return StreamsResult(int(total), steps_done, residual, diverged)
 
 
@@ -219,6 +228,7 @@ def run_streams_ref(model: StreamModel, ids: np.ndarray, start: np.ndarray, leng
     The readout's log-softmax is float64 here (float32 exponentials in the compiled kernel).
     """
     P = _check(model, ids, start, length, H, bits, pairs)
+    _check_frac(frac)  # ignored, but checked as the compiled kernel checks it
     d, V = model.d, model.V
     steps_done = np.zeros(P, dtype=np.int64)
     residual = np.full(P, np.inf, dtype=np.float32)
