@@ -349,7 +349,7 @@ static int run_parallel(WorkFn fn, void *arg, int nt, void (*set_nt)(void *, int
  * queues that are at least `frac` of the longest one (split by rows; split by columns, every
  * non-empty queue, one barrier a round as before), reads their rows out and steps them. A rare
  * symbol's matrix is then read once for the rows that have gathered on it instead of every round
- * for one or two: on text8 at 256 rows a thread, about 20 rows a matrix against 11 in step. The
+ * for one or two: on text8 at 256 rows a thread, about 21 rows a matrix against 11 in step. The
  * order of the steps does not change any row's arithmetic (a row's product is the same whatever
  * group it is in), so the bits are those of the in-step schedule, bit for bit.
  * ------------------------------------------------------------------------------------------ */
