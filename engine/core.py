@@ -275,7 +275,8 @@ class Engine:
 
     def _path_for(self, n: int, path: str | None) -> str:
         """The path a text of n characters takes: the call's or the engine's, with long texts on
-        the composed path going chunk-parallel."""
+        the composed path going chunk-parallel (``"batched"``: the kernel chosen by
+        :meth:`_batched_kernel`)."""
         forced = path is not None
         path = path or self.path
         if path not in PATHS:
@@ -284,15 +285,16 @@ class Engine:
             if self._composed is None:
                 raise TableFormatError(f"this engine has no trie table for the {path} path; use path='chunked'")
             if path == "composed" and n >= CHUNKED_MIN_CHARS and not forced:
-                return "chunked"
+                return "batched"
         return path
 
     def _score_ids(self, ids: np.ndarray, h: np.ndarray, path: str | None = None,
                    threads: int | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
         """(bits (T,) float64, final state (d,) float64, scoring report); raises StateDivergedError."""
         chosen = self._path_for(len(ids), path)
-        if chosen in ("chunked", "jumps"):
-            bits, finals, rep = self._chunked([ids], h[None], threads=threads, kernel=chosen)
+        if chosen in ("chunked", "jumps", "batched"):
+            bits, finals, rep = self._chunked([ids], h[None], threads=threads,
+                                              kernel="auto" if chosen == "batched" else chosen)
             return bits[0], finals[0].astype(np.float64), self._chunked_report(rep)
         if chosen == "composed":
             with np.errstate(over="ignore", invalid="ignore"):  # a diverging state is reported below
@@ -323,12 +325,32 @@ class Engine:
                 self._jumps[dtype] = JumpTable.build(self.params32, keys, stream=self._streams(), dtype=dtype)
         return self._jumps[dtype]
 
+    def _batch_plan(self, lengths: Sequence[int], threads: int, cut: bool = True, kernel: str = "auto"):
+        """How a chunk-parallel batch of texts of these lengths runs: (kernel, model, chunks, keywords
+        of :func:`~isan.engine.kernels.chunked.score_texts_chunked`). ``kernel``: ``"chunked"`` (one
+        character a step, :mod:`~isan.engine.kernels.streams`), ``"jumps"`` (composed jumps,
+        :mod:`~isan.engine.kernels.jumps`; ``"jumps-f16"``: float16 matrices, not exact, for the
+        benchmark) or ``"auto"``: jumps when the engine has a trie table and the batch makes at
+        least ``MIN_ROWS_PER_THREAD`` rows a thread for them (queues by key need many rows: measured
+        there), else chunked. Both exact kernels are exact. ``cut=False``: one row a text."""
+        from isan.engine.kernels.chunked import plan_chunks
+        from isan.engine.kernels.jumps import MIN_ROWS_PER_THREAD, ROWS_PER_THREAD, run_jumps
+
+        lengths = [int(n) for n in lengths]
+        jump_chunks = plan_chunks(lengths, target_rows=ROWS_PER_THREAD * threads) if cut else [1] * len(lengths)
+        if kernel == "auto":
+            enough = sum(jump_chunks) >= MIN_ROWS_PER_THREAD * threads
+            kernel = "jumps" if self._composed is not None and enough else "chunked"
+        if kernel in ("jumps", "jumps-f16"):
+            model = self._jump_table("float16" if kernel == "jumps-f16" else "float32")
+            return kernel, model, jump_chunks, {"runner": run_jumps, "path": kernel}
+        return kernel, self._streams(), None if cut else [1] * len(lengths), {}
+
     def _chunked(self, ids_list: list[np.ndarray], hs: np.ndarray, want_bits: bool = True,
-                 threads: int | None = None, cut: bool = True, kernel: str = "chunked"):
+                 threads: int | None = None, cut: bool = True, kernel: str = "auto"):
         """Chunk-parallel scoring of texts (:func:`isan.engine.kernels.chunked.score_texts_chunked`)
-        with the per-symbol kernel (``kernel="chunked"``) or composed jumps (``"jumps"``; ``"jumps-f16"``:
-        float16 matrices, not exact, for the benchmark);
-        raises StateDivergedError (located by the float64 reference) naming the text and offset."""
+        by ``kernel`` (:meth:`_batch_plan`); raises StateDivergedError (located by the float64
+        reference) naming the text and offset."""
         from isan.engine.kernels.chunked import MIN_CHUNK, Float64Fallback, score_texts_chunked
 
         if self._fallback is None:
@@ -338,18 +360,7 @@ class Engine:
             self._fallback = (ProvenForgetting(bound) if bound is not None and bound <= MIN_CHUNK
                               else Float64Fallback(self.params))
         threads = threads or self.threads
-        chunks = None if cut else [1] * len(ids_list)
-        kw = {}
-        if kernel in ("jumps", "jumps-f16"):
-            from isan.engine.kernels.chunked import plan_chunks
-            from isan.engine.kernels.jumps import ROWS_PER_THREAD, run_jumps
-
-            kw = {"runner": run_jumps, "path": kernel}
-            model = self._jump_table("float16" if kernel == "jumps-f16" else "float32")
-            if cut:
-                chunks = plan_chunks([len(x) for x in ids_list], target_rows=ROWS_PER_THREAD * threads)
-        else:
-            model = self._streams()
+        kernel, model, chunks, kw = self._batch_plan([len(x) for x in ids_list], threads, cut, kernel)
         bits, finals, rep, div = score_texts_chunked(
             model, [np.asarray(x, dtype=np.int32) for x in ids_list], np.asarray(hs, dtype=np.float64),
             chunks=chunks, threads=threads, want_bits=want_bits, fallback=self._fallback, **kw)
@@ -424,12 +435,14 @@ class Engine:
         """Score many independent texts together (DESIGN.md section 6: group work, never gather).
 
         Args:
-            group: ``"chunked"`` (the default, ``"jumps"`` on an engine of the jumps path: every text
-                a row of the compiled symbol-grouped kernel, long texts cut into chunks so that the
-                rows keep both cores busy),
-                ``"symbol"`` (the same without cutting), ``"jumps"`` (as ``"chunked"``, the rows
-                advanced by composed jumps grouped by table entry: :mod:`isan.engine.kernels.jumps`)
-                or ``"entry"`` (numpy: composed table jumps shared by streams needing the same entry).
+            group: ``"auto"`` (the default on the composed path: every text a row of a compiled
+                chunk-parallel kernel, long texts cut into chunks so that the rows keep both cores
+                busy; composed jumps when the batch makes enough rows for them, else one character a
+                step: :meth:`_batched_kernel`), ``"chunked"`` (the same with the per-symbol kernel:
+                the default on the chunked and reference paths), ``"symbol"`` (the per-symbol
+                kernel without cutting), ``"jumps"`` (composed jumps grouped by table key,
+                :mod:`isan.engine.kernels.jumps`: the default on the jumps path) or ``"entry"``
+                (numpy: composed table jumps shared by streams needing the same entry).
             threads: threads for the compiled kernels (default: the engine's).
             normalize, unknown, replacement: as for :meth:`score`.
         Returns:
@@ -439,9 +452,9 @@ class Engine:
         """
         states, preps = prepare_batch(self, texts, states, normalize, unknown, replacement)
         ids = [p.ids for p in preps]
-        group = group or ("jumps" if self.path == "jumps" else "chunked")
-        if group not in ("chunked", "symbol", "jumps", "entry"):
-            raise IsanError(f"group must be chunked, symbol, jumps or entry; got {group!r}")
+        group = group or {"jumps": "jumps", "composed": "auto"}.get(self.path, "chunked")
+        if group not in ("auto", "chunked", "symbol", "jumps", "entry"):
+            raise IsanError(f"group must be auto, chunked, symbol, jumps or entry; got {group!r}")
         if group in ("entry", "jumps") and self._composed is None:
             raise TableFormatError(f"group='{group}' needs a trie table; use group='chunked'")
         hs = np.stack([s.h for s in states]) if states else np.zeros((0, self.d))
@@ -452,8 +465,8 @@ class Engine:
             scoring = {"path": "batched, grouped by entry"}
         else:
             try:
-                bits, finals, rep = self._chunked(ids, hs, threads=threads, cut=group != "symbol",
-                                                  kernel="jumps" if group == "jumps" else "chunked")
+                kernel = {"jumps": "jumps", "auto": "auto"}.get(group, "chunked")
+                bits, finals, rep = self._chunked(ids, hs, threads=threads, cut=group != "symbol", kernel=kernel)
             except StateDivergedError as e:
                 i = getattr(e, "text_index", 0)
                 raise with_prefix(in_input_terms(e, preps[i], self.alphabet.symbols), f"text {i} of the batch: ") from None
@@ -493,8 +506,9 @@ class Engine:
     def _advance_ids(self, ids: np.ndarray, h: np.ndarray, block: int = 4096, path: str | None = None,
                      threads: int | None = None) -> np.ndarray:
         chosen = self._path_for(len(ids), path)
-        if chosen in ("chunked", "jumps"):
-            _, finals, _ = self._chunked([ids], h[None], want_bits=False, threads=threads, kernel=chosen)
+        if chosen in ("chunked", "jumps", "batched"):
+            _, finals, _ = self._chunked([ids], h[None], want_bits=False, threads=threads,
+                                         kernel="auto" if chosen == "batched" else chosen)
             return finals[0].astype(np.float64)
         if chosen == "composed":
             with np.errstate(over="ignore", invalid="ignore"):  # a diverging state is reported below

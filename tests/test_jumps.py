@@ -55,25 +55,22 @@ def test_table_holds_every_symbol_and_the_bundles_keys(table, default_engine):
 
 
 @pytest.mark.skipif(native() is None, reason="the compiled kernels are not built")
-@pytest.mark.parametrize("min_group", [1, 4, 8])
 @pytest.mark.parametrize("want_bits", [True, False])
 @pytest.mark.parametrize("frac", [0.0, 0.5, 1.0])
-def test_compiled_equals_numpy_twin(table, test_ids, default_engine, min_group, want_bits, frac):
-    """The same schedule (frac: 0 every row every round, 1 the longest symbol queue alone), so the
-    same groups and jumps, and the same bits within float32 rounding."""
+def test_compiled_equals_numpy_twin(table, test_ids, default_engine, want_bits, frac):
+    """The same schedule (frac: 0 every row every round, 1 the longest key queue alone), so the
+    same jumps and stops, and the same bits and states within float32 rounding."""
     ids = test_ids[:24_000]
     start, length, H = _rows(table, ids, 48, default_engine.params32.h0)
     out = []
     for fn in (run_jumps, run_jumps_ref):
         Hx = H.copy()
         bits = np.zeros(len(ids)) if want_bits else None
-        r = fn(table, ids, start, length, Hx, bits, threads=1, min_group=min_group, frac=frac)
+        r = fn(table, ids, start, length, Hx, bits, threads=1, frac=frac)
         out.append((r, Hx, bits))
     (r1, H1, b1), (r2, H2, b2) = out
     assert r1.total_steps == r2.total_steps == len(ids)
-    assert r1.jumps == r2.jumps  # the same jumps (one thread: the same groups)
-    if min_group == 1:
-        assert r1.jumps < 0.8 * len(ids)  # greedy longest match takes multi-character keys
+    assert r1.jumps == r2.jumps < 0.8 * len(ids)  # greedy longest match takes multi-character keys
     np.testing.assert_array_equal(r1.steps_done, r2.steps_done)
     np.testing.assert_array_equal(r1.diverged, r2.diverged)
     np.testing.assert_allclose(H1, H2, rtol=1e-4, atol=1e-4)
@@ -82,12 +79,37 @@ def test_compiled_equals_numpy_twin(table, test_ids, default_engine, min_group, 
 
 
 @pytest.mark.skipif(native() is None, reason="the compiled kernels are not built")
+def test_a_rows_jumps_are_its_greedy_segmentation(table, test_ids, default_engine):
+    """Rows queue by the key they take next, so each row jumps by its own greedy longest match
+    (``segment``) whatever the other rows, the schedule and the threads: the jumps counted, and
+    the bits bit-identical."""
+    ids = test_ids[:70_000]
+    lens = np.array([1, 2, 5, 13, 400, 999, 3000, 7000] * 6, dtype=np.int64)
+    start = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+    H = table.stream.rows(np.tile(default_engine.params32.h0, (len(lens), 1)))
+    want_jumps = sum(len(segment(table, ids[s : s + n])) for s, n in zip(start, lens))
+    base = None
+    for threads, frac in ((1, 1.0), (2, 1.0), (2, 0.0), (1, 0.5)):
+        b = np.zeros(len(ids))
+        r = run_jumps(table, ids, start, lens, H.copy(), b, threads=threads, frac=frac)
+        assert r.jumps == want_jumps and r.total_steps == lens.sum()
+        if base is None:
+            base = b
+        np.testing.assert_array_equal(b, base)
+    # one row alone gets the bits it gets among the others
+    b1 = np.zeros(len(ids))
+    run_jumps(table, ids, start[4:5], lens[4:5], H[4:5].copy(), b1, threads=1)
+    sl = slice(int(start[4]), int(start[4] + lens[4]))
+    np.testing.assert_array_equal(b1[sl], base[sl])
+
+
+@pytest.mark.skipif(native() is None, reason="the compiled kernels are not built")
 @pytest.mark.parametrize("threads", [1, 2])
 def test_equals_the_per_character_kernel_on_real_text(table, test_ids, default_engine, threads):
     start, length, H = _rows(table, test_ids, 512, default_engine.params32.h0)
     H1, H2 = H.copy(), H.copy()
     b1, b2 = np.zeros(len(test_ids)), np.zeros(len(test_ids))
-    r = run_jumps(table, test_ids, start, length, H1, b1, threads=threads, min_group=1)
+    r = run_jumps(table, test_ids, start, length, H1, b1, threads=threads)
     run_streams(table.stream, test_ids, start, length, H2, b2, threads=threads)
     assert r.jumps < 0.8 * r.total_steps
     n = int(length.sum())
@@ -107,8 +129,7 @@ def test_pairs_mode_equals_twin(table, test_ids, default_engine):
     for fn in (run_jumps, run_jumps_ref):
         Hx = H2.copy()
         bits = np.zeros(len(ids))
-        r = fn(table, ids, start, length, Hx, bits, pairs=True, stop_ratio=1e-7, check_every=4, threads=1,
-               min_group=1)
+        r = fn(table, ids, start, length, Hx, bits, pairs=True, stop_ratio=1e-7, check_every=4, threads=1)
         out.append((r, Hx))
     (r1, A), (r2, B) = out
     np.testing.assert_array_equal(r1.steps_done, r2.steps_done)
@@ -208,9 +229,9 @@ def test_a_failing_call_then_good_calls(table, test_ids, default_engine):
         np.testing.assert_array_equal(got, want)
     _native.inject_faults(-1, 1)  # the system refuses the second thread: one thread does all rows
     got = np.zeros(len(ids))
-    run_jumps(table, ids, start, length, H.copy(), got, threads=2, min_group=1)
+    run_jumps(table, ids, start, length, H.copy(), got, threads=2)
     ref = np.zeros(len(ids))
-    run_jumps(table, ids, start, length, H.copy(), ref, threads=1, min_group=1)
+    run_jumps(table, ids, start, length, H.copy(), ref, threads=1)
     np.testing.assert_allclose(got, ref, atol=1e-6)
 
 
@@ -239,7 +260,7 @@ def test_float16_matrices_twin_and_error(default_engine, table, test_ids):
         if fn is run_jumps and native() is None:
             continue
         b = np.zeros(len(ids))
-        fn(t, ids, start, length, H.copy(), b, threads=1, min_group=1)
+        fn(t, ids, start, length, H.copy(), b, threads=1)
         out[name] = b
     if "c16" in out:
         np.testing.assert_allclose(out["c16"], out["ref16"], atol=1e-4)
@@ -291,3 +312,31 @@ def test_cli_and_loader_take_the_jumps_path(tmp_path, text8_test):
             for extra in (["--path", "jumps"], [])]
     assert runs[0]["scoring"]["path"] == "jumps"
     assert abs(runs[0]["bits"] - runs[1]["bits"]) < 1e-6 * runs[1]["bits"]
+
+
+def test_auto_kernel_takes_jumps_when_the_batch_has_rows_for_them(default_engine, text8_test):
+    """The composed path's default (Engine.score's long texts, score_batch, the server's rounds):
+    composed jumps when the batch makes MIN_ROWS_PER_THREAD rows a thread for them, one character
+    a step below that; both equal the float64 reference."""
+    from isan.engine.kernels.jumps import MIN_ROWS_PER_THREAD
+
+    eng, th = default_engine, 2
+    assert eng.path == "composed"
+    assert eng._batch_plan([2_500_000], th)[0] == "jumps"  # 2,441 chunks
+    assert eng._batch_plan([100_000], th)[0] == "chunked"  # 97 chunks
+    assert eng._batch_plan([2000] * 256, th)[0] == "chunked"
+    assert eng._batch_plan([2000] * 4096, th)[0] == "jumps"
+    assert eng._batch_plan([2000] * 4096, th, kernel="chunked")[0] == "chunked"
+    assert eng._batch_plan([2000] * 4096, th, cut=False)[2] == [1] * 4096
+    n = MIN_ROWS_PER_THREAD * th
+    texts = [text8_test[i * 50 : i * 50 + 40 + i % 13] for i in range(n)]
+    many = eng.score_batch(texts, per_char=True, threads=th)
+    few = eng.score_batch(texts[: n // 4], per_char=True, threads=th)
+    assert many[0].scoring["path"] == "jumps" and few[0].scoring["path"] == "chunked"
+    assert eng.score_batch(texts, threads=th, group="chunked")[0].scoring["path"] == "chunked"
+    ref = eng.with_path("reference")
+    for got, step in ((many, 97), (few, 31)):
+        for i in range(0, len(got), step):
+            want = ref.score(texts[i], per_char=True)
+            assert np.abs(got[i].per_char_bits - want.per_char_bits).max() < 1e-4
+            assert abs(got[i].bits - want.bits) <= 1e-6 * want.bits

@@ -779,8 +779,7 @@ typedef struct {
     int64_t *steps_done;
     float *residual;
     int64_t *diverged;
-    int min_group; /* a row takes a shorter key rather than a group of fewer rows than this */
-    float frac;    /* a round takes the symbol queues at least this share of the longest */
+    float frac;    /* a round takes the entry queues at least this share of the longest */
     int nt;
     Barrier bar;
     int64_t total_steps[64];
@@ -795,18 +794,18 @@ static void jumps_set_nt(void *arg, int nt) {
     barrier_init(&J->bar, 1);
 }
 
-/* the entries of the table keys that ids[p : p + avail] starts with (avail >= 1), shortest first, into
- * cand (at least the single symbol); returns how many */
-static inline int jumps_walk(const JumpsJob *J, const int32_t *x, int64_t avail, int *cand) {
+/* the entry of the longest table key that ids[p : p + avail] starts with (avail >= 1; every single
+ * symbol is a key): the greedy longest match, not past the row's end */
+static inline int jumps_longest(const JumpsJob *J, const int32_t *x, int64_t avail) {
     int32_t node = 0;
-    int nc = 0;
+    int best = -1;
     const int64_t lim = avail < J->max_k ? avail : J->max_k;
     for (int64_t j = 0; j < lim; j++) {
         node = J->children[(size_t)node * J->nsym + x[j]];
         if (node < 0) break;
-        if (J->entry_of[node] >= 0) cand[nc++] = J->entry_of[node];
+        if (J->entry_of[node] >= 0) best = J->entry_of[node];
     }
-    return nc;
+    return best;
 }
 
 static void jumps_work(void *arg, int tid, int nt) {
@@ -817,37 +816,37 @@ static void jumps_work(void *arg, int tid, int nt) {
     const int r0 = (int)((int64_t)P * tid / nt), r1 = (int)((int64_t)P * (tid + 1) / nt), nr = r1 - r0;
     const int VLk = K->vl, jmax = (J->d + VLk - 1) / VLk * VLk;
     const int width = dp + (J->max_k > 1 ? (J->max_k - 1) : 0) * Vp; /* a readout scratch row */
+    const size_t isz = J->f16 ? 2 : 4;
     int *active = (int *)malloc(sizeof(int) * (nr + 1));
-    int *ent = (int *)malloc(sizeof(int) * (nr + 1));
-    int *cand = (int *)malloc(sizeof(int) * (size_t)(nr + 1) * J->max_k);
-    int *ncand = (int *)malloc(sizeof(int) * (nr + 1));
+    int *ent = (int *)malloc(sizeof(int) * (nr + 1)); /* the entry each row takes next (local index) */
     int64_t *pos = (int64_t *)calloc(nr + 1, sizeof(int64_t));
     int64_t *nj = (int64_t *)calloc(nr + 1, sizeof(int64_t)); /* jumps taken: the state is in H when even */
     SymQueues Q;
-    const int q_ok = symq_init(&Q, J->nsym, nr);
+    const int q_ok = symq_init(&Q, E, nr);
     char *dead = (char *)calloc(nr + 1, 1);
-    int *cnt = (int *)malloc(sizeof(int) * (E + 1));
-    int *order = (int *)malloc(sizeof(int) * (nr + 1));
+    int *gent = (int *)malloc(sizeof(int) * (E + 1));
+    int *gstart = (int *)malloc(sizeof(int) * (E + 2));
     const float **Ap = (const float **)malloc(sizeof(float *) * (nr + 1));
     float **Cp = (float **)malloc(sizeof(float *) * (nr + 1));
     const float **EAp = (const float **)malloc(sizeof(float *) * (nr + 1));
     float **ECp = (float **)malloc(sizeof(float *) * (nr + 1));
     float *scr = (float *)aligned_alloc(64, sizeof(float) * 64 * (size_t)(width > Vp ? width : Vp));
     float *sp[64];
-    int ok = active && ent && cand && ncand && pos && nj && q_ok && dead && cnt && order && Ap && Cp && EAp &&
-             ECp && scr && J->fault_tid != tid;
+    int ok = active && ent && pos && nj && q_ok && dead && gent && gstart && Ap && Cp && EAp && ECp && scr &&
+             J->fault_tid != tid;
     if (!ok) atomic_store(&J->fail, 1);
     J->total_steps[tid] = 0;
     J->jumps[tid] = 0;
     if (!barrier_wait_any(&J->bar, &sense, !ok)) {
-        /* the schedule of run_streams: rows wait in the queue of the symbol they read next; a round
-         * takes the queues at least `frac` of the longest, and its rows jump as below */
-        int n = 0, live = nr;
+        /* rows wait in the queue of the entry they take next (the greedy longest match from where they
+         * are); a round takes the queues at least `frac` of the longest, so a composed matrix is read
+         * once for all the rows of its queue (the schedule of run_streams, by entry instead of symbol) */
+        int n = 0, live = nr, ng = 0;
         for (int s = r0; s < r1; s++) active[n++] = s; /* as if stepped last round: queued or stopped */
         int64_t steps = 0;
         for (int64_t t = 0;; t++) {
             /* between rounds: the rows of the last round that diverged, finished or (pairs, every
-             * check_every jumps) converged stop; the others join the queue of their next symbol */
+             * check_every jumps) converged stop; the others join the queue of their next entry */
             for (int a = 0; a < n; a++) {
                 const int s = active[a], ls = s - r0;
                 const float *cur = state_buf(J->H, J->Hb, nj[ls]);
@@ -866,34 +865,35 @@ static void jumps_work(void *arg, int tid, int nt) {
                     if (nj[ls] & 1) final_to_H(J->H, J->Hb, s, P, J->pairs, dp);
                     continue;
                 }
-                symq_push(&Q, ls, J->ids[J->start[s] + pos[ls]]);
+                ent[ls] = jumps_longest(J, J->ids + J->start[s] + pos[ls], J->len[s] - pos[ls]);
+                symq_push(&Q, ls, ent[ls]);
             }
             if (live == 0) break;
+            /* this round's queues: whole groups of one entry each */
             const int thr = symq_threshold(&Q, J->frac);
             n = 0;
-            for (int x = 0; x < J->nsym; x++)
-                if (Q.cnt[x] >= thr) n += symq_take(&Q, x, r0, active + n);
-            /* this round's entries, and the readout before each jump with the range check */
+            ng = 0;
+            for (int e = 0; e < E; e++)
+                if (Q.cnt[e] >= thr) {
+                    gent[ng] = e;
+                    gstart[ng++] = n;
+                    n += symq_take(&Q, e, r0, active + n);
+                }
+            gstart[ng] = n;
+            /* a row's text and bits were last touched when it joined its queue, maybe many rounds
+             * ago: fetch the lines of this jump (the targets read and the bits written) and of the
+             * next walk while the readout below computes */
             for (int a = 0; a < n; a++) {
-                const int s = active[a];
-                ncand[a] = jumps_walk(J, J->ids + J->start[s] + pos[s - r0], J->len[s] - pos[s - r0],
-                                      cand + (size_t)a * J->max_k);
-                ent[a] = cand[(size_t)a * J->max_k + ncand[a] - 1];
+                const int s = active[a], ls = s - r0;
+                const int64_t p = J->start[s] + pos[ls], k = J->klen[ent[ls]];
+                __builtin_prefetch(J->ids + p);
+                __builtin_prefetch(J->ids + p + k + J->max_k - 1);
+                if (J->bits) {
+                    __builtin_prefetch(J->bits + p, 1);
+                    __builtin_prefetch(J->bits + p + k - 1, 1);
+                }
             }
-            /* rows whose longest key would make a group of fewer than min_group rows take their next
-             * shorter key, until every group of a key longer than one symbol has min_group rows */
-            for (int pass = 0; J->min_group > 1 && pass < J->max_k; pass++) {
-                memset(cnt, 0, sizeof(int) * (E + 1));
-                for (int a = 0; a < n; a++) cnt[ent[a]]++;
-                int changed = 0;
-                for (int a = 0; a < n; a++)
-                    if (ncand[a] > 1 && cnt[ent[a]] < J->min_group) {
-                        ncand[a]--;
-                        ent[a] = cand[(size_t)a * J->max_k + ncand[a] - 1];
-                        changed = 1;
-                    }
-                if (!changed) break;
-            }
+            /* the readout before each jump, with the range check */
             for (int b0 = 0; b0 < n; b0 += 64) {
                 const int nb = n - b0 < 64 ? n - b0 : 64;
                 for (int i = 0; i < nb; i++) {
@@ -918,15 +918,8 @@ static void jumps_work(void *arg, int tid, int nt) {
                     }
                 }
             }
-            /* group by entry (stable counting sort) */
-            memset(cnt, 0, sizeof(int) * (E + 1));
-            for (int a = 0; a < n; a++) cnt[ent[a] + 1]++;
-            for (int e = 0; e < E; e++) cnt[e + 1] += cnt[e];
-            for (int a = 0; a < n; a++) order[cnt[ent[a]]++] = a;
-            for (int e = E; e > 0; e--) cnt[e] = cnt[e - 1];
-            cnt[0] = 0;
             for (int q = 0; q < n; q++) {
-                const int s = active[order[q]];
+                const int s = active[q];
                 const float *cur = state_buf(J->H, J->Hb, nj[s - r0]);
                 float *nxt = state_buf(J->H, J->Hb, nj[s - r0] + 1);
                 Ap[q] = cur + (size_t)s * dp;
@@ -936,38 +929,28 @@ static void jumps_work(void *arg, int tid, int nt) {
                     ECp[q] = nxt + (size_t)(s + P) * dp;
                 }
             }
-            /* the jumps, entry by entry (alternate directions: the matrices used last come first) */
-            for (int qq = 0; qq < E; qq++) {
-                const int e = (t & 1) ? E - 1 - qq : qq;
-                const int g0 = cnt[e], g1 = cnt[e + 1];
-                if (g1 == g0) continue;
+            /* the jumps, group by group; the matrix of the next group (or, after the last, of the
+             * longest queue left: the likely next round) is prefetched towards L2 meanwhile */
+            const int e_next = symq_longest(&Q);
+            for (int g = 0; g < ng; g++) {
+                const int e = gent[g], g0 = gstart[g], g1 = gstart[g + 1];
                 const float *Me = J->M + J->m_off[e];
                 const uint16_t *Mh = (const uint16_t *)J->M + J->m_off[e];
                 const int k = J->klen[e];
-                /* the next group's matrix, prefetched while this one computes (measured 4-10% faster:
-                 * a key's matrix is read for a few rows, then another's) */
-                const void *pf = NULL;
-                size_t pf_bytes = 0;
-                for (int q2 = qq + 1; q2 < E; q2++) {
-                    const int e2 = (t & 1) ? E - 1 - q2 : q2;
-                    if (cnt[e2 + 1] > cnt[e2]) {
-                        const size_t isz = J->f16 ? 2 : 4;
-                        pf = (const char *)J->M + J->m_off[e2] * isz;
-                        pf_bytes = (size_t)kd * (dp + (size_t)(J->klen[e2] - 1) * Vp) * isz;
-                        break;
-                    }
-                }
+                const int e2 = g + 1 < ng ? gent[g + 1] : e_next;
+                const void *pf = e2 >= 0 ? (const char *)J->M + J->m_off[e2] * isz : NULL;
+                const size_t pf_bytes = e2 >= 0 ? (size_t)kd * (dp + (size_t)(J->klen[e2] - 1) * Vp) * isz : 0;
 #define JGEMM(n_, A_, j0_, j1_, C_, pf_, pfb_) \
     (J->f16 ? K->gemm_rows_h(n_, A_, Mh, kd, j0_, j1_, C_, pf_, pfb_) : K->gemm_rows_pf(n_, A_, Me, kd, j0_, j1_, C_, pf_, pfb_))
                 JGEMM(g1 - g0, Ap + g0, 0, jmax, Cp + g0, pf, pf_bytes);
                 if (J->pairs) JGEMM(g1 - g0, EAp + g0, 0, jmax, ECp + g0, NULL, 0);
-                if (J->bits && k > 1) {
+                if (J->bits && k > 1) { /* the readouts inside the jump, from the same matrix */
                     for (int b0 = g0; b0 < g1; b0 += 64) {
                         const int nb = g1 - b0 < 64 ? g1 - b0 : 64;
                         for (int i = 0; i < nb; i++) sp[i] = scr + (size_t)i * width;
                         JGEMM(nb, Ap + b0, dp, dp + (k - 1) * Vp, sp, NULL, 0);
                         for (int i = 0; i < nb; i++) {
-                            const int s = active[order[b0 + i]], ls = s - r0;
+                            const int s = active[b0 + i], ls = s - r0;
                             const int64_t p = J->start[s] + pos[ls];
                             for (int c = 1; c < k; c++) {
                                 const double b = K->lse_bits(sp[i] + dp + (size_t)(c - 1) * Vp, V, Vp, J->ids[p + c]);
@@ -980,20 +963,20 @@ static void jumps_work(void *arg, int tid, int nt) {
                         }
                     }
                 }
+#undef JGEMM
             }
             for (int a = 0; a < n; a++) {
-                const int k = J->klen[ent[a]];
-                pos[active[a] - r0] += k;
-                nj[active[a] - r0]++;
+                const int ls = active[a] - r0, k = J->klen[ent[ls]];
+                pos[ls] += k;
+                nj[ls]++;
                 steps += k;
             }
-#undef JGEMM
             J->jumps[tid] += n;
         }
         J->total_steps[tid] = steps;
     }
-    free(active); free(ent); free(cand); free(ncand); free(pos); free(nj); symq_free(&Q);
-    free(dead); free(cnt); free(order);
+    free(active); free(ent); free(pos); free(nj); symq_free(&Q);
+    free(dead); free(gent); free(gstart);
     free(Ap); free(Cp); free(EAp); free(ECp); free(scr);
 }
 
@@ -1115,12 +1098,12 @@ static PyObject *py_run_streams(PyObject *self, PyObject *args) {
 
 static PyObject *py_run_jumps(PyObject *self, PyObject *args) {
     Py_buffer M, m_off, klen, children, entry_of, RoT, ids, start, len, H, Hb, bits, steps_done, residual, diverged;
-    int nsym, V, Vp, d, dp, P, pairs, check_every, nt, want_bits, min_group, f16;
+    int nsym, V, Vp, d, dp, P, pairs, check_every, nt, want_bits, f16;
     float stop_ratio, limit, frac;
-    if (!PyArg_ParseTuple(args, "y*iy*y*y*y*y*iiiiiy*y*y*w*w*w*iiffiw*w*w*iiif", &M, &f16, &m_off, &klen, &children,
+    if (!PyArg_ParseTuple(args, "y*iy*y*y*y*y*iiiiiy*y*y*w*w*w*iiffiw*w*w*iif", &M, &f16, &m_off, &klen, &children,
                           &entry_of, &RoT, &nsym, &V, &Vp, &d, &dp, &ids, &start, &len, &H, &Hb, &bits, &P, &pairs,
                           &stop_ratio, &limit, &check_every, &steps_done, &residual, &diverged, &nt, &want_bits,
-                          &min_group, &frac))
+                          &frac))
         return NULL;
     PyObject *ret = NULL;
     const int rows = pairs ? 2 * P : P, kd = d + 1;
@@ -1173,7 +1156,7 @@ static PyObject *py_run_jumps(PyObject *self, PyObject *args) {
             J->stop_ratio = stop_ratio; J->check_every = check_every; J->limit = limit;
             J->steps_done = (int64_t *)steps_done.buf; J->residual = (float *)residual.buf;
             J->diverged = (int64_t *)diverged.buf;
-            J->min_group = min_group; J->frac = frac;
+            J->frac = frac;
             J->fault_tid = atomic_exchange(&fault_alloc_tid, -1);
             const int max_threads = atomic_exchange(&fault_max_threads, 0);
             nt = init_rows(J->steps_done, J->residual, J->diverged, P, nt, 1);

@@ -18,9 +18,12 @@ symbol is a key). For a key ``s`` of ``k`` characters read from state ``h`` (DES
   plain readout ``[W_ro | b_ro]``, shared by every key);
 * the state after it: ``h <- A_s h + c_s``, one d x (d + 1) product for k characters.
 
-A character then costs about ``2 (d (d + 1) / L + (d + 1) V)``, L the average jump. The rows of a
-round are grouped by key so each key's matrix is read once a round for all the rows that take
-it: the product is a GEMM, compute-bound when groups are large (many rows, few keys).
+A character then costs about ``2 (d (d + 1) / L + (d + 1) V)``, L the average jump. Each row waits
+in the queue of the key it takes next (its greedy longest match from where it is, known when it
+joins the queue), and a round takes the longest queue (those at least ``frac`` of it): each key's
+matrix is read once for all the rows of its queue, and the product is a GEMM, compute-bound when
+queues are long (many rows a thread, few keys). A row's jumps are its greedy segmentation, so they
+and its bits do not depend on the other rows, the schedule or the threads.
 
 With ``pairs=True`` the error rows (``P + s``) follow row s through the same jumps without bias
 (``e <- A_s e``, the homogeneous coordinate is 0) and without readout: the correction pass of
@@ -49,12 +52,16 @@ from isan.engine.guard import MAX_STATE_ABS
 from isan.engine.kernels.streams import LOG2E, SCHED_FRAC, StreamModel, StreamsResult, _check, _check_frac, pack_panels
 from isan.params import ISANParams
 
-#: See ``run_jumps``'s ``min_group``; and the rows a thread runs when a long text is cut into chunks
-#: for this kernel: groups by key need many rows (measured on 2M characters of text8 with the
-#: default table: 1,024 rows a thread averaged 1.36 characters a jump with min_group 8, 4,096
-#: rows 1.84; 2,048 a thread keeps chunks of 2.5M characters above MIN_CHUNK).
-MIN_GROUP = 8
+#: The rows a thread runs when a long text is cut into chunks for this kernel, and the fewest at
+#: which the engine chooses it over the per-symbol kernel (:meth:`isan.engine.Engine.score`'s
+#: ``kernel="auto"``). Queues by key need many rows: with the default table's 97 keys, 2.5M
+#: characters of text8 in 2,048 chunks (1,024 rows a thread) ran at 2.54M chars/s, 2,441 chunks
+#: 2.62M, the per-symbol kernel 2.38M in the same process; batches of 2,000-character texts, 2
+#: threads: 512 texts 2.01M against 2.15M per symbol, 1,024 texts 2.41M against 2.31M, 4,096 texts
+#: 2.84M against 2.24M (development runs, /tmp harness; ``isan bench engine`` gives the committed
+#: numbers).
 ROWS_PER_THREAD = 2048
+MIN_ROWS_PER_THREAD = 512
 
 
 @dataclass(frozen=True)
@@ -262,7 +269,7 @@ def segment(table: JumpTable, ids: np.ndarray) -> np.ndarray:
 def run_jumps(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: np.ndarray, H: np.ndarray,
               bits: np.ndarray | None = None, pairs: bool = False, stop_ratio: float = 0.0,
               check_every: int = 16, limit: float = MAX_STATE_ABS, threads: int = 1,
-              split: str = "auto", min_group: int = MIN_GROUP, frac: float = SCHED_FRAC) -> StreamsResult:
+              split: str = "auto", frac: float = SCHED_FRAC) -> StreamsResult:
     """Advance every row through its characters by composed jumps (compiled; module docstring).
 
     The signature and results are :func:`~isan.engine.kernels.streams.run_streams`'s (``split`` is
@@ -277,12 +284,9 @@ def run_jumps(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: np.n
         pairs, stop_ratio, check_every: the correction mode (checked every ``check_every`` jumps).
         limit: the largest ``|h_i|`` accepted (checked at jump boundaries).
         threads: threads sharing the rows.
-        min_group: a row whose longest key would be taken by fewer than this many rows of its
-            thread in a round takes its next shorter key instead (a composed matrix read for one
-            or two rows costs more than the steps it saves; single symbols are always taken).
-        frac: the schedule of :func:`~isan.engine.kernels.streams.run_streams`: rows wait in the
-            queue of the symbol they read next, and a round takes the queues at least this share
-            of the longest (0: every row every round); ``min_group`` counts the rows of a round.
+        frac: the schedule of :func:`~isan.engine.kernels.streams.run_streams`, by key instead of
+            symbol: rows wait in the queue of the key they take next, and a round takes the
+            queues at least this share of the longest (0: every row every round).
     Returns:
         StreamsResult (steps in characters; ``jumps`` the jumps taken).
     Raises:
@@ -293,7 +297,7 @@ def run_jumps(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: np.n
     nat = native()
     if nat is None:
         return run_jumps_ref(model, ids, start, length, H, bits, pairs, stop_ratio, check_every, limit, threads, split,
-                             min_group, frac)
+                             frac)
     sm = model.stream
     P = _check(sm, ids, start, length, H, bits, pairs)
     frac = _check_frac(frac)
@@ -306,18 +310,17 @@ def run_jumps(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: np.n
     total, jumps = nat.run_jumps(model.M_panels, int(model.M_panels.dtype == np.float16), model.m_off, model.klen, model.children, model.entry_of,
                                  sm.RoT_panels, sm.K, sm.V, sm.Vp, sm.d, sm.dp, ids, start, length, H, Hb, out_bits,
                                  P, int(pairs), float(stop_ratio), float(limit), int(check_every), steps_done,
-                                 residual, diverged, int(threads), int(want), int(min_group), frac)
+                                 residual, diverged, int(threads), int(want), frac)
     return StreamsResult(int(total), steps_done, residual, diverged, int(jumps))
 
 
 def run_jumps_ref(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: np.ndarray, H: np.ndarray,
                   bits: np.ndarray | None = None, pairs: bool = False, stop_ratio: float = 0.0,
                   check_every: int = 16, limit: float = MAX_STATE_ABS, threads: int = 1,
-                  split: str = "auto", min_group: int = MIN_GROUP, frac: float = SCHED_FRAC) -> StreamsResult:
-    """The numpy twin of :func:`run_jumps`: the same schedule, jumps, groups and stops, with
-    ``threads = 1`` (``min_group`` counts the rows of a thread, so the compiled kernel takes the
-    same jumps only with one thread; the bits agree for any) and ``split`` ignored; the
-    log-softmax is float64 here."""
+                  split: str = "auto", frac: float = SCHED_FRAC) -> StreamsResult:
+    """The numpy twin of :func:`run_jumps`: the same schedule (one thread's: ``threads`` and
+    ``split`` are ignored), so the same rounds, jumps and stops; the bits agree within float32
+    rounding (the log-softmax is float64 here)."""
     sm = model.stream
     P = _check(sm, ids, start, length, H, bits, pairs)
     d, V, dp, Vp = sm.d, sm.V, sm.dp, sm.Vp
@@ -331,7 +334,8 @@ def run_jumps_ref(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: 
     max_k = int(klen.max())
     frac = _check_frac(frac)
     nj = np.zeros(P, dtype=np.int64)  # jumps each row has taken
-    waiting = np.zeros(P, dtype=bool)  # in a symbol's queue
+    ent = np.full(P, -1, dtype=np.int64)  # the key a waiting row takes next
+    waiting = np.zeros(P, dtype=bool)  # in a key's queue
     active = np.arange(P)  # the rows stepped last round (at first: every row, to be queued or stopped)
     total, n_jumps = 0, 0
 
@@ -340,6 +344,17 @@ def run_jumps_ref(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: 
         mx = L.max(axis=1, keepdims=True)
         lse = np.log(np.exp(L - mx).sum(axis=1)) + mx[:, 0]
         return (lse - L[np.arange(len(L)), targets]) * LOG2E
+
+    def longest(s):  # the greedy longest match from row s's position, not past its end
+        p0, avail = int(start[s] + pos[s]), int(length[s] - pos[s])
+        node, best = 0, -1
+        for j in range(min(avail, max_k)):
+            node = ch[node, ids64[p0 + j]]
+            if node < 0:
+                break
+            if en[node] >= 0:
+                best = int(en[node])
+        return best
 
     while True:
         # between rounds: last round's rows that diverged, finished or converged stop; the others queue
@@ -357,37 +372,17 @@ def run_jumps_ref(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: 
             conv = r <= np.float32(stop_ratio)
             steps_done[a[conv]] = pos[a[conv]]
             keep[np.flatnonzero(chk)[conv]] = False
+        for s in active[keep].tolist():
+            ent[s] = longest(s)
         waiting[active[keep]] = True
         queued = np.flatnonzero(waiting)
         if len(queued) == 0:
             break
-        # this round: the queues (rows by the symbol they read next) at least frac of the longest
-        nxt = ids64[start[queued] + pos[queued]]
-        cnt = np.bincount(nxt, minlength=sm.K)
+        # this round: the queues (rows by the key they take next) at least frac of the longest
+        cnt = np.bincount(ent[queued], minlength=len(klen))
         thr = max(1, int(np.float32(frac) * np.float32(cnt.max())))
-        active = queued[cnt[nxt] >= thr]
+        active = queued[cnt[ent[queued]] >= thr]
         waiting[active] = False
-        # the jumps: longest key along the trie, not past the row's end
-        cands = []
-        for s in active.tolist():
-            p0, avail = int(start[s] + pos[s]), int(length[s] - pos[s])
-            node, c = 0, []
-            for j in range(min(avail, max_k)):
-                node = ch[node, ids64[p0 + j]]
-                if node < 0:
-                    break
-                if en[node] >= 0:
-                    c.append(int(en[node]))
-            cands.append(c)
-        ent = np.array([c[-1] for c in cands], dtype=np.int64)
-        for _ in range(max_k if min_group > 1 else 0):  # small groups take shorter keys
-            cnt = np.bincount(ent, minlength=len(klen))
-            small = [a for a, c in enumerate(cands) if len(c) > 1 and cnt[ent[a]] < min_group]
-            if not small:
-                break
-            for a in small:
-                cands[a].pop()
-                ent[a] = cands[a][-1]
         p = start[active] + pos[active]
         bad = ~(np.abs(H[active, :d]).max(axis=1) <= limit)
         if bits is not None:
@@ -396,11 +391,12 @@ def run_jumps_ref(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: 
             bad |= ~np.isfinite(b)
         newly = bad & (diverged[active] < 0)
         diverged[active[newly]] = pos[active[newly]]
-        order = np.argsort(ent, kind="stable")
-        cuts = np.flatnonzero(np.diff(ent[order])) + 1
+        ent_a = ent[active]
+        order = np.argsort(ent_a, kind="stable")
+        cuts = np.flatnonzero(np.diff(ent_a[order])) + 1
         Hn = H.copy()
         for grp in np.split(order, cuts):
-            e = int(ent[grp[0]])
+            e = int(ent_a[grp[0]])
             k = int(klen[e])
             Me = model.M[e]
             rows = active[grp]
@@ -416,9 +412,9 @@ def run_jumps_ref(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: 
                     nf = ~np.isfinite(bc) & (diverged[rows] < 0)
                     diverged[rows[nf]] = pos[rows[nf]] + c
         H[:] = Hn
-        total += int(klen[ent].sum())
+        total += int(klen[ent_a].sum())
         n_jumps += len(active)
-        pos[active] += klen[ent]
+        pos[active] += klen[ent_a]
         nj[active] += 1
     final = H[:P, :d]
     m = np.abs(final).max(axis=1)

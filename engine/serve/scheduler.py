@@ -161,16 +161,11 @@ class KernelRounds:
 
     def __init__(self, engine):
         from isan.engine.kernels.chunked import Float64Fallback
-        from isan.engine.kernels.streams import StreamModel, run_streams
 
-        # `isan-serve --path jumps`: the rounds advance by the table's composed jumps (issue 22)
-        self.path = "jumps" if engine.path == "jumps" else "chunked"
-        if self.path == "jumps":
-            from isan.engine.kernels.jumps import run_jumps
-
-            self.model, self.runner = engine._jump_table(), run_jumps
-        else:
-            self.model, self.runner = StreamModel.from_params(engine.params32), run_streams
+        # the kernel of Engine.score_batch's default: composed jumps on the jumps path, chosen by the
+        # round's rows on the composed path (issue 22), one character a step otherwise
+        self.engine = engine
+        self.kernel = {"jumps": "jumps", "composed": "auto"}.get(engine.path, "chunked")
         self.fallback = Float64Fallback(engine.params32)
         self.W, self.b = engine.params.W, engine.params.b
         self.symbols = tuple(engine.alphabet.symbols)
@@ -189,8 +184,9 @@ class KernelRounds:
         from isan.engine.guard import raise_diverged
         from isan.engine.kernels.chunked import score_texts_chunked
 
-        bits, finals, _, div = score_texts_chunked(self.model, texts, hs, threads=threads, fallback=self.fallback,
-                                                   runner=self.runner, path=self.path)
+        _, model, chunks, kw = self.engine._batch_plan([len(t) for t in texts], threads, kernel=self.kernel)
+        bits, finals, _, div = score_texts_chunked(model, texts, hs, chunks=chunks, threads=threads,
+                                                   fallback=self.fallback, **kw)
         if div:
             i, off, h_start, t = div[0]
             try:
