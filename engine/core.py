@@ -42,9 +42,10 @@ DEFAULT_MODEL = "text8-d216-stable"
 PAPER_MODEL = "text8-d216-unconstrained"
 MAX_ATTRIBUTION_CHARS = 2000
 
-#: Computation paths: ``composed`` (trie-table jumps, sequential), ``chunked`` (chunk-parallel
-#: batches through the compiled kernels, one character a step), ``jumps`` (the same, each row
-#: advanced by composed jumps of the trie table's keys: :mod:`isan.engine.kernels.jumps`, issue 22),
+#: Computation paths: ``composed`` (trie-table jumps, sequential; long texts chunk-parallel by the
+#: kernel :meth:`Engine._batch_plan` chooses), ``chunked`` (chunk-parallel batches through the
+#: compiled kernels, one character a step), ``jumps`` (the same, each row always advanced by
+#: composed jumps of the trie table's keys: :mod:`isan.engine.kernels.jumps`, issue 22),
 #: ``reference`` (float64 numpy, one character at a time).
 PATHS = ("composed", "chunked", "jumps", "reference")
 #: On the composed path, texts of at least this many characters are scored chunk-parallel
@@ -127,7 +128,8 @@ class Engine:
                 chunked), ``"composed"`` (error without a table), ``"chunked"`` (chunk-parallel,
                 no table needed), ``"jumps"`` (chunk-parallel by the table's composed jumps; error
                 without a table) or ``"reference"``. On the composed path, texts of
-                CHUNKED_MIN_CHARS characters or more are scored chunk-parallel.
+                CHUNKED_MIN_CHARS characters or more are scored chunk-parallel (by composed jumps
+                when they make enough chunks: :meth:`_batch_plan`).
             progress_bar: show a progress bar if a table recipe must be composed on first use.
         Raises:
             BundleFormatError: missing, corrupt or mismatched files (the message says how to rebuild).
@@ -807,8 +809,9 @@ def load_engine(model: str | Path | None = None, path: str = "auto", backend: st
 
     Args:
         path: ``"auto"`` (ISAN bundles: composed when the bundle has a table, else chunked; other
-            models: their runner's own path), ``"composed"``, ``"chunked"`` (chunk-parallel through
-            the compiled kernels, ISAN bundles only), ``"jumps"`` (chunk-parallel by composed
+            models: their runner's own path), ``"composed"`` (long texts and batches chunk-parallel
+            by the kernel :meth:`Engine._batch_plan` chooses), ``"chunked"`` (chunk-parallel
+            through the compiled per-symbol kernel, ISAN bundles only), ``"jumps"`` (chunk-parallel by composed
             jumps, ISAN bundles with a table) or ``"reference"``.
         backend: ``"numpy"`` or ``"onnx"`` (onnxruntime over the bundle's ONNX graphs; the
             provider that runs is reported in ``describe()``, never silently swapped).

@@ -35,8 +35,9 @@ class ServeConfig:
             work is dropped.
         stream_idle_timeout_s: a stream that sends nothing for this long is closed (code 1001).
         batching: True: each round scores all its slices in one batched kernel call (the
-            compiled symbol-grouped kernel, exact within float32 rounding). False: each slice is
-            scored alone with ``Engine.score`` on the engine's path (``--path``), one after another.
+            compiled kernel ``Engine.score_batch`` would choose, exact within float32 rounding).
+            False: each slice is scored alone with ``Engine.score`` on the engine's path
+            (``--path``), one after another.
         threads: threads for the engine's kernels (None: the engine's own, one a CPU; see
             :func:`isan.engine.serve.service.server_threads`).
         state_secret: the HMAC key of state snapshots (:mod:`isan.engine.serve.snapshot`); None: a

@@ -4,7 +4,7 @@ Every text to score (an HTTP request's, a stream frame's) becomes a :class:`Job`
 symbol ids and its state. The scheduler thread runs *rounds*: each round it takes a slice of
 every pending job (:func:`plan_round`: max-min fair within ``round_chars`` characters, so short
 texts finish in their first round and long ones advance by equal slices), scores all slices with
-one call of the compiled symbol-grouped kernel (:class:`KernelRounds`: what
+one call of a compiled batched kernel (:class:`KernelRounds`: what
 ``Engine.score_batch(slices, states)`` computes, without its per-call preparation; GIL released,
 all threads) and carries each job's state to its next slice. Engines other than
 :class:`~isan.engine.Engine` are called through their ``score_batch``. State is an immutable value, and the

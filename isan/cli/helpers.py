@@ -57,11 +57,11 @@ def model_options(fn):
     fn = click.option("--model", "model", default=None, help="Bundle directory (default: the shipped text8 model).")(fn)
     fn = click.option("--path", "path_mode", type=click.Choice(["auto", "composed", "chunked", "jumps", "reference"]),
                       default="auto", show_default=True,
-                      help="composed: trie-table jumps (texts of 10,000+ characters go chunk-parallel); chunked: "
-                           "chunk-parallel batches in the compiled kernels; jumps: the same by the table's composed jumps "
-                           "(exact; on 2 cores faster on long texts and batches of 1,000+ texts, slower on small "
-                           "batches: see the speed guide); reference: per-character "
-                           "float64 numpy.")(fn)
+                      help="composed: trie-table jumps (texts of 10,000+ characters go chunk-parallel, by "
+                           "composed jumps where they make 512 chunks a thread, else one character a step); "
+                           "chunked: chunk-parallel in the compiled kernel, one character a step; jumps: always "
+                           "by the table's composed jumps (exact; slower on short texts and small batches: see "
+                           "the speed guide); reference: per-character float64 numpy.")(fn)
     fn = click.option("--threads", type=int, default=None,
                       help="Threads for the compiled kernels (default: the CPUs this process may use; ISAN_NUM_THREADS).")(fn)
     fn = click.option("--backend", type=click.Choice(["numpy", "onnx"]), default="numpy", show_default=True,
