@@ -278,7 +278,7 @@ class Engine:
     def _path_for(self, n: int, path: str | None) -> str:
         """The path a text of n characters takes: the call's or the engine's, with long texts on
         the composed path going chunk-parallel (``"batched"``: the kernel chosen by
-        :meth:`_batched_kernel`)."""
+        :meth:`_batch_plan`)."""
         forced = path is not None
         path = path or self.path
         if path not in PATHS:
@@ -334,7 +334,7 @@ class Engine:
         :mod:`~isan.engine.kernels.jumps`; ``"jumps-f16"``: float16 matrices, not exact, for the
         benchmark) or ``"auto"``: jumps when the engine has a trie table and the batch makes at
         least ``MIN_ROWS_PER_THREAD`` rows a thread for them (queues by key need many rows: measured
-        there), else chunked. Both exact kernels are exact. ``cut=False``: one row a text."""
+        there), else chunked. Both are exact (``"jumps-f16"`` is not). ``cut=False``: one row a text."""
         from isan.engine.kernels.chunked import plan_chunks
         from isan.engine.kernels.jumps import MIN_ROWS_PER_THREAD, ROWS_PER_THREAD, run_jumps
 
@@ -440,7 +440,7 @@ class Engine:
             group: ``"auto"`` (the default on the composed path: every text a row of a compiled
                 chunk-parallel kernel, long texts cut into chunks so that the rows keep both cores
                 busy; composed jumps when the batch makes enough rows for them, else one character a
-                step: :meth:`_batched_kernel`), ``"chunked"`` (the same with the per-symbol kernel:
+                step: :meth:`_batch_plan`), ``"chunked"`` (the same with the per-symbol kernel:
                 the default on the chunked and reference paths), ``"symbol"`` (the per-symbol
                 kernel without cutting), ``"jumps"`` (composed jumps grouped by table key,
                 :mod:`isan.engine.kernels.jumps`: the default on the jumps path) or ``"entry"``
@@ -811,8 +811,8 @@ def load_engine(model: str | Path | None = None, path: str = "auto", backend: st
         path: ``"auto"`` (ISAN bundles: composed when the bundle has a table, else chunked; other
             models: their runner's own path), ``"composed"`` (long texts and batches chunk-parallel
             by the kernel :meth:`Engine._batch_plan` chooses), ``"chunked"`` (chunk-parallel
-            through the compiled per-symbol kernel, ISAN bundles only), ``"jumps"`` (chunk-parallel by composed
-            jumps, ISAN bundles with a table) or ``"reference"``.
+            through the compiled per-symbol kernel, ISAN bundles only), ``"jumps"`` (always
+            chunk-parallel by composed jumps, ISAN bundles with a table) or ``"reference"``.
         backend: ``"numpy"`` or ``"onnx"`` (onnxruntime over the bundle's ONNX graphs; the
             provider that runs is reported in ``describe()``, never silently swapped).
         device: for the onnx backend: ``"cpu"``, ``"cuda"`` or ``"auto"``.

@@ -354,8 +354,8 @@ static int run_parallel(WorkFn fn, void *arg, int nt, void (*set_nt)(void *, int
  * group it is in), so the bits are those of the in-step schedule, bit for bit.
  * ------------------------------------------------------------------------------------------ */
 
-/* The rows of one thread (local indices 0..n-1) queued by the symbol each reads next: singly
- * linked lists, taken whole. Shared by run_streams and run_jumps. */
+/* The rows of one thread (local indices 0..n-1) in queues: singly linked lists, taken whole. By the
+ * symbol each row reads next in run_streams, by the table entry it takes next in run_jumps. */
 typedef struct {
     int *head, *next, *cnt; /* (nsym,) first row (-1: empty), (n,) the row after, (nsym,) lengths */
     int nsym;
@@ -885,9 +885,10 @@ static void jumps_work(void *arg, int tid, int nt) {
              * next walk while the readout below computes */
             for (int a = 0; a < n; a++) {
                 const int s = active[a], ls = s - r0;
-                const int64_t p = J->start[s] + pos[ls], k = J->klen[ent[ls]];
+                const int64_t p = J->start[s] + pos[ls], k = J->klen[ent[ls]], end = J->start[s] + J->len[s];
+                const int64_t walk_end = p + k + J->max_k - 1 < end ? p + k + J->max_k - 1 : end - 1;
                 __builtin_prefetch(J->ids + p);
-                __builtin_prefetch(J->ids + p + k + J->max_k - 1);
+                __builtin_prefetch(J->ids + walk_end);
                 if (J->bits) {
                     __builtin_prefetch(J->bits + p, 1);
                     __builtin_prefetch(J->bits + p + k - 1, 1);
