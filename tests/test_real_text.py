@@ -66,7 +66,10 @@ def test_real_corpora_through_the_cli_and_the_server(path, bpc_range, client):
     r = client.post("/v1/score", json={"text": text})
     assert r.status_code == 200 and "NaN" not in r.text
     http = r.json()
-    assert http["chars"] == cli["chars"] and http["bits"] == pytest.approx(cli["bits"], rel=1e-9)
+    # both exact, but not always the same kernel: the CLI scores this 1M-character file in one block
+    # by composed jumps (1,034 chunks), the server in rounds of slices one character a step; their
+    # float32 rounding differs by about 1e-9 of the total (the promise to the reference is 1e-6)
+    assert http["chars"] == cli["chars"] and http["bits"] == pytest.approx(cli["bits"], rel=1e-8)
     assert http["normalization"] == n
 
 
