@@ -117,7 +117,7 @@ def bench_engine(model: str | None, data: str | Path, repeats: int = 3, threads:
         """Rows (name, chars, fn) measured in alternation, one run of each a repeat: a slow spell
         of this shared machine falls on all of them alike, so their ratios hold. One untimed run of
         each first (the first chunk-parallel call checks the model's stability certificate, about
-        0.3 s: start-up, not throughput)."""
+        0.1 s, and its first runs were up to a fifth slower: start-up, not throughput)."""
         times = {name: [] for name, _, _ in entries}
         for _, _, fn in entries:
             fn()
