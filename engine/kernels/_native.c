@@ -407,6 +407,12 @@ static int symq_take(SymQueues *Q, int x, int r0, int *out) {
 /* The buffer that holds a row's state after `steps` updates: H when even, Hb when odd. */
 static inline float *state_buf(float *H, float *Hb, int64_t steps) { return (steps & 1) ? Hb : H; }
 
+/* The correction's measure of a pair (row s and its error row s + P in buf): max|e| / max|h| over
+ * the whole rows (the homogeneous 1 floors max|h| at 1; the error row has 0 there). */
+static inline float pair_residual(const Kernels *K, const float *buf, int s, int P, int dp) {
+    return K->row_absmax(buf + ((size_t)s + P) * dp, dp) / K->row_absmax(buf + (size_t)s * dp, dp);
+}
+
 /* A row that stops with its state in Hb: copy it (and its error row's, with pairs) to H. */
 static void final_to_H(float *H, const float *Hb, int s, int P, int pairs, int dp) {
     memcpy(H + (size_t)s * dp, Hb + (size_t)s * dp, sizeof(float) * dp);
@@ -474,11 +480,7 @@ static void enqueue_row(StreamsJob *J, Sched *S, int s, int writes) {
         return;
     }
     if (J->pairs && t > 0 && t % J->check_every == 0) {
-        /* over the whole row: the homogeneous 1 floors max|h| at 1 (the error row has 0 there) */
-        const float *cur = state_buf(J->H, J->Hb, t);
-        const float mh = J->K->row_absmax(cur + (size_t)s * J->dp, J->dp);
-        const float me = J->K->row_absmax(cur + (size_t)(s + J->P) * J->dp, J->dp);
-        const float r = me / mh;
+        const float r = pair_residual(J->K, state_buf(J->H, J->Hb, t), s, J->P, J->dp);
         if (writes) J->residual[s] = r;
         if (r <= J->stop_ratio) {
             stop_row(J, S, s, writes);
@@ -849,13 +851,10 @@ static void jumps_work(void *arg, int tid, int nt) {
              * check_every jumps) converged stop; the others join the queue of their next entry */
             for (int a = 0; a < n; a++) {
                 const int s = active[a], ls = s - r0;
-                const float *cur = state_buf(J->H, J->Hb, nj[ls]);
                 int stop = 0;
                 if (dead[ls] || pos[ls] >= J->len[s]) stop = 1;
                 else if (J->pairs && nj[ls] > 0 && nj[ls] % J->check_every == 0) {
-                    const float mh = K->row_absmax(cur + (size_t)s * dp, dp);
-                    const float me = K->row_absmax(cur + (size_t)(s + P) * dp, dp);
-                    const float r = me / mh;
+                    const float r = pair_residual(K, state_buf(J->H, J->Hb, nj[ls]), s, P, dp);
                     J->residual[s] = r;
                     if (r <= J->stop_ratio) stop = 1;
                 }
@@ -894,31 +893,7 @@ static void jumps_work(void *arg, int tid, int nt) {
                     __builtin_prefetch(J->bits + p + k - 1, 1);
                 }
             }
-            /* the readout before each jump, with the range check */
-            for (int b0 = 0; b0 < n; b0 += 64) {
-                const int nb = n - b0 < 64 ? n - b0 : 64;
-                for (int i = 0; i < nb; i++) {
-                    const int s = active[b0 + i];
-                    Ap[i] = state_buf(J->H, J->Hb, nj[s - r0]) + (size_t)s * dp;
-                }
-                if (J->bits) {
-                    for (int i = 0; i < nb; i++) sp[i] = scr + (size_t)i * Vp;
-                    K->gemm_rows(nb, Ap, J->RoT, kd, 0, Vp, sp);
-                }
-                for (int i = 0; i < nb; i++) {
-                    const int s = active[b0 + i], ls = s - r0;
-                    const int64_t p = J->start[s] + pos[ls];
-                    double b = 0.0;
-                    if (J->bits) {
-                        b = K->lse_bits(sp[i], V, Vp, J->ids[p]);
-                        J->bits[p] = b;
-                    }
-                    if ((!K->row_ok(Ap[i], dp, J->limit) || !isfinite(b)) && !dead[ls]) {
-                        dead[ls] = 1;
-                        J->diverged[s] = pos[ls];
-                    }
-                }
-            }
+            /* each row's state (and its error row's) and where the jump writes them */
             for (int q = 0; q < n; q++) {
                 const int s = active[q];
                 const float *cur = state_buf(J->H, J->Hb, nj[s - r0]);
@@ -928,6 +903,27 @@ static void jumps_work(void *arg, int tid, int nt) {
                 if (J->pairs) {
                     EAp[q] = cur + (size_t)(s + P) * dp;
                     ECp[q] = nxt + (size_t)(s + P) * dp;
+                }
+            }
+            /* the readout before each jump, with the range check */
+            for (int b0 = 0; b0 < n; b0 += 64) {
+                const int nb = n - b0 < 64 ? n - b0 : 64;
+                if (J->bits) {
+                    for (int i = 0; i < nb; i++) sp[i] = scr + (size_t)i * Vp;
+                    K->gemm_rows(nb, Ap + b0, J->RoT, kd, 0, Vp, sp);
+                }
+                for (int i = 0; i < nb; i++) {
+                    const int s = active[b0 + i], ls = s - r0;
+                    const int64_t p = J->start[s] + pos[ls];
+                    double b = 0.0;
+                    if (J->bits) {
+                        b = K->lse_bits(sp[i], V, Vp, J->ids[p]);
+                        J->bits[p] = b;
+                    }
+                    if ((!K->row_ok(Ap[b0 + i], dp, J->limit) || !isfinite(b)) && !dead[ls]) {
+                        dead[ls] = 1;
+                        J->diverged[s] = pos[ls];
+                    }
                 }
             }
             /* the jumps, group by group; the matrix of the next group (or, after the last, of the
