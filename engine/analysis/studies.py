@@ -195,20 +195,18 @@ def study_word_embedding(p: ISANParams, symbols, train_text: str, n_words: int =
     K = embedding.word_kappa(p, words, symbols, at)
     err = float(np.abs(K[:100] - embedding.word_kappa_ref(p, words[:100], symbols, at)).max())
     Y = embedding.tsne(K, seed=seed)
+    # the same measure also on two other vectors a word leaves (no t-SNE): kappa at the word's last
+    # character, and the composed bias c_word itself (state space; every kappa_word^t is a linear map of it)
+    others = {"kappa at the last character": embedding.word_kappa(p, words, symbols, None),
+              "c_word (state space)": embedding.word_bias(p, words, symbols)}
     groups = {}
     for name, members in embedding.GROUPS.items():
         mask = np.array([w.endswith("tion") if members is None else w in members for w in words])
         if mask.sum() < 2:
             continue
         groups[name] = {"members": [w for w, m in zip(words, mask) if m],
-                        "kappa": embedding.neighbour_purity(K, mask, k), "tsne": embedding.neighbour_purity(Y, mask, k)}
-    # the same measure on two other vectors a word leaves (no t-SNE): kappa at the word's last
-    # character, and the composed bias c_word itself (state space; every kappa_word^t is a linear map of it)
-    others = {"kappa at the last character": embedding.word_kappa(p, words, symbols, None),
-              "c_word (state space)": embedding.word_bias(p, words, symbols)}
-    for name, g in groups.items():
-        mask = np.isin(words, g["members"])
-        g["other_vectors"] = {v: embedding.neighbour_purity(X, mask, k)["purity"] for v, X in others.items()}
+                        "kappa": embedding.neighbour_purity(K, mask, k), "tsne": embedding.neighbour_purity(Y, mask, k),
+                        "other_vectors": {v: embedding.neighbour_purity(X, mask, k)["purity"] for v, X in others.items()}}
     out = {"words": len(words), "at": at, "k": k, "seed": seed, "max_abs_error": err, "groups": groups,
            "suffix": {"kappa": embedding.suffix_agreement(K, words, k),
                       "tsne": embedding.suffix_agreement(Y, words, k)}}

@@ -31,8 +31,7 @@ def gru_slice_stats(bundle: str, text: str) -> dict:
     _, p, alphabet = load_baseline_bundle(bundle)
     if p.kind != "gru":
         raise SystemExit(f"{bundle} is a {p.kind} bundle; this diagnostic reads GRUs")
-    index = {c: i for i, c in enumerate(alphabet.symbols)}
-    ids = np.array([index[c] for c in text])
+    ids = alphabet.encode(text)
     h0 = p.initial_state().astype(np.float64)
     H = baseline_states_ref(p, ids, h0)  # (T, d) the states after each character
     before = np.vstack([h0[None, :], H[:-1]])  # the states each character is read from
