@@ -211,25 +211,29 @@ class JumpTable:
             entry_of[node] = j
         M, panels, offs = [], [], []
         off = 0
+        # a float32 table is packed in float32 (the same values as through float64, without the copies:
+        # the jump table is packed on an engine's first long text, so this is start-up time)
+        work = np.float32 if Ac.dtype == np.float32 and R.dtype == np.float32 else np.float64
         for e in order:
             k = len(keys[e])
-            Me = np.zeros((d + 1, dp + (k - 1) * Vp), dtype=np.float64)
-            Me[:d, :d] = np.asarray(Ac[e][:, :d], dtype=np.float64).T
+            Me = np.zeros((d + 1, dp + (k - 1) * Vp), dtype=work)
+            Me[:d, :d] = Ac[e][:, :d].T
             Me[d, :d] = Ac[e][:, d]
             Me[d, d] = 1.0
             for i in range(1, k):  # the readout of the key's prefix of i symbols
-                Ri = np.asarray(R[offsets[e] + i], dtype=np.float64)
+                Ri = R[offsets[e] + i]
                 c0 = dp + (i - 1) * Vp
                 Me[:d, c0 : c0 + V] = Ri[:, :d].T
                 Me[d, c0 : c0 + V] = Ri[:, d]
-            M32 = Me.astype(dtype).astype(np.float32)  # what the kernel multiplies with (float16 values, exactly)
+            # what the kernel multiplies with (float16 values, exactly)
+            M32 = Me if work == np.float32 and dtype == np.float32 else Me.astype(dtype).astype(np.float32)
             M32.setflags(write=False)
             M.append(M32)
-            pan = np.ascontiguousarray(pack_panels(M32).reshape(-1).astype(dtype))
-            panels.append(pan)
+            pan = pack_panels(M32).reshape(-1)
+            panels.append(pan if dtype == np.float32 else pan.astype(dtype))
             offs.append(off)
             off += len(pan)
-        M_panels = np.concatenate(panels).astype(dtype)
+        M_panels = np.concatenate(panels)
         arrays = dict(klen=np.array([len(k) for k in all_keys], dtype=np.int32),
                       m_off=np.array(offs, dtype=np.int64), children=np.array(children, dtype=np.int32),
                       entry_of=np.array(entry_of, dtype=np.int32))
