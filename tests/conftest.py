@@ -92,3 +92,43 @@ def text8_test_ref(default_engine, text8_test):
 
     p = default_engine.params
     return score_ref(p, default_engine.encode(text8_test).astype(np.int64), p.h0)
+
+
+# ---- the compiled kernels' instruction sets (generic, avx2, avx512): tests taking `isa` run on each ----
+def isas():
+    """Instruction sets this CPU can run (the module picks the best on load; tests run each)."""
+    from isan.engine.kernels import native
+
+    nat = native()
+    if nat is None:
+        return [None]
+    best = nat.isa()
+    out = []
+    for name in ("generic", "avx2", "avx512"):
+        try:
+            nat.set_isa(name)
+            out.append(name)
+        except ValueError:
+            pass
+    nat.set_isa(best)
+    return out
+
+
+@pytest.fixture
+def isa(request):
+    """Runs a test once for each instruction set of the compiled kernels this CPU can run (None:
+    the kernels are not built), and restores the best one after."""
+    from isan.engine.kernels import native
+
+    nat = native()
+    best = nat.isa() if nat is not None else None
+    if request.param is not None:
+        nat.set_isa(request.param)
+    yield request.param
+    if nat is not None:
+        nat.set_isa(best)
+
+
+def pytest_generate_tests(metafunc):
+    if "isa" in metafunc.fixturenames:
+        metafunc.parametrize("isa", isas(), indirect=True)

@@ -25,39 +25,6 @@ BITS_TOL = 1e-4
 TOTAL_RTOL = 1e-6
 
 
-def isas():
-    """Instruction sets this CPU can run (the module picks the best on load; tests run each)."""
-    nat = native()
-    if nat is None:
-        return [None]
-    best = nat.isa()
-    out = []
-    for name in ("generic", "avx2", "avx512"):
-        try:
-            nat.set_isa(name)
-            out.append(name)
-        except ValueError:
-            pass
-    nat.set_isa(best)
-    return out
-
-
-@pytest.fixture
-def isa(request):
-    nat = native()
-    best = nat.isa() if nat is not None else None
-    if request.param is not None:
-        nat.set_isa(request.param)
-    yield request.param
-    if nat is not None:
-        nat.set_isa(best)
-
-
-def pytest_generate_tests(metafunc):
-    if "isa" in metafunc.fixturenames:
-        metafunc.parametrize("isa", isas(), indirect=True)
-
-
 @pytest.fixture(scope="module")
 def model(default_engine):
     return StreamModel.from_params(default_engine.params32)
