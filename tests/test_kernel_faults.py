@@ -104,11 +104,12 @@ def child_engine(paths: list[str], threads: int, text8: str, seconds: float) -> 
                 (out(r) for r in eng.score_batch(texts, per_char=True, threads=threads)), [])
             want = [sum((out(ref.score(t, per_char=True)) for t in texts), []) for texts in goods]
         else:
-            # chunked: long enough to cut into chunks; composed: short, since on two threads every
-            # jump waits at a barrier, for a time slice when the machine is loaded
-            n = {"chunked": 6000, "composed": 300}.get(path, 1000)
+            # chunked and jumps (chunk-parallel, by the per-symbol and the composed-jumps kernel): long
+            # enough to cut into chunks; composed: short, since on two threads every jump waits at a
+            # barrier, for a time slice when the machine is loaded
+            n = {"chunked": 6000, "jumps": 6000, "composed": 300}.get(path, 1000)
             goods = [test[0:n], test[n : 2 * n]]
-            bads = [bad * 3 if path == "chunked" else bad, SHORT_BAD]
+            bads = [bad * 3 if path in ("chunked", "jumps") else bad, SHORT_BAD]
             call = lambda text: out(eng.score(text, path=path, threads=threads, per_char=True))  # noqa: E731
             want = [out(ref.score(t, per_char=True)) for t in goods]
         first = [None] * len(goods)
@@ -308,7 +309,8 @@ def child_faults(text8: str, repeats: int) -> dict:
     calls = [lambda: k.seq_call("good"), lambda: k.seq_call("bad"), lambda: k.streams_call(rows, "cols"),
              lambda: k.streams_call(rows, "rows"),
              lambda: eng.score(test[:300], path="composed", threads=2, per_char=True).per_char_bits,
-             lambda: eng.score(test[:6000], path="chunked", threads=2, per_char=True).per_char_bits]
+             lambda: eng.score(test[:6000], path="chunked", threads=2, per_char=True).per_char_bits,
+             lambda: eng.score(test[:6000], path="jumps", threads=2, per_char=True).per_char_bits]
     want = [fn() for fn in calls]
 
     def same(a, b):
@@ -377,7 +379,7 @@ def one_child(*args: str) -> dict:
     return lines[-1]
 
 
-PATHS = ["composed", "chunked", "batched", "reference"]
+PATHS = ["composed", "chunked", "jumps", "batched", "reference"]
 _engine_runs: dict[int, dict[str, dict | str]] = {}
 
 
