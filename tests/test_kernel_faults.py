@@ -252,11 +252,14 @@ def child_interrupt(text8: str, n_interrupts: int) -> dict:
         lambda: eng.score(SHORT_BAD, path="composed", threads=2),
         lambda: eng.score_batch([test[:3000], test[3000:9000], test[9000:9500]], threads=2),
         lambda: eng.score(bad * 3, path="chunked", threads=2),
+        lambda: eng.score(test[:60_000], path="jumps", threads=2),
+        lambda: eng.score(bad * 3, path="jumps", threads=2),
     ]
     checks = [
         lambda: eng.score(test[:500], path="composed", threads=2, per_char=True).per_char_bits,
         lambda: eng.score(test[:500], path="composed", threads=1, per_char=True).per_char_bits,
         lambda: eng.score(test[:20_000], path="chunked", threads=2, per_char=True).per_char_bits,
+        lambda: eng.score(test[:20_000], path="jumps", threads=2, per_char=True).per_char_bits,
         lambda: np.concatenate([r.per_char_bits for r in eng.score_batch([test[:700], test[700:5000]],
                                                                           per_char=True, threads=2)]),
     ]
