@@ -21,6 +21,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 from isan.corpus import read_output, score_corpus  # noqa: E402
 from isan.engine.corpus.job import load_corpus_engine  # noqa: E402
+from isan.engine.corpus.scoring import corpus_path  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
@@ -82,17 +83,19 @@ def corpus(tmp_path_factory, text):
 
 
 def expected_bits(engine, texts: list[str]) -> list[float]:
-    """Each document scored alone by Engine.score on the chunk-parallel path."""
-    return [engine.score(t, path="chunked").bits for t in texts]
+    """Each document scored alone by Engine.score on the corpus's chunk-parallel path."""
+    return [engine.score(t, path=corpus_path(engine)).bits for t in texts]
 
 
 def assert_engine_bits(engine, texts: list[str], got) -> None:
-    """A document under 2,048 characters is one row of the chunk-parallel kernel, both in the job and in
-    Engine.score(path="chunked"): equal to 1e-9 (in fact bit for bit). A longer one is cut by its own
-    length in the job and by Engine.score's plan (over its threads) there: equal within float32
-    rounding at the cuts (1e-7); the engine's default path (table jumps) agrees to 1e-6."""
+    """A document under 2,048 characters is one row of the chunk-parallel kernel (composed jumps: the
+    shipped model has a table), both in the job and in Engine.score(path=corpus_path(engine)): equal
+    to 1e-9 (in fact bit for bit). A longer one is cut by its own length in the job and by
+    Engine.score's plan (over its threads) there: equal within float32 rounding at the cuts (1e-7);
+    the float64 reference agrees to 1e-6."""
+    assert corpus_path(engine) == "jumps" and engine.path == "jumps"
     for t, g in zip(texts, got):
-        r = engine.score(t, path="chunked").bits
+        r = engine.score(t, path=corpus_path(engine)).bits
         assert g == pytest.approx(r, rel=1e-9 if len(t) < 2048 else 1e-7, abs=0), (len(t), g, r)
 
 
@@ -137,7 +140,7 @@ def test_per_line_text_and_per_char_bits(corpus, tmp_path, engine):
     lines = [x for x in (corpus / "lines.txt").read_text().split("\n") if x.strip()]
     assert len(t) == len(lines) == 10
     for line, (_, row) in zip(lines, t.iterrows()):
-        r = engine.score(line, path="chunked", per_char=True)
+        r = engine.score(line, path=corpus_path(engine), per_char=True)
         assert row["bits"] == pytest.approx(r.bits, rel=1e-9 if len(line) < 2048 else 1e-7, abs=0)
         if r.chars <= 1500:
             np.testing.assert_allclose(np.asarray(row["per_char_bits"]), r.per_char_bits, rtol=0,
@@ -231,6 +234,27 @@ def test_killed_and_rerun_gives_the_same_output(tmp_path, text):
             assert (ref / "shards" / n).read_bytes() == (out / "shards" / n).read_bytes()
     s = json.loads(r.stdout)
     assert s["documents"] == 180 and s["bits"] == pytest.approx(json.loads((ref / "summary.json").read_text())["bits"], rel=1e-12)
+
+
+def test_the_kernel_is_the_models_not_the_batchs(corpus, tmp_path, engine):
+    """With a trie table every row goes by composed jumps, without one by one character a step,
+    whatever the batch: the same documents in batches of 3,000 and of 200,000 characters give the
+    same bits to the last bit, and the table-less engine's bits equal the jumps' within 1e-7."""
+    from isan.engine.core import Engine
+
+    src = [str(corpus / "a.jsonl")]
+    small, big = tmp_path / "small", tmp_path / "big"
+    score_corpus(src, small, progress=False, batch_chars=3_000, engine=engine)
+    score_corpus(src, big, progress=False, batch_chars=200_000, engine=engine)
+    a, b = read_output(small).to_pandas(), read_output(big).to_pandas()
+    assert len(a) == 80 and np.array_equal(a.sort_values("id")["bits"].to_numpy(), b.sort_values("id")["bits"].to_numpy())
+    plain = Engine(engine.input_params, engine.alphabet, engine.manifest, engine.source, None, path="chunked")
+    assert corpus_path(engine) == "jumps" and corpus_path(plain) == "chunked"
+    out = tmp_path / "plain"
+    score_corpus(src, out, progress=False, engine=plain)
+    c = read_output(out).to_pandas()
+    np.testing.assert_allclose(c.sort_values("id")["bits"].to_numpy(), a.sort_values("id")["bits"].to_numpy(),
+                               rtol=1e-7, atol=0)
 
 
 def test_another_job_in_the_same_directory_is_refused(tmp_path, corpus, engine):

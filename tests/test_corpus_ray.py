@@ -19,6 +19,7 @@ pytest.importorskip("pyarrow")
 
 from isan.corpus import read_output, score_corpus  # noqa: E402
 from isan.engine.corpus.job import load_corpus_engine  # noqa: E402
+from isan.engine.corpus.scoring import corpus_path  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
@@ -94,13 +95,13 @@ def test_ray_cluster_equals_local_and_the_engine(cluster, corpus, tmp_path):
     assert s_local["bits"] == s_ray["bits"]
     rows = [row for row in b.to_pylist() if row["error"] is None]
     ids = [row["id"] for row in rows]
-    # Engine.score (chunk-parallel path): a document under 2,048 characters is the same single row,
+    # Engine.score (the corpus's chunk-parallel path): a document under 2,048 characters is the same single row,
     # equal to 1e-9; a longer one is cut differently there (by Engine.score's plan), equal within 1e-7
     short = 0
     for i, row in zip(ids, rows):
         t = texts[i]
         short += len(t) < 2048
-        want = engine.score(t, path="chunked").bits
+        want = engine.score(t, path=corpus_path(engine)).bits
         assert row["bits"] == pytest.approx(want, rel=1e-9 if len(t) < 2048 else 1e-7, abs=0)
     assert short > 50
 

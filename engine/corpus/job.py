@@ -65,12 +65,13 @@ class JobConfig:
 
 
 def load_corpus_engine(model: str | None):
-    """The model a job scores with (chunk-parallel path: no trie table is needed)."""
+    """The model a job scores with, chunk-parallel (:func:`~isan.engine.corpus.scoring.corpus_path`:
+    by composed jumps when the bundle has a trie table or a table recipe, else one character a step)."""
     from isan.engine.core import Engine, default_model_path
 
     from isan.engine.corpus.scoring import corpus_engine
 
-    return corpus_engine(Engine.load(model or default_model_path(), path_mode="chunked", progress_bar=False))
+    return corpus_engine(Engine.load(model or default_model_path(), progress_bar=False))
 
 
 def _file_error_row(message: str) -> dict:

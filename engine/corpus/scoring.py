@@ -7,9 +7,10 @@ numbers to the last bit:
 - documents of at most ``row_max_chars`` scored characters are scored together, chunk-parallel
   (:func:`isan.engine.kernels.chunked.score_texts_chunked`, the kernel of :meth:`Engine.score_batch`),
   each cut into ``max(1, n // CHUNK_CHARS)`` chunks by its own length alone (score_batch plans the
-  cuts over the whole batch, which would make a document's last bits depend on its neighbours); a
+  cuts over the whole batch, which would make a document's last bits depend on its neighbours); the
+  kernel is fixed by the model (:func:`corpus_path`: composed jumps when it has a trie table), and a
   row's arithmetic does not depend on the other rows, so a document under 2,048 characters is one
-  row and equals ``Engine.score(text, path="chunked")`` exactly;
+  row and equals ``Engine.score(text, path=corpus_path(engine))`` exactly;
 - a longer one is scored in blocks of a million characters with the state carried across them
   (:func:`isan.engine.blocks.score_blocks`) on the chunk-parallel path, whose chunk plan is fixed
   by ``LONG_DOC_THREADS`` rather than by the worker's cores.
@@ -46,17 +47,27 @@ DEFAULT_BATCH_CHARS = 2_000_000
 COUNT_KEYS = ("changed", "dropped", "skipped", "replaced")
 
 
+def corpus_path(engine) -> str:
+    """The chunk-parallel kernel of every corpus row and long document: composed jumps when the
+    engine has a trie table (``"jumps"``), else one character a step (``"chunked"``). Fixed by the
+    model alone, never by the batch: a row's jumps are its own greedy segmentation whatever the
+    other rows, so a document's bits do not depend on its batch, worker or shard."""
+    return "jumps" if engine.table is not None else "chunked"
+
+
 def corpus_engine(engine, threads: int | None = None):
-    """The engine a corpus job scores with: the same model on the chunk-parallel path (batched
-    kernels; never the table's sequential jumps), its chunk plan fixed (``LONG_DOC_THREADS``)."""
+    """The engine a corpus job scores with: the same model on the chunk-parallel path
+    (:func:`corpus_path`; never the table's sequential jumps), its chunk plan fixed
+    (``LONG_DOC_THREADS``)."""
     from isan.engine.core import Engine
 
     if not isinstance(engine, Engine):
         raise IsanError(f"corpus scoring runs ISAN engines (isan.engine.Engine); got {type(engine).__name__}")
-    if engine.path == "chunked" and engine.threads == LONG_DOC_THREADS:
+    path = corpus_path(engine)
+    if engine.path == path and engine.threads == LONG_DOC_THREADS:
         return engine  # already one (keeps what it computed on first use: the certificate, the kernel layout)
     return Engine(engine.input_params, engine.alphabet, engine.manifest, engine.source, engine.table,
-                  path="chunked", threads=LONG_DOC_THREADS)
+                  path=path, threads=LONG_DOC_THREADS)
 
 
 @dataclass
@@ -155,16 +166,22 @@ class DocScorer:
         return rows  # type: ignore[return-value]
 
     def _kernel(self):
-        """The batched kernel's weights and the chunk fallback, built once (as the engine builds its own)."""
+        """The batched kernel's weights, the chunk fallback and the keywords of
+        :func:`~isan.engine.kernels.chunked.score_texts_chunked` that choose the kernel
+        (:func:`corpus_path`), built once (as the engine builds its own)."""
         if getattr(self, "_kern", None) is None:
             from isan.engine.core import ProvenForgetting
             from isan.engine.kernels.chunked import MIN_CHUNK, Float64Fallback
+            from isan.engine.kernels.jumps import run_jumps
             from isan.engine.kernels.streams import StreamModel
 
             eng = self.engine
             bound = eng.forget_bound_chars()
             fallback = ProvenForgetting(bound) if bound is not None and bound <= MIN_CHUNK else Float64Fallback(eng.params)
-            self._kern = (StreamModel.from_params(eng.params32), fallback)
+            if corpus_path(eng) == "jumps":
+                self._kern = (eng._jump_table(), fallback, {"runner": run_jumps, "path": "jumps"})
+            else:
+                self._kern = (StreamModel.from_params(eng.params32), fallback, {})
         return self._kern
 
     def _bits(self, ids_list: list) -> list:
@@ -175,16 +192,17 @@ class DocScorer:
         from isan.engine.kernels.chunked import score_texts_chunked
 
         eng = self.engine
-        model, fallback = self._kernel()
+        model, fallback, kw = self._kernel()
         texts = [np.asarray(x, dtype=np.int32) for x in ids_list]
         plan = [max(1, len(x) // CHUNK_CHARS) for x in texts]
         h0 = np.tile(eng.params.h0, (len(texts), 1))
         bits, _, _, div = score_texts_chunked(model, texts, h0, chunks=plan, threads=self.threads,
-                                              fallback=fallback)
+                                              fallback=fallback, **kw)
         if div:
             i, off, h_start, t = div[0]
             try:
-                raise_diverged(eng.params.W, eng.params.b, texts[i][off:].astype(np.int64), h_start, "chunked",
+                raise_diverged(eng.params.W, eng.params.b, texts[i][off:].astype(np.int64), h_start,
+                               kw.get("path", "chunked"),
                                detected_at=t, base_offset=off, symbols=eng.alphabet.symbols)
             except StateDivergedError as e:
                 e.text_index = i
