@@ -293,3 +293,24 @@ def test_datatrove_block(tmp_path, corpus, engine):
         assert m["isan_bits"] == pytest.approx(want[doc["id"]], rel=1e-9 if len(texts[doc["id"]]) < 2048 else 1e-7)
         assert m["isan_bpc"] <= cut and m["isan_chars"] > 0
     assert len(kept) == sum(1 for b in bpcs if b <= cut)
+
+
+def test_bench_corpus_quick_run_records_its_command_and_kernel(tmp_path):
+    """`isan bench corpus` on a small corpus, local runner only: the JSON holds the command, the
+    kernel the job took (jumps: the shipped model has a table), and one row that scored every
+    document without an error."""
+    data = REPO.parent / "shared" / "data"
+    if not data.exists():
+        pytest.skip("the shared data is not beside the repo")
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    r = subprocess.run([sys.executable, "-m", "isan.cli", "bench", "corpus", "--data-dir", str(data), "--mb", "0.2",
+                        "--files", "2", "--no-ray", "--no-kenlm", "--out", str(out)],
+                       env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["command"].startswith("isan bench corpus") and "--mb 0.2" in res["command"]
+    assert res["facts"]["kernel"] == "jumps" and res["facts"]["errors"] == 0
+    (row,) = res["rows"]
+    assert row["documents"] == res["corpus"]["documents"] > 0 and row["chars_per_s"] > 0 and 1.0 < row["bpc"] < 3.0
+    assert "Command: `isan bench corpus" in r.stdout

@@ -26,6 +26,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -265,8 +266,12 @@ def bench_corpus(data_dir: str | Path, mb: float = 50.0, files: int = 8, cpus_pe
     finally:
         if not work_dir:
             shutil.rmtree(work, ignore_errors=True)
-    return {"benchmark": "corpus", "machine": machine(), "corpus": {"path": str(corpus), **meta, "files": files},
-            "rows": rows, "facts": facts, "model": engine.params_sha256}
+    from isan.engine.corpus.scoring import corpus_path
+
+    facts["kernel"] = corpus_path(engine)
+    return {"benchmark": "corpus", "machine": machine(), "command": " ".join(["isan"] + sys.argv[1:]),
+            "corpus": {"path": str(corpus), **meta, "files": files}, "rows": rows, "facts": facts,
+            "model": engine.params_sha256}
 
 
 def _bench_kenlm_docs(corpus: Path, engine, data_dir: Path, log) -> dict:
@@ -298,6 +303,8 @@ def _bench_kenlm_docs(corpus: Path, engine, data_dir: Path, log) -> dict:
 def markdown(result: dict) -> str:
     m, c = result["machine"], result["corpus"]
     lines = [f"Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}",
+             f"Command: `{result.get('command', 'isan bench corpus')}`  (one run of each; the kernel: "
+             f"{result['facts'].get('kernel', '?')})",
              f"Corpus: {c['documents']:,} documents, {c['bytes'] / 1e6:.1f} MB of JSONL in {c['files']} files", "",
              "| runner | seconds | docs/s | chars/s | bpc |", "|---|---:|---:|---:|---:|"]
     for r in result["rows"]:
