@@ -150,17 +150,22 @@ def test_engine_jumps_path_equals_reference(default_engine, text8_test):
     assert np.abs(h - ref.state.h).max() < 1e-4 * max(1.0, np.abs(ref.state.h).max())
 
 
+def _draw_batch(data, table, K: int):
+    """Hypothesis-made texts (the table's multi-symbol keys and random symbols), 1-5 of them, and a
+    chunk count for each (1 to one chunk per 64 characters)."""
+    keys = [k for k in table.keys if len(k) > 1]
+    piece = st.one_of(st.sampled_from(keys), st.lists(st.integers(0, K - 1), min_size=1, max_size=5).map(tuple))
+    texts = data.draw(st.lists(st.lists(piece, min_size=1, max_size=300).map(
+        lambda ps: np.array([x for p in ps for x in p], dtype=np.int32)), min_size=1, max_size=5))
+    return texts, [data.draw(st.integers(1, max(1, len(t) // 64))) for t in texts]
+
+
 @settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_chunked_by_jumps_equals_reference_any_shape(default_engine, table, data):
     """Hypothesis-made texts (table keys and random symbols), any batch shape and chunk count,
     through the exact chunk-parallel algorithm with the jumps kernel (compiled and twin)."""
-    K = default_engine.params.K
-    keys = [k for k in table.keys if len(k) > 1]
-    piece = st.one_of(st.sampled_from(keys), st.lists(st.integers(0, K - 1), min_size=1, max_size=5).map(tuple))
-    texts = data.draw(st.lists(st.lists(piece, min_size=1, max_size=300).map(
-        lambda ps: np.array([x for p in ps for x in p], dtype=np.int32)), min_size=1, max_size=5))
-    chunks = [data.draw(st.integers(1, max(1, len(t) // 64))) for t in texts]
+    texts, chunks = _draw_batch(data, table, default_engine.params.K)
     runner = data.draw(st.sampled_from([run_jumps, run_jumps_ref]) if native() is not None else st.just(run_jumps_ref))
     threads = data.draw(st.integers(1, 2))
     h0 = default_engine.params.h0
@@ -186,12 +191,7 @@ def test_chunked_by_float16_jumps_any_shape(default_engine, table, data):
     bits stay within 0.05 of the float64 reference (6.6e-03 on real text in `isan bench engine`),
     totals within a relative 1e-3."""
     t16 = default_engine._jump_table("float16")
-    K = default_engine.params.K
-    keys = [k for k in t16.keys if len(k) > 1]
-    piece = st.one_of(st.sampled_from(keys), st.lists(st.integers(0, K - 1), min_size=1, max_size=5).map(tuple))
-    texts = data.draw(st.lists(st.lists(piece, min_size=1, max_size=300).map(
-        lambda ps: np.array([x for p in ps for x in p], dtype=np.int32)), min_size=1, max_size=5))
-    chunks = [data.draw(st.integers(1, max(1, len(t) // 64))) for t in texts]
+    texts, chunks = _draw_batch(data, t16, default_engine.params.K)
     threads = data.draw(st.integers(1, 2))
     h0 = default_engine.params.h0
     hs = np.tile(h0, (len(texts), 1))
