@@ -22,6 +22,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 from isan.corpus import read_output, score_corpus  # noqa: E402
 from isan.engine.corpus.job import load_corpus_engine  # noqa: E402
 from isan.engine.corpus.scoring import corpus_path  # noqa: E402
+from isan.errors import IsanError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
@@ -239,7 +240,8 @@ def test_killed_and_rerun_gives_the_same_output(tmp_path, text):
 def test_the_kernel_is_the_models_not_the_batchs(corpus, tmp_path, engine):
     """With a trie table every row goes by composed jumps, without one by one character a step,
     whatever the batch: the same documents in batches of 3,000 and of 200,000 characters give the
-    same bits to the last bit, and the table-less engine's bits equal the jumps' within 1e-7."""
+    same bits to the last bit, and the table-less engine's bits equal the jumps' within 1e-7; the job
+    records its kernel, so a re-run into its directory with the other kernel is refused."""
     from isan.engine.core import Engine
 
     src = [str(corpus / "a.jsonl")]
@@ -250,8 +252,11 @@ def test_the_kernel_is_the_models_not_the_batchs(corpus, tmp_path, engine):
     assert len(a) == 80 and np.array_equal(a.sort_values("id")["bits"].to_numpy(), b.sort_values("id")["bits"].to_numpy())
     plain = Engine(engine.input_params, engine.alphabet, engine.manifest, engine.source, None, path="chunked")
     assert corpus_path(engine) == "jumps" and corpus_path(plain) == "chunked"
+    with pytest.raises(IsanError, match="differs in: kernel"):  # a job's parts never mix the kernels
+        score_corpus(src, small, progress=False, engine=plain)
     out = tmp_path / "plain"
     score_corpus(src, out, progress=False, engine=plain)
+    assert json.loads((out / "job.json").read_text())["kernel"] == "chunked"
     c = read_output(out).to_pandas()
     np.testing.assert_allclose(c.sort_values("id")["bits"].to_numpy(), a.sort_values("id")["bits"].to_numpy(),
                                rtol=1e-7, atol=0)

@@ -23,7 +23,7 @@ from typing import Callable
 from isan.atomic import write_json_atomic
 from isan.errors import IsanError
 from isan.engine.corpus.readers import FORMATS, InputFileError, detect_format, expand_inputs, is_url, read_docs
-from isan.engine.corpus.scoring import DEFAULT_BATCH_CHARS, ROW_MAX_CHARS, DocScorer, ScoreOptions
+from isan.engine.corpus.scoring import DEFAULT_BATCH_CHARS, ROW_MAX_CHARS, DocScorer, ScoreOptions, corpus_path
 from isan.engine.corpus.writers import part_name, part_totals, rows_totals, shard_key, write_part
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,9 @@ class JobConfig:
     part_docs: int = 10_000
     part_chars: int = 32_000_000
     row_max_chars: int = ROW_MAX_CHARS
+    #: the batched kernel (``corpus_path``): "jumps" with the model's trie table, else "chunked";
+    #: the two agree within 1e-7, not to the last bit, so a job's parts must not mix them
+    kernel: str = "chunked"
     # not part of the output's identity
     batch_chars: int = field(default=DEFAULT_BATCH_CHARS, compare=False)
 
@@ -253,7 +256,8 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
         engine = load_corpus_engine(model)
     elif runner == "ray":
         raise IsanError("the Ray runner loads the model on every actor: pass model=, not engine=")
-    cfg = JobConfig(model=str(model) if model else None, params_sha256=engine.params_sha256, fmt=fmt,
+    cfg = JobConfig(model=str(model) if model else None, params_sha256=engine.params_sha256, kernel=corpus_path(engine),
+                    fmt=fmt,
                     text_field=text_field, id_field=id_field, per_line=per_line, normalize=normalize, unknown=unknown,
                     replacement=replacement, per_char_max=per_char_max, part_docs=part_docs, part_chars=part_chars,
                     batch_chars=batch_chars)

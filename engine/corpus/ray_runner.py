@@ -36,6 +36,14 @@ class FileScorer:
 
             raise IsanError(f"the model on this node ({engine.source}, {engine.params_sha256[:12]}) is not the "
                             f"driver's ({self.cfg.params_sha256[:12]}); install the same isan and model on every node")
+        from isan.engine.corpus.scoring import corpus_path
+
+        if corpus_path(engine) != self.cfg.kernel:
+            from isan.errors import IsanError
+
+            raise IsanError(f"the model on this node ({engine.source}) scores by the {corpus_path(engine)} kernel, the "
+                            f"driver's by {self.cfg.kernel} (its trie table is {'missing' if engine.table is None else 'there'}"
+                            " here); install the same isan and model, with its table, on every node")
         self.scorer = DocScorer(engine, self.cfg.options(threads))
         self.shards = Path(out) / "shards"
 
