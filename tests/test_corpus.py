@@ -256,7 +256,12 @@ def test_the_kernel_is_the_models_not_the_batchs(corpus, tmp_path, engine):
         score_corpus(src, small, progress=False, engine=plain)
     out = tmp_path / "plain"
     score_corpus(src, out, progress=False, engine=plain)
-    assert json.loads((out / "job.json").read_text())["kernel"] == "chunked"
+    job = json.loads((out / "job.json").read_text())
+    assert job.pop("kernel") == "chunked"
+    (out / "job.json").write_text(json.dumps(job))  # as a job of an earlier isan wrote it: per symbol, unrecorded
+    assert score_corpus(src, out, progress=False, engine=plain)["documents"] == 80
+    with pytest.raises(IsanError, match="scored by the chunked kernel, this run's by jumps"):
+        score_corpus(src, out, progress=False, engine=engine)
     c = read_output(out).to_pandas()
     np.testing.assert_allclose(c.sort_values("id")["bits"].to_numpy(), a.sort_values("id")["bits"].to_numpy(),
                                rtol=1e-7, atol=0)

@@ -193,9 +193,15 @@ def _check_job(out: Path, cfg: JobConfig) -> None:
         if not isinstance(have, dict) or have.get("format") != JOB_FORMAT:
             raise IsanError(f"{out} holds something other than an isan corpus job ({path} is not one); "
                             "choose another --out")
+        have.setdefault("kernel", "chunked")  # jobs written before the kernel was recorded: one character a step
         diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
         if diff:
-            raise IsanError(f"{out} holds the output of another job (it differs in: {', '.join(diff)}); "
+            hint = ""
+            if "kernel" in diff:
+                hint = (f" (its documents were scored by the {have['kernel']} kernel, this run's by {want['kernel']}: "
+                        "composed jumps wherever the model has a trie table; they agree within 1e-7, not to the "
+                        "last bit, so one job's files never mix them)")
+            raise IsanError(f"{out} holds the output of another job (it differs in: {', '.join(diff)}){hint}; "
                             "re-run with the same options to resume it, or choose another --out")
         return
     out.mkdir(parents=True, exist_ok=True)
