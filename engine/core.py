@@ -348,24 +348,31 @@ class Engine:
             return kernel, model, jump_chunks, {"runner": run_jumps, "path": kernel}
         return kernel, self._streams(), None if cut else [1] * len(lengths), {}
 
+    def _chunk_fallback(self):
+        """What chunk-parallel scoring does with a chunk whose correction does not converge, built
+        once: a certified model forgets any start-state error within ``forget_bound_chars()``
+        characters, so every chunk (at least MIN_CHUNK long) corrects itself and none can need the
+        float64 fallback (:class:`ProvenForgetting`); otherwise :class:`Float64Fallback`."""
+        if self._fallback is None:
+            from isan.engine.kernels.chunked import MIN_CHUNK, Float64Fallback
+
+            bound = self.forget_bound_chars()
+            self._fallback = (ProvenForgetting(bound) if bound is not None and bound <= MIN_CHUNK
+                              else Float64Fallback(self.params))
+        return self._fallback
+
     def _chunked(self, ids_list: list[np.ndarray], hs: np.ndarray, want_bits: bool = True,
                  threads: int | None = None, cut: bool = True, kernel: str = "auto"):
         """Chunk-parallel scoring of texts (:func:`isan.engine.kernels.chunked.score_texts_chunked`)
         by ``kernel`` (:meth:`_batch_plan`); raises StateDivergedError (located by the float64
         reference) naming the text and offset."""
-        from isan.engine.kernels.chunked import MIN_CHUNK, Float64Fallback, score_texts_chunked
+        from isan.engine.kernels.chunked import score_texts_chunked
 
-        if self._fallback is None:
-            bound = self.forget_bound_chars()
-            # a certified model forgets any start-state error within `bound` characters, so every
-            # chunk (at least MIN_CHUNK long) corrects itself: no chunk can need the float64 fallback
-            self._fallback = (ProvenForgetting(bound) if bound is not None and bound <= MIN_CHUNK
-                              else Float64Fallback(self.params))
         threads = threads or self.threads
         kernel, model, chunks, kw = self._batch_plan([len(x) for x in ids_list], threads, cut, kernel)
         bits, finals, rep, div = score_texts_chunked(
             model, [np.asarray(x, dtype=np.int32) for x in ids_list], np.asarray(hs, dtype=np.float64),
-            chunks=chunks, threads=threads, want_bits=want_bits, fallback=self._fallback, **kw)
+            chunks=chunks, threads=threads, want_bits=want_bits, fallback=self._chunk_fallback(), **kw)
         if div:
             i, off, h_start, t = div[0]
             try:

@@ -168,21 +168,10 @@ class DocScorer:
     def _kernel(self):
         """The batched kernel's weights, the chunk fallback and the keywords of
         :func:`~isan.engine.kernels.chunked.score_texts_chunked` that choose the kernel
-        (:func:`corpus_path`), built once (as the engine builds its own)."""
-        if getattr(self, "_kern", None) is None:
-            from isan.engine.core import ProvenForgetting
-            from isan.engine.kernels.chunked import MIN_CHUNK, Float64Fallback
-            from isan.engine.kernels.jumps import run_jumps
-            from isan.engine.kernels.streams import StreamModel
-
-            eng = self.engine
-            bound = eng.forget_bound_chars()
-            fallback = ProvenForgetting(bound) if bound is not None and bound <= MIN_CHUNK else Float64Fallback(eng.params)
-            if corpus_path(eng) == "jumps":
-                self._kern = (eng._jump_table(), fallback, {"runner": run_jumps, "path": "jumps"})
-            else:
-                self._kern = (StreamModel.from_params(eng.params32), fallback, {})
-        return self._kern
+        (:func:`corpus_path`): the engine's own (:meth:`Engine._batch_plan`, kept by the engine)."""
+        eng = self.engine
+        _, model, _, kw = eng._batch_plan([], self.threads, cut=False, kernel=corpus_path(eng))
+        return model, eng._chunk_fallback(), kw
 
     def _bits(self, ids_list: list) -> list:
         """Bits of each text, all texts' chunks as rows of one chunk-parallel batch. Each text is cut
