@@ -53,3 +53,25 @@ class StateDivergedError(IsanError, ArithmeticError):
         super().__init__(message)
         self.offset = offset
         self.cause = cause
+
+
+def install_hint(extra: str) -> str:
+    """The command that installs one of isan's optional extras, in the form that works.
+
+    isan is installed from its repository (it is not on a package index), so ``pip install
+    'isan[plot]'`` finds nothing. From the repository folder the working form is ``pip install -c
+    requirements/ci.txt '.[plot]'`` (the lock file pins the versions the tests ran with). Where the
+    package was installed editable, the repository folder is known and is named in full.
+
+    Args:
+        extra: the extra's name in pyproject.toml (``"plot"``, ``"corpus"``, ``"serve"``, ...).
+
+    Returns:
+        A command line, e.g. ``pip install -c requirements/ci.txt '.[plot]' (in the isan repository folder)``.
+    """
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    if (root / "requirements" / "ci.txt").is_file() and (root / "pyproject.toml").is_file():
+        return f"pip install -c {root / 'requirements' / 'ci.txt'} '{root}[{extra}]'"
+    return f"pip install -c requirements/ci.txt '.[{extra}]' (in the isan repository folder)"
