@@ -18,8 +18,11 @@ Integrity (format version 2). The manifest records
 Loading (:func:`read_manifest`) checks the manifest's schema and hash and, by default, every
 listed file's size and the sha256 of every file up to :data:`FAST_HASH_MAX_BYTES` (large files:
 size only; the table and ONNX graphs are verified by their own loaders); ``isan verify BUNDLE``
-(:func:`verify_bundle`) hashes everything. Version-1 manifests (no ``files``, no
-``manifest_sha256``, no ``normalizer``) still load, without these checks.
+(:func:`verify_bundle`) hashes everything. A manifest that carries ``files`` or
+``manifest_sha256`` is checked whatever ``format_version`` it claims (it then needs both), so
+lowering the version does not switch the checks off. Version-1 manifests without them (no
+``files``, no ``manifest_sha256``, no ``normalizer``) still load, with a logged warning that
+nothing could be verified; ``isan verify`` says it cannot verify them.
 
 Format version 3 adds token alphabets (:mod:`isan.tokens`): ``"alphabet"`` is either a list of
 one-character strings (characters, as in versions 1-2) or an object ``{"kind": "chars" | "bytes" |
@@ -32,6 +35,7 @@ is a :class:`~isan.errors.BundleFormatError` whose message says how to rebuild t
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from pathlib import Path, PurePosixPath
@@ -58,6 +62,20 @@ FAST_HASH_MAX_BYTES = 16 << 20
 REBUILD = "re-run `isan export CHECKPOINT_DIR BUNDLE --overwrite` (or restore the bundle from a good copy)"
 #: files whose own loader verifies them (with messages that say more than a hash mismatch)
 _OWN_LOADER = ("table/", ".onnx")
+#: the integrity records: a manifest that carries either is checked whatever format_version it claims
+INTEGRITY_FIELDS = ("files", "manifest_sha256")
+
+log = logging.getLogger(__name__)
+
+
+def has_integrity(manifest: dict) -> bool:
+    """Whether a manifest carries integrity records (``files`` or ``manifest_sha256``).
+
+    Such a manifest is checked whatever ``format_version`` it claims: versions 2 and 3 must carry
+    them, and a version-1 manifest that carries them was written with them (or edited), so they
+    are checked too rather than ignored.
+    """
+    return any(k in manifest for k in INTEGRITY_FIELDS)
 
 
 def manifest_sha256(manifest: dict) -> str:
@@ -105,10 +123,11 @@ def _check_schema(m, mpath: Path) -> None:
     for key in ("training", "metrics", "table", "onnx", "model", "normalizer", "files"):
         _typed(m, mpath, key, dict, "a JSON object", required=False)
     alphabet = manifest_alphabet(m, mpath)
-    if v >= 2:
-        for key in ("files", "manifest_sha256", "normalizer"):
+    if v >= 2 or has_integrity(m):
+        for key in ("files", "manifest_sha256", "normalizer") if v >= 2 else INTEGRITY_FIELDS:
             if key not in m:
-                raise BundleFormatError(f"{mpath} (format_version {v}) lacks the field {key!r}; {REBUILD}")
+                why = "" if v >= 2 else f" (it carries {'files' if key == 'manifest_sha256' else 'manifest_sha256'})"
+                raise BundleFormatError(f"{mpath} (format_version {v}) lacks the field {key!r}{why}; {REBUILD}")
         if not is_sha256(m["manifest_sha256"]):
             raise BundleFormatError(f"{mpath}: 'manifest_sha256' must be 64 lower-case hex digits; {REBUILD}")
         for name, rec in m["files"].items():
@@ -180,7 +199,9 @@ def read_manifest(path: str | Path, verify: str = "fast") -> dict:
             loaders), ``"full"`` (sha256 of every listed file) or ``"none"`` (schema only).
     Raises:
         BundleFormatError: missing directory or manifest, invalid JSON or schema, wrong format or
-            version, an edited manifest, or a file that does not match its record.
+            version, an edited manifest, or a file that does not match its record. A manifest
+            that carries hashes is checked whatever ``format_version`` it claims; one without them
+            (version 1) is read with a logged warning, unless ``verify="none"``.
     """
     if verify not in ("fast", "full", "none"):
         raise ValueError(f"verify must be fast, full or none; got {verify!r}")
@@ -192,12 +213,19 @@ def read_manifest(path: str | Path, verify: str = "fast") -> dict:
         raise BundleFormatError(f"{path} is not an isan bundle (no {MANIFEST}); create one with `isan export CHECKPOINT_DIR {path}`")
     m = read_json(mpath, BundleFormatError, REBUILD, what="bundle manifest")
     _check_schema(m, mpath)
-    if m["format_version"] >= 2 and verify != "none":
+    if verify == "none":
+        return m
+    if not has_integrity(m):
+        log.warning("%s (format version %d) records no hashes: the manifest and the files of %s cannot be "
+                    "verified; re-export the bundle with `isan export` to add them", mpath, m["format_version"], path)
+    else:
         rebuild = rebuild_hint(m, path)
         if manifest_sha256(m) != m["manifest_sha256"]:
+            claim = ("" if m["format_version"] >= 2 else f"; it claims format_version {m['format_version']}, but "
+                     "a manifest that carries hashes is checked whatever format_version it claims")
             raise BundleFormatError(
                 f"{mpath} does not match its manifest_sha256: the manifest was edited or is corrupt (its alphabet, "
-                f"d, kind, normaliser or file records cannot be trusted); {rebuild}")
+                f"d, kind, normaliser or file records cannot be trusted{claim}); {rebuild}")
         for name, rec in m["files"].items():
             if verify == "fast" and (name.startswith(_OWN_LOADER[0]) or name.endswith(_OWN_LOADER[1])):
                 continue
@@ -250,24 +278,28 @@ def verify_bundle(path: str | Path) -> dict:
     """Check everything a bundle holds, hashing every file (``isan verify``).
 
     Returns:
-        ``{"bundle", "format_version", "ok", "problems": [str], "checked": {name: "ok" | problem},
-        "unlisted": [names], "table", "onnx"}``; never raises for a damaged bundle (the problems
-        are listed), only BundleFormatError when there is no manifest to read at all.
+        ``{"bundle", "format_version", "ok", "verified", "problems": [str], "checked": {name: "ok" |
+        problem}, "unlisted": [names], "table", "onnx"}``; never raises for a damaged bundle (the
+        problems are listed), only BundleFormatError when there is no manifest to read at all.
+        ``verified`` is False, with a ``warning``, for a manifest that records no hashes (format
+        version 1): nothing was found wrong, but the manifest and its files could not be checked.
+        A manifest that carries hashes is checked whatever ``format_version`` it claims.
     """
     path = Path(path)
     problems: list[str] = []
-    report: dict = {"bundle": str(path), "format_version": None, "ok": False, "problems": problems, "checked": {},
-                    "unlisted": [], "table": None, "onnx": None}
+    report: dict = {"bundle": str(path), "format_version": None, "ok": False, "verified": False, "problems": problems,
+                    "checked": {}, "unlisted": [], "table": None, "onnx": None}
     try:
         m = read_manifest(path, verify="none")
     except BundleFormatError as e:
         problems.append(str(e))
         return report
     report["format_version"] = m["format_version"]
-    if m["format_version"] < 2:
-        report["warning"] = ("format version 1: the manifest records no file hashes; re-export the bundle to add "
-                             "them (`isan export`)")
+    if not has_integrity(m):
+        report["warning"] = (f"format version {m['format_version']}: the manifest records no file hashes, so it and "
+                             "its files cannot be verified; re-export the bundle to add them (`isan export`)")
     else:
+        report["verified"] = True
         if manifest_sha256(m) != m["manifest_sha256"]:
             problems.append(f"{path / MANIFEST} does not match its manifest_sha256 (edited or corrupt)")
         for name, rec in m["files"].items():

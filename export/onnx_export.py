@@ -421,13 +421,13 @@ def export_bundle_onnx(bundle_dir: str | Path, opset: int = DEFAULT_OPSET) -> di
 
     The graphs are written into a hidden temporary directory inside the bundle and renamed
     into place when both are complete; then ``manifest.json`` is rewritten atomically with the
-    ``"onnx"`` section and (format version 2) the files' hashes. Returns that section.
+    ``"onnx"`` section and (when it carries hashes) the files' hashes. Returns that section.
 
     Raises:
         BundleFormatError: not a bundle, or its weights do not match its manifest.
     """
     from isan.atomic import make_partial_dir
-    from isan.engine.bundle import finalize_manifest, read_manifest
+    from isan.engine.bundle import finalize_manifest, has_integrity, read_manifest
 
     bundle_dir = Path(bundle_dir)
     manifest = read_manifest(bundle_dir)
@@ -439,7 +439,7 @@ def export_bundle_onnx(bundle_dir: str | Path, opset: int = DEFAULT_OPSET) -> di
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     manifest["onnx"] = info
-    if manifest["format_version"] >= 2:
+    if has_integrity(manifest):  # its hashes are checked whatever version it claims: they must follow
         finalize_manifest(bundle_dir, manifest)
     else:
         write_json_atomic(bundle_dir / "manifest.json", manifest)

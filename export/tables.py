@@ -134,15 +134,15 @@ def build_bundle_table(bundle: str | Path, corpus: str | None = None, dataset: s
                        overwrite: bool = False, progress_bar: bool = True, mode: str = "full") -> dict:
     """``isan table build``: mine the bundle's corpus and write ``BUNDLE/table`` atomically (or,
     with ``mode="recipe"``, only ``BUNDLE/table_recipe.json``: the chosen keys, composed into the
-    user cache on first use); the manifest's ``table`` section (and, format version 2, its file
-    records) follow.
+    user cache on first use); the manifest's ``table`` section (and, when it carries hashes, its
+    file records) follow.
 
     Returns:
         {"table", "entries", "bytes", "corpus"}.
     Raises:
         BundleFormatError, IsanError (no corpus), FileExistsError (a table exists, no overwrite).
     """
-    from isan.engine.bundle import finalize_manifest
+    from isan.engine.bundle import finalize_manifest, has_integrity
     from isan.trie_tables.format import build_table
 
     import shutil
@@ -171,7 +171,7 @@ def build_bundle_table(bundle: str | Path, corpus: str | None = None, dataset: s
         shutil.rmtree(bundle / "table", ignore_errors=True)
     m["table"] = {"mode": mode, "entries": len(recipe["keys"]), "bytes": recipe["expected_bytes"], "dtype": dtype,
                   "max_len": recipe["max_len"], "avg_match_length": recipe["avg_match_length"], "corpus": rec}
-    if m["format_version"] >= 2:
+    if has_integrity(m):  # its hashes are checked whatever version it claims: they must follow
         finalize_manifest(bundle, m)
     return {"table": str(out), "entries": len(recipe["keys"]), "bytes": recipe["expected_bytes"], "corpus": rec}
 

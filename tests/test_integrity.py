@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from isan.alphabet import Alphabet
 from isan.atomic import atomic_directory, make_partial_dir, owner_tag, remove_stale_partials
-from isan.engine import Engine
+from isan.engine import Engine, load_engine
 from isan.engine.bundle import (finalize_manifest, manifest_sha256, read_manifest, verify_bundle,
                                 write_bundle)
 from isan.errors import BundleFormatError, TableFormatError
@@ -342,6 +342,106 @@ def test_isan_verify_cli(good, tmp_path):
     assert r.returncode == 2 and "Fortran order" in r.stderr and "Traceback" not in r.stderr
     r = isan("verify", tmp_path / "nothing")
     assert r.returncode == 2 and "does not exist" in r.stderr
+
+
+# ---- a lower format_version does not switch the checks off (#34 item 7) ----------------------------
+SHIPPED = REPO / "isan" / "models" / "text8-d216-stable"
+SENTENCE = "the quick brown fox jumps over the lazy dog\n"
+
+
+def _shipped_copy(tmp_path, version=None, swap=False, strip=False, reseal=False, name="b") -> Path:
+    """A copy of the shipped bundle whose manifest claims ``version``, with two letters of its alphabet
+    swapped (``swap``), its hashes removed (``strip``) or its manifest_sha256 recomputed (``reseal``)."""
+    b = copy(SHIPPED, tmp_path, name)
+    m = json.loads((b / M).read_text())
+    if version is not None:
+        m["format_version"] = version
+    if swap:
+        _swap_alphabet(m)
+    if strip:
+        del m["files"], m["manifest_sha256"]
+    if reseal:
+        m["manifest_sha256"] = manifest_sha256(m)
+    (b / M).write_text(json.dumps(m, indent=1))
+    return b
+
+
+def _cache_env(tmp_path, monkeypatch) -> dict:
+    """A private table and ONNX cache (a copy must never recompose the user's cache of the shipped model)."""
+    monkeypatch.setenv("ISAN_CACHE_DIR", str(tmp_path / "cache"))
+    return {**os.environ, "ISAN_CACHE_DIR": str(tmp_path / "cache")}
+
+
+@pytest.mark.parametrize("swap", [False, True], ids=["downgraded", "downgraded-and-edited"])
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_manifest_with_hashes_is_checked_whatever_version_it_claims(version, swap, tmp_path, monkeypatch):
+    """The issue's copy (version 1, 'a' and 'b' swapped) scored 7,504.58 bits instead of 5,644.22 and
+    verified ok: its manifest still carries files and a manifest_sha256, and they no longer match."""
+    env = _cache_env(tmp_path, monkeypatch)
+    b = _shipped_copy(tmp_path, version, swap)
+    for load in (lambda: Engine.load(b), lambda: read_manifest(b), lambda: load_engine(b)):
+        with pytest.raises(BundleFormatError, match="does not match its manifest_sha256") as e:
+            load()
+        assert "isan export" in str(e.value) and "good copy" in str(e.value)  # what to do
+    r = verify_bundle(b)
+    assert not r["ok"] and "manifest_sha256" in r["problems"][0]
+    if version == 1:  # the CLI as in the issue (version 2 manifests were checked already)
+        assert "whatever format_version it claims" in str(e.value)
+        r = isan("score", "--model", b, "-", input=SENTENCE, env=env)
+        assert r.returncode == 2 and "manifest_sha256" in r.stderr and "Traceback" not in r.stderr
+        assert "bits" not in r.stdout
+        r = isan("verify", b, env=env)
+        assert r.returncode == 2 and not r.stdout.rstrip().endswith(": ok") and "manifest_sha256" in r.stderr
+
+
+def test_an_old_version_manifest_with_hashes_loads_only_if_they_match(tmp_path, monkeypatch):
+    """Version 1 with consistent hashes loads and scores as the shipped model; an edited file of it is refused."""
+    env = _cache_env(tmp_path, monkeypatch)
+    b = _shipped_copy(tmp_path, 1, reseal=True)
+    assert read_manifest(b, verify="full")["format_version"] == 1 and verify_bundle(b)["ok"]
+    assert Engine.load(b, path_mode="chunked").score(SENTENCE).bits == \
+        Engine.load(SHIPPED, path_mode="chunked").score(SENTENCE).bits
+    _flip("MODEL_CARD.md")(b)  # one bit, the same size
+    with pytest.raises(BundleFormatError, match="MODEL_CARD.md does not match its sha256"):
+        Engine.load(b)
+    r = isan("verify", b, env=env)
+    assert r.returncode == 2 and "BAD\tMODEL_CARD.md" in r.stdout
+
+
+def test_an_old_version_manifest_without_hashes_loads_with_a_warning(tmp_path, monkeypatch, caplog):
+    """Hashes stripped from a version-1 manifest: nothing can be checked, so it loads (old bundles still
+    load) but never silently: a logged warning, and `isan verify` says it cannot verify."""
+    env = _cache_env(tmp_path, monkeypatch)
+    b = _shipped_copy(tmp_path, 1, swap=True, strip=True)
+    with caplog.at_level("WARNING", logger="isan"):
+        eng = Engine.load(b, path_mode="chunked")
+    assert eng.score(SENTENCE).chars == len(SENTENCE)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("records no hashes" in w and "cannot be verified" in w and str(b) in w for w in warned), warned
+    r = verify_bundle(b)
+    assert r["ok"] and not r["verified"] and "version 1" in r["warning"]
+    r = isan("verify", b, env=env)
+    assert r.returncode == 0 and "cannot verify" in r.stdout and not r.stdout.rstrip().endswith(": ok")
+    r = isan("score", "--model", b, "--path", "chunked", "-", input=SENTENCE, env=env)
+    assert r.returncode == 0 and "records no hashes" in r.stderr and "bits" in r.stdout
+    # the shipped bundle itself is verified, and says so
+    assert verify_bundle(SHIPPED)["verified"]
+    # a version-2 manifest without hashes was, and is, refused
+    with pytest.raises(BundleFormatError, match="lacks the field"):
+        Engine.load(_shipped_copy(tmp_path, 2, strip=True, name="b2"))
+
+
+def test_writers_renew_the_hashes_of_an_old_version_manifest_that_carries_them(tmp_path, small_params):
+    """Adding ONNX graphs to a version-1 bundle whose manifest carries hashes records them anew (they are
+    checked whatever version the manifest claims: left as they were, they would refuse the bundle)."""
+    pytest.importorskip("onnx")
+    from isan.export.onnx_export import export_bundle_onnx
+
+    b = write_bundle(tmp_path / "b", small_params.as_dict(), A8)
+    _edit_json(M, lambda m: m.update(format_version=1), reseal=True)(b)
+    export_bundle_onnx(b)
+    m = read_manifest(b, verify="full")
+    assert m["format_version"] == 3 and {"model.onnx", "sequence.onnx"} <= set(m["files"])
 
 
 # ---- fuzzing the parsers ---------------------------------------------------------------------------

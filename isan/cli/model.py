@@ -78,7 +78,8 @@ def verify(bundle, as_json):
 
     Also checks the manifest's own hash, the trie table (every section, and the cached table of
     a recipe), and the ONNX graphs (in the bundle, or cached on first use). Exit status 2 if
-    anything is damaged.
+    anything is damaged. A bundle whose manifest records no hashes (format version 1) cannot be
+    verified: the last line says so instead of "ok" (exit status 0, nothing found wrong).
     """
     from isan.engine.core import default_model_path, verify_all
 
@@ -98,4 +99,5 @@ def verify(bundle, as_json):
     if not r["ok"]:
         raise UserError(f"{len(r['problems'])} problem(s); first: {r['problems'][0]}")
     if not as_json:
-        click.echo(f"{r['bundle']}: ok")
+        click.echo(f"{r['bundle']}: ok" if r["verified"] else
+                   f"{r['bundle']}: cannot verify (its manifest records no hashes; nothing else found wrong)")
