@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from isan.errors import IsanError
+from isan.errors import IsanError, install_hint
 
 from isan.cli.helpers import DEFAULT_TEXT8, UserError, friendly, main
 
@@ -93,7 +93,7 @@ def bench_train_cmd(data, budgets, models, batch, steps, repeats, reference, thr
     try:
         from isan.bench.train import bench_train, markdown_train
     except ImportError as e:
-        raise IsanError(f"`isan bench train` needs torch ({e}); pip install torch==2.13.0 -e '.[train]'") from None
+        raise IsanError(f"`isan bench train` needs torch ({e}): {install_hint('train')}") from None
     import numpy as np
 
     from isan.alphabet import Alphabet

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from isan.errors import IsanError
+from isan.errors import IsanError, install_hint
 
 DEFAULT_TEXT8 = "../shared/data/text8_head/text8_head.txt"
 
@@ -39,7 +39,7 @@ def friendly(fn):
             extra = {"torch": "train", "onnx": "onnx", "onnxruntime": "onnx", "fastapi": "serve",
                      "uvicorn": "serve", "matplotlib": "plot"}.get((e.name or "").split(".")[0])
             if extra:
-                raise UserError(f"this command needs {e.name}: pip install 'isan[{extra}]'") from None
+                raise UserError(f"this command needs {e.name}: {install_hint(extra)}") from None
             raise
 
     return wrapper
