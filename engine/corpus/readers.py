@@ -10,9 +10,12 @@ Formats (``--format auto`` picks by the file name):
   memory), or with ``per_line`` one document a non-blank line.
 
 A document that cannot be read (a line that is not UTF-8 or not JSON, a missing or non-string
-text field) comes out as a :class:`Doc` with ``error`` set; a file that cannot be read at all (it
-is missing, unreadable, a corrupt compressed stream, a malformed Parquet file) raises
-:class:`InputFileError` from the iterator, after the documents read before the damage.
+text field, a number of more than 4,300 digits, nesting deeper than the JSON parser goes, a Parquet
+value Python cannot hold) comes out as a :class:`Doc` with ``error`` set; a file that cannot be read
+at all (it is missing, unreadable, a corrupt compressed stream, one that ends before its end of
+frame, a malformed Parquet file) raises :class:`InputFileError` from the iterator, after the
+documents read before the damage (a file read as one document: from its blocks, and the document's
+row says why).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from isan.errors import IsanError
+from isan.errors import IsanError, install_hint
 
 FORMATS = ("auto", "jsonl", "parquet", "text")
 _JSONL_EXT = (".jsonl", ".json", ".ndjson")
@@ -147,6 +150,58 @@ def _open_raw(path: str):
         raise InputFileError(f"{path}: cannot open it ({e.strerror or e})") from None
 
 
+class _ZstdFrames(io.RawIOBase):
+    """The decompressed bytes of a ``.zst`` file, its frames one after another, that raises EOFError
+    when the file ends inside a frame.
+
+    zstandard's ``stream_reader`` (with ``read_across_frames`` or without) ends quietly at the last
+    complete block of a file cut short, so the documents after it are lost without a word. Here each
+    frame is decoded by a ``decompressobj`` (zstandard's decompressor with the standard library's
+    API), whose ``eof`` says that its frame ended and whose ``unused_data`` starts the next frame, as
+    the standard library reads ``.gz``, ``.bz2`` and ``.xz`` files of several members.
+    """
+
+    #: compressed bytes decoded at a time (what one call may expand: text compresses 3-10x)
+    FEED = 1 << 16
+
+    def __init__(self, raw, zstandard):
+        super().__init__()
+        self._raw, self._dctx, self._frame = raw, zstandard.ZstdDecompressor(), None
+        self._in, self._in_pos = b"", 0  # compressed bytes read and not yet decoded
+        self._out, self._out_pos = b"", 0  # decoded bytes not yet returned
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while self._out_pos >= len(self._out):
+            if self._in_pos >= len(self._in):
+                self._in, self._in_pos = self._raw.read(1 << 20), 0
+                if not self._in:
+                    if self._frame is not None:
+                        raise EOFError("the file ends inside a zstd frame (it was cut short)")
+                    return 0
+            if self._frame is None:
+                self._frame = self._dctx.decompressobj()
+            chunk = self._in[self._in_pos : self._in_pos + self.FEED]
+            self._in_pos += len(chunk)
+            self._out, self._out_pos = self._frame.decompress(chunk), 0
+            if self._frame.eof:  # the frame ended: the rest of the chunk starts the next one
+                rest = self._frame.unused_data
+                self._frame = None
+                if rest:
+                    self._in, self._in_pos = rest + self._in[self._in_pos :], 0
+        n = min(len(b), len(self._out) - self._out_pos)
+        b[:n] = self._out[self._out_pos : self._out_pos + n]
+        self._out_pos += n
+        return n
+
+    def close(self) -> None:
+        if not self.closed:
+            self._raw.close()
+        super().close()
+
+
 def _open_decompressed(path: str):
     f = _open_raw(path)
     name = path.lower()
@@ -157,9 +212,14 @@ def _open_decompressed(path: str):
             import zstandard
         except ImportError:
             f.close()
-            raise InputFileError(f"{path}: reading .zst needs zstandard: pip install zstandard") from None
-        return zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
+            raise InputFileError(f"{path}: reading .zst needs zstandard: {install_hint('corpus')}") from None
+        return io.BufferedReader(_ZstdFrames(f, zstandard), 1 << 20)
     return f
+
+
+def _damaged(path: str, e: Exception) -> InputFileError:
+    """The file error of a compressed stream that cannot be decoded to its end."""
+    return InputFileError(f"{path}: the file is damaged or truncated ({type(e).__name__}: {e})")
 
 
 def _name(path: str) -> str:
@@ -180,10 +240,8 @@ def _lines(f, path: str) -> Iterator[bytes]:
     while True:
         try:
             line = buf.readline()
-        except (OSError, EOFError, ValueError) as e:  # gzip.BadGzipFile, zstd errors, truncated streams
-            raise InputFileError(f"{path}: the file is damaged or truncated ({type(e).__name__}: {e})") from None
-        except Exception as e:  # noqa: BLE001  zstandard.ZstdError and the like
-            raise InputFileError(f"{path}: the file is damaged or truncated ({type(e).__name__}: {e})") from None
+        except Exception as e:  # noqa: BLE001  gzip.BadGzipFile, zstandard.ZstdError, EOFError of a truncated stream
+            raise _damaged(path, e) from None
         if not line:
             return
         yield line
@@ -199,30 +257,58 @@ def read_jsonl(path: str, text_field: str = "text", id_field: str | None = "id")
             i, fallback_id = index, f"{name}:{lineno}"
             index += 1
             try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                yield Doc(i, fallback_id, error=f"line {lineno} is not UTF-8 text ({e.reason} at byte {e.start} of the line)")
-                continue
+                yield _jsonl_doc(raw, i, lineno, fallback_id, text_field, id_field)
+            except RecursionError:  # json.loads, or str() of a deeply nested id
+                yield Doc(i, fallback_id, error=f"line {lineno} is nested too deeply to be read as JSON "
+                                                "(RecursionError)")
+
+
+def _jsonl_doc(raw: bytes, i: int, lineno: int, fallback_id: str, text_field: str, id_field: str | None) -> Doc:
+    """The document of one non-blank JSONL line (``error`` set when it cannot be read)."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return Doc(i, fallback_id, error=f"line {lineno} is not UTF-8 text ({e.reason} at byte {e.start} of the line)")
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        return Doc(i, fallback_id, error=f"line {lineno} is not JSON ({e.msg} at column {e.colno})")
+    except ValueError as e:  # a number of more than 4,300 digits (sys.get_int_max_str_digits)
+        return Doc(i, fallback_id, error=f"line {lineno} cannot be read as JSON ({str(e).split(';')[0]})")
+    if not isinstance(obj, dict):
+        return Doc(i, fallback_id, error=f"line {lineno} is a JSON {type(obj).__name__}, not an object")
+    doc_id = _id_of(obj.get(id_field)) if id_field else None
+    doc_id = doc_id if doc_id is not None else fallback_id
+    if text_field not in obj:
+        fields = ", ".join(sorted(map(str, obj))[:8]) or "none"
+        return Doc(i, doc_id, error=f"line {lineno} has no field {text_field!r} (its fields: {fields}); "
+                                    "choose the field with --text-field")
+    text = obj[text_field]
+    if not isinstance(text, str):
+        return Doc(i, doc_id, error=f"line {lineno}: the field {text_field!r} is {type(text).__name__}, not a string")
+    return Doc(i, doc_id, text)
+
+
+class _Unreadable:
+    """In place of a Parquet value that Python cannot hold (a timestamp past the year 9999)."""
+
+    def __init__(self, e: Exception):
+        self.reason = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}"
+
+
+def _values(column) -> list:
+    """A column's values as Python objects; one that cannot be converted is an :class:`_Unreadable`
+    (pyarrow converts a column at once, and one such value fails it all)."""
+    try:
+        return column.to_pylist()
+    except Exception:  # noqa: BLE001  OverflowError, ValueError, ArrowNotImplementedError, ...
+        out = []
+        for j in range(len(column)):
             try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                yield Doc(i, fallback_id, error=f"line {lineno} is not JSON ({e.msg} at column {e.colno})")
-                continue
-            if not isinstance(obj, dict):
-                yield Doc(i, fallback_id, error=f"line {lineno} is a JSON {type(obj).__name__}, not an object")
-                continue
-            doc_id = _id_of(obj.get(id_field)) if id_field else None
-            doc_id = doc_id if doc_id is not None else fallback_id
-            if text_field not in obj:
-                fields = ", ".join(sorted(map(str, obj))[:8]) or "none"
-                yield Doc(i, doc_id, error=f"line {lineno} has no field {text_field!r} (its fields: {fields}); "
-                                           "choose the field with --text-field")
-                continue
-            text = obj[text_field]
-            if not isinstance(text, str):
-                yield Doc(i, doc_id, error=f"line {lineno}: the field {text_field!r} is {type(text).__name__}, not a string")
-                continue
-            yield Doc(i, doc_id, text)
+                out.append(column[j].as_py())
+            except Exception as e:  # noqa: BLE001
+                out.append(_Unreadable(e))
+        return out
 
 
 def read_parquet(path: str, text_field: str = "text", id_field: str | None = "id",
@@ -253,12 +339,16 @@ def read_parquet(path: str, text_field: str = "text", id_field: str | None = "id
             except Exception as e:  # noqa: BLE001
                 raise InputFileError(f"{path}: the Parquet data is damaged after row {i} "
                                      f"({str(e).splitlines()[0][:200]})") from None
-            texts = batch.column(0).to_pylist()
-            ids = batch.column(1).to_pylist() if len(want) > 1 else [None] * len(texts)
+            texts = _values(batch.column(0))
+            ids = _values(batch.column(1)) if len(want) > 1 else [None] * len(texts)
             for t, doc_id in zip(texts, ids):
-                did = _id_of(doc_id)
+                did = _id_of(doc_id) if not isinstance(doc_id, _Unreadable) else None
                 did = did if did is not None else f"{name}:{i}"
-                if t is None:
+                if isinstance(t, _Unreadable) or isinstance(doc_id, _Unreadable):
+                    column = text_field if isinstance(t, _Unreadable) else id_field
+                    yield Doc(i, did, error=f"row {i}: the column {column!r} holds a value Python cannot read "
+                                            f"({(t if isinstance(t, _Unreadable) else doc_id).reason})")
+                elif t is None:
                     yield Doc(i, did, error=f"row {i}: the column {text_field!r} is null")
                 elif isinstance(t, bytes):
                     try:
@@ -279,7 +369,17 @@ def _blocks_of(path: str, block_chars: int) -> Callable[[], Iterator[str]]:
         from isan.engine.blocks import read_blocks
 
         with _open_decompressed(path) as f:
-            yield from read_blocks(f, block_chars)
+            blocks = read_blocks(f, block_chars)
+            while True:
+                try:
+                    block = next(blocks)
+                except StopIteration:
+                    return
+                except IsanError:  # not UTF-8: the document's error
+                    raise
+                except Exception as e:  # noqa: BLE001  as in _lines: the file's stream cannot be decoded
+                    raise _damaged(path, e) from None
+                yield block
 
     return gen
 

@@ -1,0 +1,149 @@
+"""`isan corpus score` on inputs that break readers (issue #34): JSON lines Python's parser refuses
+(a 5,000-digit number, nesting 100,000 deep), Parquet values Python cannot hold, compressed files cut
+short (.gz and .zst: JSONL, one document a file, one a line); the progress bar (one unit, 100% at the
+end) and the summary's plurals; the share of each document the normaliser changed
+(``changed_fraction``), and a job written before that column resumed as it was written."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+from isan.corpus import read_output, score_corpus  # noqa: E402
+from isan.engine.corpus import job as job_module  # noqa: E402
+from isan.engine.corpus.job import load_corpus_engine  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+BIG_INT = "9" * 5000  # Python's int() refuses strings of more than 4,300 digits
+DEEP = "[" * 100_000 + "]" * 100_000  # past the JSON parser's recursion limit
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return load_corpus_engine(None)
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def _zst(data: bytes, pieces: int = 200, frames: int = 1) -> bytes:
+    """data compressed the way streaming writers do it (many blocks), in ``frames`` frames."""
+    zstandard = pytest.importorskip("zstandard")
+    out = io.BytesIO()
+    step = max(1, len(data) // frames)
+    for f in range(frames):
+        part = data[f * step : (f + 1) * step if f < frames - 1 else len(data)]
+        with zstandard.ZstdCompressor().stream_writer(out, closefd=False) as w:
+            for i in range(0, len(part), pieces):
+                w.write(part[i : i + pieces])
+    return out.getvalue()
+
+
+WORDS = "the of and to in a is was that for on as with by he at from his an were are which this be or".split()
+
+
+def _jsonl(n: int, prefix: str = "d") -> bytes:
+    """n JSON lines of about 250 bytes (2,000 of them fill several zstd blocks of 128 KiB)."""
+    rng = np.random.default_rng(n)
+    return b"".join(json.dumps({"id": f"{prefix}{i}", "text": " ".join(rng.choice(WORDS, 50))}).encode() + b"\n"
+                    for i in range(n))
+
+
+def test_json_lines_the_parser_refuses_are_document_errors(tmp_path, engine):
+    """A 5,000-digit number (in any field, the id too) and nesting 100,000 deep made json.loads raise
+    ValueError and RecursionError, which stopped the whole job; each is now that line's error."""
+    d = tmp_path / "in"
+    d.mkdir()
+    lines = [json.dumps({"id": "ok0", "text": "the first good document"}),
+             '{"text": "x", "n": ' + BIG_INT + "}",
+             '{"id": ' + BIG_INT + ', "text": "an id too long"}',
+             '{"text": "x", "n": ' + DEEP + "}",
+             '{"id": ' + DEEP + ', "text": "y"}',
+             json.dumps({"id": "ok1", "text": "the last good document"})]
+    (d / "1-bad.jsonl").write_text("\n".join(lines) + "\n")
+    (d / "2-after.jsonl").write_text(json.dumps({"id": "after", "text": "a later file is scored"}) + "\n")
+    s = score_corpus([str(d)], tmp_path / "out", progress=False, engine=engine)
+    rows = {r["id"]: r for r in read_output(tmp_path / "out").to_pylist()}
+    assert s["file_errors"] == [] and s["documents"] == 7 and s["errors"] == 4
+    for name in ("ok0", "ok1", "after"):
+        assert rows[name]["error"] is None and rows[name]["bits"] > 0
+    for lineno in (2, 3):
+        assert "cannot be read as JSON" in rows[f"1-bad.jsonl:{lineno}"]["error"]
+        assert "4300 digits" in rows[f"1-bad.jsonl:{lineno}"]["error"]
+    for lineno in (4, 5):
+        assert "nested too deeply" in rows[f"1-bad.jsonl:{lineno}"]["error"]
+
+
+def test_parquet_values_python_cannot_hold_are_document_errors(tmp_path, engine):
+    """A timestamp id past Python's datetime range made the whole batch's to_pylist raise
+    (OverflowError), which stopped the job; it is now that row's error, the other rows are scored."""
+    t = pa.table({"id": pa.array([1, 10**15, 3], pa.timestamp("s")),
+                  "text": ["a first text", "a second text", "a third text"]})
+    pq.write_table(t, tmp_path / "ts.parquet")
+    s = score_corpus([str(tmp_path / "ts.parquet")], tmp_path / "out", progress=False, engine=engine)
+    rows = read_output(tmp_path / "out").to_pylist()
+    assert s["file_errors"] == [] and s["documents"] == 3 and s["errors"] == 1
+    assert rows[0]["id"] == "1970-01-01 00:00:01" and rows[0]["error"] is None
+    assert rows[1]["id"] == "ts.parquet:1" and "row 1" in rows[1]["error"] and "id" in rows[1]["error"]
+    assert rows[2]["error"] is None and rows[2]["bits"] > 0
+
+
+def test_truncated_compressed_inputs_are_file_errors(tmp_path, engine):
+    """A .zst cut short was read to its last complete block and reported nothing (exit 0, no file
+    error, documents lost); a one-document .txt.gz cut short raised EOFError out of the job. Every
+    compressed input now ends at its end of frame or is an error, and the job goes on; the documents
+    read before the damage are kept, as for a truncated .jsonl.gz."""
+    data = _jsonl(2000)
+    full = _zst(data)
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "a-full.jsonl.zst").write_bytes(full)
+    (d / "b-frames.jsonl.zst").write_bytes(_zst(_jsonl(300, "f"), frames=3))  # frames one after another
+    (d / "c-cut100.jsonl.zst").write_bytes(full[:-100])
+    (d / "d-half.jsonl.zst").write_bytes(full[: len(full) // 2])
+    gz = gzip.compress(data)
+    (d / "e-cut.jsonl.gz").write_bytes(gz[: len(gz) // 2])
+    text = " ".join(np.random.default_rng(1).choice(WORDS, 30_000)).encode()  # about 90 kB
+    (d / "f-doc.txt.zst").write_bytes(_zst(text)[:-100])
+    tgz = gzip.compress(text)
+    (d / "g-doc.txt.gz").write_bytes(tgz[: len(tgz) // 2])
+    (d / "h-empty.jsonl.zst").write_bytes(_zst(b""))
+    (d / "i-after.jsonl").write_text(json.dumps({"id": "after", "text": "a later file is scored"}) + "\n")
+    s = score_corpus([str(d)], tmp_path / "out", progress=False, engine=engine)
+    rows = read_output(tmp_path / "out").to_pylist()
+    files = {Path(fe["path"]).name: fe["error"] for fe in s["file_errors"]}
+    assert sorted(files) == ["c-cut100.jsonl.zst", "d-half.jsonl.zst", "e-cut.jsonl.gz"]
+    assert all("damaged or truncated" in e for e in files.values())
+    by_src: dict[str, list] = {}
+    for r in rows:
+        by_src.setdefault(Path(r["source"]).name, []).append(r)
+    assert [r["id"] for r in by_src["a-full.jsonl.zst"]] == [f"d{i}" for i in range(2000)]
+    assert [r["id"] for r in by_src["b-frames.jsonl.zst"]] == [f"f{i}" for i in range(300)]
+    for name in ("c-cut100.jsonl.zst", "d-half.jsonl.zst", "e-cut.jsonl.gz"):
+        kept = [r["id"] for r in by_src[name] if r["index"] >= 0]
+        assert 0 < len(kept) < 2000 and kept == [f"d{i}" for i in range(len(kept))]  # the documents before the damage
+        assert by_src[name][-1]["index"] == -1 and "damaged or truncated" in by_src[name][-1]["error"]
+    for name in ("f-doc.txt.zst", "g-doc.txt.gz"):  # one document a file: the document cannot be read
+        (r,) = by_src[name]
+        assert "damaged or truncated" in r["error"] and r["chars_scored"] == 0
+    assert "h-empty.jsonl.zst" not in by_src
+    assert by_src["i-after.jsonl"][0]["error"] is None
+    # one document a line
+    lines = b"".join(json.loads(x)["text"].encode() + b"\n" for x in _jsonl(3000).splitlines())
+    (tmp_path / "lines.txt.zst").write_bytes(_zst(lines)[:-100])
+    s = score_corpus([str(tmp_path / "lines.txt.zst")], tmp_path / "out-lines", fmt="text", per_line=True,
+                     progress=False, engine=engine)
+    assert len(s["file_errors"]) == 1 and "damaged or truncated" in s["file_errors"][0]["error"]
+    assert 0 < s["documents"] < 3000
