@@ -43,8 +43,10 @@ What a call changed is reported (:class:`Prepared.report`, ``ScoreResult.normali
 ``chars_read`` (input characters), ``chars_scored``, ``changed`` (input characters replaced by
 something else: lower-cased, spelled out, turned into a space), ``dropped`` (input characters that
 left nothing: squeezed spaces), and from the unknown-character policy ``skipped`` and
-``replaced``, plus ``most_changed`` (the five most frequent changed or dropped input
-characters). A byte-order mark (U+FEFF) that starts a text (not a streamed continuation) is
+``replaced``, plus ``most_changed`` and ``most_dropped``: the five most frequent changed input
+characters and the five most frequent dropped ones, each ``{"char", "count"}`` (empty for the
+``none`` normaliser), so ``"a  b"`` reports ``changed`` 0, ``dropped`` 1, ``most_changed`` ``[]``
+and ``most_dropped`` ``[{"char": " ", "count": 1}]``. A byte-order mark (U+FEFF) that starts a text (not a streamed continuation) is
 dropped and counted in ``dropped``, whatever the normaliser. ``Prepared.offsets`` maps every scored character back to the offset of the input
 character it came from (a spelled-out digit's characters all map to the digit).
 
@@ -54,6 +56,8 @@ Example:
     'the cat sat on the mat '
     >>> p.report["changed"], p.report["dropped"]
     (2, 1)
+    >>> p.report["most_changed"], p.report["most_dropped"]
+    ([{'char': '.', 'count': 1}, {'char': 'T', 'count': 1}], [{'char': '\\n', 'count': 1}])
 """
 
 from __future__ import annotations
@@ -253,7 +257,7 @@ class Prepared:
         offsets: int64 (n,) offset in the input text of the character each id came from.
         text: the scored text (``alphabet.decode(ids)``).
         report: ``{"normalizer", "chars_read", "chars_scored", "changed", "dropped",
-            "skipped", "replaced", "most_changed"}`` (see the module docstring).
+            "skipped", "replaced", "most_changed", "most_dropped"}`` (see the module docstring).
     """
 
     ids: np.ndarray
@@ -267,10 +271,22 @@ class Prepared:
 
 
 def _report(norm_id: str, chars_read: int, chars_scored: int, changed: int = 0, dropped: int = 0, skipped: int = 0,
-            replaced: int = 0, most_changed: list | None = None) -> dict:
+            replaced: int = 0, most_changed: list | None = None, most_dropped: list | None = None) -> dict:
     return {"normalizer": norm_id, "chars_read": int(chars_read), "chars_scored": int(chars_scored),
             "changed": int(changed), "dropped": int(dropped), "skipped": int(skipped), "replaced": int(replaced),
-            "most_changed": most_changed or []}
+            "most_changed": most_changed or [], "most_dropped": most_dropped or []}
+
+
+def _what_changed(text: str, changed: np.ndarray | None, dropped: np.ndarray | None,
+                  normalizer: Normalizer) -> dict:
+    """The report's ``changed``, ``dropped``, ``most_changed`` and ``most_dropped`` from the
+    normaliser's masks (None: it changed nothing)."""
+    if changed is None:
+        return {"changed": 0, "dropped": 0}
+    listed = normalizer is not NONE
+    return {"changed": int(changed.sum()), "dropped": int(dropped.sum()),
+            "most_changed": _most_changed(text, changed) if listed else [],
+            "most_dropped": _most_changed(text, dropped) if listed else []}
 
 
 def _most_changed(text: str, mask: np.ndarray, top: int = 5) -> list[dict]:
@@ -340,13 +356,8 @@ def prepare(text: str | Sequence[int] | np.ndarray, alphabet: Alphabet, normaliz
             raw = raw.copy()
             raw[bad] = rid
         norm_text = alphabet.decode(raw)
-    if changed is None:  # the normaliser changed nothing
-        most, n_changed, n_dropped = [], 0, 0
-    else:
-        most = _most_changed(text, changed | dropped) if normalizer is not NONE else []
-        n_changed, n_dropped = int(changed.sum()), int(dropped.sum())
-    report = _report(normalizer.id, len(text), len(raw), n_changed, n_dropped, skipped, replaced,
-                     most)
+    report = _report(normalizer.id, len(text), len(raw), skipped=skipped, replaced=replaced,
+                     **_what_changed(text, changed, dropped, normalizer))
     return Prepared(raw.astype(np.int64, copy=False), offsets.astype(np.int64, copy=False), norm_text, report)
 
 
@@ -389,13 +400,9 @@ def _prepare_tokens(text: str, norm_text: str, offsets: np.ndarray, changed, dro
                 raw[bad] = alphabet.id(rep)
         ids = raw
         offs = offsets[starts] if len(ids) else np.zeros(0, dtype=np.int64)
-    if changed is None:
-        most, n_changed, n_dropped = [], 0, 0
-    else:
-        most = _most_changed(text, changed | dropped) if normalizer is not NONE else []
-        n_changed, n_dropped = int(changed.sum()), int(dropped.sum())
     scored = alphabet.decode(ids)
-    report = _report(normalizer.id, len(text), len(scored), n_changed, n_dropped, skipped, replaced, most)
+    report = _report(normalizer.id, len(text), len(scored), skipped=skipped, replaced=replaced,
+                     **_what_changed(text, changed, dropped, normalizer))
     report["tokens"] = int(len(ids))
     report["unit"] = alphabet.unit
     return Prepared(np.asarray(ids, dtype=np.int64), np.asarray(offs, dtype=np.int64), scored, report)

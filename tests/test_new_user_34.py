@@ -69,3 +69,23 @@ def test_the_readme_tour_says_which_extra_each_command_needs(command, extras):
     assert lines, f"the tour shows {command}"
     assert any(extras in ln.split("#", 1)[-1] for ln in lines if "#" in ln), (command, lines)
     assert "pip install -c requirements/ci.txt" in (REPO / "README.md").read_text().split("## A tour")[1].split("##")[0]
+
+
+# ---- item 13: most_changed lists changed characters only, most_dropped the dropped ones --------------
+def test_a_squeezed_space_is_dropped_not_changed(engine):
+    n = engine.score("a  b").normalization
+    assert (n["changed"], n["dropped"]) == (0, 1)
+    assert n["most_changed"] == [] and n["most_dropped"] == [{"char": " ", "count": 1}]
+    n = engine.score("The cat sat on the mat.\n").normalization
+    assert n["most_changed"] == [{"char": ".", "count": 1}, {"char": "T", "count": 1}]
+    assert n["most_dropped"] == [{"char": "\n", "count": 1}]
+    out = json.loads(isan("score", "--json", "-", input="a  b").stdout)["normalization"]
+    assert out["most_changed"] == [] and out["most_dropped"] == [{"char": " ", "count": 1}]
+
+
+@pytest.mark.parametrize("text", ["a  b", "Hello, World!\n", "Привет мир", "1984  and   café\t\t", "\ufeffabc"])
+def test_the_lists_agree_with_the_counts(engine, text):
+    n = engine.score(text).normalization
+    assert sum(m["count"] for m in n["most_changed"]) <= n["changed"]
+    assert sum(m["count"] for m in n["most_dropped"]) <= n["dropped"]
+    assert bool(n["most_changed"]) == bool(n["changed"]) and bool(n["most_dropped"]) == bool(n["dropped"])

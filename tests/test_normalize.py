@@ -75,13 +75,13 @@ def test_offsets_map_back_to_the_input():
 def test_report_counts():
     r = norm("The cat sat on the mat.\n").report
     assert r == {"normalizer": "text8-v1", "chars_read": 24, "chars_scored": 23, "changed": 2, "dropped": 1,
-                 "skipped": 0, "replaced": 0,
-                 "most_changed": [{"char": "\n", "count": 1}, {"char": ".", "count": 1}, {"char": "T", "count": 1}]}
+                 "skipped": 0, "replaced": 0, "most_changed": [{"char": ".", "count": 1}, {"char": "T", "count": 1}],
+                 "most_dropped": [{"char": "\n", "count": 1}]}
     r = norm("AB  12").report
     # A, B lower-cased; one of the two spaces dropped; digits spelled ("ab one two ")
     assert (r["chars_read"], r["chars_scored"], r["changed"], r["dropped"]) == (6, 11, 4, 1)
     r = norm("plain text").report
-    assert (r["changed"], r["dropped"], r["most_changed"]) == (0, 0, [])
+    assert (r["changed"], r["dropped"], r["most_changed"], r["most_dropped"]) == (0, 0, [], [])
 
 
 def test_none_and_unknown_policies_report_their_counts():
