@@ -147,3 +147,54 @@ def test_truncated_compressed_inputs_are_file_errors(tmp_path, engine):
                      progress=False, engine=engine)
     assert len(s["file_errors"]) == 1 and "damaged or truncated" in s["file_errors"][0]["error"]
     assert 0 < s["documents"] < 3000
+
+
+def test_the_progress_bar_counts_bytes_and_ends_at_100_percent(tmp_path, engine, monkeypatch):
+    """The bar's total was in bytes (compressed files x4) and its count in characters read (text
+    only, after decoding): it stopped short of 100%. Both are now the input files' bytes."""
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "a.jsonl").write_text("".join(json.dumps({"id": i, "text": f"caf\u00e9 {i} \u2014 ok"}) + "\n"
+                                       for i in range(50)))
+    (d / "b.jsonl.gz").write_bytes(gzip.compress(_jsonl(40)))
+    pq.write_table(pa.table({"text": [f"row {i}" for i in range(30)]}), d / "c.parquet")
+    (d / "t.txt").write_text("na\u00efve text, \u00e9t\u00e9 " * 100)
+    seen = {}
+    close = job_module.Progress.close
+
+    def record(self):
+        seen["n"], seen["total"], seen["desc"] = self.bar.n, self.bar.total, self.bar.desc
+        close(self)
+
+    monkeypatch.setattr(job_module.Progress, "close", record)
+    inputs = [str(d), str(tmp_path / "missing.jsonl")]
+    score_corpus(inputs, tmp_path / "out", progress=True, part_docs=7, engine=engine)
+    size = sum(p.stat().st_size for p in d.iterdir())
+    assert seen["total"] == size and seen["n"] == size and seen["desc"].startswith("scoring 5 files")
+    score_corpus(inputs, tmp_path / "out", progress=True, part_docs=7, engine=engine)  # resumed: all complete
+    assert seen["total"] == size and seen["n"] == size
+    score_corpus([str(d / "a.jsonl")], tmp_path / "one", progress=True, engine=engine)
+    assert seen["desc"].startswith("scoring 1 file") and not seen["desc"].startswith("scoring 1 files")
+
+
+def test_cli_goes_on_past_bad_input_and_counts_in_words(tmp_path):
+    """The CLI: the lines and files that raised a traceback ("Aborted!") are errors in the output and
+    the command ends 0; its summary says "1 file", "1 document" (it said "1 files")."""
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "1-bad.jsonl").write_text('{"text": "x", "n": ' + BIG_INT + "}\n" + '{"text": ' + DEEP + "}\n"
+                                   + json.dumps({"text": "good text"}) + "\n")
+    t = gzip.compress(b"one document in a compressed text file " * 200)
+    (d / "2-doc.txt.gz").write_bytes(t[: len(t) // 2])
+    (d / "3-good.jsonl").write_text(json.dumps({"text": "good text"}) + "\n")
+    base = [sys.executable, "-m", "isan.cli", "corpus", "score"]
+    r = subprocess.run(base + [str(d), "--out", str(tmp_path / "out"), "--no-progress"], env=_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and "Aborted" not in r.stderr
+    assert "5 documents in 3 files" in r.stdout and "3 documents with errors, 0 unreadable files" in r.stdout
+    r = subprocess.run(base + [str(d / "3-good.jsonl"), "--out", str(tmp_path / "one"), "--no-progress"], env=_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "1 document in 1 file:" in r.stdout and "0 documents with errors, 0 unreadable files" in r.stdout
+    assert "1 document in " in r.stdout.splitlines()[1] and "0 files were complete already" in r.stdout

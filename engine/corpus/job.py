@@ -90,7 +90,9 @@ def process_file(scorer: DocScorer, cfg: JobConfig, path: str, shards: Path,
 
     Returns the done record: ``{"path", "key", "parts", "documents", "chars_read", "chars_scored",
     "bits", "errors", "file_error"}`` plus this call's work (``"new_documents"``, ``"new_chars"``,
-    ``"skipped": True`` when the file was complete already).
+    ``"skipped": True`` when the file was complete already). ``on_part`` is called with each part's
+    ``{"path", "documents", "chars_read", "new", "file_pos"}`` (bytes of the file read, -1 when
+    unknown), and once more with ``"done": True`` when the file is complete.
     """
     key = shard_key(path)
     done = shards / f"{key}.done.json"
@@ -98,7 +100,8 @@ def process_file(scorer: DocScorer, cfg: JobConfig, path: str, shards: Path,
         rec = json.loads(done.read_text())
         rec.update(new_documents=0, new_chars=0, skipped=True)
         if on_part:
-            on_part({"documents": rec["documents"], "chars_read": rec["chars_read"], "new": False})
+            on_part({"path": path, "documents": rec["documents"], "chars_read": rec["chars_read"], "new": False,
+                     "done": True})
         return rec
     totals = {"documents": 0, "chars_read": 0, "chars_scored": 0, "bits": 0.0, "errors": 0}
     new = {"new_documents": 0, "new_chars": 0}
@@ -123,7 +126,8 @@ def process_file(scorer: DocScorer, cfg: JobConfig, path: str, shards: Path,
             totals[k] += t[k]
         part += 1
         if on_part:
-            on_part({"documents": t["documents"], "chars_read": t["chars_read"], "new": fresh})
+            on_part({"path": path, "documents": t["documents"], "chars_read": t["chars_read"], "new": fresh,
+                     "file_pos": docs[-1].file_pos if docs else -1})
 
     buf, size, file_error = [], 0, None
     try:
@@ -140,42 +144,64 @@ def process_file(scorer: DocScorer, cfg: JobConfig, path: str, shards: Path,
     rec = {"path": path, "key": key, "parts": part, **totals, "file_error": file_error}
     write_json_atomic(done, rec)
     rec.update(new, skipped=False)
+    if on_part:
+        on_part({"path": path, "documents": 0, "chars_read": 0, "new": False, "done": True})
     return rec
 
 
-def _estimate_chars(paths: list[str]) -> int | None:
-    """Characters to expect (for the progress bar's ETA): local file sizes, compressed ones x4."""
-    total = 0
+def _input_sizes(paths: list[str]) -> dict[str, int | None]:
+    """Each input's size in bytes (as stored: a compressed file's compressed bytes); 0 for a file
+    that cannot be read, None for a URL (not asked for)."""
+    sizes: dict[str, int | None] = {}
     for p in paths:
         if is_url(p):
-            return None
-        try:
-            n = os.path.getsize(p)
-        except OSError:
+            sizes[p] = None
             continue
-        total += n * 4 if p.lower().endswith((".gz", ".zst", ".zstd")) else n
-    return total
+        try:
+            sizes[p] = os.path.getsize(p)
+        except OSError:
+            sizes[p] = 0
+    return sizes
 
 
 class Progress:
-    """A tqdm bar over characters read (ETA from the input sizes) with documents/s beside it."""
+    """A tqdm bar over the input files' bytes, with documents/s and characters/s beside it.
 
-    def __init__(self, enabled: bool, total: int | None, files: int):
+    Its total is the files' sizes (unknown when an input is a URL); each part advances it to how far
+    its file was read (``Doc.file_pos``) and a finished file to the file's size, so count and total
+    are the same unit and the bar ends at 100%.
+    """
+
+    def __init__(self, enabled: bool, sizes: dict[str, int | None]):
         self.t0 = time.perf_counter()
-        self.docs = 0
+        self.docs = self.chars = 0
+        self.sizes = sizes
+        self.at: dict[str, int] = {}  # bytes counted for each file so far
         self.bar = None
         if enabled:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, unit="char", unit_scale=True, dynamic_ncols=True, smoothing=0.1,
+            known = list(sizes.values())
+            total = None if None in known else sum(known)
+            files = len(sizes)
+            self.bar = tqdm(total=total, unit="B", unit_scale=True, dynamic_ncols=True, smoothing=0.1,
                             desc=f"scoring {files} file{'s' if files != 1 else ''}")
 
-    def update(self, docs: int, chars: int) -> None:
+    def update(self, path: str, docs: int, chars: int, file_pos: int = -1, done: bool = False) -> None:
+        """``docs`` documents and ``chars`` characters more, ``path`` read to ``file_pos`` bytes
+        (``done``: read whole)."""
         self.docs += docs
+        self.chars += chars
+        size, at = self.sizes.get(path), self.at.get(path, 0)
+        now = size if done and size is not None else max(at, file_pos)
+        if size is not None:
+            now = min(now, size)
+        self.at[path] = now
         if self.bar is not None:
             dt = max(time.perf_counter() - self.t0, 1e-9)
-            self.bar.set_postfix_str(f"{self.docs:,} docs, {self.docs / dt:,.0f} docs/s", refresh=False)
-            self.bar.update(chars)
+            self.bar.set_postfix_str(f"{self.docs:,} docs, {self.docs / dt:,.0f} docs/s, "
+                                     f"{self.chars / dt:,.0f} chars/s", refresh=False)
+            self.bar.update(now - at)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -273,18 +299,21 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
     shards.mkdir(exist_ok=True)
     for leftover in shards.glob(".*.tmp"):  # a killed run's unfinished writes (never read)
         leftover.unlink(missing_ok=True)
-    bar = Progress(progress, _estimate_chars(paths), len(paths))
+    bar = Progress(progress, _input_sizes(paths))
     try:
         if runner == "local":
             scorer = DocScorer(engine, cfg.options(threads))
-            records = [process_file(scorer, cfg, p, shards, on_part=lambda t: bar.update(t["documents"], t["chars_read"]))
+            records = [process_file(scorer, cfg, p, shards,
+                                    on_part=lambda t: bar.update(t["path"], t["documents"], t["chars_read"],
+                                                                 t.get("file_pos", -1), t.get("done", False)))
                        for p in paths]
             where = {"runner": "local", "threads": scorer.threads}
         else:
             from isan.engine.corpus.ray_runner import run_ray
 
             records, where = run_ray(paths, cfg, out, ray_address, ray_actors, ray_cpus_per_actor,
-                                     on_file=lambda r: bar.update(r["documents"], r["chars_read"]))
+                                     on_file=lambda r: bar.update(r["path"], r["documents"], r["chars_read"],
+                                                                  done=True))
     finally:
         bar.close()
     seconds = time.perf_counter() - t0

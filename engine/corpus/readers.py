@@ -52,6 +52,8 @@ class Doc:
         chars: its length in characters, when known without reading it (else -1).
         error: why the document cannot be scored (None when it can).
         blocks: for a file read in blocks, a function returning an iterator of its text's blocks.
+        file_pos: bytes of its file read when it was read (of the compressed file, for a compressed
+            one; in proportion to its rows for Parquet), -1 when unknown: the job's progress.
     """
 
     index: int
@@ -60,6 +62,7 @@ class Doc:
     error: str | None = None
     blocks: Callable[[], Iterator[str]] | None = None
     chars: int = -1
+    file_pos: int = -1
 
     @property
     def size(self) -> int:
@@ -203,18 +206,27 @@ class _ZstdFrames(io.RawIOBase):
 
 
 def _open_decompressed(path: str):
+    """(the file's decompressed bytes, the file itself: its position is how far the file was read)."""
     f = _open_raw(path)
     name = path.lower()
     if name.endswith(".gz"):
-        return gzip.GzipFile(fileobj=f, mode="rb")
+        return gzip.GzipFile(fileobj=f, mode="rb"), f
     if name.endswith((".zst", ".zstd")):
         try:
             import zstandard
         except ImportError:
             f.close()
             raise InputFileError(f"{path}: reading .zst needs zstandard: {install_hint('corpus')}") from None
-        return io.BufferedReader(_ZstdFrames(f, zstandard), 1 << 20)
-    return f
+        return io.BufferedReader(_ZstdFrames(f, zstandard), 1 << 20), f
+    return f, f
+
+
+def _tell(f) -> int:
+    """A file's position (bytes), -1 when it cannot say."""
+    try:
+        return f.tell()
+    except (OSError, ValueError, AttributeError):
+        return -1
 
 
 def _damaged(path: str, e: Exception) -> InputFileError:
@@ -249,7 +261,8 @@ def _lines(f, path: str) -> Iterator[bytes]:
 
 def read_jsonl(path: str, text_field: str = "text", id_field: str | None = "id") -> Iterator[Doc]:
     name = _name(path)
-    with _open_decompressed(path) as f:
+    stream, file = _open_decompressed(path)
+    with stream as f:
         index = 0
         for lineno, raw in enumerate(_lines(f, path), 1):
             if not raw.strip():
@@ -257,10 +270,12 @@ def read_jsonl(path: str, text_field: str = "text", id_field: str | None = "id")
             i, fallback_id = index, f"{name}:{lineno}"
             index += 1
             try:
-                yield _jsonl_doc(raw, i, lineno, fallback_id, text_field, id_field)
+                doc = _jsonl_doc(raw, i, lineno, fallback_id, text_field, id_field)
             except RecursionError:  # json.loads, or str() of a deeply nested id
-                yield Doc(i, fallback_id, error=f"line {lineno} is nested too deeply to be read as JSON "
+                doc = Doc(i, fallback_id, error=f"line {lineno} is nested too deeply to be read as JSON "
                                                 "(RecursionError)")
+            doc.file_pos = _tell(file)
+            yield doc
 
 
 def _jsonl_doc(raw: bytes, i: int, lineno: int, fallback_id: str, text_field: str, id_field: str | None) -> Doc:
@@ -321,6 +336,11 @@ def read_parquet(path: str, text_field: str = "text", id_field: str | None = "id
     f = _open_raw(path)
     try:
         try:
+            size = f.seek(0, io.SEEK_END)
+            f.seek(0)
+        except (OSError, ValueError, AttributeError):
+            size = -1
+        try:
             pf = pq.ParquetFile(f)
         except Exception as e:  # noqa: BLE001  pyarrow.ArrowInvalid and friends
             raise InputFileError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0][:200]})") from None
@@ -329,7 +349,7 @@ def read_parquet(path: str, text_field: str = "text", id_field: str | None = "id
             raise InputFileError(f"{path}: no column {text_field!r} (its columns: {', '.join(cols[:8])}); "
                                  "choose the column with --text-field")
         want = [text_field] + ([id_field] if id_field and id_field in cols and id_field != text_field else [])
-        i = 0
+        i, rows = 0, max(pf.metadata.num_rows, 1)
         it = pf.iter_batches(batch_size=batch_rows, columns=want)
         while True:
             try:
@@ -342,33 +362,39 @@ def read_parquet(path: str, text_field: str = "text", id_field: str | None = "id
             texts = _values(batch.column(0))
             ids = _values(batch.column(1)) if len(want) > 1 else [None] * len(texts)
             for t, doc_id in zip(texts, ids):
-                did = _id_of(doc_id) if not isinstance(doc_id, _Unreadable) else None
-                did = did if did is not None else f"{name}:{i}"
-                if isinstance(t, _Unreadable) or isinstance(doc_id, _Unreadable):
-                    column = text_field if isinstance(t, _Unreadable) else id_field
-                    yield Doc(i, did, error=f"row {i}: the column {column!r} holds a value Python cannot read "
-                                            f"({(t if isinstance(t, _Unreadable) else doc_id).reason})")
-                elif t is None:
-                    yield Doc(i, did, error=f"row {i}: the column {text_field!r} is null")
-                elif isinstance(t, bytes):
-                    try:
-                        yield Doc(i, did, t.decode("utf-8"))
-                    except UnicodeDecodeError as e:
-                        yield Doc(i, did, error=f"row {i} is not UTF-8 text ({e.reason} at byte {e.start})")
-                elif not isinstance(t, str):
-                    yield Doc(i, did, error=f"row {i}: the column {text_field!r} is {type(t).__name__}, not text")
-                else:
-                    yield Doc(i, did, t)
+                doc = _parquet_doc(t, doc_id, i, f"{name}:{i}", text_field, id_field)
                 i += 1
+                doc.file_pos = size * i // rows if size >= 0 else -1
+                yield doc
     finally:
         f.close()
+
+
+def _parquet_doc(t, doc_id, i: int, fallback_id: str, text_field: str, id_field: str | None) -> Doc:
+    """The document of Parquet row ``i`` (its text and id column's values)."""
+    did = _id_of(doc_id) if not isinstance(doc_id, _Unreadable) else None
+    did = did if did is not None else fallback_id
+    if isinstance(t, _Unreadable) or isinstance(doc_id, _Unreadable):
+        column = text_field if isinstance(t, _Unreadable) else id_field
+        return Doc(i, did, error=f"row {i}: the column {column!r} holds a value Python cannot read "
+                                 f"({(t if isinstance(t, _Unreadable) else doc_id).reason})")
+    if t is None:
+        return Doc(i, did, error=f"row {i}: the column {text_field!r} is null")
+    if isinstance(t, bytes):
+        try:
+            return Doc(i, did, t.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            return Doc(i, did, error=f"row {i} is not UTF-8 text ({e.reason} at byte {e.start})")
+    if not isinstance(t, str):
+        return Doc(i, did, error=f"row {i}: the column {text_field!r} is {type(t).__name__}, not text")
+    return Doc(i, did, t)
 
 
 def _blocks_of(path: str, block_chars: int) -> Callable[[], Iterator[str]]:
     def gen() -> Iterator[str]:
         from isan.engine.blocks import read_blocks
 
-        with _open_decompressed(path) as f:
+        with _open_decompressed(path)[0] as f:
             blocks = read_blocks(f, block_chars)
             while True:
                 try:
@@ -397,7 +423,8 @@ def read_text(path: str, per_line: bool = False, block_chars: int = 1_000_000) -
             pass
         yield Doc(0, path, blocks=_blocks_of(path, block_chars), chars=size)
         return
-    with _open_decompressed(path) as f:
+    stream, file = _open_decompressed(path)
+    with stream as f:
         index = 0
         for lineno, raw in enumerate(_lines(f, path), 1):
             if not raw.strip():
@@ -405,9 +432,11 @@ def read_text(path: str, per_line: bool = False, block_chars: int = 1_000_000) -
             i = index
             index += 1
             try:
-                yield Doc(i, f"{name}:{lineno}", raw.decode("utf-8").rstrip("\r\n"))
+                doc = Doc(i, f"{name}:{lineno}", raw.decode("utf-8").rstrip("\r\n"))
             except UnicodeDecodeError as e:
-                yield Doc(i, f"{name}:{lineno}", error=f"line {lineno} is not UTF-8 text ({e.reason} at byte {e.start} of the line)")
+                doc = Doc(i, f"{name}:{lineno}", error=f"line {lineno} is not UTF-8 text ({e.reason} at byte {e.start} of the line)")
+            doc.file_pos = _tell(file)
+            yield doc
 
 
 def read_docs(path: str, fmt: str = "auto", text_field: str = "text", id_field: str | None = "id",

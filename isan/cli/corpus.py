@@ -66,12 +66,19 @@ def corpus_score_cmd(inputs, out, fmt, text_field, id_field, per_line, runner, r
         return
     run = summary["this_run"]
     bpc = f"{summary['bpc']:.4f}" if summary["bpc"] is not None else "-"
-    click.echo(f"{summary['documents']:,} documents in {summary['files']:,} files: {summary['chars_scored']:,} "
-               f"characters scored, {summary['bits']:,.1f} bits ({bpc} bpc); {summary['errors']:,} documents "
-               f"with errors, {len(summary['file_errors'])} unreadable files")
+    click.echo(f"{_count(summary['documents'], 'document')} in {_count(summary['files'], 'file')}: "
+               f"{summary['chars_scored']:,} characters scored, {summary['bits']:,.1f} bits ({bpc} bpc); "
+               f"{_count(summary['errors'], 'document')} with errors, "
+               f"{_count(len(summary['file_errors']), 'unreadable file')}")
     rate = f"{run['docs_per_s']:,.0f} docs/s, {run['chars_per_s']:,.0f} chars/s" if run["seconds"] else ""
-    click.echo(f"this run ({run['runner']}): {run['documents']:,} documents in {run['seconds']:.1f} s ({rate}); "
-               f"{run['files_skipped']} files were complete already")
+    skipped = run["files_skipped"]
+    click.echo(f"this run ({run['runner']}): {_count(run['documents'], 'document')} in {run['seconds']:.1f} s "
+               f"({rate}); {_count(skipped, 'file')} {'was' if skipped == 1 else 'were'} complete already")
     for fe in summary["file_errors"][:5]:
         click.echo(f"  unreadable: {fe['error']}", err=True)
     click.echo(f"wrote {out}/shards/ and {out}/summary.json")
+
+
+def _count(n: int, noun: str) -> str:
+    """``"1 file"``, ``"2 files"``, ``"1,000 files"``."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
