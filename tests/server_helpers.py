@@ -77,3 +77,12 @@ def raw_http(addr: str, data: bytes, wait: float = 10.0) -> bytes:
         except (socket.timeout, ConnectionResetError):
             pass
     return out
+
+
+def wait_for(predicate, what: str, timeout: float = 60.0, every: float = 0.02) -> None:
+    """Poll ``predicate()`` until it is true; fail naming ``what`` if it is not within ``timeout`` s
+    (a bound for a stalled server on a loaded machine, not a measure of speed)."""
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, f"not within {timeout:g} s: {what}"
+        time.sleep(every)

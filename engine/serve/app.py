@@ -432,41 +432,37 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
         """Read the body, call ``work(raw, client, res)`` and send its answer (a dict as JSON, or
         Server-Sent Events); every error becomes one JSON error answer."""
         t0 = time.perf_counter()
-        res = Reservation(service.budget)
         client = Client()
         watcher = None
+        error = None
         try:
-            try:
-                check_json_body(scope)
-                raw = await read_body(scope, receive, res, config)
-                watcher = asyncio.ensure_future(_watch_disconnect(receive, client))
-                out = await work(raw, client, res)
-                if not isinstance(out, _SSE):
-                    big = out.get("chars", 0) > ENCODE_INLINE_CHARS
-                    out = await asyncio.to_thread(encode_json, out) if big else encode_json(out)
-            except RequestError as e:
-                res.release()
-                metrics.requests.labels(endpoint, str(e.status)).inc()
-                await send_json(send, e.status, encode_json(openai_error(e) if openai else e.body()), e.headers)
-                return
-            except ClientGone:
-                res.release()
-                metrics.requests.labels(endpoint, "499").inc()
-                return
-            except Exception:
-                res.release()
-                log.exception("unhandled error in %s", endpoint)
-                metrics.requests.labels(endpoint, "500").inc()
-                e = RequestError(500, "internal error; the server log has the details")
-                await send_json(send, 500, encode_json(openai_error(e) if openai else e.body()))
-                return
-            try:
-                if isinstance(out, _SSE):
-                    await _send_events(send, out, client)
+            with Reservation(service.budget) as res:  # given back however the request ends
+                try:
+                    check_json_body(scope)
+                    raw = await read_body(scope, receive, res, config)
+                    watcher = asyncio.ensure_future(_watch_disconnect(receive, client))
+                    out = await work(raw, client, res)
+                    if not isinstance(out, _SSE):
+                        big = out.get("chars", 0) > ENCODE_INLINE_CHARS
+                        out = await asyncio.to_thread(encode_json, out) if big else encode_json(out)
+                except RequestError as e:
+                    error = e
+                except ClientGone:
+                    metrics.requests.labels(endpoint, "499").inc()
+                    return
+                except Exception:
+                    log.exception("unhandled error in %s", endpoint)
+                    error = RequestError(500, "internal error; the server log has the details")
                 else:
-                    await send_json(send, 200, out)
-            finally:
-                res.release()
+                    if isinstance(out, _SSE):
+                        await _send_events(send, out, client)
+                    else:
+                        await send_json(send, 200, out)
+            if error is not None:  # sent once its reservation is given back
+                metrics.requests.labels(endpoint, str(error.status)).inc()
+                await send_json(send, error.status, encode_json(openai_error(error) if openai else error.body()),
+                                error.headers)
+                return
             metrics.requests.labels(endpoint, "200").inc()
             metrics.request_seconds.labels(endpoint).observe(time.perf_counter() - t0)
         finally:
@@ -790,23 +786,20 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
                 if item is None:
                     break
                 t0, raw, err, res = item
-                try:
-                    if err is not None:
-                        raise err
-                    out, state = await _frame(raw, state, res, client)
-                    status = 200
-                except RequestError as e:
-                    out, status = e.body(), e.status
-                except ClientGone:
-                    break
-                except Exception:
-                    log.exception("unhandled error in a stream frame")
-                    out, status = RequestError(500, "internal error; the server log has the details").body(), 500
-                payload = encode_json(out)
-                try:
-                    await ws.send_text(payload.decode())
-                finally:
-                    res.release()
+                with res:  # the frame's bytes are given back however its answer ends
+                    try:
+                        if err is not None:
+                            raise err
+                        out, state = await _frame(raw, state, res, client)
+                        status = 200
+                    except RequestError as e:
+                        out, status = e.body(), e.status
+                    except ClientGone:
+                        break
+                    except Exception:
+                        log.exception("unhandled error in a stream frame")
+                        out, status = RequestError(500, "internal error; the server log has the details").body(), 500
+                    await ws.send_text(encode_json(out).decode())
                 metrics.frames.labels(str(status)).inc()
                 if status == 200:
                     metrics.frame_seconds.observe(time.perf_counter() - t0)
@@ -814,7 +807,7 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
             pass
         finally:
             client.leave()
-            reader.cancel()
+            reader.cancel()  # a frame the reader holds is given back by the reader
             while not queue.empty():
                 item = queue.get_nowait()
                 if item is not None:
@@ -960,7 +953,11 @@ async def _read_frames(ws: WebSocket, queue: asyncio.Queue, client: Client, serv
             elif not res.grow(len(text)):
                 service.metrics.rejected.labels("busy").inc()
                 err = busy("the server is busy: no room for this frame within --max-pending-mb; resend it shortly")
-            await queue.put((t0, text if err is None else None, err, res))
+            try:  # waits while the queue is full; from the queue on, the stream owns the reservation
+                await queue.put((t0, text if err is None else None, err, res))
+            except BaseException:  # cancelled (the stream ended) before the frame was queued
+                res.release()
+                raise
     except (WebSocketDisconnect, RuntimeError, OSError):
         pass
     finally:

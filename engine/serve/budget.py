@@ -70,11 +70,31 @@ class Budget:
 
 
 class Reservation:
-    """Bytes held in a :class:`Budget` by one request; ``release()`` is idempotent, ``resize`` grows or shrinks."""
+    """Bytes held in a :class:`Budget` by one request or stream frame; ``release()`` is idempotent,
+    ``resize`` grows or shrinks.
+
+    A context manager: ``with Reservation(budget) as res:`` gives the bytes back however the block
+    ends (an answer sent, an error, the client gone, the task cancelled), so no exit path can keep
+    them reserved.
+
+    Example:
+        >>> b = Budget(100)
+        >>> with Reservation(b) as res:
+        ...     res.grow(60), b.used
+        (True, 60)
+        >>> b.used
+        0
+    """
 
     def __init__(self, budget: Budget):
         self.budget = budget
         self.bytes = 0
+
+    def __enter__(self) -> "Reservation":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
     def grow(self, n: int) -> bool:
         if n <= 0:
