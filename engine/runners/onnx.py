@@ -1,9 +1,10 @@
 """The ONNX backend: onnxruntime over a bundle's ``model.onnx`` and ``sequence.onnx``.
 
 numpy and onnxruntime only (never torch); onnxruntime is imported when a runner is loaded,
-so the engine works without it (``pip install 'isan[onnx]'``, or ``isan[gpu]`` for CUDA).
+so the engine works without it (the ``onnx`` extra, or ``gpu`` for CUDA: the command that
+installs one is ``isan.errors.install_hint("onnx")``).
 
-Graphs and the logits convention are described in :mod:`isan.export.onnx_export`: the graph
+Graphs and the logits convention are described in :mod:`isan.engine.runners.onnx_graphs`: the graph
 logits are the readout *after* each token. Scoring follows DESIGN.md section 2,
 ``bits_t = -log2 softmax(readout of the state before x_t)[x_t]``: the first character of a
 text is predicted from the incoming state by ``W_ro h + b_ro`` computed here in float64 from
@@ -17,7 +18,7 @@ between calls gives the same numbers as one long call.
 
 Integrity and divergence: each graph's sha256 is checked against the bundle's manifest (or the
 cache's record) after its metadata; a bundle that ships no graphs (the default model) gets them
-built into the user cache on first use (:func:`isan.export.onnx_export.cached_graphs`). Every
+built into the user cache on first use (:func:`isan.engine.runners.onnx_graphs.cached_graphs`). Every
 chunk's logits must be finite and its final state in range (for an ISAN, the guard's
 ``MAX_STATE_ABS``); otherwise :class:`~isan.errors.StateDivergedError` names the offset (an ISAN's
 first out-of-range state is located exactly with the float64 reference). A state that leaves the
@@ -38,16 +39,15 @@ from typing import Sequence
 
 import numpy as np
 
-from isan.errors import BundleFormatError, IsanError, StateDivergedError
+from isan.errors import BundleFormatError, IsanError, StateDivergedError, install_hint
+from isan.engine.runners import onnx_graphs
+from isan.engine.runners.onnx_graphs import ONNX_FORMAT, SEQUENCE_FILE, STEP_FILE, cached_graphs
 from isan.engine.runners.recurrent import LOG2E, RunnerEngine, bits_from_logits, log_softmax
 from isan.engine.guard import MAX_STATE_ABS, raise_diverged
 
 log = logging.getLogger(__name__)
 
-ONNX_FORMAT = "isan-onnx"
-ONNX_FORMAT_VERSION = "1"
-STEP_FILE = "model.onnx"
-SEQUENCE_FILE = "sequence.onnx"
+ONNX_FORMAT_VERSION = str(onnx_graphs.ONNX_FORMAT_VERSION)  # as the graphs' metadata writes it
 DEFAULT_CHUNK = 4096
 DEVICES = ("cpu", "cuda", "auto")
 CPU = "CPUExecutionProvider"
@@ -62,8 +62,8 @@ def _ort():
     try:
         import onnxruntime
     except ImportError:
-        raise BackendUnavailableError("the onnx backend needs onnxruntime: pip install 'isan[onnx]' "
-                                      "(or 'isan[gpu]' for CUDA), or use --backend numpy") from None
+        raise BackendUnavailableError(f"the onnx backend needs onnxruntime: {install_hint('onnx')} "
+                                      f"(or {install_hint('gpu')} for CUDA), or use --backend numpy") from None
     return onnxruntime
 
 
@@ -90,7 +90,7 @@ def _providers(device: str) -> list[str]:
     if device == "cuda":
         raise BackendUnavailableError(
             f"device 'cuda' was asked for but onnxruntime offers only {available}; install onnxruntime-gpu "
-            "(pip install 'isan[gpu]') with a CUDA GPU, or use device 'cpu'")
+            f"({install_hint('gpu')}) with a CUDA GPU, or use device 'cpu'")
     return [CPU]
 
 
@@ -394,15 +394,10 @@ def _graphs(bundle: Path, manifest: dict) -> tuple[Path, dict[str, dict]]:
                 expected[fname] = {"sha256": info[which]["sha256"], "bytes": b if type(b) is int else None}
         return bundle, expected
     try:
-        from isan.export.onnx_export import cached_graphs
-    except ModuleNotFoundError as e:  # pragma: no cover - onnx missing
-        raise BackendUnavailableError(f"{bundle} ships no ONNX graphs, and building them on first use needs the onnx "
-                                      f"package ({e.name}): pip install 'isan[onnx]'") from None
-    try:
         return cached_graphs(bundle, manifest), {}
     except ModuleNotFoundError as e:
         raise BackendUnavailableError(f"{bundle} ships no ONNX graphs, and building them on first use needs the onnx "
-                                      f"package ({e.name}): pip install 'isan[onnx]'") from None
+                                      f"package ({e.name}): {install_hint('onnx')}") from None
 
 
 def _open_session(file: Path, which: str, manifest: dict, names: tuple[list[str], list[str]], providers: list[str],
