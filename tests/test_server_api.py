@@ -247,6 +247,44 @@ def test_api_key(small_bundle, text8_valid_head):
             assert json.loads(ws.recv(timeout=10))["chars"] == 100
 
 
+#: a key beyond Latin-1 (a key file is read as UTF-8)
+WIDE_KEY = "clé-€-ключ-키-1"
+
+
+def test_an_api_key_of_any_characters_works_everywhere(small_bundle):
+    """A key with characters beyond Latin-1 works in the header, as a bearer token and in a stream's
+    query (percent-encoded UTF-8), compared in its UTF-8 bytes; a wrong query key of any bytes is a
+    401 frame and close code 1008, never a 500 (issue 34: ?api_key=%E2%82%AC and %FF were a plain-text
+    500); a key no header can carry is refused when the server starts."""
+    from urllib.parse import quote
+
+    from websockets.exceptions import ConnectionClosed
+
+    from isan.errors import IsanError
+
+    eng = Engine.load(small_bundle)
+    with running(create_app(eng, config=ServeConfig(api_key=WIDE_KEY))) as addr:
+        url = f"http://{addr}"
+        key = WIDE_KEY.encode()
+        assert post(url, "/v1/score", {"text": "the cat"}, headers={"X-API-Key": key}).status_code == 200
+        assert post(url, "/v1/next", {}, headers={"Authorization": b"Bearer " + key}).status_code == 200
+        assert post(url, "/v1/score", {"text": "the cat"}, headers={"X-API-Key": key[:-1]}).status_code == 401
+        assert post(url, "/v1/score", {"text": "the cat"}, headers={"X-API-Key": WIDE_KEY.encode("latin-1", "replace")}).status_code == 401
+        for query in ("%E2%82%AC", "%FF", quote(WIDE_KEY[:-1]), quote(WIDE_KEY.encode("latin-1", "replace"))):
+            with connect(f"ws://{addr}/v1/stream?api_key={query}") as ws:
+                ans = json.loads(ws.recv(timeout=10))
+                assert ans["status"] == 401 and "api_key=KEY" in ans["error"], (query, ans)
+                with pytest.raises(ConnectionClosed) as closed:
+                    ws.recv(timeout=10)
+                assert closed.value.rcvd.code == 1008
+        with connect(f"ws://{addr}/v1/stream?api_key={quote(WIDE_KEY)}") as ws:
+            ws.send(json.dumps({"text": "the cat"}))
+            assert json.loads(ws.recv(timeout=10))["chars"] == 7
+    for bad in ("two\nlines-key", "tab\tinside-key", " spaces-around-key "):
+        with pytest.raises(IsanError, match="API key"):
+            ServeConfig(api_key=bad)
+
+
 def test_loading_then_ready(small_bundle):
     """The server listens while the model loads: /healthz says loading (503) and the endpoints answer
     503 with Retry-After; then ready."""

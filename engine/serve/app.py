@@ -138,7 +138,8 @@ class IsanApp:
         self.service = service
         self._http = http_routes
         self._ws = ws_routes
-        self._key = api_key.encode() if api_key else None
+        # compared in its UTF-8 bytes (a key file is read as UTF-8; surrogateescape: an environment's undecodable bytes)
+        self._key = api_key.encode("utf-8", "surrogateescape") if api_key else None
         self._protected = {path for _, path in http_routes} | set(ws_routes) | {"/metrics"}
         self._openai = set(openai_paths)
 
@@ -155,7 +156,8 @@ class IsanApp:
             elif name == b"x-api-key" and hmac.compare_digest(value.strip(), self._key):
                 return True
         if scope["type"] == "websocket" and scope.get("query_string"):
-            for v in parse_qs(scope["query_string"].decode("latin-1")).get("api_key", []):
+            # latin-1 both ways keeps every byte: the percent-decoded bytes are compared, whatever they are
+            for v in parse_qs(scope["query_string"].decode("latin-1"), encoding="latin-1").get("api_key", []):
                 if hmac.compare_digest(v.encode("latin-1"), self._key):
                     return True
         return False

@@ -119,6 +119,10 @@ class ServeConfig:
             raise IsanError("--served-model-name must have 1 to 256 characters")
         if self.api_key is not None and len(self.api_key) < 8:
             raise IsanError("the API key must be at least 8 characters (ISAN_API_KEY or --api-key-file)")
+        if self.api_key is not None and (self.api_key != self.api_key.strip()
+                                         or any(ord(c) < 32 or ord(c) == 127 for c in self.api_key)):
+            raise IsanError("the API key must not hold control characters (line breaks, tabs) or start or end with "
+                            "a space: clients send it in an HTTP header (ISAN_API_KEY or --api-key-file)")
 
     @property
     def max_body_bytes(self) -> int:
