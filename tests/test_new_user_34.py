@@ -89,3 +89,21 @@ def test_the_lists_agree_with_the_counts(engine, text):
     assert sum(m["count"] for m in n["most_changed"]) <= n["changed"]
     assert sum(m["count"] for m in n["most_dropped"]) <= n["dropped"]
     assert bool(n["most_changed"]) == bool(n["changed"]) and bool(n["most_dropped"]) == bool(n["dropped"])
+
+
+# ---- item 14: text the model cannot read is not scored without a word --------------------------------
+def test_a_mostly_dropped_text_gets_a_warning_on_stderr(engine):
+    r = isan("score", "--json", "-", input="Привет мир")
+    assert r.returncode == 0
+    assert json.loads(r.stdout) == json.loads(json.dumps(engine.score("Привет мир").to_json()))  # unchanged
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning:"), r.stderr
+    assert "9 of the 10 characters read" in lines[0] and "'и' 2" in lines[0] and "'р' 2" in lines[0]
+    r = isan("score", "-", input="Привет мир")  # the text output too
+    assert r.returncode == 0 and r.stderr.startswith("warning:") and "chars  1" in r.stdout
+
+
+@pytest.mark.parametrize("text", ["The cat sat on the mat.\n", "HELLO WORLD 1984", "a  b"])
+def test_readable_text_gets_no_warning(text):
+    r = isan("score", "--json", "-", input=text)
+    assert r.returncode == 0 and r.stderr == ""

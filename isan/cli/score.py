@@ -7,7 +7,7 @@ import sys
 import click
 
 from isan.cli.helpers import (UserError, emit_json, friendly, load_engine, main, model_options,
-                              normalize_option, read_input, unknown_options, input_file)
+                              normalize_option, read_input, unknown_options, input_file, warn_if_mostly_dropped)
 
 
 @main.command()
@@ -29,7 +29,8 @@ def score(file, model, path_mode, threads, backend, device, unknown, replacement
     """Score FILE (or stdin, '-') in bits: total bits and bits per character (bpc).
 
     The text first goes through the model's normaliser (--normalize auto); the report says how
-    many characters were read, scored, changed and dropped. The prediction for each character
+    many characters were read, scored, changed and dropped, and a warning on stderr says when the
+    normaliser dropped more than half of them. The prediction for each character
     comes from the state before it, starting at h0. With --per-char each scored character is
     listed with the offset of the input character it came from.
     """
@@ -40,6 +41,7 @@ def score(file, model, path_mode, threads, backend, device, unknown, replacement
 
         source = sys.stdin.buffer if file in (None, "-") else input_file(file)
         r = score_blocks(engine, read_blocks(source), unknown=unknown, replacement=replacement, normalize=normalize)
+        warn_if_mostly_dropped(r.normalization)
         print_score(r, as_json)
         return
     text = read_input(file, text8_split)
@@ -49,6 +51,7 @@ def score(file, model, path_mode, threads, backend, device, unknown, replacement
         cut = int(len(text) * 0.9)
         text = text[:cut] if text_split == "train" else text[cut:]
     r = engine.score(text, per_char=per_char, unknown=unknown, replacement=replacement, normalize=normalize)
+    warn_if_mostly_dropped(r.normalization)
     print_score(r, as_json, per_char)
     if per_char and not as_json:
         print_per_char(r, text)
