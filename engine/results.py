@@ -23,6 +23,16 @@ def finite_or_none(x: float) -> float | None:
     return x if np.isfinite(x) else None
 
 
+def _brief(a: np.ndarray | None) -> str:
+    """An array in a repr: its dtype and shape (``float64 (216,)``), never its values."""
+    return "None" if a is None else f"{a.dtype} {a.shape}"
+
+
+def _brief_text(text: str, keep: int = 40) -> str:
+    """A text in a repr: its repr, cut to ``keep`` characters with its length when longer."""
+    return repr(text) if len(text) <= keep else f"{text[:keep]!r}... ({len(text):,} chars)"
+
+
 @dataclass(frozen=True)
 class State:
     """The recurrent state between two calls: ``h`` (d,) float64 (read-only), plus running totals.
@@ -46,6 +56,12 @@ class State:
     @property
     def bpc(self) -> float:
         return self.bits / self.chars if self.chars else float("nan")
+
+    def __repr__(self) -> str:
+        """``State(h=float64 (216,) |h|=12.3456, chars=23, bits=71.1362, last_symbol=' ')``: the
+        state's shape and L2 norm, not its d floats."""
+        return (f"State(h={_brief(self.h)} |h|={float(np.linalg.norm(self.h)):.6g}, chars={self.chars}, "
+                f"bits={self.bits:.6g}, last_symbol={self.last_symbol!r})")
 
 
 @dataclass(frozen=True)
@@ -98,6 +114,13 @@ class ScoreResult:
         2008, eq. 7): ``bits_per_token / log2(V)``; NaN without V."""
         return self.bits_per_token / np.log2(self.V) if self.V and self.V > 1 else float("nan")
 
+    def __repr__(self) -> str:
+        """The totals, the arrays' dtypes and shapes, the path and the state's repr; not every float."""
+        path = (self.scoring or {}).get("path")
+        unit = "" if self.unit == "char" else f", unit={self.unit!r}, text_chars={self.text_chars}"
+        return (f"ScoreResult(chars={self.chars}, bits={self.bits:.6g}, bpc={self.bpc:.6g}{unit}, "
+                f"per_char_bits={_brief(self.per_char_bits)}, path={path!r}, state={self.state!r})")
+
     def to_json(self, per_char: bool = False) -> dict:
         """``{"chars", "bits", "bpc", "nnl", "normalization"}`` (+ ``per_char_bits``, ``per_char_offsets``);
         a token model adds ``{"tokens", "unit", "bits_per_token"}`` (``chars`` is then the characters
@@ -145,6 +168,11 @@ class Attribution:
     normalization: dict | None = None
     input_offsets: np.ndarray | None = field(default=None, repr=False)
     ids: np.ndarray | None = field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        """The text (cut when long), the sources' count, kappa's dtype and shape and the check."""
+        return (f"Attribution(text={_brief_text(self.text)}, by={self.by!r}, sources={len(self.sources)}, "
+                f"kappa={_brief(self.kappa)}, max_abs_error={self.max_abs_error:.3g})")
 
     def _ids(self) -> np.ndarray:
         return self.ids if self.ids is not None else self.alphabet.encode(self.text)

@@ -107,3 +107,14 @@ def test_a_mostly_dropped_text_gets_a_warning_on_stderr(engine):
 def test_readable_text_gets_no_warning(text):
     r = isan("score", "--json", "-", input=text)
     assert r.returncode == 0 and r.stderr == ""
+
+
+# ---- item 15: short reprs ----------------------------------------------------------------------------
+def test_reprs_are_short(engine):
+    r = engine.score("The quick brown fox.\n", per_char=True)
+    for obj in (r.state, r, engine.attribute("the cat sat " * 30, by="word"), engine.score("x" * 30_000)):
+        s = repr(obj)
+        assert len(s) < 400 and len(re.findall(r"\d\.\d{3,}", s)) < 10, s
+    assert "(216,)" in repr(r.state) and "float64" in repr(r.state) and f"chars={r.chars}" in repr(r)
+    other = engine.score("the quick brown cat ").state
+    assert repr(other) != repr(r.state)  # two states read apart
