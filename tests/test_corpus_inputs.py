@@ -23,6 +23,8 @@ pq = pytest.importorskip("pyarrow.parquet")
 from isan.corpus import read_output, score_corpus  # noqa: E402
 from isan.engine.corpus import job as job_module  # noqa: E402
 from isan.engine.corpus.job import load_corpus_engine  # noqa: E402
+from isan.engine.corpus.writers import COLUMNS_V1, write_part  # noqa: E402
+from isan.errors import IsanError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BIG_INT = "9" * 5000  # Python's int() refuses strings of more than 4,300 digits
@@ -198,3 +200,76 @@ def test_cli_goes_on_past_bad_input_and_counts_in_words(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "1 document in 1 file:" in r.stdout and "0 documents with errors, 0 unreadable files" in r.stdout
     assert "1 document in " in r.stdout.splitlines()[1] and "0 files were complete already" in r.stdout
+
+
+def test_changed_fraction_says_how_much_the_normaliser_changed(tmp_path, engine):
+    """Text the model cannot read (another script) normalises to a space or two and scores a few
+    bits without a word; the row's changed_fraction, (changed + dropped + skipped + replaced) /
+    chars_read, says so: 1.0 for Cyrillic, 0.0 for text already in the model's alphabet."""
+    docs = [("ru", "\u041f\u0440\u0438\u0432\u0435\u0442 \u043c\u0438\u0440"), ("en", "Hello, World!  ok"),
+            ("plain", "the cat sat on the mat"), ("mixed", "hello \u043c\u0438\u0440 world")]
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in docs)
+                   + json.dumps({"id": "nofield", "body": 1}) + "\n")
+    long_doc = tmp_path / "long.txt"
+    long_doc.write_text("Some Text, With Capitals. " * 12_000)  # 312,000 characters: scored in blocks
+    score_corpus([str(src), str(long_doc)], tmp_path / "out", progress=False, engine=engine)
+    rows = {r["id"]: r for r in read_output(tmp_path / "out").to_pylist()}
+    for i, t in docs:
+        r = rows[i]
+        rep = engine.prepare(t, "auto", "error", None).report
+        want = (rep["changed"] + rep["dropped"] + rep["skipped"] + rep["replaced"]) / rep["chars_read"]
+        assert r["changed_fraction"] == want and r["chars_read"] == len(t)
+    assert rows["ru"]["changed_fraction"] == 1.0 and rows["ru"]["chars_scored"] == 1  # one space
+    assert rows["plain"]["changed_fraction"] == 0.0
+    assert 0.2 < rows["mixed"]["changed_fraction"] < 0.5
+    assert rows["nofield"]["changed_fraction"] is None  # nothing was read
+    r = rows[str(long_doc)]
+    assert r["error"] is None and r["chars_read"] == 312_000
+    rep = engine.prepare(long_doc.read_text(), "auto", "error", None).report
+    assert r["changed_fraction"] == (rep["changed"] + rep["dropped"]) / 312_000 == (r["changed"] + r["dropped"]) / 312_000
+    # the datatrove block carries it too
+    pytest.importorskip("datatrove")
+    from datatrove.data import Document
+
+    from isan.engine.corpus.datatrove import IsanScoreFilter
+    from isan.engine.corpus.scoring import DocScorer
+
+    block = IsanScoreFilter()
+    block._scorer = DocScorer(engine)  # the model already loaded
+    batch = [Document(text=t, id=i) for i, t in docs]
+    block.filter_batch(batch)
+    assert [b.metadata["isan_changed_fraction"] for b in batch] == [rows[i]["changed_fraction"] for i, _ in docs]
+
+
+def test_a_job_written_before_changed_fraction_resumes_as_written(tmp_path, engine):
+    """A job whose job.json predates the column (its parts lack it) resumes without it: its parts keep
+    one schema and read_output reads them as one table; a new job's parts all carry it."""
+    d = tmp_path / "in"
+    d.mkdir()
+    for k in range(2):
+        (d / f"f{k}.jsonl").write_bytes(_jsonl(30, f"{k}-"))
+    out = tmp_path / "out"
+    s0 = score_corpus([str(d)], out, progress=False, part_docs=10, engine=engine)
+    parts = sorted((out / "shards").glob("*.parquet"))
+    assert len(parts) == 6 and all("changed_fraction" in pq.read_schema(p).names for p in parts)
+    job = json.loads((out / "job.json").read_text())
+    job.pop("columns")
+    (out / "job.json").write_text(json.dumps(job))  # as an earlier isan wrote it
+    new_rows = read_output(out)
+    for p in parts:  # as the earlier writer wrote them: the same rows, without the column
+        t = pq.read_table(p)
+        write_part(p, t.to_pylist(), t.column("source")[0].as_py(), COLUMNS_V1)
+    old = {p.name: p.read_bytes() for p in parts}
+    parts[-1].unlink()  # killed before its last part and its done record
+    next((out / "shards").glob("f1*.done.json")).unlink()
+    s = score_corpus([str(d)], out, progress=False, part_docs=10, engine=engine)
+    assert s["documents"] == 60 and s["this_run"]["documents"] == 10 and s["bits"] == s0["bits"]
+    assert {p.name: p.read_bytes() for p in sorted((out / "shards").glob("*.parquet"))} == old
+    t = read_output(out)
+    assert t.column_names == list(COLUMNS_V1) and t.equals(new_rows.drop_columns(["changed_fraction"]))
+    assert "columns" not in json.loads((out / "job.json").read_text())
+    job["columns"] = [*COLUMNS_V1, "a_later_column"]  # a job a later isan started: refused, with the reason
+    (out / "job.json").write_text(json.dumps(job))
+    with pytest.raises(IsanError, match="differs in: columns.*another isan version"):
+        score_corpus([str(d)], out, progress=False, part_docs=10, engine=engine)

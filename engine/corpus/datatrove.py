@@ -3,8 +3,9 @@
 The way datatrove's KenLM perplexity blocks (``CCNetPerplexityStats``, CCNet's filtering) score
 documents with an n-gram, :class:`IsanScoreFilter` scores them with an ISAN, batched through the
 engine's kernels (``batch_size`` documents at a time, each scored exactly as ``isan corpus score``
-scores it), and writes ``isan_bits``, ``isan_bpc``, ``isan_chars`` (and ``isan_error`` when a
-document cannot be scored) into ``doc.metadata``. With ``min_bpc`` / ``max_bpc`` it drops the
+scores it), and writes ``isan_bits``, ``isan_bpc``, ``isan_chars``, ``isan_changed_fraction`` (the
+share of the document the normaliser changed or dropped: the corpus output's ``changed_fraction``)
+and ``isan_error`` when a document cannot be scored into ``doc.metadata``. With ``min_bpc`` / ``max_bpc`` it drops the
 documents outside that range (reason ``isan_bpc_low`` / ``isan_bpc_high``; a document that
 cannot be scored is dropped with ``isan_error`` unless ``keep_errors``); without them it only
 annotates::
@@ -40,7 +41,8 @@ def _build():
         raise IsanError("the datatrove block needs datatrove: pip install 'isan[datatrove]'") from None
 
     class IsanScoreFilter(BaseFilter):
-        """Score documents with an ISAN (metadata ``isan_bits``, ``isan_bpc``, ``isan_chars``) and
+        """Score documents with an ISAN (metadata ``isan_bits``, ``isan_bpc``, ``isan_chars``,
+        ``isan_changed_fraction``) and
         keep those with ``min_bpc <= bpc <= max_bpc`` (either bound optional).
 
         Args:
@@ -95,6 +97,7 @@ def _build():
                 d.metadata["isan_chars"] = r["chars_scored"]
                 d.metadata["isan_bits"] = r["bits"]
                 d.metadata["isan_bpc"] = r["bpc"]
+                d.metadata["isan_changed_fraction"] = r["changed_fraction"]
                 if r["error"]:
                     d.metadata["isan_error"] = r["error"]
                     self.stat_update("isan_errors")

@@ -24,7 +24,7 @@ from isan.atomic import write_json_atomic
 from isan.errors import IsanError
 from isan.engine.corpus.readers import FORMATS, InputFileError, detect_format, expand_inputs, is_url, read_docs
 from isan.engine.corpus.scoring import DEFAULT_BATCH_CHARS, ROW_MAX_CHARS, DocScorer, ScoreOptions, corpus_path
-from isan.engine.corpus.writers import part_name, part_totals, rows_totals, shard_key, write_part
+from isan.engine.corpus.writers import COLUMNS, COLUMNS_V1, part_name, part_totals, rows_totals, shard_key, write_part
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,8 @@ class JobConfig:
     #: the batched kernel (``corpus_path``): "jumps" with the model's trie table, else "chunked";
     #: the two agree within 1e-7, not to the last bit, so a job's parts must not mix them
     kernel: str = "chunked"
+    #: the parts' columns (writers.COLUMNS); a job started before changed_fraction keeps COLUMNS_V1
+    columns: list = field(default_factory=lambda: list(COLUMNS))
     # not part of the output's identity
     batch_chars: int = field(default=DEFAULT_BATCH_CHARS, compare=False)
 
@@ -81,7 +83,8 @@ def _file_error_row(message: str) -> dict:
     from isan.engine.corpus.scoring import COUNT_KEYS
 
     return {"id": None, "index": -1, "chars_read": 0, "chars_scored": 0, "bits": 0.0, "bpc": None,
-            **{k: 0 for k in COUNT_KEYS}, "error": f"InputFileError: {message}", "per_char_bits": None}
+            **{k: 0 for k in COUNT_KEYS}, "changed_fraction": None, "error": f"InputFileError: {message}",
+            "per_char_bits": None}
 
 
 def process_file(scorer: DocScorer, cfg: JobConfig, path: str, shards: Path,
@@ -117,7 +120,7 @@ def process_file(scorer: DocScorer, cfg: JobConfig, path: str, shards: Path,
             rows = scorer.score(docs) if docs else []
             if file_error:
                 rows.append(_file_error_row(file_error))
-            write_part(p, rows, path)
+            write_part(p, rows, path, cfg.columns)
             t = rows_totals(rows)
             new["new_documents"] += t["documents"]
             new["new_chars"] += t["chars_read"]
@@ -209,8 +212,9 @@ class Progress:
 
 
 def _check_job(out: Path, cfg: JobConfig) -> None:
+    """Refuse ``out`` when it holds another job; a job started before the parts' columns were
+    recorded goes on with its own (``cfg.columns`` becomes :data:`COLUMNS_V1`)."""
     path = out / "job.json"
-    want = {"format": JOB_FORMAT, "format_version": JOB_VERSION, **cfg.identity()}
     if path.is_file():
         try:
             have = json.loads(path.read_text())
@@ -220,6 +224,10 @@ def _check_job(out: Path, cfg: JobConfig) -> None:
             raise IsanError(f"{out} holds something other than an isan corpus job ({path} is not one); "
                             "choose another --out")
         have.setdefault("kernel", "chunked")  # jobs written before the kernel was recorded: one character a step
+        if "columns" not in have:  # started before changed_fraction: its parts go on without it (one schema)
+            cfg.columns = list(COLUMNS_V1)
+            have["columns"] = cfg.columns
+        want = {"format": JOB_FORMAT, "format_version": JOB_VERSION, **cfg.identity()}
         diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
         if diff:
             hint = ""
@@ -227,11 +235,14 @@ def _check_job(out: Path, cfg: JobConfig) -> None:
                 hint = (f" (its documents were scored by the {have['kernel']} kernel, this run's by {want['kernel']}: "
                         "composed jumps wherever the model has a trie table; they agree within 1e-7, not to the "
                         "last bit, so one job's files never mix them)")
+            elif "columns" in diff:
+                hint = (" (its parts have the columns of another isan version; one job's parts keep one schema, so "
+                        "finish it with the isan that started it)")
             raise IsanError(f"{out} holds the output of another job (it differs in: {', '.join(diff)}){hint}; "
                             "re-run with the same options to resume it, or choose another --out")
         return
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, want)
+    write_json_atomic(path, {"format": JOB_FORMAT, "format_version": JOB_VERSION, **cfg.identity()})
 
 
 def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = "auto", text_field: str = "text",

@@ -83,7 +83,19 @@ class ScoreOptions:
 
 def _row(doc: Doc, error: str | None = None) -> dict:
     return {"id": doc.id, "index": doc.index, "chars_read": 0, "chars_scored": 0, "bits": 0.0, "bpc": None,
-            **{k: 0 for k in COUNT_KEYS}, "error": error or doc.error, "per_char_bits": None}
+            **{k: 0 for k in COUNT_KEYS}, "changed_fraction": None, "error": error or doc.error, "per_char_bits": None}
+
+
+def changed_fraction(report: dict) -> float | None:
+    """The share of a text's characters that did not reach the model as they were, from a
+    normalisation report (``Prepared.report``): ``(changed + dropped + skipped + replaced) /
+    chars_read``, at most 1 (a spelled-out digit skipped by the alphabet would count twice); None
+    when nothing was read. 1.0 for text in another script (it scores as a space), 0.0 for text
+    already in the model's alphabet."""
+    read = int(report.get("chars_read", 0))
+    if read <= 0:
+        return None
+    return min(1.0, sum(int(report.get(k, 0)) for k in COUNT_KEYS) / read)
 
 
 def _fill(row: dict, report: dict | None, chars: int, bits: float) -> dict:
@@ -94,6 +106,7 @@ def _fill(row: dict, report: dict | None, chars: int, bits: float) -> dict:
     row["bpc"] = float(bits) / chars if chars else None
     for k in COUNT_KEYS:
         row[k] = int(report.get(k, 0))
+    row["changed_fraction"] = changed_fraction(report)
     return row
 
 

@@ -15,8 +15,13 @@ uninterrupted run would have.
 Columns of a part (one row a document): ``id`` (string), ``source`` (the input path), ``index``
 (position in the file; -1 for a row that records a file error), ``chars_read``, ``chars_scored``
 (int64), ``bits``, ``bpc`` (float64; bpc null when nothing was scored), ``changed``, ``dropped``,
-``skipped``, ``replaced`` (int64, the normaliser's counts), ``error`` (string, null when scored),
-and ``per_char_bits`` (list<float64>, null unless asked for and the document is short enough).
+``skipped``, ``replaced`` (int64, the normaliser's counts), ``changed_fraction`` (float64: the share
+of the document's characters that did not reach the model as they were, ``(changed + dropped +
+skipped + replaced) / chars_read`` at most 1; null when nothing was read), ``error`` (string, null
+when scored), and ``per_char_bits`` (list<float64>, null unless asked for and the document is short
+enough). A job started before ``changed_fraction`` existed (its ``job.json`` lists no ``columns``)
+goes on writing the columns it was started with (:data:`COLUMNS_V1`), so that its parts keep one
+schema.
 """
 
 from __future__ import annotations
@@ -27,16 +32,20 @@ import re
 from isan.atomic import atomic_path
 
 COLUMNS = ("id", "source", "index", "chars_read", "chars_scored", "bits", "bpc", "changed", "dropped", "skipped",
-           "replaced", "error", "per_char_bits")
+           "replaced", "changed_fraction", "error", "per_char_bits")
+#: the columns of the jobs started before ``changed_fraction`` (their job.json lists none)
+COLUMNS_V1 = tuple(c for c in COLUMNS if c != "changed_fraction")
 
 
-def schema():
+def schema(columns=COLUMNS):
+    """The parts' Arrow schema, of ``columns`` (default: every column, :data:`COLUMNS`)."""
     import pyarrow as pa
 
     i64, f64, s = pa.int64(), pa.float64(), pa.string()
-    return pa.schema([("id", s), ("source", s), ("index", i64), ("chars_read", i64), ("chars_scored", i64),
+    full = pa.schema([("id", s), ("source", s), ("index", i64), ("chars_read", i64), ("chars_scored", i64),
                       ("bits", f64), ("bpc", f64), ("changed", i64), ("dropped", i64), ("skipped", i64),
-                      ("replaced", i64), ("error", s), ("per_char_bits", pa.list_(f64))])
+                      ("replaced", i64), ("changed_fraction", f64), ("error", s), ("per_char_bits", pa.list_(f64))])
+    return full if tuple(columns) == COLUMNS else pa.schema([full.field(c) for c in columns])
 
 
 def shard_key(path: str) -> str:
@@ -49,19 +58,19 @@ def part_name(key: str, part: int) -> str:
     return f"{key}.part-{part:05d}.parquet"
 
 
-def write_part(path, rows: list[dict], source: str) -> None:
-    """Write rows as one Parquet file, atomically (deterministic bytes for the same rows)."""
+def write_part(path, rows: list[dict], source: str, columns=COLUMNS) -> None:
+    """Write rows as one Parquet file of ``columns``, atomically (deterministic bytes for the same rows)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    cols = {c: [] for c in COLUMNS}
+    cols = {c: [] for c in columns}
     for r in rows:
-        for c in COLUMNS:
+        for c in columns:
             v = source if c == "source" else r.get(c)
             if c == "per_char_bits" and v is not None:
                 v = [float(x) for x in v]
             cols[c].append(v)
-    table = pa.table(cols, schema=schema())
+    table = pa.table(cols, schema=schema(columns))
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp, compression="zstd", write_statistics=False)
 
