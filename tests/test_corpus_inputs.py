@@ -273,3 +273,33 @@ def test_a_job_written_before_changed_fraction_resumes_as_written(tmp_path, engi
     (out / "job.json").write_text(json.dumps(job))
     with pytest.raises(IsanError, match="differs in: columns.*another isan version"):
         score_corpus([str(d)], out, progress=False, part_docs=10, engine=engine)
+
+
+def test_missing_extras_name_the_command_that_installs_them(tmp_path, monkeypatch, engine):
+    """A missing pyarrow, Ray or datatrove is named with isan.errors.install_hint's working command,
+    not 'pip install isan[...]', which no package index has (#34 item 11)."""
+    from isan.engine.corpus import datatrove as dt_module
+    from isan.engine.corpus.readers import InputFileError, read_parquet
+    from isan.engine.corpus.ray_runner import run_ray
+    from isan.errors import install_hint
+
+    sources = sorted((REPO / "engine" / "corpus").glob("*.py"))
+    assert sources and not [p.name for p in sources if "isan[" in p.read_text()]
+    (tmp_path / "a.jsonl").write_text(json.dumps({"text": "a text"}) + "\n")
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    with pytest.raises(IsanError) as e:
+        run_ray([str(tmp_path / "a.jsonl")], None, tmp_path / "out", None, None, 1)
+    assert install_hint("ray") in str(e.value)
+    monkeypatch.setitem(sys.modules, "datatrove.pipeline.filters.base_filter", None)
+    monkeypatch.setattr(dt_module, "_CLASS", None)
+    with pytest.raises(IsanError) as e:
+        dt_module.IsanScoreFilter
+    assert install_hint("datatrove") in str(e.value)
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(InputFileError) as e:
+        list(read_parquet(str(tmp_path / "x.parquet")))
+    assert install_hint("corpus") in str(e.value)
+    with pytest.raises(IsanError) as e:
+        score_corpus([str(tmp_path / "a.jsonl")], tmp_path / "out", progress=False, engine=engine)
+    assert install_hint("corpus") in str(e.value) and install_hint("ray") in str(e.value)

@@ -18,8 +18,8 @@ annotates::
     LocalPipelineExecutor(pipeline=[JsonlReader("data/"), IsanScoreFilter(max_bpc=3.0),
                                     JsonlWriter("kept/")], tasks=4).run()
 
-datatrove is an optional extra (``pip install 'isan[datatrove]'``) and is imported only when the
-class is first used: ``IsanScoreFilter`` is built on first access (this module imports without it).
+datatrove is an optional extra (``datatrove``: ``isan.errors.install_hint("datatrove")`` says the
+command) and is imported only when the class is first used: ``IsanScoreFilter`` is built on first access (this module imports without it).
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ def _build():
     try:
         from datatrove.pipeline.filters.base_filter import BaseFilter
     except ImportError:
-        from isan.errors import IsanError
+        from isan.errors import IsanError, install_hint
 
-        raise IsanError("the datatrove block needs datatrove: pip install 'isan[datatrove]'") from None
+        raise IsanError(f"the datatrove block needs datatrove: {install_hint('datatrove')}") from None
 
     class IsanScoreFilter(BaseFilter):
         """Score documents with an ISAN (metadata ``isan_bits``, ``isan_bpc``, ``isan_chars``,

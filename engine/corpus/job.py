@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from isan.atomic import write_json_atomic
-from isan.errors import IsanError
+from isan.errors import IsanError, install_hint
 from isan.engine.corpus.readers import FORMATS, InputFileError, detect_format, expand_inputs, is_url, read_docs
 from isan.engine.corpus.scoring import DEFAULT_BATCH_CHARS, ROW_MAX_CHARS, DocScorer, ScoreOptions, corpus_path
 from isan.engine.corpus.writers import COLUMNS, COLUMNS_V1, part_name, part_totals, rows_totals, shard_key, write_part
@@ -281,8 +281,8 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
     try:
         import pyarrow  # noqa: F401  (the output is Parquet)
     except ImportError:
-        raise IsanError("the corpus job writes Parquet with pyarrow: pip install 'isan[corpus]' "
-                        "(or 'isan[ray]' for the Ray runner)") from None
+        raise IsanError(f"the corpus job writes Parquet with pyarrow: {install_hint('corpus')} "
+                        f"(or, for the Ray runner too: {install_hint('ray')})") from None
     detect_format("x", fmt)
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [str(inputs)]

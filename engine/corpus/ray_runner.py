@@ -77,9 +77,9 @@ def run_ray(paths: list[str], cfg, out: Path, address: str | None, actors: int |
     try:
         import ray
     except ImportError:
-        from isan.errors import IsanError
+        from isan.errors import IsanError, install_hint
 
-        raise IsanError("the Ray runner needs Ray: pip install 'isan[ray]'") from None
+        raise IsanError(f"the Ray runner needs Ray: {install_hint('ray')}") from None
     from dataclasses import asdict
 
     started_here = not ray.is_initialized()

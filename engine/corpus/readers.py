@@ -331,7 +331,7 @@ def read_parquet(path: str, text_field: str = "text", id_field: str | None = "id
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise InputFileError(f"{path}: reading Parquet needs pyarrow: pip install 'isan[ray]' or pip install pyarrow") from None
+        raise InputFileError(f"{path}: reading Parquet needs pyarrow: {install_hint('corpus')}") from None
     name = _name(path)
     f = _open_raw(path)
     try:
