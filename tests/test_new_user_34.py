@@ -118,3 +118,25 @@ def test_reprs_are_short(engine):
     assert "(216,)" in repr(r.state) and "float64" in repr(r.state) and f"chars={r.chars}" in repr(r)
     other = engine.score("the quick brown cat ").state
     assert repr(other) != repr(r.state)  # two states read apart
+
+
+# ---- item 15: a sample can be repeated, temperature 0 is greedy ----------------------------------------
+def test_sample_without_a_seed_picks_one_and_says_which():
+    a = json.loads(isan("sample", "--prompt", "the ", "-n", "40", "--json").stdout)
+    assert isinstance(a["seed"], int)
+    b = json.loads(isan("sample", "--prompt", "the ", "-n", "40", "--json", "--seed", a["seed"]).stdout)
+    assert b["text"] == a["text"] and b["seed"] == a["seed"]
+    r = isan("sample", "--prompt", "the ", "-n", "40")  # text output: the seed on stderr
+    seed = int(re.search(r"seed (\d+)", r.stderr).group(1))
+    again = isan("sample", "--prompt", "the ", "-n", "40", "--seed", seed)
+    assert again.stdout == r.stdout and again.stderr == ""
+
+
+def test_temperature_zero_is_greedy_like_the_server(engine):
+    greedy = engine.sample("the annual reve", n=60, top_k=1, seed=0).text
+    assert engine.sample("the annual reve", n=60, temperature=0, seed=5).text == greedy
+    r = isan("sample", "--prompt", "the annual reve", "-n", "60", "--temperature", "0", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["text"] == greedy
+    r = isan("sample", "--temperature", "-1")
+    assert r.returncode == 2 and "temperature" in r.stderr and "Traceback" not in r.stderr

@@ -90,12 +90,17 @@ def print_per_char(r, text: str) -> None:
 @main.command()
 @click.option("--prompt", default="", help="Text to condition on (consumed before sampling).")
 @click.option("-n", "n", type=int, default=200, show_default=True, help="Characters to generate.")
-@click.option("--temperature", type=float, default=None, help="Logits are divided by it (default 1).")
+@click.option("--temperature", type=float, default=None,
+              help="Logits are divided by it (default 1; 0, or below 0.01: greedy, the most likely character each "
+                   "step, as /v1/completions).")
 @click.option("--inverse-temperature", "inverse_temperature", type=float, default=None,
               help="Logits are multiplied by it (the paper's section 3.1 samples at 1.5 and 2); instead of --temperature.")
 @click.option("--top-k", type=int, default=None, help="Sample among the k most likely characters only.")
-@click.option("--seed", type=int, default=None, help="Random seed; the same seed gives the same text.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--seed", type=int, default=None,
+              help="Random seed; the same seed gives the same text (default: a new one, reported: in the JSON, "
+                   "or on stderr).")
+@click.option("--json", "as_json", is_flag=True,
+              help='Print {"prompt", "text", "bits", "seed", "temperature", "top_k", ...} as JSON.')
 @model_options
 @normalize_option
 @friendly
@@ -110,11 +115,18 @@ def sample(prompt, n, temperature, inverse_temperature, top_k, seed, as_json, mo
         temperature = 1.0 / inverse_temperature
     temperature = 1.0 if temperature is None else temperature
     engine = load_engine(model, path_mode, backend, device, threads)
+    drawn_seed = seed is None
+    if drawn_seed:  # pick one and report it, so that the sample can be drawn again (as the server does)
+        from isan.engine.sampling import new_seed
+
+        seed = new_seed()
     s = engine.sample(prompt, n=n, temperature=temperature, top_k=top_k, seed=seed, normalize=normalize)
     if as_json:
         emit_json(s.to_json())
     else:
         click.echo(s.prompt + s.text)
+        if drawn_seed:
+            click.echo(f"seed {seed} (--seed {seed} draws this sample again)", err=True)
 
 @main.command()
 @click.option("--text", required=True, help="The text to attribute.")
