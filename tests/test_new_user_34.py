@@ -140,3 +140,13 @@ def test_temperature_zero_is_greedy_like_the_server(engine):
     assert json.loads(r.stdout)["text"] == greedy
     r = isan("sample", "--temperature", "-1")
     assert r.returncode == 2 and "temperature" in r.stderr and "Traceback" not in r.stderr
+
+
+# ---- item 15: bundles/ is ignored ------------------------------------------------------------------------
+def test_bundles_folder_is_ignored():
+    r = subprocess.run(["git", "check-ignore", "-q", "bundles/my-isan/manifest.json"], cwd=REPO)
+    assert r.returncode == 0, "bundles/ (where the training guide exports) is ignored"
+    r = subprocess.run(["git", "check-ignore", "-q", "results/elman/bundles/x/manifest.json"], cwd=REPO)
+    assert r.returncode == 1, "the committed bundles under results/ are not"
+    guide = (REPO / "docs" / "guide" / "training.md").read_text() + (REPO / "README.md").read_text()
+    assert "isan export runs/my-isan bundles/my-isan" in guide
