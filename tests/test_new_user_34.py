@@ -150,3 +150,13 @@ def test_bundles_folder_is_ignored():
     assert r.returncode == 1, "the committed bundles under results/ are not"
     guide = (REPO / "docs" / "guide" / "training.md").read_text() + (REPO / "README.md").read_text()
     assert "isan export runs/my-isan bundles/my-isan" in guide
+
+
+# ---- item 15: attribute's sources -----------------------------------------------------------------------
+def test_attribute_text_output_gives_each_source_its_offset():
+    r = isan("attribute", "--text", "The cat, the mat.", "--top", "9")
+    assert r.returncode == 0, r.stderr
+    row = next(ln for ln in r.stdout.splitlines() if ln.startswith("  15 "))
+    # the spaces after 'the' (offset 3), after 'cat,' (the comma, offset 7) and after the second 'the' (12)
+    for label in ("'the' @0", "' ' @3", "' ' @7", "'the' @9", "' ' @12", "'mat' @13", "'<h0>'"):
+        assert label in row, (label, row)

@@ -157,7 +157,12 @@ def attribute(text, by, as_json, full, plot, top, model, unknown, replacement, n
         emit_json(a.to_json(full=full))
         return
     contrib = a.next_char_contributions()
-    click.echo(f"sources: {len(a.sources)} ({by}s and <h0>); check max |b_ro + sum kappa - logits| = {a.max_abs_error:.2e}")
+    # each source with the input offset it starts at, as the lens labels them (two spaces read alike)
+    offs = a.input_offsets if a.input_offsets is not None else []
+    labels = [repr(src) if i == 0 else f"{src!r} @{int(offs[start]) if start < len(offs) else start}"
+              for i, (src, (start, _)) in enumerate(zip(a.sources, a.source_spans))]
+    click.echo(f"sources: {len(a.sources)} ({by}s at their input offset, and <h0>); check max |b_ro + sum kappa - "
+               f"logits| = {a.max_abs_error:.2e}")
     n = a.normalization or {}
     if n.get("changed") or n.get("dropped") or n.get("skipped") or n.get("replaced"):
         click.echo(f"normalized {n['normalizer']}: {n['chars_read']} characters read, {n['chars_scored']} attributed "
@@ -166,7 +171,7 @@ def attribute(text, by, as_json, full, plot, top, model, unknown, replacement, n
         nxt = a.text[t + 1] if t + 1 < len(a.text) else None
         label = repr(nxt) if nxt is not None else f"{a.alphabet.symbols[int(a.logits[t].argmax())]!r} (predicted)"
         order = [int(i) for i in abs(contrib[t]).argsort()[::-1][:top] if contrib[t][i] != 0]
-        parts = ", ".join(f"{a.sources[i]!r} {contrib[t][i]:+.2f}" for i in order)
+        parts = ", ".join(f"{labels[i]} {contrib[t][i]:+.2f}" for i in order)
         click.echo(f"{t:4d} {ch!r} -> {label:16s} {parts}")
     if plot:
         click.echo(f"wrote {plot}")
