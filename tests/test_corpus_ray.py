@@ -5,6 +5,7 @@ processes are killed by their process groups, which these tests started)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -68,7 +69,17 @@ def corpus(tmp_path_factory):
                 f.write(json.dumps({"id": f"{k}-{i}", "text": t}) + "\n")
         f = open(d / f"part{k}.jsonl", "a")
         f.write('{"id": "bad-%d", "body": 1}\n' % k)
+        f.write('{"id": "big-%d", "text": "x", "n": %s}\n' % (k, "9" * 5000))  # json.loads refuses it (#34 item 2)
         f.close()
+    # a .jsonl.zst cut short (#34 item 3): its documents before the damage, then a file error
+    zstandard = pytest.importorskip("zstandard")
+    raw = io.BytesIO()
+    with zstandard.ZstdCompressor().stream_writer(raw, closefd=False) as w:
+        for i in range(400):
+            t = text[(i * 997) % 100_000 :][:600]
+            texts[f"z-{i}"] = t
+            w.write((json.dumps({"id": f"z-{i}", "text": t}) + "\n").encode())
+    (d / "part4.jsonl.zst").write_bytes(raw.getvalue()[:-100])
     return d, texts
 
 
@@ -83,7 +94,8 @@ def test_ray_cluster_equals_local_and_the_engine(cluster, corpus, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     s_ray = json.loads(r.stdout)
     assert s_ray["this_run"]["runner"] == "ray" and s_ray["this_run"]["cluster_nodes"] == nodes
-    assert s_ray["documents"] == 4 * 61 and s_ray["errors"] == 4
+    assert 4 * 62 < s_ray["documents"] < 4 * 62 + 400 and s_ray["errors"] == 8
+    assert [fe["path"] for fe in s_ray["file_errors"]] == [str(d / "part4.jsonl.zst")]
 
     engine = load_corpus_engine(None)
     out_local = tmp_path / "local"
@@ -92,7 +104,8 @@ def test_ray_cluster_equals_local_and_the_engine(cluster, corpus, tmp_path):
     assert a.equals(b)  # every column of every document, bit for bit
     for p in sorted((out_local / "shards").glob("*.parquet")):
         assert p.read_bytes() == (out_ray / "shards" / p.name).read_bytes()
-    assert s_local["bits"] == s_ray["bits"]
+    assert s_local["bits"] == s_ray["bits"] and s_local["file_errors"] == s_ray["file_errors"]
+    assert "changed_fraction" in b.column_names
     rows = [row for row in b.to_pylist() if row["error"] is None]
     ids = [row["id"] for row in rows]
     # Engine.score (the corpus's chunk-parallel path): a document under 2,048 characters is the same single row,
@@ -109,5 +122,5 @@ def test_ray_cluster_equals_local_and_the_engine(cluster, corpus, tmp_path):
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     again = json.loads(r.stdout)
-    assert again["this_run"]["files_skipped"] == 4 and again["this_run"]["documents"] == 0
+    assert again["this_run"]["files_skipped"] == 5 and again["this_run"]["documents"] == 0
     assert read_output(out_ray).equals(b)
