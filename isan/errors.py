@@ -38,6 +38,11 @@ class AttributionCheckError(IsanError, ArithmeticError):
     """``b_ro + sum_s kappa[t, s]`` did not reproduce the logits within tolerance."""
 
 
+class BackendUnavailableError(IsanError, RuntimeError):
+    """The requested backend or device cannot run here (onnxruntime or torch missing, no CUDA
+    provider or GPU). The message says what to install or which device to use instead."""
+
+
 class StateDivergedError(IsanError, ArithmeticError):
     """The recurrent state left the range where scoring means anything (it overflows, or the bits
     are not finite). Some letters' matrices have spectral radius above 1 (text8 model: 'z' 2.17),

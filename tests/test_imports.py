@@ -19,7 +19,10 @@ CLI_COMMANDS = {"score", "train", "export", "model", "bench", "analyze", "studie
 ENGINE_FORBIDDEN = ("isan.train", "isan.export", "torch")
 #: rooms of engine/ allowed a forbidden import, each by one line: {room (a module or a package): {imports}}.
 #: None yet; issue #35's GPU backend would add "isan.engine.kernels.torch": {"torch"}
-ENGINE_ALLOWED: dict[str, set[str]] = {}
+ENGINE_ALLOWED: dict[str, set[str]] = {
+    "isan.engine.kernels.torch": {"torch"},  # the torch backend (issue #35), imported only when asked for
+    "isan.engine.kernels.backends": {"torch"},  # the registry: imports torch only when a torch device is asked for
+}
 #: what trie_tables/ may import besides the standard library, the root's modules (isan/*.py) and itself
 TRIE_TABLES_THIRD_PARTY = ("numpy", "marisa_trie", "tqdm")
 

@@ -30,12 +30,12 @@ chunks that fell back. ``runner=run_streams_ref`` runs the same algorithm on the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
 from isan.engine.guard import MAX_STATE_ABS
-from isan.engine.kernels.streams import StreamModel, run_streams
+from isan.engine.kernels.streams import StreamModel, StreamsResult, run_streams
 from isan.params import ISANParams
 
 #: Defaults (DESIGN.md section 6 and measurements on 2.5M characters, 2 threads): a chunk much
@@ -113,7 +113,26 @@ def plan_chunks(lengths: Sequence[int], target_rows: int = 2 * ROWS_PER_THREAD, 
     return out
 
 
-Runner = Callable[..., object]
+@runtime_checkable
+class Runner(Protocol):
+    """The contract of every kernel that advances state rows (a *runner*): the compiled
+    :func:`~isan.engine.kernels.streams.run_streams` and :func:`~isan.engine.kernels.jumps.run_jumps`,
+    their numpy twins ``run_streams_ref`` / ``run_jumps_ref``, and the torch backend's
+    :class:`~isan.engine.kernels.torch.TorchStreams` (any device).
+
+    Row s reads ``ids[start[s] : start[s] + length[s]]`` from the state row ``H[s]`` (float32, or
+    the runner's ``state_dtype`` where it declares one), writes each character's bits into
+    ``bits`` (float64) and leaves its final state in ``H``; with ``pairs`` the rows ``P + s`` are
+    error rows of the correction pass (:mod:`isan.engine.kernels.streams` says exactly what each
+    argument means). ``model`` is the runner's weights: a
+    :class:`~isan.engine.kernels.streams.StreamModel` (one character a step) or a
+    :class:`~isan.engine.kernels.jumps.JumpTable` (composed jumps). A runner may take more
+    keywords; these are the ones chunk-parallel scoring passes.
+    """
+
+    def __call__(self, model, ids: np.ndarray, start: np.ndarray, length: np.ndarray, H: np.ndarray,
+                 bits: np.ndarray | None = None, pairs: bool = False, stop_ratio: float = 0.0,
+                 check_every: int = 16, limit: float = MAX_STATE_ABS, threads: int = 1) -> StreamsResult: ...
 
 
 def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init: np.ndarray, *,
@@ -133,12 +152,15 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
         rtol, margin, check_every: the correction's stopping rule (module docstring).
         threads: threads for the kernel.
         want_bits: False to ingest only (no readout; final states only).
-        runner: :func:`run_streams` or its numpy twin :func:`run_streams_ref`.
+        runner: :func:`run_streams`, its numpy twin :func:`run_streams_ref`, or another runner with
+            their signature (:class:`Runner`); the state rows are float32, or the runner's
+            ``state_dtype`` where it has one (the float64 torch runner keeps chunk starts in float64).
         fallback: how chunks whose errors do not die out are redone (default: float64 reference
             recurrence of the model, :class:`Float64Fallback`, built from ``model``'s weights).
         path: the name the report gives the kernel (``"chunked"``, ``"jumps"``).
     Returns:
-        (bits per text (n_i,) float64 (empty arrays if not want_bits), final states (B, d) float32,
+        (bits per text (n_i,) float64 (empty arrays if not want_bits), final states (B, d) float32
+        (float64 for a runner whose ``state_dtype`` is float64),
         report, divergences). ``divergences`` is empty, or holds one ``(text index, offset of the
         chunk in its text, the chunk's exact start state (d,), step t)``: the state before the
         chunk's character t is out of range (or its bits are not finite); the caller locates it
@@ -177,10 +199,11 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
     g = np.asarray(guess if guess is not None else h_init[0], dtype=np.float64).reshape(d)
     bits = np.empty(len(ids), dtype=np.float64) if want_bits else None
     report = ChunkedReport(chunks=C, chars=len(ids), rtol=rtol, margin=margin, path=path)
+    sdt = np.dtype(getattr(runner, "state_dtype", np.float32))  # the dtype of the state rows
     stop = rtol / margin
 
     # 1. guess pass
-    H = np.zeros((C, dp), dtype=np.float32)
+    H = np.zeros((C, dp), dtype=sdt)
     H[:, :d] = g
     H[first, :d] = h_init[c_text[first]]
     H[:, d] = 1.0
@@ -196,10 +219,10 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
     div2 = np.full(C, -1, dtype=np.int64)
     if len(corr):
         P2 = len(corr)
-        H2 = np.zeros((2 * P2, dp), dtype=np.float32)
+        H2 = np.zeros((2 * P2, dp), dtype=sdt)
         H2[:P2, :d] = F[corr - 1]
         H2[:P2, d] = 1.0
-        H2[P2:, :d] = F[corr - 1] - g.astype(np.float32)
+        H2[P2:, :d] = F[corr - 1] - g.astype(sdt)
         r2 = runner(model, ids, c_start[corr], c_len[corr], H2, bits, pairs=True, stop_ratio=stop,
                     check_every=check_every, threads=threads, limit=limit)
         report.extra_steps += 2 * int(r2.total_steps)
@@ -214,7 +237,7 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
             report.residual = float(res[conv].max())
 
     # 3. in order along each text: keep the work done from exact starts, redo the rest
-    finals = np.empty((B, d), dtype=np.float32)
+    finals = np.empty((B, d), dtype=sdt)
     divergences: list[tuple[int, int, np.ndarray, int]] = []
     exact_prev = None  # exact final state of the previous chunk
     prev_matches = True  # F[p - 1] (the start chunk p's correction used) equals exact_prev
@@ -222,7 +245,7 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
         off = int(c_start[p] - base[c_text[p]])
         if first[p]:
             if div1[p] >= 0:
-                divergences.append((int(c_text[p]), off, h_init[c_text[p]].astype(np.float32), int(div1[p])))
+                divergences.append((int(c_text[p]), off, h_init[c_text[p]].astype(sdt), int(div1[p])))
                 break
             exact_prev, prev_matches = F[p], True
             redo = False
@@ -240,10 +263,10 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
             # left the range (then its later bits are unusable)
             redo = div1[p] >= 0
             if not redo:
-                Hp = np.zeros((2, dp), dtype=np.float32)
+                Hp = np.zeros((2, dp), dtype=sdt)
                 Hp[0, :d] = exact_prev
                 Hp[0, d] = 1.0
-                Hp[1, :d] = exact_prev - g.astype(np.float32)
+                Hp[1, :d] = exact_prev - g.astype(sdt)
                 rp = runner(model, ids, c_start[p : p + 1], c_len[p : p + 1], Hp, bits, pairs=True,
                             stop_ratio=stop, check_every=check_every, threads=1, limit=limit)
                 report.extra_steps += 2 * int(rp.total_steps)
@@ -267,7 +290,7 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
             b64, h64 = fallback(seg, exact_prev)
             if bits is not None:
                 bits[c_start[p] : c_start[p] + c_len[p]] = b64
-            exact_prev, prev_matches = h64.astype(np.float32), False
+            exact_prev, prev_matches = h64.astype(sdt), False
         if p == C - 1 or c_text[p + 1] != c_text[p]:
             finals[c_text[p]] = exact_prev
     out_bits = [bits[base[i] : base[i + 1]] for i in range(B)] if want_bits else [np.zeros(0)] * B

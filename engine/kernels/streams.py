@@ -147,11 +147,11 @@ class StreamsResult:
             self.jumps = self.total_steps
 
 
-def _check(model: StreamModel, ids, start, length, H, bits, pairs):
+def _check(model: StreamModel, ids, start, length, H, bits, pairs, state_dtype=np.float32):
     if ids.dtype != np.int32 or start.dtype != np.int64 or length.dtype != np.int64:
         raise TypeError("ids must be int32, start and length int64")
-    if H.dtype != np.float32 or H.ndim != 2 or H.shape[1] != model.dp or not H.flags.c_contiguous:
-        raise TypeError(f"H must be a C-contiguous float32 array (rows, {model.dp})")
+    if H.dtype != state_dtype or H.ndim != 2 or H.shape[1] != model.dp or not H.flags.c_contiguous:
+        raise TypeError(f"H must be a C-contiguous {np.dtype(state_dtype).name} array (rows, {model.dp})")
     P = len(start)
     if len(length) != P or len(H) != (2 * P if pairs else P):
         raise ValueError("start, length and H disagree on the number of rows")

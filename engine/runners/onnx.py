@@ -39,7 +39,7 @@ from typing import Sequence
 
 import numpy as np
 
-from isan.errors import BundleFormatError, IsanError, StateDivergedError, install_hint
+from isan.errors import BackendUnavailableError, BundleFormatError, IsanError, StateDivergedError, install_hint
 from isan.engine.runners import onnx_graphs
 from isan.engine.runners.onnx_graphs import ONNX_FORMAT, SEQUENCE_FILE, STEP_FILE, cached_graphs
 from isan.engine.runners.recurrent import LOG2E, RunnerEngine, bits_from_logits, log_softmax
@@ -52,10 +52,6 @@ DEFAULT_CHUNK = 4096
 DEVICES = ("cpu", "cuda", "auto")
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
-
-
-class BackendUnavailableError(IsanError, RuntimeError):
-    """The requested backend or device cannot run here (onnxruntime missing, no CUDA provider)."""
 
 
 def _ort():

@@ -1,0 +1,287 @@
+"""Many state rows advanced together, grouped by symbol, in torch on any device: :class:`TorchStreams`.
+
+The same contract as :func:`~isan.engine.kernels.streams.run_streams` (its numpy twin
+:func:`~isan.engine.kernels.streams.run_streams_ref` is the reference these tests compare with):
+row s reads ``ids[start[s] : start[s] + length[s]]`` from the state row ``H[s]``; each step it is
+checked (``max |h| <= limit``), read out (``bits = -log2 softmax(W_ro h + b_ro)[x]``, the
+prediction of a character from the state before it) and stepped (``h <- W[x] h + b[x]``, Foerster
+et al. 2017, eq. 1). With ``pairs=True`` rows ``P + s`` are error rows (``e <- W[x] e``) and a pair
+stops once ``max|e| <= stop_ratio * max(1, max|h|)``, checked every ``check_every`` steps: the
+correction pass of chunk-parallel scoring (:mod:`isan.engine.kernels.chunked`), which runs
+unchanged on this runner.
+
+How the work is laid out (a step is the routing of a mixture of experts: a row's symbol is its
+expert, and a row never gathers its own ``W[x]``, 187 KB a row a step at d = 216):
+
+* Steps run in *blocks* of ``check_every`` steps (``block`` without pairs). At the start of a
+  block the rows still running are compacted onto the device, and the symbols of all their steps
+  in the block are sorted at once (one ``torch.sort`` over a (steps, rows) matrix; a row past its
+  end reads a sentinel symbol that sorts last and is carried unchanged). The group sizes of the
+  whole block cross to the host in one transfer, so a block costs one synchronisation.
+* Each step gathers the rows in symbol order, runs one GEMM per symbol present on a contiguous
+  slice (``rows @ WT[x]`` in the homogeneous row layout ``[h, 1]``, so the bias rides in the
+  product), and scatters them back.
+* The states before each step are kept for the block and read out with one GEMM for the whole
+  block; the log-softmax runs in float64 (as the numpy twin's), and bits, range checks and the
+  stopping step of a row that leaves the range are worked out on the device for the block.
+
+``dtype`` is the arithmetic of the states and products: float32 (the default, as the compiled
+kernel) or float64 (the exact reference on the device: bits within about 1e-12 of the float64
+numpy reference). The arrays of the contract (``H`` and ``bits``) stay numpy on the host: they
+are copied to the device once a call and back once at its end.
+
+Differences from the compiled kernel, none in the results it promises: a row that leaves the range
+(``diverged >= 0``) is stopped with its bits written up to and including that step as there, but
+its final row in ``H`` is not meaningful (the compiled kernel leaves the state after the bad step;
+here the block's later steps may have run); ``threads``, ``split`` and ``frac`` are accepted and
+ignored (they choose a CPU schedule).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from isan.engine.guard import MAX_STATE_ABS
+from isan.engine.kernels.streams import SCHED_FRAC, StreamModel, StreamsResult, _check, _check_frac
+
+#: Steps a block runs between synchronisations when rows are not in pairs (with pairs: ``check_every``).
+BLOCK_STEPS = 64
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+@dataclass
+class _DeviceModel:
+    """The weights on the device: WT (K, d + 1, d + 1) and RoT (d + 1, V), unpadded."""
+
+    WT: torch.Tensor
+    RoT: torch.Tensor
+    d: int
+    V: int
+    K: int
+    key: tuple = field(repr=False)
+
+
+class TorchStreams:
+    """A runner with :func:`~isan.engine.kernels.streams.run_streams`'s signature, in torch.
+
+    Args:
+        device: a torch device (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...).
+        dtype: ``"float32"`` (default) or ``"float64"``: the arithmetic of states and products.
+        block: steps between synchronisations without pairs (default :data:`BLOCK_STEPS`).
+
+    Raises:
+        ValueError: an unknown dtype, or a block under 1.
+
+    The runner keeps the last model's weights on the device (keyed by the model object), so many
+    calls with one model copy them once. It holds no other state between calls: a call that raises
+    leaves it ready for the next.
+    """
+
+    name = "torch"
+
+    def __init__(self, device: str | torch.device = "cpu", dtype: str = "float32", block: int = BLOCK_STEPS):
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}; got {dtype!r}")
+        if int(block) < 1:
+            raise ValueError(f"block must be at least 1; got {block}")
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.block = int(block)
+        self._tdtype = _DTYPES[dtype]
+        self._model: _DeviceModel | None = None
+
+    def __repr__(self) -> str:
+        return f"TorchStreams(device={str(self.device)!r}, dtype={self.dtype!r})"
+
+    #: chunk-parallel scoring keeps its state rows in this dtype (:mod:`isan.engine.kernels.chunked`)
+    @property
+    def state_dtype(self):
+        return np.float64 if self.dtype == "float64" else np.float32
+
+    def device_model(self, model: StreamModel) -> _DeviceModel:
+        """The weights of ``model`` on this runner's device and in its dtype (copied once, then kept)."""
+        key = (id(model), model.WT.ctypes.data, model.RoT.ctypes.data)
+        dm = self._model
+        if dm is None or dm.key != key:
+            d, V = model.d, model.V
+            # WT and RoT are float32 in the StreamModel; the float64 runner widens them (exactly)
+            WT = torch.from_numpy(np.ascontiguousarray(model.WT[:, : d + 1, : d + 1]))
+            RoT = torch.from_numpy(np.ascontiguousarray(model.RoT[: d + 1, :V]))
+            dm = _DeviceModel(WT.to(self.device, self._tdtype), RoT.to(self.device, self._tdtype), d, V, model.K, key)
+            self._model = dm
+        return dm
+
+    def __call__(self, model: StreamModel, ids: np.ndarray, start: np.ndarray, length: np.ndarray, H: np.ndarray,
+                 bits: np.ndarray | None = None, pairs: bool = False, stop_ratio: float = 0.0,
+                 check_every: int = 16, limit: float = MAX_STATE_ABS, threads: int = 1,
+                 split: str = "auto", frac: float = SCHED_FRAC) -> StreamsResult:
+        """Advance every row through its characters (see the module docstring).
+
+        Args:
+            model: the weights (:meth:`StreamModel.from_params`).
+            ids: (N,) int32 symbol ids; start, length: (P,) int64.
+            H: (P, dp) (2P with ``pairs``) state rows, float32 or float64 (the arithmetic is the
+                runner's ``dtype`` whatever H's), updated in place to the final states.
+            bits: (N,) float64 or None: where the bits of each character are written.
+            pairs, stop_ratio, check_every, limit: as :func:`~isan.engine.kernels.streams.run_streams`.
+            threads, split, frac: accepted for the signature and ignored (``frac`` is checked).
+        Returns:
+            StreamsResult (total_steps, steps_done, residual, diverged).
+        Raises:
+            TypeError, ValueError: arrays of the wrong dtype, shape or range.
+        """
+        P = _check(model, ids, start, length, H, bits, pairs, np.float64 if H.dtype == np.float64 else np.float32)
+        _check_frac(frac)
+        check_every = int(check_every)
+        if check_every < 1:
+            raise ValueError(f"check_every must be at least 1; got {check_every}")
+        steps_done = np.zeros(P, dtype=np.int64)
+        residual = np.full(P, np.inf, dtype=np.float32)
+        diverged = np.full(P, -1, dtype=np.int64)
+        if P == 0:
+            return StreamsResult(0, steps_done, residual, diverged)
+        with torch.no_grad():
+            total = self._run(model, ids, start, length, H, bits, pairs, float(stop_ratio), check_every, float(limit),
+                              steps_done, residual, diverged)
+        return StreamsResult(int(total), steps_done, residual, diverged)
+
+    def _run(self, model, ids, start, length, H, bits, pairs, stop_ratio, check_every, limit,
+             steps_done, residual, diverged) -> int:
+        dev, tdt = self.device, self._tdtype
+        dm = self.device_model(model)
+        d, K = dm.d, dm.K
+        P = len(start)
+        blk = check_every if pairs else self.block
+        ids_d = torch.from_numpy(ids.astype(np.int64)).to(dev)
+        start_d = torch.from_numpy(start).to(dev)
+        length_d = torch.from_numpy(length).to(dev)
+        Hall = torch.from_numpy(np.ascontiguousarray(H[:, : d + 1])).to(dev, tdt)  # (P or 2P, d + 1)
+        bits_d = torch.from_numpy(bits).to(dev) if bits is not None else None
+        steps_d = torch.zeros(P, dtype=torch.int64, device=dev)
+        div_d = torch.full((P,), -1, dtype=torch.int64, device=dev)
+        res_d = torch.full((P,), math.inf, dtype=torch.float32, device=dev)
+        running = torch.ones(P, dtype=torch.bool, device=dev)  # not finished, converged or diverged
+        total = torch.zeros((), dtype=torch.int64, device=dev)
+        t0 = 0
+        while True:
+            # between blocks: drop finished rows and (pairs, at a check) converged ones
+            fin = running & (length_d <= t0)
+            steps_d = torch.where(fin, length_d, steps_d)
+            running &= ~fin
+            if pairs and t0 > 0 and t0 % check_every == 0:
+                mh = Hall[:P].abs().amax(dim=1)  # whole rows: the homogeneous 1 floors max|h| at 1
+                me = Hall[P:].abs().amax(dim=1)
+                r = (me / mh).to(torch.float32)
+                res_d = torch.where(running, r, res_d)
+                conv = running & (r <= stop_ratio)
+                steps_d = torch.where(conv, torch.full_like(steps_d, t0), steps_d)
+                running &= ~conv
+            act = torch.nonzero(running).squeeze(1)  # (A,) the rows of this block
+            A = int(act.numel())  # the block's synchronisation
+            if A == 0:
+                break
+            blk_steps = _Block(self, dm, Hall, act, P if pairs else 0, ids_d, start_d, length_d, t0, blk, limit)
+            stopped_at = blk_steps.run(bits_d)
+            total += blk_steps.kept
+            bad = stopped_at < blk_steps.n_steps
+            div_d[act[bad]] = t0 + stopped_at[bad]
+            steps_d[act[bad]] = t0 + stopped_at[bad] + 1
+            running[act[bad]] = False
+            t0 += blk
+        # rows whose final state is out of range (the kernel's final check)
+        m = Hall[:P, :d].abs().amax(dim=1)
+        div_d = torch.where((div_d < 0) & ~(m <= limit), steps_d, div_d)
+        H[:, : d + 1] = Hall.cpu().numpy()
+        if bits is not None:
+            bits[:] = bits_d.cpu().numpy()
+        steps_done[:] = steps_d.cpu().numpy()
+        residual[:] = res_d.cpu().numpy()
+        diverged[:] = div_d.cpu().numpy()
+        return int(total)
+
+
+#: Bytes of saved states a block reads out at once (the readout runs every so many steps).
+READOUT_BYTES = 256 << 20
+
+_LOG2E = 1.0 / math.log(2.0)
+
+
+class _Block:
+    """One block of steps of the rows ``act`` (and their error rows ``act + P`` when ``P``)."""
+
+    def __init__(self, runner: TorchStreams, dm: _DeviceModel, Hall, act, P: int, ids_d, start_d, length_d,
+                 t0: int, blk: int, limit: float):
+        dev = Hall.device
+        K = dm.K
+        self.dm, self.Hall, self.act, self.P, self.limit = dm, Hall, act, P, limit
+        A = self.A = int(act.numel())
+        self.rows = torch.cat([act, act + P]) if P else act
+        steps = torch.arange(blk, device=dev)
+        lens_a = length_d[act] - t0  # steps left, >= 1
+        self.live = steps[:, None] < lens_a[None, :]  # (blk, A)
+        self.pos = start_d[act][None, :] + t0 + steps[:, None]
+        self.sym = torch.where(self.live, ids_d[self.pos.clamp(max=len(ids_d) - 1)], torch.full_like(self.pos, K))
+        sym_rows = torch.cat([self.sym, self.sym], dim=1) if P else self.sym  # (blk, rows): sentinel K sorts last
+        order = torch.sort(sym_rows, dim=1, stable=True)
+        self.perm = order.indices
+        counts = torch.zeros(blk, K + 1, dtype=torch.int64, device=dev)
+        counts.scatter_add_(1, order.values, torch.ones_like(order.values))
+        self.counts = counts.cpu().numpy()  # one transfer for the whole block
+        self.n_steps = int((self.counts[:, :K].sum(axis=1) > 0).sum())  # steps with a live row
+        itemsize = 8 if Hall.dtype == torch.float64 else 4
+        self.ro_steps = max(1, min(self.n_steps, READOUT_BYTES // max(1, A * (dm.d + 1) * itemsize)))
+        self.kept = torch.zeros((), dtype=torch.int64, device=dev)
+
+    def run(self, bits_d) -> torch.Tensor:
+        """Run the block; returns (A,) the step at which each row left the range (``n_steps`` if none)."""
+        dm, A, K = self.dm, self.A, self.dm.K
+        h = self.Hall.index_select(0, self.rows)  # (rows, d + 1)
+        n_rows = len(h)
+        out = torch.empty_like(h)
+        stopped_at = torch.full((A,), self.n_steps, dtype=torch.int64, device=h.device)
+        hist = torch.empty((self.ro_steps, A, dm.d + 1), dtype=h.dtype, device=h.device)
+        j0 = 0
+        for j in range(self.n_steps):
+            hist[j - j0] = h[:A]
+            p = self.perm[j]
+            hp = h.index_select(0, p)
+            s = 0
+            for k in np.flatnonzero(self.counts[j, :K]).tolist():
+                e = s + int(self.counts[j, k])
+                torch.mm(hp[s:e], dm.WT[k], out=out[s:e])
+                s = e
+            if s < n_rows:  # rows past their end: carried unchanged
+                out[s:] = hp[s:]
+            h = torch.empty_like(h).index_copy_(0, p, out)
+            if j + 1 - j0 == self.ro_steps or j + 1 == self.n_steps:
+                stopped_at = self._read_out(hist[: j + 1 - j0], j0, stopped_at, bits_d)
+                j0 = j + 1
+        self.Hall.index_copy_(0, self.rows, h)
+        return stopped_at
+
+    def _read_out(self, hist, j0: int, stopped_at, bits_d):
+        """Range checks and bits of steps ``j0 ..`` from the states before them (n, A, d + 1)."""
+        dm, K = self.dm, self.dm.K
+        n = len(hist)
+        steps = torch.arange(j0, j0 + n, device=hist.device)
+        live = self.live[j0 : j0 + n]
+        bad = ~(hist[:, :, : dm.d].abs().amax(dim=2) <= self.limit)
+        if bits_d is not None:
+            L = (hist.reshape(-1, dm.d + 1) @ dm.RoT).to(torch.float64).reshape(n, self.A, dm.V)
+            tgt = self.sym[j0 : j0 + n].clamp(max=K - 1)
+            b = (torch.logsumexp(L, dim=2) - L.gather(2, tgt[:, :, None]).squeeze(2)) * _LOG2E
+            bad |= ~torch.isfinite(b)
+        bad &= live
+        first = torch.where(bad.any(dim=0), bad.to(torch.int8).argmax(dim=0) + j0, stopped_at)
+        stopped_at = torch.minimum(stopped_at, first)
+        keep = live & (steps[:, None] <= stopped_at[None, :])  # bits up to and including a bad step
+        if bits_d is not None:
+            bits_d[self.pos[j0 : j0 + n][keep]] = b[keep]
+        self.kept += keep.sum()
+        return stopped_at
+
