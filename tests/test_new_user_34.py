@@ -160,3 +160,39 @@ def test_attribute_text_output_gives_each_source_its_offset():
     # the spaces after 'the' (offset 3), after 'cat,' (the comma, offset 7) and after the second 'the' (12)
     for label in ("'the' @0", "' ' @3", "' ' @7", "'the' @9", "' ' @12", "'mat' @13", "'<h0>'"):
         assert label in row, (label, row)
+
+
+# ---- item 15: help texts ---------------------------------------------------------------------------------
+def _commands(group: click.Group, prefix=()):
+    for name, cmd in group.commands.items():
+        yield (*prefix, name), group, cmd
+        if isinstance(cmd, click.Group):
+            yield from _commands(cmd, (*prefix, name))
+
+
+# `isan corpus ...`, `isan model check` and `isan verify` are defined in isan/cli/corpus.py and model.py
+OTHER_MODULES = ("isan.cli.corpus", "isan.cli.model")
+
+
+def test_every_command_summary_fits_the_listing():
+    """The lists of `isan --help` (and of each group) cut a summary longer than the room left by the
+    longest name with "...", and cut "Foerster et al. 2017" after "et al." and "Fig. 6" after "Fig."."""
+    groups = {(): main}
+    groups.update({path: cmd for path, _, cmd in _commands(main) if isinstance(cmd, click.Group)})
+    for path, group in groups.items():
+        ctx = click.Context(group, info_name="isan")
+        width = ctx.make_formatter().width
+        limit = width - 6 - max(len(n) for n in group.commands)
+        for name, cmd in group.commands.items():
+            if getattr(cmd.callback, "__module__", None) in OTHER_MODULES:
+                continue
+            short = cmd.get_short_help_str(limit)
+            assert short and len(short) <= limit and not short.endswith("..."), (path, name, short)
+            if cmd.short_help is None:  # the first paragraph whole, not cut after "et al." or "Fig."
+                assert short == " ".join((cmd.help or "").split("\n\n")[0].split()), (path, name, short)
+
+
+def test_sample_help_explains_json():
+    r = CliRunner().invoke(main, ["sample", "--help"])
+    line = next(ln for ln in r.output.splitlines() if ln.strip().startswith("--json"))
+    assert len(line.split()) > 1, line

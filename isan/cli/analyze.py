@@ -81,7 +81,7 @@ def data_option(fn):
                         help="text8, text8.zip or text8_head.txt (its text8-10M splits are read).")(fn)
 
 
-@click.group("analyze")
+@click.group("analyze", short_help="The paper's analyses for any ISAN bundle: figures, numbers.")
 def analyze():
     """The paper's analyses (Foerster et al. 2017) for any ISAN bundle: figures and their numbers.
 
@@ -89,7 +89,7 @@ def analyze():
     """
 
 
-@analyze.command("stack")
+@analyze.command("stack", short_help="Figure 2: the prediction stack after the last character.")
 @common
 @click.option("--text", default=None, help="Text (default: the paper's 'the annual revenue').")
 @friendly
@@ -101,7 +101,7 @@ def stack_cmd(model, out, text):
     _write(out, "stack", studies.study_stack(p, sym, text or studies.FIG2_TEXT, out))
 
 
-@analyze.command("contributions")
+@analyze.command("contributions", short_help="Figure 3: contributions to two logits, a word removed.")
 @common
 @click.option("--text", default=None, help="Text (default: 'the annual reve').")
 @click.option("--word", default="annual", show_default=True, help="The word removed in the counterfactual.")
@@ -120,7 +120,7 @@ def contributions_cmd(model, out, text, word, chars, compare):
                                                              label=Path(path).name, compare=_compare_models(compare)))
 
 
-@analyze.command("decay")
+@analyze.command("decay", short_help="Figure 4a-c: kappa decay, place in the word, history.")
 @common
 @data_option
 @click.option("--window", type=int, default=50, show_default=True, help="Sources kept exactly per position.")
@@ -136,7 +136,7 @@ def decay_cmd(model, out, data, window, max_chars):
     _write(out, "decay", studies.study_decay(p, sym, _split(data, "test")[:max_chars], window, out))
 
 
-@analyze.command("words")
+@analyze.command("words", short_help="Figure 5: word-level kappa over a sentence.")
 @common
 @click.option("--text", default=None, help="A sentence (default: a fixed one with 'annual revenue').")
 @friendly
@@ -148,7 +148,7 @@ def words_cmd(model, out, text):
     _write(out, "words", studies.study_words(p, sym, text or studies.FIG5_TEXT, out_dir=out))
 
 
-@analyze.command("word-embedding")
+@analyze.command("word-embedding", short_help="ICLR workshop Fig 6: t-SNE of word-level kappa.")
 @common
 @data_option
 @click.option("--words", "n_words", type=click.IntRange(50, 20_000), default=4000, show_default=True,
@@ -165,7 +165,7 @@ def word_embedding_cmd(model, out, data, n_words, seed):
                                                                out_dir=out))
 
 
-@analyze.command("basis")
+@analyze.command("basis", short_help="Figures 6-7: the input biases and the readout subspace.")
 @common
 @data_option
 @friendly
@@ -177,7 +177,7 @@ def basis_cmd(model, out, data):
     _write(out, "basis", studies.study_basis(p, sym, _split(data, "train"), out))
 
 
-@analyze.command("ngram")
+@analyze.command("ngram", short_help="Figure 8: readout biases against unigrams and bigrams.")
 @common
 @data_option
 @friendly
@@ -210,7 +210,7 @@ def _pca_models(model, baselines):
     return models
 
 
-@analyze.command("pca")
+@analyze.command("pca", short_help="Figure 1b: PCA spectrum of the states, against baselines.")
 @common
 @data_option
 @click.option("--baseline", "baselines", multiple=True,
@@ -240,7 +240,7 @@ def _samples(model, prompt, n, betas, seeds):
                          for b in betas for s in seeds]}
 
 
-@analyze.command("samples")
+@analyze.command("samples", short_help="Section 3.1: samples at inverse temperatures 1.5 and 2.")
 @common
 @click.option("--prompt", default="annual reve", show_default=True)
 @click.option("-n", "n", type=int, default=120, show_default=True)
@@ -297,7 +297,7 @@ def _parentheses(checkpoint, out, chars, seed, seeds=tuple(range(10))):
     return res
 
 
-@analyze.command("parentheses")
+@analyze.command("parentheses", short_help="Section 4, Figure 9: the counting task's readout basis.")
 @click.option("--checkpoint", default=PAREN_CKPT, show_default=True,
               help="Training run directory of `isan train parentheses --d 35`.")
 @click.option("--out", default=DEFAULT_OUT, show_default=True, type=click.Path(file_okay=False))
@@ -314,7 +314,7 @@ def parentheses_cmd(checkpoint, out, chars, seed, seeds):
     _write(out, "parentheses", _parentheses(checkpoint, out, chars, seed, sd))
 
 
-@analyze.command("attribute")
+@analyze.command("attribute", short_help="Attribution to a chosen target, windowed for long texts.")
 @click.option("--text", default=None, help="The text (default: the first --max-chars of the test split).")
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True)
 @click.option("--max-chars", type=int, default=2000, show_default=True)
@@ -387,7 +387,7 @@ def _naive_bayes(train: str, test: str, sym, max_window: int = 10) -> dict:
     return r
 
 
-@analyze.command("naive-bayes")
+@analyze.command("naive-bayes", short_help="Table 1's Naive Bayes control over the last k characters.")
 @click.option("--out", default=DEFAULT_OUT, show_default=True, type=click.Path(file_okay=False))
 @data_option
 @click.option("--max-window", type=int, default=10, show_default=True, help="Largest number of previous characters.")
@@ -401,7 +401,7 @@ def naive_bayes_cmd(out, data, max_window):
     _write(out, "naive_bayes", _naive_bayes(_split(data, "train"), _split(data, "test"), sym, max_window))
 
 
-@analyze.command("all")
+@analyze.command("all", short_help="Every study: figures, OUT/<study>.json, OUT/paper.json.")
 @common
 @data_option
 @click.option("--checkpoint", default=PAREN_CKPT, show_default=True, help="The parentheses training run.")

@@ -10,12 +10,12 @@ from isan.errors import IsanError, install_hint
 from isan.cli.helpers import DEFAULT_TEXT8, UserError, friendly, main
 
 
-@main.group()
+@main.group(short_help="Benchmarks, with ratios against a baseline in the same run.")
 def bench():
     """Benchmarks: medians over repeats, ratios against a baseline run in the same process."""
 
 
-@bench.command("engine")
+@bench.command("engine", short_help="Scoring throughput: long text, streaming, batched, peers.")
 @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True,
               help="text8 file: scoring runs on the characters after text8-10M (from offset 10,000,000).")
@@ -50,7 +50,7 @@ def bench_engine_cmd(model, data, repeats, threads, peers, quick, progress, out,
         click.echo(f"wrote {plot}")
 
 
-@bench.command("budgets")
+@bench.command("budgets", short_help="Streaming speed against the table's size and storage type.")
 @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8 file: mined on train, timed on test.")
 @click.option("--budgets", default="8MB,16MB,32MB,128MB", show_default=True)
@@ -76,7 +76,7 @@ def bench_budgets_cmd(model, data, budgets, dtypes, chars, repeats, threads, out
         click.echo(f"\nwrote {out}")
 
 
-@bench.command("train")
+@bench.command("train", short_help="Training throughput of each Table 1 model (needs torch).")
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8 file; chunks of the train split are used.")
 @click.option("--budgets", default=None, help="Comma-separated parameter budgets (default: Table 1's).")
 @click.option("--models", default=None, help="Comma-separated models (default: Table 1's five, the ISAN first).")
@@ -123,7 +123,7 @@ def bench_train_cmd(data, budgets, models, batch, steps, repeats, reference, thr
         click.echo(f"\nwrote {out}")
 
 
-@bench.command("onnx")
+@bench.command("onnx", short_help="onnxruntime: ISAN d=216 against an LSTM of equal parameters.")
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8 file; the test split is used.")
 @click.option("--repeats", type=int, default=3, show_default=True)
 @click.option("--batch", type=int, default=64, show_default=True, help="Streams in the batched measurement.")
@@ -144,7 +144,7 @@ def bench_onnx_cmd(data, repeats, batch, device, out):
         click.echo(f"\nwrote {out}")
 
 
-@bench.command("serve")
+@bench.command("serve", short_help="isan-serve under load: HTTP, WebSocket, memory, slow clients.")
 @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8 file: texts from the valid and test splits.")
 @click.option("--clients", type=int, default=100, show_default=True, help="HTTP clients posting at once.")
@@ -191,7 +191,7 @@ def bench_serve_cmd(model, data, clients, text_chars, duration, streams, chunks,
         click.echo(f"\nwrote {out}")
 
 
-@bench.command("corpus")
+@bench.command("corpus", short_help="The corpus job's docs/s and chars/s: local, Ray and KenLM.")
 @click.option("--data-dir", default="../shared/data", show_default=True,
               help="The shared data: wikitext2/, tinyshakespeare/, text8_head/ (text8 beyond offset 10,000,000).")
 @click.option("--mb", type=float, default=50.0, show_default=True, help="Size of the JSONL corpus to make (MB).")

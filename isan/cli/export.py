@@ -10,7 +10,7 @@ import click
 from isan.cli.helpers import (UserError, emit_json, friendly, load_engine, main, table_options)
 
 
-@main.command()
+@main.command(short_help="Write the runtime bundle of a training run (and ONNX).")
 @click.argument("checkpoint_dir")
 @click.argument("out_dir", type=click.Path())
 @click.option("--which", type=click.Choice(["best", "latest"]), default="best", show_default=True)
@@ -86,7 +86,7 @@ def table():
     """Inspect and build composed trie tables."""
 
 
-@table.command("info")
+@table.command("info", short_help="Entries, bytes, dtype and average match of a model's table.")
 @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
 @click.option("--json", "as_json", is_flag=True)
 @friendly

@@ -10,7 +10,7 @@ from isan.cli.helpers import (UserError, emit_json, friendly, load_engine, main,
                               normalize_option, read_input, unknown_options, input_file, warn_if_mostly_dropped)
 
 
-@main.command()
+@main.command(short_help="Score FILE (or stdin) in bits: total and per character.")
 @click.argument("file", required=False, default="-")
 @model_options
 @unknown_options
@@ -87,7 +87,7 @@ def print_per_char(r, text: str) -> None:
     for off, sym, b in zip(r.per_char_offsets.tolist(), r.text, r.per_char_bits):
         click.echo(f"{off}\t{text[off]!r}\t{sym!r}\t{b:.4f}")
 
-@main.command()
+@main.command(short_help="Generate text after --prompt.")
 @click.option("--prompt", default="", help="Text to condition on (consumed before sampling).")
 @click.option("-n", "n", type=int, default=200, show_default=True, help="Characters to generate.")
 @click.option("--temperature", type=float, default=None,
@@ -128,7 +128,7 @@ def sample(prompt, n, temperature, inverse_temperature, top_k, seed, as_json, mo
         if drawn_seed:
             click.echo(f"seed {seed} (--seed {seed} draws this sample again)", err=True)
 
-@main.command()
+@main.command(short_help="Exact attribution of each prediction to the text before it.")
 @click.option("--text", required=True, help="The text to attribute.")
 @click.option("--by", type=click.Choice(["char", "word"]), default="word", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the attribution as JSON.")

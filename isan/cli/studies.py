@@ -26,17 +26,17 @@ def _setup(threads: int = 1) -> None:
         pass
 
 
-@click.group()
+@click.group(short_help="Related-work studies: Elman's grammar, the Occam-gated LSTM.")
 def study() -> None:
     """Related-work studies: Elman's grammar (ESN, NPM, ISAN, LSTM) and the Occam-gated LSTM."""
 
 
-@study.group()
+@study.group(short_help="Elman's grammar: ESN, NPM, an ISAN and an LSTM (Fig 1).")
 def elman() -> None:
     """Elman's grammar: ESN and NPM (Cernansky and others, 2008, Fig 1), an ISAN and an LSTM."""
 
 
-@elman.command("data")
+@elman.command("data", short_help="Generate the sentences, check them, write entropy.json.")
 @click.option("--out", default="results/elman", show_default=True, type=click.Path(file_okay=False))
 @click.option("--data-dir", default="runs/elman/data", show_default=True, type=click.Path(file_okay=False),
               help="Where the (seeded, regenerable) train/valid/test text files go.")
@@ -50,7 +50,7 @@ def elman_data(out, data_dir):
                f"({t['entropy']['bits_per_symbol']:.4f} bits/word); grammatical {t['grammatical_oracle']:,}")
 
 
-@elman.command("fig1")
+@elman.command("fig1", short_help="Train and score every model of Fig 1 (resumable).")
 @click.option("--out", default="results/elman", show_default=True, type=click.Path(file_okay=False))
 @click.option("--runs", type=int, default=10, show_default=True)
 @click.option("--models", default="esn-paper,esn+-paper,npm-u,npm-u+eq6,npm-t-ekf", show_default=True,
@@ -76,7 +76,7 @@ def elman_fig1(out, runs, models, sizes, contexts, log_name, run_from):
     click.echo(f"wrote {p}")
 
 
-@elman.command("export")
+@elman.command("export", short_help="Write one ESN / NPM bundle per model and score it back.")
 @click.option("--out", default="results/elman", show_default=True, type=click.Path(file_okay=False))
 def elman_export(out):
     """Write one ESN / NPM bundle per model (run 0) and score each back through its loader."""
@@ -87,7 +87,7 @@ def elman_export(out):
         click.echo(f"{r['bundle']}: NNL direct {r['nnl_direct']:.6f}, through the bundle {r['nnl_bundle']:.6f}")
 
 
-@elman.command("neural")
+@elman.command("neural", short_help="Score a word-alphabet model of `isan train` on the test set.")
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--name", required=True, help="Name of the record (results/elman/neural/NAME.json).")
 @click.option("--label", default=None)
@@ -107,7 +107,7 @@ def elman_neural(run_dir, name, label, command, out):
     click.echo(json.dumps({k: r[k] for k in ("label", "test_nnl", "test_bits_per_word", "n_params")}))
 
 
-@elman.command("kappa")
+@elman.command("kappa", short_help="The ISAN's word-level kappa at the main verb (kappa.json).")
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--out", default="results/elman", show_default=True, type=click.Path(file_okay=False))
 def elman_kappa(run_dir, out):
@@ -120,7 +120,7 @@ def elman_kappa(run_dir, out):
     click.echo(json.dumps({k: v for k, v in r.items() if k != "examples"}))
 
 
-@elman.command("table")
+@elman.command("table", short_help="Rewrite TABLE.md, table.json and fig1.png from the logs.")
 @click.option("--results", default="results/elman", show_default=True, type=click.Path(file_okay=False))
 def elman_table(results):
     """Rewrite TABLE.md, table.json and fig1.png from the committed logs (no training)."""
@@ -135,7 +135,7 @@ def occam() -> None:
     """Raiman and Sidor's Occam-gated LSTM on text8-10M."""
 
 
-@occam.command("score")
+@occam.command("score", short_help="Score a trained Occam LSTM on test and a train slice.")
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--name", required=True)
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True)
@@ -150,7 +150,7 @@ def occam_score(run_dir, name, data, out, max_chars):
     click.echo(json.dumps({k: v for k, v in r.items() if k != "gate_stats"}))
 
 
-@occam.command("gates")
+@occam.command("gates", short_help="Render the gates over a test passage (PNG and HTML).")
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--name", required=True)
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True)
@@ -165,7 +165,7 @@ def occam_gates(run_dir, name, data, out, chars):
         click.echo(f"wrote {p}")
 
 
-@occam.command("export")
+@occam.command("export", short_help="Write an Occam LSTM as a bundle, checked against torch.")
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True)
@@ -177,7 +177,7 @@ def occam_export(run_dir, out_dir, data):
     click.echo(json.dumps(export_bundle(Path(run_dir), Path(out_dir), data)))
 
 
-@occam.command("table")
+@occam.command("table", short_help="Rewrite TABLE.md and table.json from the logs and scores.")
 @click.option("--results", default="results/occam", show_default=True, type=click.Path(file_okay=False))
 def occam_table(results):
     """Rewrite TABLE.md and table.json from the committed logs and scores (no training)."""

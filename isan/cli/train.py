@@ -10,7 +10,7 @@ import click
 from isan.cli.helpers import (DEFAULT_TEXT8, friendly, main)
 
 
-@main.command()
+@main.command(short_help="Train a model on text8-10M or a text file (resumes --out).")
 @click.argument("model", default="isan")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Run directory (checkpoints, log); an existing run there is resumed.")
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8, text8.zip, text8_head.txt, or any text file with --dataset text.")
