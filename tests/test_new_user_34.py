@@ -196,3 +196,12 @@ def test_sample_help_explains_json():
     r = CliRunner().invoke(main, ["sample", "--help"])
     line = next(ln for ln in r.output.splitlines() if ln.strip().startswith("--json"))
     assert len(line.split()) > 1, line
+
+
+# ---- item 15: nnl in the README -------------------------------------------------------------------------
+def test_readme_says_what_nnl_is_where_it_first_appears():
+    readme = (REPO / "README.md").read_text()
+    i = readme.find("nnl")
+    assert i >= 0, "the README shows the nnl the quick start prints"
+    para = readme[i:i + 600]
+    assert "negative log-likelihood" in para and "log2" in para
