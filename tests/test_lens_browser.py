@@ -263,20 +263,26 @@ def test_keyboard_sampling_permalink_and_themes(page, server):
     pg.click("#insert")
     wait_scored(pg, TEXT + ref["text"])
 
-    # permalink: text and settings in the fragment; themes and scales
+    # permalink: text, settings and the cursor's offset in the fragment; themes and scales
     pg.select_option("#by", "word")
     pg.select_option("#palette", "cividis")
     pg.click("#theme")
     assert pg.evaluate("document.documentElement.dataset.theme") == "dark"
+    pg.click(f"#c{FIG3}")  # choose an offset (pinned), then copy the link at once
+    point(pg, FIG3, hover=False)
+    pg.click("#permalink")
     pg.wait_for_timeout(300)
     url = pg.url
-    assert "#t=" in url and "by=word" in url and "theme=dark" in url
+    assert "#t=" in url and "by=word" in url and "theme=dark" in url and f"pos={FIG3}" in url
     pg2 = pg.context.new_page()
     pg2.on("console", lambda m: pg.errors.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None)
     pg2.goto(url)
     wait_scored(pg2, TEXT + ref["text"])
     assert pg2.input_value("#input") == TEXT + ref["text"] and pg2.input_value("#by") == "word"
     assert pg2.evaluate("document.documentElement.dataset.theme") == "dark"
+    got = point(pg2, FIG3, hover=False)  # the link explains the offset it was copied at
+    assert [r for r in got["next"] if r["actual"]][0]["symbol"] == "n" and "annual" in got["sources"]
+    assert pg2.get_attribute("#view", "aria-activedescendant") == f"c{FIG3}"
     pg2.screenshot(path=str(pg.shots / "dark.png"))
     pg2.close()
     # a phone: one column, nothing wider than the screen

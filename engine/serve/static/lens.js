@@ -36,7 +36,8 @@
     checkpoints: [],     // {off, state, prefix}: a snapshot of the state after text[0:off]
     frames: [],          // frames in flight: {base, end, prefix, t0}
     ws: null, wsReady: false, queue: [],
-    cursor: 0, pinned: false, explainSeq: 0, explained: null, cfSpan: null, lastUpdateMs: null,
+    cursor: 0, wantPos: null, // the cursor's offset once the text is scored (a link's pos; kept over a reconnection)
+    pinned: false, explainSeq: 0, explained: null, cfSpan: null, lastUpdateMs: null,
     sampleText: "", sampleAt: 0, renderFrom: Infinity, rebuildFrom: Infinity,
   };
   window.lensStats = { updates: [], explains: [] };
@@ -74,9 +75,11 @@
     const ws = new WebSocket(wsUrl());
     S.ws = ws;
     ws.onopen = () => {
+      if (S.wantPos === null) S.wantPos = S.cursor; // the view is empty until the text is scored again
       S.wsReady = true; el.view.textContent = ""; render(0, 0);
       document.body.dataset.state = "ready"; document.body.dataset.scored = "0";
       update();
+      if (!S.frames.length) S.wantPos = null; // nothing to score: the cursor stays at 0
     };
     ws.onmessage = (ev) => onFrame(ev.data);
     ws.onerror = () => status("the stream to the server failed; reconnecting…");
@@ -157,6 +160,7 @@
     el.bpc.dataset.bpc = j.total_bpc === null ? "" : j.total_bpc;
     el.bpc.textContent = j.total_chars ? `${fmt(j.total_bpc)} bits per ${S.unit} · ${j.total_chars} ${S.unit}s · ${fmt(j.total_bits, 1)} bits` : "—";
     if (S.frames.length === 0) {
+      if (S.wantPos !== null) { S.cursor = S.wantPos; S.wantPos = null; } // render clamps it to the text
       const r0 = performance.now();
       render(Math.min(S.rebuildFrom, el.view.children.length), Math.min(S.renderFrom, el.view.children.length));
       S.rebuildFrom = Infinity;
@@ -539,7 +543,7 @@
     if (p.has("t")) el.input.value = p.get("t");
     for (const k of ["by", "target", "colour", "palette"]) if (p.has(k)) el[k].value = p.get(k);
     S.wantChar = p.get("char"); S.wantOther = p.get("other");
-    if (p.has("pos")) S.cursor = parseInt(p.get("pos"), 10) || 0;
+    if (p.has("pos")) S.wantPos = Math.max(0, parseInt(p.get("pos"), 10) || 0);
     const th = p.get("theme") || (matchMedia("(prefers-color-scheme: dark)").matches ? "dark" : "light");
     setTheme(th);
   }
