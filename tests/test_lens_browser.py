@@ -7,7 +7,8 @@ checks, the counterfactual, sampling, the keyboard paths, the permalink and them
 and no console errors. It measures the update after a keystroke on a 2,000-character text and the
 attribution view of a 500-character text, and saves screenshots to a temporary directory.
 
-Skipped (the whole module) only when Chromium or Playwright is missing.
+Without Chromium, test_chromium_is_installed fails saying how to get it (the tests that drive it
+skip); the whole module is skipped only when Playwright for Python (the ``dev`` extra) is missing.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,9 +26,10 @@ import numpy as np
 import pytest
 
 CHROMIUM = os.environ.get("ISAN_CHROMIUM", "/usr/bin/chromium")
-if not (Path(CHROMIUM).exists() or shutil.which(CHROMIUM)):
-    pytest.skip(f"Chromium is not installed at {CHROMIUM} (apt-get install chromium; .ci/run installs it)",
-                allow_module_level=True)
+HAVE_CHROMIUM = bool(Path(CHROMIUM).exists() or shutil.which(CHROMIUM))
+#: a machine without Chromium fails (the README's test command runs these tests) with how to get it
+NO_CHROMIUM = (f"the browser tests of isan lens need Chromium, and there is none at {CHROMIUM}: install it "
+               "(apt-get install -y chromium; .ci/run does) or set ISAN_CHROMIUM to the path of a Chromium binary")
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright for Python is not installed (pip install playwright)")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
@@ -52,8 +56,28 @@ def server(default_engine):
         yield f"http://{addr}"
 
 
+def test_chromium_is_installed():
+    """The browser tests run wherever the README's test command runs: without Chromium, a failure
+    that says how to get it."""
+    if not HAVE_CHROMIUM:
+        pytest.fail(NO_CHROMIUM, pytrace=False)
+
+
+def test_without_chromium_the_tests_fail_saying_how_to_get_it(tmp_path):
+    """The README's test command on a machine without Chromium: a failure that names the fix, not a
+    skip counted among the others."""
+    env = {**os.environ, "ISAN_CHROMIUM": str(tmp_path / "no-chromium")}
+    test = f"{__file__}::test_chromium_is_installed"  # this test only: the run must not start itself again
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test], env=env,
+                       cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "1 failed" in r.stdout, r.stdout + r.stderr
+    assert "apt-get install -y chromium" in r.stdout and "ISAN_CHROMIUM" in r.stdout, r.stdout
+
+
 @pytest.fixture(scope="module")
 def browser():
+    if not HAVE_CHROMIUM:
+        pytest.skip(f"no Chromium at {CHROMIUM} (test_chromium_is_installed fails, saying how to get it)")
     with sync_api.sync_playwright() as p:
         b = launch(p)
         try:
