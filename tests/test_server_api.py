@@ -342,18 +342,18 @@ def test_connection_limits(small_bundle):
     with running(app) as addr:
         host, port = addr.split(":")
         t0 = time.time()
-        ans = _raw(addr, b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Le")
+        ans = _raw(addr, b"POST /v1/score HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")
         assert ans.startswith("HTTP/1.1 408") and '"status":408' in ans and "headers" in ans and time.time() - t0 < 5
         ans = _raw(addr, b"")  # connects and sends nothing
         assert ans.startswith("HTTP/1.1 408")
-        ans = _raw(addr, b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+        ans = _raw(addr, b"POST /v1/score HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
                b"{\"text\": \"ab")
         assert ans.startswith("HTTP/1.1 408") and "body" in ans
         # 50 connections that send part of their body: 20 wait (then 408), the others are refused at once
         socks = []
         for _ in range(50):
             s = socket.create_connection((host, int(port)))
-            s.sendall(b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            s.sendall(b"POST /v1/score HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                       b"Content-Length: 1000\r\n\r\n{\"text\": \"ab")
             socks.append(s)
         statuses = []

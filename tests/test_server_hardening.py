@@ -455,3 +455,85 @@ def test_answers_have_nnl_as_isan_score_json(big, text8_valid_head):
                          ("NextResponse", ("nnl", "total_nnl"))):
         assert set(fields) <= set(schema[name]["properties"]), name
     assert np.isfinite(body["nnl"])
+
+
+# ---- (issue 34) the Host check against DNS rebinding --------------------------------------------
+def _ws_handshake(addr: str, host: str, origin: str) -> bytes:
+    """A browser's WebSocket handshake to /v1/stream, sent raw (a client library sets Host itself)."""
+    return raw_http(addr, (f"GET /v1/stream HTTP/1.1\r\nHost: {host}\r\nOrigin: {origin}\r\nUpgrade: websocket\r\n"
+                           "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                           "Sec-WebSocket-Version: 13\r\n\r\n").encode(), wait=5)
+
+
+def test_dns_rebinding_is_refused(small_bundle):
+    """A web page that points its own name at 127.0.0.1 is the server's own origin, but its requests
+    carry its name in Host: they are refused with 403 in the API's JSON error shape (OpenAI's on its
+    paths), a stream with an error frame and close code 1008. Loopback names and addresses pass, and
+    names given with --allow-host (issue 34: Host and Origin evil.example:PORT were served)."""
+    app = create_app(Engine.load(small_bundle), config=ServeConfig(allow_hosts=("App.Example.com",)))
+    with running(app) as addr:
+        port = addr.split(":")[1]
+        body = b'{"text": "the cat"}'
+
+        def ask(host: str, path: str = "/v1/score", method: str = "POST"):
+            head = f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n"
+            if method == "POST":
+                head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            return split_response(raw_http(addr, head.encode() + b"\r\n" + (body if method == "POST" else b"")))
+
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", "LocalHost", f"[::1]:{port}", "127.0.0.2",
+                     f"app.example.com:{port}"):
+            status, _, answer = ask(host)
+            assert status == 200 and json.loads(answer)["chars"] == 7, (host, answer)
+        for host in (f"evil.example:{port}", "evil.example", f"127.0.0.1.evil.example:{port}", "localhost.evil.example",
+                     f"10.0.0.1:{port}", "", "user@127.0.0.1"):
+            for path, method in (("/v1/score", "POST"), ("/healthz", "GET"), ("/", "GET")):
+                err = assert_error_shape(*ask(host, path, method), 403)
+                assert "Host" in err["error"] and "localhost" in err["error"], (host, err)
+            status, _, answer = ask(host, "/v1/completions")
+            assert status == 403 and json.loads(answer)["error"]["code"] == 403, answer
+        assert "--allow-host evil.example" in assert_error_shape(*ask(f"evil.example:{port}"), 403)["error"]
+        raw = _ws_handshake(addr, f"evil.example:{port}", f"http://evil.example:{port}")
+        assert raw.startswith(b"HTTP/1.1 101") and b'"status":403' in raw and b"--allow-host evil.example" in raw, raw
+        assert b"\x88\x02\x03\xf0" in raw  # the close frame: code 1008
+        assert b'"status":403' not in _ws_handshake(addr, f"localhost:{port}", f"http://localhost:{port}")
+        assert 'isan_rejected_total{reason="host"}' in httpx.get(f"http://{addr}/metrics").text
+
+
+@pytest.mark.parametrize("host, local, allowed, refused", [
+    ("127.0.0.1:8000", "127.0.0.1", (), False),
+    ("[::1]", "::1", (), False),
+    ("[::ffff:127.0.0.1]:80", "127.0.0.1", (), False),
+    ("evil.example:8000", "127.0.0.1", (), True),
+    ("10.0.0.5:8000", "127.0.0.1", (), True),  # an address that is not loopback, on a loopback server
+    ("10.0.0.5:8000", "10.0.0.5", (), False),  # bound to 0.0.0.0 or 10.0.0.5: addresses pass, no DNS in them
+    ("192.168.1.9", "10.0.0.5", (), False),  # behind NAT or a container's port mapping
+    ("myhost.lan:8000", "10.0.0.5", (), True),  # a name: only with --allow-host
+    ("MyHost.lan:8000", "10.0.0.5", ("myhost.lan",), False),
+    ("evil.example", "127.0.0.1", ("*",), False),
+    (None, "127.0.0.1", (), False),  # no Host (HTTP/1.0): not a browser
+    ("evil.example", "testserver", (), False),  # an in-process client (Starlette's TestClient): no socket
+])
+def test_host_rules(host, local, allowed, refused):
+    from isan.engine.serve.app import host_refused
+
+    scope = {"type": "http", "server": (local, 8000), "headers": [] if host is None else [(b"host", host.encode())]}
+    assert (host_refused(scope, allowed) is not None) == refused
+
+
+def test_allow_host_option(monkeypatch):
+    """isan-serve --allow-host NAME (repeatable) reaches the server's config, and so does the --host
+    name when it is a name; a value that is not a host name is a clean error."""
+    import uvicorn
+    from click.testing import CliRunner
+
+    from isan.engine.serve.cli import main
+
+    seen = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, *a, **kw: seen.append(self.config.app.service.config))
+    res = CliRunner().invoke(main, ["--host", "myhost.lan", "--allow-host", "a.example", "--allow-host", "*"])
+    assert res.exit_code == 0, res.output
+    assert seen[-1].allow_hosts == ("a.example", "*", "myhost.lan")
+    assert CliRunner().invoke(main, ["--host", "0.0.0.0"]).exit_code == 0 and seen[-1].allow_hosts == ()
+    res = CliRunner().invoke(main, ["--allow-host", "not a name"])
+    assert res.exit_code != 0 and "--allow-host 'not a name'" in res.output and "Traceback" not in res.output

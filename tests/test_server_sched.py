@@ -249,7 +249,7 @@ def test_client_that_leaves_has_its_work_dropped(small_bundle, text8_valid_head)
         host, port = addr.split(":")
         body = json.dumps({"text": text8_valid_head[:20_000]}).encode()
         with socket.create_connection((host, int(port))) as s:
-            s.sendall(b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            s.sendall(b"POST /v1/score HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                       + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
             time.sleep(0.4)
         deadline = time.time() + 10
@@ -344,7 +344,7 @@ def test_slow_body_is_408_and_frees_its_budget(small_bundle):
     with running(app) as addr:
         host, port = addr.split(":")
         with socket.create_connection((host, int(port))) as s:
-            s.sendall(b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            s.sendall(b"POST /v1/score HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                       b"Content-Length: 1000\r\n\r\n{\"text\": \"ab")
             s.settimeout(10)
             answer = s.recv(4096).decode()

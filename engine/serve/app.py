@@ -36,13 +36,18 @@ paths ``{"error": {"message", "type", "param", "code"}}``); no traceback and no 
 
 A WebSocket whose handshake carries an ``Origin`` (a browser's) is refused (403, code 1008) unless
 that origin is the server's own, a loopback one, or one of ``--allow-origin``: without an API key,
-a web page could otherwise use the server through its visitors' browsers.
+a web page could otherwise use the server through its visitors' browsers. A request or handshake
+whose ``Host`` is not one of the server's names (:func:`host_refused`: loopback ones, the address
+the connection came in on when that is not loopback, ``--allow-host``) is refused with 403: a page
+that rebinds its own DNS name to the server's address would otherwise be the server's own origin.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
+import ipaddress
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -58,7 +63,7 @@ from starlette.websockets import WebSocketDisconnect
 from isan.engine.serve.budget import Reservation
 from isan.engine.serve.completions import (PATHS as OPENAI_PATHS, CompletionResponse, Completions, DetokenizeResponse,
                                            ModelList, OpenAIError, TokenizeResponse, TokenizerInfo, openai_error)
-from isan.engine.serve.config import DEFAULT_MAX_CHARS, ServeConfig
+from isan.engine.serve.config import DEFAULT_MAX_CHARS, ServeConfig, host_name
 from isan.engine.serve.errors import RequestError, busy
 from isan.engine.serve.metrics import Metrics
 from isan.engine.serve.models import (AttributeResponse, BatchResponse, ErrorResponse, HealthResponse, NextResponse,
@@ -167,6 +172,13 @@ class IsanApp:
         if typ == "http":
             path = scope["path"]
             handler = self._http.get((scope["method"], path))
+            host = host_refused(scope, self.service.config.allow_hosts)
+            if host is not None:
+                self.state.metrics.rejected.labels("host").inc()
+                e = host_error(host)
+                await send_json(send, e.status, encode_json(openai_error(e) if path in self._openai else e.body()),
+                                {"Connection": "close"})
+                return
             if path in self._protected and not self._authorized(scope):
                 e = RequestError(401, "this server needs an API key: send the header 'Authorization: Bearer KEY' or "
                                       "'X-API-Key: KEY'", headers={"WWW-Authenticate": 'Bearer realm="isan"',
@@ -739,8 +751,12 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
     async def v1_stream(scope, receive, send, authorized: bool) -> None:
         ws = WebSocket(scope, receive, send)
         refusal = None
+        host = host_refused(scope, config.allow_hosts)
         origin = origin_refused(scope, config.allow_origins)
-        if origin is not None:
+        if host is not None:
+            metrics.rejected.labels("host").inc()
+            refusal = host_error(host), 1008
+        elif origin is not None:
             metrics.rejected.labels("origin").inc()
             refusal = RequestError(403, f"a WebSocket from the web page origin {origin!r} is refused: only the "
                                         "server's own origin and loopback ones are allowed; start the server with "
@@ -893,6 +909,69 @@ def origin_refused(scope, allowed: tuple[str, ...] = ()) -> str | None:
         if host in (f"{netloc}:{port or default}",) or (port in (None, default) and host == netloc):
             return None
     return origin
+
+
+def _ip(text: str):
+    """``text`` as an IP address (an IPv4-mapped IPv6 address as its IPv4 one), else None."""
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    return getattr(ip, "ipv4_mapped", None) or ip
+
+
+@functools.lru_cache(maxsize=8)
+def _names(allowed: tuple[str, ...]) -> frozenset:
+    return frozenset(host_name(a) for a in allowed)
+
+
+def host_refused(scope, allowed: tuple[str, ...] = ()) -> str | None:
+    """The ``Host`` of a request or WebSocket handshake when it is refused, else None.
+
+    A web page can make its visitors' browsers reach this server by pointing its own DNS name at
+    the server's address (DNS rebinding); the page is then the server's own origin, but its
+    requests carry its name in ``Host``. Allowed:
+
+    * ``localhost`` and loopback addresses (``127.0.0.0/8``, ``[::1]``), with any port;
+    * on a connection that came in on an address that is not loopback (a server bound to
+      ``0.0.0.0``, ``::`` or a network address), any IP address too: no DNS name is involved;
+    * the names in ``allowed`` (``--allow-host``; case-insensitive, any port), or any with ``*``;
+    * a request without ``Host`` (HTTP/1.0, not a browser), and a connection without an IP address
+      (an in-process ASGI client such as Starlette's TestClient, a Unix socket): not checked.
+
+    Starlette's ``TrustedHostMiddleware`` is not used: it answers in plain text (the API's errors
+    are JSON, and a refused stream gets an error frame) and has no rule for IP addresses.
+    """
+    server = scope.get("server")
+    local = _ip(str(server[0])) if server else None
+    if local is None or "*" in allowed:
+        return None
+    host = None
+    for name, value in scope.get("headers", ()):
+        if name == b"host":
+            host = value.decode("latin-1")
+            break
+    if host is None:
+        return None
+    name = host_name(host)
+    if name is None:
+        return host
+    if name == "localhost" or name in _names(allowed):
+        return None
+    ip = _ip(name)
+    if ip is not None and (ip.is_loopback or not local.is_loopback):
+        return None
+    return host
+
+
+def host_error(host: str) -> RequestError:
+    """403 for a request whose ``Host`` :func:`host_refused` refuses."""
+    name = host_name(host)
+    fix = (f"or, to serve the name {name!r}, start the server with --allow-host {name}" if name else
+           "a Host header is a name or an address with an optional port")
+    return RequestError(403, f"the Host {host[:100]!r} is not one of this server's names, so the request is refused "
+                             "(a web page could otherwise reach the server by rebinding its own name to the server's "
+                             f"address): connect to localhost or 127.0.0.1, {fix}")
 
 
 #: prompts longer than this are read in a worker thread

@@ -37,6 +37,17 @@ def read_secret(path: str | None) -> bytes | None:
     return env.encode() if env else None
 
 
+def bound_name(host: str) -> tuple[str, ...]:
+    """``(host,)`` when ``--host`` is a DNS name (the server is reached by it), else ``()`` (an address)."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return (host,)
+    return ()
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
@@ -87,13 +98,17 @@ def read_secret(path: str | None) -> bytes | None:
 @click.option("--allow-origin", "allow_origin", multiple=True,
               help="A web page origin (like https://app.example.com; * for any) that may open /v1/stream besides the "
                    "server's own and loopback ones; repeat for several.")
+@click.option("--allow-host", "allow_host", multiple=True,
+              help="A name requests may carry in their Host header (like myhost.lan; * for any) besides localhost, "
+                   "loopback addresses and, on connections to another address, IP addresses (the --host name is "
+                   "one); others are refused (403) against DNS rebinding. Repeat for several.")
 @click.option("--served-model-name", default=None,
               help="The model's name in the OpenAI-compatible API (GET /v1/models; default: the bundle's directory name).")
 @click.option("--log-level", default="info", show_default=True)
 def main(host, port, model, path_mode, backend, device, max_chars, max_pending_mb, max_streams, max_stream_frames,
          round_chars, request_timeout, stream_idle_timeout, batching, threads, read_timeout, keep_alive_timeout,
          max_connections, max_batch_texts, max_sample_chars, max_attribute_chars, api_key_file, docs,
-         ui, state_secret_file, allow_origin, served_model_name, log_level):
+         ui, state_secret_file, allow_origin, allow_host, served_model_name, log_level):
     """Serve scoring over HTTP (POST /v1/score, /v1/score/batch, /v1/next, /v1/sample, /v1/attribute; the
     OpenAI-compatible POST /v1/completions and GET /v1/models) and WebSocket (/v1/stream) with continuous batching. The server listens at once; GET /healthz says
     "loading" until the model is loaded, then "ready"."""
@@ -107,7 +122,8 @@ def main(host, port, model, path_mode, backend, device, max_chars, max_pending_m
                              keep_alive_s=keep_alive_timeout, max_connections=max_connections,
                              max_batch_texts=max_batch_texts, max_sample_chars=max_sample_chars,
                              max_attribute_chars=max_attribute_chars, api_key=read_key(api_key_file), docs=docs, ui=ui,
-                             allow_origins=tuple(allow_origin), model_name=served_model_name)
+                             allow_origins=tuple(allow_origin), allow_hosts=tuple(allow_host) + bound_name(host),
+                             model_name=served_model_name)
         import uvicorn
 
         from isan.engine import load_engine

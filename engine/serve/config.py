@@ -6,11 +6,24 @@ Every limit protects something stated in its field's comment; the defaults are s
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from isan.errors import IsanError
 
 DEFAULT_MAX_CHARS = 1_000_000
+
+#: a Host header: a bracketed IPv6 address or a name (or IPv4 address), then an optional port
+_HOST = re.compile(r"(?:\[(?P<v6>[0-9a-fA-F:.]+)\]|(?P<name>[A-Za-z0-9._-]+))(?::\d{1,5})?")
+
+
+def host_name(value: str) -> str | None:
+    """The name or address in a ``Host`` header (``Example.com:8000`` -> ``example.com``,
+    ``[::1]:80`` -> ``::1``): lower case, without brackets or port; None if it is not one."""
+    m = _HOST.fullmatch(value.strip())
+    if m is None:
+        return None
+    return (m["v6"] or m["name"]).lower()
 
 
 @dataclass(frozen=True)
@@ -61,6 +74,10 @@ class ServeConfig:
         allow_origins: web page origins (``https://app.example.com``; ``*`` for any) that may open
             a WebSocket besides the server's own and loopback ones (a handshake without ``Origin``,
             from a client that is not a browser, is always allowed).
+        allow_hosts: names (``myhost.lan``; ``*`` for any) that requests may carry in ``Host``
+            besides ``localhost``, loopback addresses and, on a connection that came in on another
+            address, any IP address (:func:`isan.engine.serve.app.host_refused`): other names are
+            refused with 403, so a web page cannot reach the server by DNS rebinding.
         ui: serve isan lens, the web page at ``/`` (its files at ``/lens/...``; no CDN, no scripts
             from elsewhere); False (``--no-ui``): ``/`` is a 404 like any unknown path.
         model_name: the name the OpenAI-compatible API serves the model under (``GET /v1/models``,
@@ -88,6 +105,7 @@ class ServeConfig:
     docs: bool = True
     ui: bool = True
     allow_origins: tuple[str, ...] = ()
+    allow_hosts: tuple[str, ...] = ()
     model_name: str | None = None
 
     def __post_init__(self) -> None:
@@ -117,6 +135,10 @@ class ServeConfig:
             raise IsanError("the state secret must be at least 16 bytes (ISAN_STATE_SECRET or --state-secret-file)")
         if self.model_name is not None and not 1 <= len(self.model_name) <= 256:
             raise IsanError("--served-model-name must have 1 to 256 characters")
+        for h in self.allow_hosts:
+            if h != "*" and host_name(h) is None:
+                raise IsanError(f"--allow-host {h!r} is not a host name or address (like myhost.lan, 10.0.0.5 or "
+                                "[fd00::5]; * for any)")
         if self.api_key is not None and len(self.api_key) < 8:
             raise IsanError("the API key must be at least 8 characters (ISAN_API_KEY or --api-key-file)")
         if self.api_key is not None and (self.api_key != self.api_key.strip()
@@ -144,4 +166,5 @@ class ServeConfig:
         out["state_secret"] = "configured" if self.state_secret is not None else "random per process"
         out["api_key"] = "required" if self.api_key is not None else "none"
         out["allow_origins"] = list(self.allow_origins)
+        out["allow_hosts"] = list(self.allow_hosts)
         return out

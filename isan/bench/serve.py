@@ -93,7 +93,7 @@ class ServerProcess:
     def _ready(self) -> bool:
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
-                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
                 data = b""
                 while chunk := s.recv(65536):
                     data += chunk
