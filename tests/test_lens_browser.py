@@ -110,7 +110,7 @@ def lens_page(browser, eng, secret: bytes):
     pg.on("console", lambda m: errors.append(m.text) if m.type in ("error", "warning") else None)
     with running(create_app(eng, config=ServeConfig(state_secret=secret))) as addr:
         try:
-            pg.goto(f"http://{addr}/")
+            pg.goto(f"http://{addr}/#t=")  # an empty text (a link without one opens with an example)
             pg.wait_for_selector("#c0", state="attached", timeout=20_000)
             yield pg, addr, errors
         finally:
@@ -159,7 +159,7 @@ def shown(pg) -> dict:
 
 def test_colouring_prediction_and_attribution_match_the_api(page, server):
     pg = page
-    pg.goto(server + "/")
+    pg.goto(server + "/#t=")  # an empty text (a link without one opens with an example)
     # a function, not an expression: Playwright evaluates expressions with eval, which the page's CSP refuses
     pg.wait_for_function("() => document.body.dataset.state === 'ready'", timeout=20_000)
     pg.click("#input")
@@ -245,7 +245,7 @@ def test_colouring_prediction_and_attribution_match_the_api(page, server):
 
 def test_keyboard_sampling_permalink_and_themes(page, server):
     pg = page
-    pg.goto(server + "/")
+    pg.goto(server + "/#t=")
     pg.wait_for_selector("#c0", state="attached", timeout=20_000)
     set_text(pg, TEXT)
     # keyboard: the view takes arrows (Ctrl: by word), Home and End
@@ -315,11 +315,57 @@ def test_keyboard_sampling_permalink_and_themes(page, server):
     pg.screenshot(path=str(pg.shots / "phone.png"), full_page=True)
 
 
+def test_fresh_visit_opens_with_an_example(page, server):
+    """A visit with no text in the link opens with the paper's Fig 3 sentence, the cursor on the final
+    'n' of 'revenue', so every panel shows something; no outline strays where no character is (the
+    end of the text is outlined as a character's box); the truncated-history label is not drawn over
+    its dashed line."""
+    pg = page
+    pg.goto(server + "/")
+    got = point(pg, FIG3, hover=False)
+    assert pg.input_value("#input") == TEXT
+    assert pg.text_content("#where").startswith('Prediction of "n" (offset 15')
+    assert [r for r in got["next"] if r["actual"]][0]["symbol"] == "n" and len(got["next"]) == 10
+    assert got["sources"][0] == "<h0>" and len(got["contributions"]) == FIG3 + 1
+    assert pg.locator("#attr .r[data-source]").count() == FIG3 + 1
+    assert len(got["history"]) == FIG3 + 1 and pg.locator("#history svg polyline").count() == 1
+    outlined = """() => [...document.querySelectorAll('#view span')].filter(s =>
+        getComputedStyle(s).outlineStyle !== 'none').map(s => s.id)"""
+    assert pg.evaluate(outlined) == [f"c{FIG3}"]
+    pg.screenshot(path=str(pg.shots / "fresh.png"), full_page=True)
+    # the cursor at the end of the text outlines a box as tall as a character's, not a flat line
+    point(pg, len(TEXT))
+    end, char = (pg.locator(f"#c{o}").bounding_box() for o in (len(TEXT), 0))
+    assert end["height"] == pytest.approx(char["height"], abs=1) and end["width"] >= char["width"] / 2, (end, char)
+
+    # the label of the dashed line (the full model) is off the line where the line is highest too
+    def height(o):
+        h = api(server, "/v1/explain", {"text": TEXT, "offset": o})["history"]
+        return h["full_bits"] / max(1, *h["bits"], h["full_bits"])
+
+    for o in (FIG3, max(range(len(TEXT) + 1), key=height)):
+        point(pg, o)
+        box = pg.evaluate("""() => {
+            const svg = document.querySelector('#history svg'), r = (e) => e.getBoundingClientRect();
+            const label = [...svg.querySelectorAll('text')].find(t => t.textContent.startsWith('dashed'));
+            const a = r(label), b = r(svg.querySelector('line.full'));
+            return {label: [a.top, a.bottom], line: [b.top, b.bottom], scale: r(svg).width / svg.viewBox.baseVal.width};
+        }""")
+        (top, bottom), (y0, y1), stroke = box["label"], box["line"], box["scale"]  # the line's stroke is 1 unit
+        assert bottom < y0 - stroke / 2 or top > y1 + stroke / 2, (o, box)
+
+    # a link with an empty text: nothing to point at, and no outline
+    pg.goto("about:blank")
+    pg.goto(server + "/#t=")
+    pg.wait_for_function("() => document.body.dataset.state === 'ready'", timeout=20_000)
+    assert pg.input_value("#input") == "" and pg.evaluate(outlined) == []
+
+
 def test_latency_keystroke_2000_and_attribution_500(page, server, text8_test):
     """The update after a keystroke on a 2,000-character text, and the attribution view of a
     500-character text, as the page measures them (performance.now(), in the browser)."""
     pg = page
-    pg.goto(server + "/")
+    pg.goto(server + "/#t=")
     pg.wait_for_selector("#c0", state="attached", timeout=20_000)
     text = text8_test[:2000]
     set_text(pg, text)

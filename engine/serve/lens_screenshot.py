@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> Path:
             b = p.chromium.launch(executable_path=args.chromium, args=ARGS, headless=True)
             pg = b.new_page(viewport={"width": 1280, "height": 860}, device_scale_factor=1)
             offset = TEXT.index("revenue") + 4
-            pg.goto(f"http://127.0.0.1:{port}/#by=word&theme={args.theme}&pos={offset}")
+            # t= (empty): the sentence is typed (a link without a text opens with it already there)
+            pg.goto(f"http://127.0.0.1:{port}/#t=&by=word&theme={args.theme}&pos={offset}")
             pg.wait_for_selector("#c0", state="attached", timeout=30_000)
             pg.click("#input")
             pg.keyboard.type(TEXT, delay=2)

@@ -25,6 +25,10 @@
     const a = hex(stops[i]), b = hex(stops[i + 1]);
     return a.map((v, k) => Math.round(v + f * (b[k] - v)));
   }
+  // a visit whose link holds no text opens with the paper's Fig 3 sentence, the cursor on the final
+  // 'n' of "revenue" (the prediction the paper explains), so that every panel shows something
+  const EXAMPLE = "the annual revenue of the company was seven million dollars";
+  const EXAMPLE_POS = EXAMPLE.indexOf("revenue") + 4;
   const rgb = (c) => `rgb(${c[0]},${c[1]},${c[2]})`;
   const textOn = (c) => (0.299 * c[0] + 0.587 * c[1] + 0.114 * c[2] > 140 ? "#111" : "#fff");
 
@@ -285,7 +289,7 @@
   function markCursor() {
     const old = el.view.querySelector(".cursor");
     if (old) { old.classList.remove("cursor"); old.removeAttribute("aria-selected"); }
-    const s = $("c" + S.cursor);
+    const s = S.sent ? $("c" + S.cursor) : null; // an empty text has no character to mark
     if (s) { s.classList.add("cursor"); s.setAttribute("aria-selected", "true"); el.view.setAttribute("aria-activedescendant", s.id); }
   }
   function setCursor(o, fromTextarea) {
@@ -423,18 +427,19 @@
     for (let o = a; o < b; o++) { const s = $("c" + o); if (s) s.classList.add("src"); }
   }
   function drawHistory(h) {
-    const W = 320, H = 140, L = 34, B = 22, bits = h.bits, n = bits.length;
+    // T: a strip above the plot for the label of the dashed line, which the line never reaches
+    const W = 320, H = 154, L = 34, B = 22, T = 20, bits = h.bits, n = bits.length;
     const ymax = Math.max(1, ...bits, h.full_bits) * 1.05;
-    const x = (i) => L + (n > 1 ? (i / (n - 1)) * (W - L - 6) : 0), y = (v) => 6 + (1 - v / ymax) * (H - B - 6);
+    const x = (i) => L + (n > 1 ? (i / (n - 1)) * (W - L - 6) : 0), y = (v) => T + (1 - v / ymax) * (H - B - T);
     const pts = bits.map((v, i) => `${x(i).toFixed(1)},${y(v).toFixed(1)}`).join(" ");
     el.history.innerHTML = `<svg viewBox="0 0 ${W} ${H}" xmlns="http://www.w3.org/2000/svg">
-      <path class="axis" d="M${L},6 V${H - B} H${W - 4}"/>
+      <path class="axis" d="M${L},${T} V${H - B} H${W - 4}"/>
       <line class="full" x1="${L}" x2="${W - 4}" y1="${y(h.full_bits)}" y2="${y(h.full_bits)}"/>
       <polyline class="curve" points="${pts}"/>
-      <text x="2" y="12">${fmt(ymax, 1)}</text><text x="2" y="${H - B}">0</text>
+      <text x="2" y="${T + 6}">${fmt(ymax, 1)}</text><text x="2" y="${H - B}">0</text>
       <text x="${L}" y="${H - 6}">0</text><text x="${W - 40}" y="${H - 6}">n = ${n - 1}</text>
       <text x="${L + 40}" y="${H - 6}">symbols of history kept</text>
-      <text x="${W - 4}" y="12" text-anchor="end">dashed: full model ${fmt(h.full_bits, 2)} bits</text></svg>`;
+      <text class="full-label" x="${W - 4}" y="12" text-anchor="end">dashed: full model ${fmt(h.full_bits, 2)} bits</text></svg>`;
     el.history.dataset.bits = JSON.stringify(bits);
     el.history.dataset.full = h.full_bits;
     el.history.setAttribute("aria-label", `Bits of the predicted symbol keeping the last n symbols: n=0 ${fmt(bits[0], 2)}, ` +
@@ -541,6 +546,7 @@
   function loadPermalink() {
     const p = new URLSearchParams(location.hash.slice(1));
     if (p.has("t")) el.input.value = p.get("t");
+    else { el.input.value = EXAMPLE; S.wantPos = EXAMPLE_POS; }
     for (const k of ["by", "target", "colour", "palette"]) if (p.has(k)) el[k].value = p.get(k);
     S.wantChar = p.get("char"); S.wantOther = p.get("other");
     if (p.has("pos")) S.wantPos = Math.max(0, parseInt(p.get("pos"), 10) || 0);
