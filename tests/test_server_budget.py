@@ -88,3 +88,42 @@ def test_streams_give_back_their_budget_however_they_leave(small_bundle, text8_v
         r = httpx.post(f"http://{addr}/v1/score", json={"text": text[:20_000]}, timeout=60)
         assert r.status_code == 200, r.text
         assert service.budget.used == 0
+
+
+def test_logprob_answers_are_reserved_before_they_are_built(small_bundle, text8_valid_head):
+    """An echo with logprobs holds about 3.4 KB a token at logprobs 27 until it is sent, far more than
+    its text: the answer is reserved in --max-pending-mb before it is built. A request whose answer
+    alone is over the budget is 413 saying what to lower; one that fits an idle server gets 503 with
+    Retry-After while others hold the budget, then its answer, within what was reserved, and the budget
+    back to 0 (issue 34: eight 140,000-character prompts, echo, logprobs 27, took the server from 120
+    to 742 MB under --max-pending-mb 64)."""
+    from isan.engine.serve.budget import (LOGPROBS_JSON_ENTRY, LOGPROBS_JSON_TOKEN, Reservation,
+                                          logprobs_bytes)
+
+    app = create_app(Engine.load(small_bundle), config=ServeConfig(max_chars=50_000, max_pending_mb=8))
+    budget = app.state.service.budget
+    with running(app) as addr:
+        def ask(chars: int, **kw):
+            body = {"prompt": text8_valid_head[:chars], "echo": True, "logprobs": 27, "max_tokens": 0, **kw}
+            return httpx.post(f"http://{addr}/v1/completions", json=body, timeout=120)
+
+        r = ask(20_000)  # about 66 MiB of answer (its text: 20 KB)
+        err = r.json()["error"]
+        assert r.status_code == 413 and err["param"] == "logprobs", r.text
+        assert "--max-pending-mb" in err["message"] and "lower logprobs" in err["message"]
+        r = ask(1_000, max_tokens=10_000)  # the generated tokens' log-probs count too
+        assert r.status_code == 413 and r.json()["error"]["param"] == "logprobs", r.text[:300]
+        assert budget.used == 0
+        others = Reservation(budget)
+        assert others.grow(budget.limit - 2**20)  # other requests hold all but 1 MiB
+        r = ask(2_000)  # about 6.6 MiB: fits an idle server
+        assert r.status_code == 503 and r.headers["retry-after"] and r.json()["error"]["code"] == 503, r.text
+        others.release()
+        budget.peak = 0
+        r = ask(2_000)
+        assert r.status_code == 200, r.text[:300]
+        lp = r.json()["choices"][0]["logprobs"]
+        assert len(lp["tokens"]) == 2_000 and min(len(d) for d in lp["top_logprobs"]) >= 27
+        assert budget.peak >= logprobs_bytes(2_000, 27) and budget.used == 0
+        assert len(r.content) <= 2_000 * (LOGPROBS_JSON_TOKEN + 27 * LOGPROBS_JSON_ENTRY)
+        assert ask(20_000, logprobs=None).status_code == 200  # without logprobs the text alone counts

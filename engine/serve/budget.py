@@ -6,7 +6,8 @@ What counts (estimates measured with ``isan bench serve``, see :func:`job_bytes`
 * a stream frame read ahead of its answer: its bytes;
 * an admitted text while it is normalised: :func:`prepare_bytes` (the normaliser's peak);
 * an admitted text from then until its answer has been sent: :func:`job_bytes` of it (the text,
-  its symbol ids and input offsets, and with ``per_char`` the bits and the JSON answer).
+  its symbol ids and input offsets, and with ``per_char`` the bits and the JSON answer);
+* the ``logprobs`` of an OpenAI-compatible answer, before they are built: :func:`logprobs_bytes`.
 
 A reservation that does not fit is refused (the caller answers 503 with ``Retry-After``), so the
 server never holds more than the budget of request data, however many clients there are.
@@ -27,6 +28,22 @@ BYTES_PER_JOB = 4096
 #: bytes per input character while a text is normalised and mapped to ids: the text8 normaliser
 #: peaks at 63 bytes a character on Shakespeare (tracemalloc; 20 on text8 itself)
 BYTES_PER_CHAR_PREPARE = 64
+
+
+#: bytes an OpenAI ``logprobs`` answer holds until it is sent, per token and per ``top_logprobs``
+#: entry. Measured with tracemalloc on the shipped model (k = 0, 1, 5, 27; 20,000 and 100,000 tokens):
+#: the Python objects of the answer take 272 bytes a token and 48 an entry, the reference's arrays
+#: 8 and 16; the JSON 58 and 23.7, with each choice's list copies 32 a token. Peak, all counted:
+#: 3,343 bytes a token at k = 27 (this estimate: 3,472).
+LOGPROBS_OBJ_TOKEN, LOGPROBS_OBJ_ENTRY = 352, 84  # built once per prompt
+LOGPROBS_JSON_TOKEN, LOGPROBS_JSON_ENTRY = 96, 28  # per choice that sends them
+
+
+def logprobs_bytes(tokens: int, k: int, copies: int = 1) -> int:
+    """The estimated peak memory of the ``logprobs`` of ``tokens`` tokens with ``k`` alternatives each
+    (``top_logprobs``), built once and sent in ``copies`` choices (``n`` choices echo one prompt)."""
+    return tokens * (LOGPROBS_OBJ_TOKEN + LOGPROBS_OBJ_ENTRY * k
+                     + copies * (LOGPROBS_JSON_TOKEN + LOGPROBS_JSON_ENTRY * k))
 
 
 def prepare_bytes(chars: int) -> int:

@@ -42,7 +42,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from isan.engine.serve.budget import job_bytes, prepare_bytes
+from isan.engine.serve.budget import job_bytes, logprobs_bytes, prepare_bytes
 from isan.engine.serve.errors import RequestError
 from isan.engine.serve.models import MAX_SEED, integer
 
@@ -502,8 +502,26 @@ class Completions:
                                    {"param": "logprobs"})
         return prompts
 
-    async def score(self, prompts: list[Prompt], need_states: bool, res, client) -> list[Scored]:
-        """Score every prompt through the scheduler (one batch, as ``POST /v1/score/batch``)."""
+    def reserve_answer(self, req, tokens: list[int], res) -> None:
+        """Reserve in ``res`` what the answer's ``logprobs`` will hold (:func:`logprobs_bytes`; the
+        prompts' ``tokens`` when echoed, ``max_tokens`` for each choice), before they are built:
+        RequestError 413 when the request alone needs more than ``--max-pending-mb``, 503 while
+        other requests hold the budget."""
+        if req.logprobs is None:
+            return
+        k = req.logprobs
+        gen = DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
+        need = (sum(logprobs_bytes(t, k, req.n) for t in tokens) if req.echo else 0) \
+            + len(tokens) * req.n * logprobs_bytes(gen, k)
+        try:
+            self.service._reserve(res, res.bytes + need, "lower logprobs, max_tokens or n, or split the prompt")
+        except RequestError as e:
+            e.extra["param"] = "logprobs"
+            raise
+
+    async def score(self, prompts: list[Prompt], need_states: bool, res, client, req=None) -> list[Scored]:
+        """Score every prompt through the scheduler (one batch, as ``POST /v1/score/batch``); with
+        ``req``, its answer's log-probs are reserved (:meth:`reserve_answer`) before the scoring."""
         from isan.engine.serve.scheduler import Job
 
         service = self.service
@@ -538,6 +556,8 @@ class Completions:
                                 normalizer=(prep.report.get("normalizer") if p.text is not None else None)))
                 where.append(i)
         res.resize(sum(job_bytes(n, True) for n in sizes))
+        if req is not None:
+            self.reserve_answer(req, [len(sc.ids) + sc.prompt.bos for sc in out], res)
         if jobs:
             try:
                 done = await service._wait(jobs, client)
@@ -594,7 +614,7 @@ class Completions:
         t0 = time.perf_counter()
         deadline = t0 + self.config.request_timeout_s
         max_tokens = DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
-        scored = await self.score(prompts, max_tokens > 0, res, client)
+        scored = await self.score(prompts, max_tokens > 0, res, client, req)
         head = {"id": completion_id(), "object": "text_completion", "created": now(), "model": self.name}
         seed = req.seed if req.seed is not None else secrets.randbits(53)
         usage = {"prompt_tokens": sum(len(s.ids) + s.prompt.bos for s in scored), "completion_tokens": 0}

@@ -239,11 +239,12 @@ class Service:
         return self.ready().top_k(state, k)
 
     # ---- scoring ------------------------------------------------------------------------
-    def _reserve(self, res: Reservation, need: int) -> None:
+    def _reserve(self, res: Reservation, need: int, how: str = "split it, or use /v1/stream") -> None:
+        """Hold ``need`` bytes in ``res`` (at least: it never shrinks here); 413 when the request
+        alone needs more than the budget (``how`` says what to do), 503 while others hold it."""
         if need > self.budget.limit:
             raise RequestError(413, f"this request needs about {need / 2**20:.1f} MiB, more than the server's "
-                                    f"{self.config.max_pending_mb:g} MiB for pending texts (--max-pending-mb); split it, "
-                                    "or use /v1/stream")
+                                    f"{self.config.max_pending_mb:g} MiB for pending texts (--max-pending-mb); {how}")
         if not res.resize(max(need, res.bytes)):
             if self.metrics is not None:
                 self.metrics.rejected.labels("busy").inc()
