@@ -171,6 +171,17 @@ def test_schema_and_docs_need_no_cdn(api):
     assert httpx.get(url + "/redoc").status_code == 404
 
 
+def test_docs_show_the_package_version(api):
+    """/docs and /openapi.json give the installed package's version (issue 34: the page said
+    "isan-serve 3" for isan 0.1.0)."""
+    from importlib.metadata import version
+
+    url, _, _ = api
+    assert httpx.get(url + "/openapi.json").json()["info"]["version"] == version("isan")
+    page = httpx.get(url + "/docs").text
+    assert f"<h1>isan-serve <small>{version('isan')}</small></h1>" in page
+
+
 def test_stream_bad_frames_keep_the_state(api, text8_valid_head):
     """Binary, deeply nested, huge-integer, non-JSON and unknown-field frames are each answered with an
     error; the stream's state is kept; {"reset": true, "text": ...} resets, then scores."""

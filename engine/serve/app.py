@@ -116,6 +116,19 @@ errors are `{"error": {"message", "type", "param", "code"}}`.
 """
 
 
+def package_version() -> str:
+    """The installed ``isan`` package's version (``/docs``, ``/openapi.json``): its metadata, else
+    ``isan.__version__`` when it runs from a source tree that is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("isan")
+    except PackageNotFoundError:  # pragma: no cover - the tests run on an installed package
+        import isan
+
+        return isan.__version__
+
+
 def _error_responses(*codes: int, model=None) -> dict:
     what = {400: "bad request (the message names the field)", 401: "a missing or wrong API key",
             403: "a snapshot changed or signed by another server", 404: "no such endpoint", 405: "method not allowed",
@@ -357,8 +370,8 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
             task.cancel()
         await asyncio.to_thread(service.close)
 
-    fa = FastAPI(title="isan-serve", version="3", description=DESCRIPTION, docs_url=None, redoc_url=None,
-                 lifespan=lifespan)
+    fa = FastAPI(title="isan-serve", version=package_version(), description=DESCRIPTION, docs_url=None,
+                 redoc_url=None, lifespan=lifespan)
     fa.state.service = service
     fa.state.metrics = metrics
 
