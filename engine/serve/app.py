@@ -93,7 +93,8 @@ beyond); `request_timeout_s` per text (503); headers and body each within `read_
 with `Content-Type: application/json` (415 otherwise), each key once (422 otherwise). Errors are
 always `{"error", "status", ...}`, the message saying what to fix: 400 for a request this schema
 refuses (a text outside the alphabet read raw is 422, with its offset), 422 for text the model
-cannot score.
+cannot score. A request whose `Host` is not one of the server's names (`localhost`, a loopback
+address, any IP address on a connection to another address, `--allow-host`) is 403.
 
 Scores are in bits (`bits`, `bpc`) and, as `isan score --json` gives it, `nnl`: the mean negative
 log-likelihood in base V, the alphabet's size (`bpc / log2(V)`); running totals have `total_*`.
