@@ -76,7 +76,8 @@ class Engine:
     """
 
     def __init__(self, params: ISANParams, alphabet: Alphabet, manifest: dict | None = None,
-                 source: str | None = None, table=None, path: str | None = None, threads: int | None = None):
+                 source: str | None = None, table=None, path: str | None = None, threads: int | None = None,
+                 device: str = "cpu", dtype: str = "float32", kernels: str | None = None):
         if params.V != len(alphabet) or params.K not in (alphabet.K, len(alphabet)):
             raise IsanError(f"params have K={params.K}, V={params.V} but the alphabet has {alphabet.K} inputs and "
                             f"{len(alphabet)} outputs")
@@ -117,10 +118,20 @@ class Engine:
         self._fallback = None
         native()  # says once if the compiled kernels are missing
         self.backend = "numpy"
+        from isan.engine.kernels.backends import get_backend
+
+        #: the kernels' backend (:mod:`isan.engine.kernels.backends`): the compiled kernels on the
+        #: CPU; the torch backend on a GPU (``device="cuda"``) or for ``dtype="float64"``
+        self.kernels = get_backend(kernels, device, dtype)
+        if self.kernels.name == "torch":
+            # every text and batch goes chunk-parallel through the torch runner (the composed
+            # path's sequential table jumps are a CPU kernel)
+            self.path = "chunked" if self.path in ("composed", "jumps") else self.path
 
     # ---- construction -----------------------------------------------------------------
     @classmethod
-    def load(cls, path: str | Path, path_mode: str = "auto", progress_bar: bool = True) -> "Engine":
+    def load(cls, path: str | Path, path_mode: str = "auto", progress_bar: bool = True, device: str = "cpu",
+             dtype: str = "float32", kernels: str | None = None) -> "Engine":
         """Load a bundle directory written by ``isan export``.
 
         Args:
@@ -131,27 +142,48 @@ class Engine:
                 CHUNKED_MIN_CHARS characters or more are scored chunk-parallel (by composed jumps
                 when they make enough chunks: :meth:`_batch_plan`).
             progress_bar: show a progress bar if a table recipe must be composed on first use.
+            device: ``"cpu"`` (the compiled kernels), ``"cuda"``/``"cuda:N"`` (the torch backend on
+                that GPU: every text and batch chunk-parallel there) or ``"auto"`` (CUDA when torch
+                sees a GPU); see :mod:`isan.engine.kernels.backends`.
+            dtype: ``"float32"`` or ``"float64"`` (the torch backend's exact reference arithmetic).
+            kernels: the backend by name (``"native"``, ``"numpy"``, ``"torch"``; default: native
+                on the CPU in float32, else torch).
         Raises:
+            BackendUnavailableError: a GPU asked for where torch or CUDA is missing.
             BundleFormatError: missing, corrupt or mismatched files (the message says how to rebuild).
             TableFormatError: the bundle's table is corrupt or belongs to another model.
         """
         if path_mode not in ("auto",) + PATHS:
             raise IsanError(f"path must be auto or one of {', '.join(PATHS)}; got {path_mode!r}")
+        from isan.engine.kernels.backends import get_backend
+
+        backend = get_backend(kernels, device, dtype)  # a missing GPU or torch is said before the bundle is read
         manifest, params, alphabet = load_isan_bundle(path)
         table = None
-        if path_mode in ("auto", "composed", "jumps"):
+        if path_mode in ("auto", "composed", "jumps") and backend.name != "torch":
             table = find_table(Path(path), manifest, params, alphabet, progress_bar=progress_bar)
+        elif path_mode in ("composed", "jumps"):
+            raise IsanError(f"the {path_mode} path runs on the CPU's kernels; on the torch backend (device "
+                            f"{backend.device}, {dtype}) texts go chunk-parallel by its runner: use path auto or chunked")
         return cls(params, alphabet, manifest, source=str(path), table=table,
-                   path=None if path_mode == "auto" else path_mode)
+                   path=None if path_mode == "auto" else path_mode, device=device, dtype=dtype, kernels=backend.name)
 
     @classmethod
-    def default(cls, path_mode: str = "auto") -> "Engine":
-        """The default model shipped in the package (ISAN d=216 trained on text8-10M)."""
-        return cls.load(default_model_path(), path_mode=path_mode)
+    def default(cls, path_mode: str = "auto", device: str = "cpu", dtype: str = "float32",
+                kernels: str | None = None) -> "Engine":
+        """The default model shipped in the package (ISAN d=216 trained on text8-10M); the keywords
+        are :meth:`load`'s."""
+        return cls.load(default_model_path(), path_mode=path_mode, device=device, dtype=dtype, kernels=kernels)
 
     def with_path(self, path: str) -> "Engine":
         """The same model on another computation path (one of :data:`PATHS`)."""
-        return Engine(self.input_params, self.alphabet, self.manifest, self.source, self.table, path, self.threads)
+        return Engine(self.input_params, self.alphabet, self.manifest, self.source, self.table, path, self.threads,
+                      self.kernels.device, self.kernels.dtype, self.kernels.name)
+
+    @property
+    def device(self) -> str:
+        """Where the kernels run: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``."""
+        return self.kernels.device
 
     def _streams(self):
         """The weights in the compiled kernels' layout (built on first use, ~30 ms)."""
@@ -181,7 +213,8 @@ class Engine:
         out = {"kind": "isan", "d": self.d, "alphabet": alphabet_label(self.alphabet), "unit": self.alphabet.unit,
                "path": self.path, "backend": self.backend, "source": self.source,
                "params_sha256": self.params_sha256, "normalizer": self.normalizer.id,
-               "kernels": {"compiled": k["available"], "isa": k["isa"], "threads": self.threads}}
+               "kernels": {"compiled": k["available"], "isa": k["isa"], "threads": self.threads,
+                           **self.kernels.describe()}}
         if self.table is not None:
             out["table"] = {"path": str(self.table.path), "entries": self.table.n_entries, "bytes": self.table.nbytes}
         return out
@@ -334,19 +367,27 @@ class Engine:
         :mod:`~isan.engine.kernels.jumps`; ``"jumps-f16"``: float16 matrices, not exact, for the
         benchmark) or ``"auto"``: jumps when the engine has a trie table and the batch makes at
         least ``MIN_ROWS_PER_THREAD`` rows a thread for them (queues by key need many rows: measured
-        there), else chunked. Both are exact (``"jumps-f16"`` is not). ``cut=False``: one row a text."""
+        there), else chunked. Both are exact (``"jumps-f16"`` is not). ``cut=False``: one row a text.
+        On the torch backend every batch runs its per-symbol runner (``"torch"``), cut for the device
+        (:mod:`isan.engine.kernels.torch.plan`)."""
         from isan.engine.kernels.chunked import plan_chunks
-        from isan.engine.kernels.jumps import MIN_ROWS_PER_THREAD, ROWS_PER_THREAD, run_jumps
+        from isan.engine.kernels.jumps import MIN_ROWS_PER_THREAD, ROWS_PER_THREAD
 
         lengths = [int(n) for n in lengths]
+        if self.kernels.name == "torch":  # one runner for everything: the torch backend's per-symbol rows
+            from isan.engine.kernels.torch import plan
+
+            chunks = plan.chunks(lengths, self.device, threads) if cut else [1] * len(lengths)
+            return "torch", self._streams(), chunks, {"runner": self.kernels.streams, "path": "chunked",
+                                                      "rtol": plan.rtol(self.kernels.dtype)}
         jump_chunks = plan_chunks(lengths, target_rows=ROWS_PER_THREAD * threads) if cut else [1] * len(lengths)
         if kernel == "auto":
             enough = sum(jump_chunks) >= MIN_ROWS_PER_THREAD * threads
             kernel = "jumps" if self._composed is not None and enough else "chunked"
         if kernel in ("jumps", "jumps-f16"):
             model = self._jump_table("float16" if kernel == "jumps-f16" else "float32")
-            return kernel, model, jump_chunks, {"runner": run_jumps, "path": kernel}
-        return kernel, self._streams(), None if cut else [1] * len(lengths), {}
+            return kernel, model, jump_chunks, {"runner": self.kernels.jumps, "path": kernel}
+        return kernel, self._streams(), None if cut else [1] * len(lengths), {"runner": self.kernels.streams}
 
     def _chunk_fallback(self):
         """What chunk-parallel scoring does with a chunk whose correction does not converge, built
@@ -356,6 +397,9 @@ class Engine:
         if self._fallback is None:
             from isan.engine.kernels.chunked import MIN_CHUNK, Float64Fallback
 
+            if self.kernels.name == "torch":  # its chunks and tolerance are the device's: no proof is claimed
+                self._fallback = Float64Fallback(self.params)
+                return self._fallback
             bound = self.forget_bound_chars()
             self._fallback = (ProvenForgetting(bound) if bound is not None and bound <= MIN_CHUNK
                               else Float64Fallback(self.params))
@@ -385,6 +429,8 @@ class Engine:
 
     def _chunked_report(self, rep) -> dict:
         out = rep.to_json()
+        if self.kernels.name != "native":  # say where it ran
+            out.update(self.kernels.describe())
         if isinstance(self._fallback, ProvenForgetting):  # say why no chunk can fall back
             out["forget_bound_chars"] = self._fallback.bound
         return out
@@ -811,7 +857,8 @@ def verify_all(bundle: str | Path) -> dict:
     return r
 
 
-def load_engine(model: str | Path | None = None, path: str = "auto", backend: str = "numpy", device: str = "cpu"):
+def load_engine(model: str | Path | None = None, path: str = "auto", backend: str = "numpy", device: str = "cpu",
+                dtype: str = "float32"):
     """Load a bundle (``None``: the default model) with the chosen computation path and backend.
 
     Args:
@@ -822,7 +869,12 @@ def load_engine(model: str | Path | None = None, path: str = "auto", backend: st
             chunk-parallel by composed jumps, ISAN bundles with a table) or ``"reference"``.
         backend: ``"numpy"`` or ``"onnx"`` (onnxruntime over the bundle's ONNX graphs; the
             provider that runs is reported in ``describe()``, never silently swapped).
-        device: for the onnx backend: ``"cpu"``, ``"cuda"`` or ``"auto"``.
+        device: ``"cpu"``, ``"cuda"`` (``"cuda:N"``) or ``"auto"``. The numpy backend scores ISAN
+            bundles on a GPU with the torch backend of the kernels (:meth:`Engine.load`); the onnx
+            backend picks onnxruntime's provider. Never ignored: a device no backend can honour is
+            an error.
+        dtype: ``"float32"`` or ``"float64"`` (ISAN bundles on the torch backend; float64 is the
+            exact reference on the device).
     Returns:
         an :class:`Engine` for ISAN bundles on the numpy backend, else an engine with the same
         scoring API (``score``, ``score_batch``, ``advance``, ``top_k``, ``sample``, ``describe``).
@@ -837,10 +889,15 @@ def load_engine(model: str | Path | None = None, path: str = "auto", backend: st
         raise IsanError(f"path must be auto or one of {', '.join(PATHS)}; got {path!r}")
     src = default_model_path() if model is None else Path(model)
     if backend == "onnx":
+        if dtype != "float32":
+            raise IsanError(f"the onnx backend computes in float32; dtype {dtype!r} needs the numpy backend")
         from isan.engine.runners.onnx import load_onnx_engine
 
         return load_onnx_engine(src, device=device, path_mode=path)
     kind = read_manifest(src, verify="none")["kind"]  # the loader below verifies
+    if kind != "isan" and (device != "cpu" or dtype != "float32"):
+        raise IsanError(f"device {device!r} and dtype {dtype!r} run ISAN bundles (this is a {kind!r} bundle): "
+                        "use device cpu, or --backend onnx for onnxruntime's providers")
     if kind != "isan":
         if path in ("composed", "chunked", "jumps"):
             raise IsanError(f"the {path} path runs ISAN bundles only (this is a {kind!r} bundle); "
@@ -871,4 +928,4 @@ def load_engine(model: str | Path | None = None, path: str = "auto", backend: st
         from isan.engine.runners.recurrent import load_baseline_engine
 
         return load_baseline_engine(src)
-    return Engine.load(src, path_mode=path)
+    return Engine.load(src, path_mode=path, device=device, dtype=dtype)

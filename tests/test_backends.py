@@ -1,0 +1,105 @@
+"""The Engine on every kernel backend (issue 35): the same API and the same results, within each
+backend's stated tolerance of the float64 reference, on real text.
+
+Backends: ``native`` (the compiled kernels), ``numpy`` (their twins), ``torch`` on the CPU device
+in float32 and float64 (CI has no GPU) and, marked ``gpu``, on CUDA. Tolerances against the
+float64 reference: float32 per-character bits 1e-4 and totals 1e-6 relative; float64 1e-9 and
+1e-12.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from isan.engine import Engine
+from isan.errors import StateDivergedError
+
+torch = pytest.importorskip("torch")
+
+CUDA = torch.cuda.is_available()
+on_gpu = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="no CUDA GPU")]
+CONFIGS = [
+    pytest.param(("native", "cpu", "float32"), id="native"),
+    pytest.param(("numpy", "cpu", "float32"), id="numpy"),
+    pytest.param(("torch", "cpu", "float32"), id="torch-cpu-f32"),
+    pytest.param(("torch", "cpu", "float64"), id="torch-cpu-f64"),
+    pytest.param(("torch", "cuda", "float32"), id="torch-cuda-f32", marks=on_gpu),
+    pytest.param(("torch", "cuda", "float64"), id="torch-cuda-f64", marks=on_gpu),
+]
+TOL = {"float32": (1e-4, 1e-6), "float64": (1e-9, 1e-12)}  # per character, total (relative)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module", params=CONFIGS)
+def engine(request):
+    name, device, dtype = request.param
+    return Engine.default(path_mode="chunked", kernels=name, device=device, dtype=dtype)
+
+
+@pytest.fixture(scope="module")
+def reference(default_engine):
+    return default_engine.with_path("reference")
+
+
+def close(got, want, dtype, per_char=None):
+    atol, rtol = TOL[dtype]
+    assert abs(got.bits - want.bits) <= rtol * want.bits
+    if per_char is not None:
+        np.testing.assert_allclose(got.per_char_bits, want.per_char_bits, atol=atol, rtol=0)
+
+
+def test_a_long_text_equals_the_reference(engine, reference, text8_test):
+    text = text8_test[:30_000]
+    got = engine.score(text, per_char=True, threads=2)
+    want = reference.score(text, per_char=True)
+    assert got.scoring["chunks"] > 1  # it went chunk-parallel
+    if engine.kernels.name != "native":
+        assert got.scoring["backend"] == engine.kernels.name and got.scoring["device"] == engine.device
+    close(got, want, engine.kernels.dtype, per_char=True)
+    np.testing.assert_allclose(got.state.h, want.state.h, atol=1e-3 if engine.kernels.dtype == "float32" else 1e-9)
+
+
+def test_a_batch_of_mixed_lengths_equals_the_reference(engine, reference, text8_test):
+    texts = [text8_test[i * 997 : i * 997 + n] for i, n in enumerate([1, 7, 2_500, 40, 9_000, 333])]
+    got = engine.score_batch(texts, per_char=True)
+    for g, t in zip(got, texts):
+        close(g, reference.score(t, per_char=True), engine.kernels.dtype, per_char=True)
+
+
+def test_streaming_and_advance_equal_the_whole(engine, reference, text8_test):
+    a, b = text8_test[:12_345], text8_test[12_345:15_000]
+    r1 = engine.score(a)
+    r2 = engine.score(b, state=r1.state)
+    whole = reference.score(a + b)
+    assert abs(r2.state.bits - whole.bits) <= TOL[engine.kernels.dtype][1] * whole.bits * 10
+    h = engine.advance(a).h
+    np.testing.assert_allclose(h, reference.advance(a).h, atol=1e-3 if engine.kernels.dtype == "float32" else 1e-9)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_a_diverging_text_raises_then_good_calls_work(config, text8_test):
+    """The unconstrained model's state overflows on a run of 'z': every backend raises the same
+    StateDivergedError at the same offset, and the same engine then scores good text as before."""
+    from tests.conftest import UNCONSTRAINED
+
+    name, device, dtype = config
+    eng = Engine.load(UNCONSTRAINED, path_mode="chunked", progress_bar=False, kernels=name, device=device, dtype=dtype)
+    good = text8_test[:12_000]
+    first = eng.score(good).bits
+    bad = text8_test[:11_000] + "z" * 300 + text8_test[:2_000]
+    with pytest.raises(StateDivergedError) as e:
+        eng.score(bad)
+    with pytest.raises(StateDivergedError) as e_ref:
+        eng.with_path("reference").score(bad)
+    assert e.value.offset == e_ref.value.offset
+    with pytest.raises(StateDivergedError, match="text 1 of the batch"):
+        eng.score_batch([good[:500], bad])
+    assert eng.score(good).bits == first
