@@ -70,15 +70,25 @@ def test_window_statistics_against_plain_kappa(p64):
         lag = t - last
         ks = K[t, last + 1]
         lg = _logits(p64, ids[: t + 1])[-1]
-        a = acc.setdefault(lag, [[], [], []])
+        # the caption's second reading: every space read so far (most of them far outside the window)
+        ka = K[t, 1 + np.flatnonzero(ids[: t + 1] == 0)].sum(0)
+        a = acc.setdefault(lag, [[], [], [], [], []])
         a[0].append(-log_softmax(lg)[ids[t + 1]] * LOG2E)
         a[1].append(-log_softmax(p64.b_ro + ks)[ids[t + 1]] * LOG2E)
         a[2].append(-log_softmax(lg - ks)[ids[t + 1]] * LOG2E)
-    for lag, (f, o, w) in acc.items():
+        a[3].append(-log_softmax(p64.b_ro + ka)[ids[t + 1]] * LOG2E)
+        a[4].append(-log_softmax(lg - ka)[ids[t + 1]] * LOG2E)
+    for lag, (f, o, w, ao, an) in acc.items():
         assert st.word_counts[lag] == len(f)
         assert st.word_bits_full[lag] == pytest.approx(np.mean(f), rel=1e-9)
         assert st.word_bits_space_only[lag] == pytest.approx(np.mean(o), rel=1e-9)
         assert st.word_bits_no_space[lag] == pytest.approx(np.mean(w), rel=1e-9)
+        assert st.word_bits_spaces_only[lag] == pytest.approx(np.mean(ao), rel=1e-9)
+        assert st.word_bits_no_spaces[lag] == pytest.approx(np.mean(an), rel=1e-9)
+        assert st.word_median_spaces_only[lag] == pytest.approx(np.median(ao), rel=1e-6)  # medians kept in float32
+        assert st.word_median_no_spaces[lag] == pytest.approx(np.median(an), rel=1e-6)
+    # the two readings differ once older spaces exist
+    assert np.abs(st.word_bits_spaces_only - st.word_bits_space_only).max() > 1e-3
 
 
 def test_window_statistics_segments_do_not_change_the_numbers(p64):
@@ -89,6 +99,8 @@ def test_window_statistics_segments_do_not_change_the_numbers(p64):
     assert many.segments > 1 and many.positions == one.positions
     np.testing.assert_allclose(many.kappa_norm_mean, one.kappa_norm_mean, rtol=1e-6)
     np.testing.assert_allclose(many.bits_keep_last, one.bits_keep_last, rtol=1e-6)
+    np.testing.assert_allclose(many.word_bits_spaces_only, one.word_bits_spaces_only, rtol=1e-6)
+    np.testing.assert_allclose(many.word_bits_no_spaces, one.word_bits_no_spaces, rtol=1e-6)
 
 
 def test_fit_two_rates_recovers_known_rates():

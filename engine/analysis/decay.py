@@ -11,7 +11,11 @@ per-lag contributions ``kappa[t, t - k]`` (k = 0..N-1) it accumulates:
   (``logits = b_ro + sum_{k < n} kappa[t, t - k]``, n = 0..N; n = 0 leaves ``softmax(b_ro)``);
 * Fig 4b: the cross entropy by position in the word (letters read since the last space; 0 at the
   space itself) with all sources, with only the last space's kappa (plus ``b_ro``), and with the
-  last space's kappa removed.
+  last space's kappa removed; and the same two with every space's kappa instead of the last one's.
+  The paper's caption, "the green line sets all kappa_s^t apart from kappa_'_'^t to zero, while the
+  blue line only sets kappa_'_'^t to zero" (ICML Figure 4), reads both ways: the space that begins
+  the word, or every space read so far (issue #34 item 16). Spaces older than the window are carried
+  exactly in a second history source that holds the spaces' biases only.
 
 Each segment starts from the start state (h0) ``warmup`` + N characters before its first counted
 position, so every counted position has its full window. The ISAN forgets its start state: a
@@ -47,6 +51,9 @@ class DecayStats:
         word_bits_full, word_bits_space_only, word_bits_no_space: (P,) mean bits there.
         word_median_full, word_median_space_only, word_median_no_space: (P,) the median bits there (the
             paper's Fig 4b plots "the median cross entropy"; issue #26).
+        word_bits_spaces_only, word_bits_no_spaces, word_median_spaces_only, word_median_no_spaces: (P,)
+            the mean and median bits with every space's kappa (the whole text's, not only the last
+            space's) kept alone (plus b_ro) and removed: the second reading of the caption (issue #34).
         word_counts: (P,) positions counted at each.
         space_outside_window: positions skipped in Fig 4b because the last space was N or more back.
         max_abs_error: max |b_ro + sum kappa - logits| (against the reference logits).
@@ -72,6 +79,10 @@ class DecayStats:
     word_median_full: np.ndarray | None = None
     word_median_space_only: np.ndarray | None = None
     word_median_no_space: np.ndarray | None = None
+    word_bits_spaces_only: np.ndarray | None = None
+    word_bits_no_spaces: np.ndarray | None = None
+    word_median_spaces_only: np.ndarray | None = None
+    word_median_no_spaces: np.ndarray | None = None
 
 
 def window_statistics(p: ISANParams, ids: np.ndarray, window: int = 50, segments: int = 128, space_id: int | None = 0,
@@ -110,6 +121,9 @@ def window_statistics(p: ISANParams, ids: np.ndarray, window: int = 50, segments
     b_ro = p64.b_ro
     C = np.zeros((d, B, N + 1), dtype=dtype)  # per segment: history, then lags 0..N-1
     C[:, :, 0] = H0.T
+    # the biases of the spaces that have left the window, carried like the history (the start state
+    # is no space): with the spaces among lags 0..N-1 they give every space's kappa
+    S = np.zeros((d, B), dtype=dtype)
     state = H0.copy()  # the float64 reference states, advanced alongside
     norm_sum = np.zeros(N)
     hist_norm_sum = 0.0
@@ -118,7 +132,8 @@ def window_statistics(p: ISANParams, ids: np.ndarray, window: int = 50, segments
     n_pos = 0
     P = max_word_position + 1
     w_full, w_only, w_none, w_cnt = np.zeros(P), np.zeros(P), np.zeros(P), np.zeros(P, dtype=np.int64)
-    w_vals = {k: [[] for _ in range(P)] for k in ("full", "only", "none")}  # per position: bits, for medians
+    w_all_only, w_all_none = np.zeros(P), np.zeros(P)
+    w_vals = {k: [[] for _ in range(P)] for k in ("full", "only", "none", "all_only", "all_none")}  # for medians
     last_space = np.full(B, -1, dtype=np.int64)  # position of the last space read, per segment
     outside = 0
     err = 0.0
@@ -132,8 +147,13 @@ def window_statistics(p: ISANParams, ids: np.ndarray, window: int = 50, segments
         # the oldest exact source joins the history; each symbol's matrix then carries its segments'
         # history and lags 0..N-2 one step on (to history and lags 1..N-1), and lag 0 is the new bias
         C[:, :, 0] += C[:, :, N]
+        if space_id is not None:  # the source leaving the window is the character N back
+            gone = t - N
+            S += C[:, :, N] * ((gone >= 0) & (ids[np.maximum(gone, 0)] == space_id))
         for s in np.unique(x[live]):
             sel = np.nonzero(live & (x == s))[0]
+            if space_id is not None:
+                S[:, sel] = W[s] @ S[:, sel]
             out = (W[s] @ C[:, sel, :N].reshape(d, -1)).reshape(d, len(sel), N)
             C[:, sel, 0] = out[:, :, 0]
             C[:, sel, 2:] = out[:, :, 1:]
@@ -172,13 +192,23 @@ def window_statistics(p: ISANParams, ids: np.ndarray, window: int = 50, segments
             if ok.any():
                 j = np.nonzero(ok)[0]
                 ks = K[j, 1 + lag[j]]  # (m, V) the last space's kappa
-                only = log_softmax(b_ro + ks)[np.arange(len(j)), nxt[j]]
-                none = log_softmax(logits[j] - ks)[np.arange(len(j)), nxt[j]]
+                m = np.arange(len(j))
+                only = log_softmax(b_ro + ks)[m, nxt[j]]
+                none = log_softmax(logits[j] - ks)[m, nxt[j]]
+                # every space's kappa: the spaces among lags 0..N-1, and those carried beyond the window
+                src = t[sel][j, None] - np.arange(N)[None, :]  # (m, N) the character at each lag
+                is_sp = (src >= 0) & (ids[np.maximum(src, 0)] == space_id)
+                ka = np.einsum("mkv,mk->mv", K[j, 1:], is_sp) + (W_ro @ S[:, sel[j]]).T.astype(np.float64)
+                all_only = log_softmax(b_ro + ka)[m, nxt[j]]
+                all_none = log_softmax(logits[j] - ka)[m, nxt[j]]
                 np.add.at(w_full, lag[j], -lp_full[j] * LOG2E)
                 np.add.at(w_only, lag[j], -only * LOG2E)
                 np.add.at(w_none, lag[j], -none * LOG2E)
+                np.add.at(w_all_only, lag[j], -all_only * LOG2E)
+                np.add.at(w_all_none, lag[j], -all_none * LOG2E)
                 np.add.at(w_cnt, lag[j], 1)
-                for k, v in (("full", -lp_full[j] * LOG2E), ("only", -only * LOG2E), ("none", -none * LOG2E)):
+                for k, v in (("full", -lp_full[j] * LOG2E), ("only", -only * LOG2E), ("none", -none * LOG2E),
+                             ("all_only", -all_only * LOG2E), ("all_none", -all_none * LOG2E)):
                     for q in np.unique(lag[j]):
                         w_vals[k][q].append(v[lag[j] == q].astype(np.float32))
     if err > tol * lmax:
@@ -191,7 +221,8 @@ def window_statistics(p: ISANParams, ids: np.ndarray, window: int = 50, segments
            for k, v in w_vals.items()}
     return DecayStats(N, n_pos, norm_sum / n_pos, hist_norm_sum / n_pos, keep_sum / n_pos, full_sum / n_pos,
                       np.arange(P), w_full / c, w_only / c, w_none / c, w_cnt, outside, err, B, warm_err,
-                      med["full"], med["only"], med["none"])
+                      med["full"], med["only"], med["none"], w_all_only / c, w_all_none / c, med["all_only"],
+                      med["all_none"])
 
 
 def fit_two_rates(norms: np.ndarray, min_points: int = 4) -> dict:
