@@ -291,7 +291,7 @@ def test_cli_word_embedding(runner, small_bundle, text8_path, tmp_path):
     pytest.importorskip("matplotlib")
     pytest.importorskip("sklearn")
     r = runner.invoke(main, ["analyze", "word-embedding", "--model", str(small_bundle), "--data", str(text8_path),
-                             "--words", "300", "--out", str(tmp_path)])
+                             "--words", "300", "--out", str(tmp_path), "--compare", "none"])  # one t-SNE is enough here
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
     assert out["words"] == 300 and out["max_abs_error"] < 1e-9
@@ -456,6 +456,91 @@ def test_cli_studies_on_a_small_bundle(runner, small_bundle, tmp_path):
     assert r.exit_code == 2 and "Traceback" not in r.output and "'C'" in r.output
 
 
+@pytest.fixture(scope="module")
+def other_bundle(tmp_path_factory):
+    """A second small ISAN, analysed beside ``small_bundle``."""
+    from isan.alphabet import Alphabet
+    from isan.engine.bundle import write_bundle
+
+    out = tmp_path_factory.mktemp("bundles") / "other"
+    write_bundle(out, random_params(seed=7).as_dict(), Alphabet.text8(), kind="isan")
+    return out
+
+
+def _both(out: dict, name: str, key: str) -> None:
+    """``out`` has the analysed model's ``key`` and, under compare, the other model's, and they differ."""
+    assert out["label"] == "small" and list(out["compare"]) == [name]
+    assert key in out and key in out["compare"][name] and out[key] != out["compare"][name][key]
+
+
+def test_cli_every_figure_shows_both_models(runner, small_bundle, other_bundle, text8_path, tmp_path):
+    """Issue #34 item 17: every model study of `isan analyze` runs the model and the compared one, and
+    draws them side by side (Figs 2-8; Fig 1b as one more ISAN spectrum; the samples of Sec 3.1)."""
+    pytest.importorskip("matplotlib")
+    base = ["--model", str(small_bundle), "--compare", str(other_bundle), "--out", str(tmp_path)]
+    data = ["--data", str(text8_path)]
+    keys = {"stack": ("top_prob", ["--text", "the cat"]), "words": ("bits_mean", ["--text", "ab cd ef"]),
+            "decay": ("bits_full", [*data, "--max-chars", "3000", "--window", "8"]),
+            "basis": ("correlation", data), "ngram": ("unigram", data)}
+    sizes = {}
+    for cmd, (key, args) in keys.items():
+        r = runner.invoke(main, ["analyze", cmd, *base, *args])
+        assert r.exit_code == 0, r.output
+        out = json.loads(r.output)
+        _both(out, "other", key)
+        sizes[out["figure"]] = (tmp_path / out["figure"]).stat().st_size
+    one = tmp_path / "one"
+    r = runner.invoke(main, ["analyze", "decay", "--model", str(small_bundle), "--compare", "none", "--out", str(one),
+                             *data, "--max-chars", "3000", "--window", "8"])
+    assert r.exit_code == 0, r.output
+    assert "compare" not in json.loads(r.output)
+    assert sizes["fig4_decay.png"] > 1.3 * (one / "fig4_decay.png").stat().st_size  # two rows of panels, not one
+    d = json.loads((tmp_path / "decay.json").read_text())["compare"]["other"]["word"]
+    assert len(d["median_bits_spaces_only"]) == len(d["positions"]) and "spaces_only" in d["readings"]
+    r = runner.invoke(main, ["analyze", "pca", *base, *data, "--baseline", str(other_bundle), "--max-chars", "2000"])
+    assert r.exit_code == 0, r.output
+    assert {"isan (small)", "isan (other)"} <= set(json.loads(r.output)["models"])
+    r = runner.invoke(main, ["analyze", "samples", *base, "-n", "20", "--seed", "0", "--inverse-temperature", "2"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["compare"]["other"]["samples"][0]["text"] != out["samples"][0]["text"]
+    assert "--model" in out["compare"]["other"]["commands"][0]
+
+
+def test_word_tsne_figure_has_a_row_per_model(tmp_path):
+    """The ICLR Fig 6 t-SNE with two models: one row of panels each (the study is slow; the figure is not)."""
+    pytest.importorskip("matplotlib")
+    from isan.engine.analysis import figures
+
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(60)]
+    groups = {"numbers": {"members": words[:5], "kappa": {"k": 10, "purity": 0.5, "chance": 0.1}}}
+    one = figures.iclr_fig6_word_tsne([("a", (rng.normal(size=(60, 2)), groups))], words, tmp_path / "one.png")
+    two = figures.iclr_fig6_word_tsne([("a", (rng.normal(size=(60, 2)), groups)),
+                                       ("b", (rng.normal(size=(60, 2)), groups))], words, tmp_path / "two.png")
+    from PIL import Image
+
+    (w1, h1), (w2, h2) = Image.open(one).size, Image.open(two).size
+    assert w1 == w2 and h2 == 2 * h1
+
+
+def test_analyze_samples_use_the_analysed_model():
+    """`isan analyze samples` (and `all`) sample the model the other studies analyse, the paper's model
+    (text8-d216-unconstrained), not the shipped default that `isan sample` uses alone."""
+    from isan.cli.analyze import _samples
+    from isan.engine import Engine
+    from isan.engine.core import default_model_path, paper_model_path
+
+    if not (paper_model_path() / "manifest.json").exists():
+        pytest.skip("the paper's model is not installed")
+    got = _samples(None, "annual reve", 30, (1.5,), (0,), compare=("none",))
+    want = Engine.load(paper_model_path()).sample("annual reve", n=30, temperature=1 / 1.5, seed=0).text
+    assert got["samples"][0]["text"] == want
+    assert paper_model_path().name in got["commands"][0]
+    if paper_model_path() != default_model_path():
+        assert want != Engine.load(default_model_path()).sample("annual reve", n=30, temperature=1 / 1.5, seed=0).text
+
+
 def test_cli_attribute_window_and_target(runner, small_bundle, small_params):
     text = "the annual revenue of the company"
     r = runner.invoke(main, ["analyze", "attribute", "--text", text, "--model", str(small_bundle), "--window", "4",
@@ -500,6 +585,15 @@ def test_sample_inverse_temperature(runner, small_bundle):
     assert r.exit_code == 2 and "not both" in r.output
     r = runner.invoke(main, ["sample", "--model", str(small_bundle), "--inverse-temperature", "0"])
     assert r.exit_code == 2
+
+
+def test_naive_bayes_cites_the_section_it_quotes():
+    """The Naive Bayes sentence is in ICML Sec 3.1 ("ISAN performance on Text8 prediction"); Sec 3.2 is the
+    Billion Word Benchmark (issue #34 item 18)."""
+    from isan.cli.analyze import _naive_bayes
+
+    r = _naive_bayes("ab ab ab ba", "ab ba", tuple(" ab"), max_window=2)
+    assert r["paper"].startswith("ICML Sec 3.1") and "3.2" not in r["paper"]
 
 
 def test_finite_json():

@@ -43,19 +43,39 @@ def _diverging(ax, M, **kw):
     return ax.imshow(M, cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto", interpolation="nearest", **kw)
 
 
-def fig2_stack(stack, out) -> Path:
-    """Figure 2: the full prediction stack of a text. Top: one row per source (the start state, then
-    each character labelled with its position), then the b_ro row and the logit row; each time step t
-    is a block of V columns (one per output character), separated by grey lines, and the logit row
-    is the sum of the rows above. Bottom: the softmax at each t, labelled with its most likely
-    character. The last block is boxed."""
+def _per_model(blocks: list, width: float, height: float, draw):
+    """A figure with one block of panels per model, one below the other (issue #34 item 17: each figure
+    shows the analysed model and the models compared with it side by side): ``draw(container, data,
+    label)`` fills a block; ``blocks`` is [(label, data), ...]. One block is drawn into the figure
+    itself, without a heading; several each get a subfigure headed by its model's label."""
+    plt = _plt()
+    fig = plt.figure(figsize=(width, height * len(blocks)), layout="constrained")
+    subs = [fig] if len(blocks) == 1 else list(fig.subfigures(len(blocks), 1))
+    for sf, (label, data) in zip(subs, blocks):
+        if len(blocks) > 1:
+            sf.suptitle(f"model: {label}", fontsize=11, fontweight="bold")
+        draw(sf, data, label)
+    return fig
+
+
+def fig2_stack(blocks: list, out) -> Path:
+    """Figure 2: the full prediction stack of a text, one block per model (``blocks`` = [(label, stack)]).
+    Top: one row per source (the start state, then each character labelled with its position), then
+    the b_ro row and the logit row; each time step t is a block of V columns (one per output
+    character), separated by grey lines, and the logit row is the sum of the rows above. Bottom: the
+    softmax at each t, labelled with its most likely character. The last block is boxed."""
+    T, S, _ = blocks[0][1].kappa.shape
+    fig = _per_model(blocks, min(22, 2 + 0.75 * T), 0.22 * (S + 2) + 4.5, _fig2_block)
+    return _save(fig, out)
+
+
+def _fig2_block(sf, stack, label) -> None:
     plt = _plt()
     T, S, V = stack.kappa.shape
     M = np.vstack([stack.kappa.transpose(1, 0, 2).reshape(S, T * V), np.tile(stack.b_ro, T)[None],
                    stack.logits.reshape(1, T * V)])
     labels = stack.source_labels + ["b_ro", "logits"]
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(min(22, 2 + 0.75 * T), 0.22 * len(M) + 4.5), sharex=True,
-                                  gridspec_kw={"height_ratios": [len(M), 7]}, layout="constrained")
+    ax, ax2 = sf.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [len(M), 7]})
     im = _diverging(ax, M)
     for t in range(1, T):
         ax.axvline(t * V - 0.5, color="0.6", lw=0.6)
@@ -66,7 +86,7 @@ def fig2_stack(stack, out) -> Path:
     ax.set_yticklabels(labels, fontsize=7)
     ax.set_title(f"prediction stack of {stack.text.replace(' ', '_')!r}: logits = b_ro + sum of the kappa rows "
                  f"(max error {stack.max_abs_error:.1e})", fontsize=9)
-    fig.colorbar(im, ax=[ax, ax2], fraction=0.02, pad=0.01, label="logit units (top pane)")
+    sf.colorbar(im, ax=[ax, ax2], fraction=0.02, pad=0.01, label="logit units (top pane)")
     x = np.arange(T * V)
     ax2.bar(x, stack.probs.reshape(-1), width=1.0, color="0.55")
     for t in range(T):
@@ -79,7 +99,6 @@ def fig2_stack(stack, out) -> Path:
     ax2.set_xticks([t * V + V / 2 for t in range(T)])
     ax2.set_xticklabels([f"{t}:{_show(c)}" for t, c in enumerate(stack.text)], fontsize=7)
     ax2.set_xlabel("time step t: the character read (each block: the V output characters a-z and _)")
-    return _save(fig, out)
 
 
 def _fig3_row(ax, ax2, cf: dict, label: str | None = None) -> None:
@@ -124,12 +143,34 @@ def fig3_contributions(cf: dict, out, label: str | None = None, others: dict | N
     return _save(fig, out)
 
 
-def fig4_decay(stats, fit: dict, out, min_count: int = 1000) -> Path:
-    """Figure 4: (a) mean ||kappa[t, t-k]|| against the lag with two fitted rates, (b) bits by position
-    in the word with all kappa / only the space's / without the space's (positions seen at least
-    ``min_count`` times), (c) bits keeping the last n kappa."""
-    plt = _plt()
-    fig, axs = plt.subplots(1, 3, figsize=(14, 4))
+def fig4_decay(blocks: list, out, min_count: int = 1000) -> Path:
+    """Figure 4, one row per model (``blocks`` = [(label, (stats, fit))]): (a) mean ||kappa[t, t-k]||
+    against the lag with two fitted rates; (b) bits by position in the word with all kappa, only the
+    last space's and without it, and (b') the same with every space's kappa instead of the last
+    space's (the two readings of the paper's caption; positions seen at least ``min_count`` times);
+    (c) bits keeping the last n kappa."""
+    fig = _per_model(blocks, 19, 4.2, lambda sf, data, label: _fig4_block(sf, *data, min_count=min_count))
+    return _save(fig, out)
+
+
+def _fig4_word_panel(ax, stats, lines, title: str, min_count: int) -> None:
+    m = stats.word_counts >= min_count
+    pos = stats.word_positions[m]
+    for i, (name, mean, med, mk) in lines:
+        if med is not None:
+            ax.plot(pos, med[m], mk + "-", ms=3, color=f"C{i}", label=f"{name} (median)")
+            ax.plot(pos, mean[m], mk + ":", ms=2, color=f"C{i}", alpha=0.6, label=f"{name} (mean)")
+        else:
+            ax.plot(pos, mean[m], mk + "-", ms=3, color=f"C{i}", label=name)
+    ax.axhline(1.0, color="k", lw=0.5, ls="--")
+    ax.set_xlabel("characters since the last space (0: after the space)")
+    ax.set_ylabel("cross entropy (bits/char)")
+    ax.set_title(title, fontsize=8)
+    ax.legend(fontsize=6)
+
+
+def _fig4_block(sf, stats, fit: dict, min_count: int) -> None:
+    axs = sf.subplots(1, 4)
     ax = axs[0]
     k = np.arange(len(stats.kappa_norm_mean))
     ax.semilogy(k, stats.kappa_norm_mean, "o", ms=3, label="mean ||kappa[t, t-k]||")
@@ -142,27 +183,22 @@ def fig4_decay(stats, fit: dict, out, min_count: int = 1000) -> Path:
     ax.set_ylabel("logit units")
     ax.set_title("(a) size of a source's contribution", fontsize=9)
     ax.legend(fontsize=7)
-    ax = axs[1]
-    m = stats.word_counts >= min_count
-    pos = stats.word_positions[m]
-    has_med = stats.word_median_full is not None
-    for i, (name, mean, med, mk) in enumerate((("all kappa", stats.word_bits_full, stats.word_median_full, "o"),
-                                               ("only the space's kappa", stats.word_bits_space_only,
-                                                stats.word_median_space_only, "s"),
-                                               ("the space's kappa removed", stats.word_bits_no_space,
-                                                stats.word_median_no_space, "^"))):
-        if has_med:
-            ax.plot(pos, med[m], mk + "-", ms=3, color=f"C{i}", label=f"{name} (median)")
-            ax.plot(pos, mean[m], mk + ":", ms=2, color=f"C{i}", alpha=0.6, label=f"{name} (mean)")
-        else:
-            ax.plot(pos, mean[m], mk + "-", ms=3, color=f"C{i}", label=name)
-    ax.axhline(1.0, color="k", lw=0.5, ls="--")
-    ax.set_xlabel("characters since the last space (0: after the space)")
-    ax.set_ylabel("cross entropy (bits/char)")
-    ax.set_title(f"(b) by position in the word: median (solid, the paper's) and mean (dotted); "
-                 f"positions seen >= {min_count:,} times", fontsize=8)
-    ax.legend(fontsize=7)
-    ax = axs[2]
+    full = (0, ("all kappa", stats.word_bits_full, stats.word_median_full, "o"))
+    _fig4_word_panel(axs[1], stats, (full, (1, ("only the last space's kappa", stats.word_bits_space_only,
+                                                stats.word_median_space_only, "s")),
+                                     (2, ("the last space's kappa removed", stats.word_bits_no_space,
+                                          stats.word_median_no_space, "^"))),
+                     f"(b) the space that begins the word: median (solid, the paper's) and mean (dotted);\n"
+                     f"positions seen >= {min_count:,} times", min_count)
+    if stats.word_bits_spaces_only is not None:
+        _fig4_word_panel(axs[2], stats, (full, (3, ("only every space's kappa", stats.word_bits_spaces_only,
+                                                    stats.word_median_spaces_only, "s")),
+                                         (4, ("every space's kappa removed", stats.word_bits_no_spaces,
+                                              stats.word_median_no_spaces, "^"))),
+                         "(b') the other reading: every space read so far", min_count)
+    else:
+        axs[2].axis("off")
+    ax = axs[3]
     n = np.arange(len(stats.bits_keep_last))
     ax.plot(n, stats.bits_keep_last, "o-", ms=3, label="only the last n kappa (+ b_ro)")
     ax.axhline(stats.bits_full, color="k", ls="--", lw=0.8, label=f"all kappa: {stats.bits_full:.3f}")
@@ -171,21 +207,26 @@ def fig4_decay(stats, fit: dict, out, min_count: int = 1000) -> Path:
     ax.set_ylim(min(stats.bits_full, stats.bits_keep_last.min()) - 0.1, min(5.0, stats.bits_keep_last.max()) + 0.1)
     ax.set_title("(c) truncated history", fontsize=9)
     ax.legend(fontsize=7)
+
+
+def fig5_words(blocks: list, out) -> Path:
+    """Figure 5, one block per model (``blocks`` = [(label, (word conditioning, symbols))]):
+    ||kappa[t, word]|| over a sentence, and the probability of the next character given only the last
+    k words."""
+    T = len(blocks[0][1][0].text)
+    fig = _per_model(blocks, max(8, 0.17 * T + 2), 6.5, lambda sf, data, label: _fig5_block(sf, data[0]))
     return _save(fig, out)
 
 
-def fig5_words(wc, symbols, out) -> Path:
-    """Figure 5: ||kappa[t, word]|| over a sentence, and the probability of the next character given
-    only the last k words."""
-    plt = _plt()
+def _fig5_block(sf, wc) -> None:
     T = len(wc.text)
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(max(8, 0.17 * T + 2), 6.5), sharex=True, layout="constrained")
+    ax, ax2 = sf.subplots(2, 1, sharex=True)
     labels = ["h0"] + [w.replace(" ", "_") for w in wc.words]
     im = ax.imshow(wc.norms.T, aspect="auto", cmap="viridis", interpolation="nearest")
     ax.set_yticks(range(len(labels)))
     ax.set_yticklabels(labels, fontsize=7)
     ax.set_title("||kappa[t, word]|| (L2 over the logits)", fontsize=9)
-    fig.colorbar(im, ax=[ax, ax2], fraction=0.02, pad=0.01)
+    sf.colorbar(im, ax=[ax, ax2], fraction=0.02, pad=0.01)
     for a, k in enumerate(wc.keep):
         ax2.plot(range(T), wc.prob_next[a], "-o", ms=2, lw=1,
                  label=("all sources" if k is None else f"last {k} word{'s' if k > 1 else ''}")
@@ -195,7 +236,6 @@ def fig5_words(wc, symbols, out) -> Path:
     ax2.set_ylabel("P(next character)")
     ax2.set_xlabel("character read at t")
     ax2.legend(fontsize=7, ncol=3)
-    return _save(fig, out)
 
 
 def _zoom_box(Y: np.ndarray, mask: np.ndarray, near: int = 15, points: int = 45) -> tuple[np.ndarray, float]:
@@ -209,18 +249,20 @@ def _zoom_box(Y: np.ndarray, mask: np.ndarray, near: int = 15, points: int = 45)
     return Y[members[best]], max(r, 1e-9)
 
 
-def iclr_fig6_word_tsne(Y: np.ndarray, words: list[str], groups: dict, out, labels: int = 120) -> Path:
-    """ICLR workshop Fig. 6: (a) t-SNE of kappa_word for every word, the groups coloured; then one
-    zoom per group on its densest place (:func:`_zoom_box`), every word in it labelled (the
-    ``labels`` most frequent), members in the group's colour."""
-    plt = _plt()
+def iclr_fig6_word_tsne(blocks: list, words: list[str], out, labels: int = 120) -> Path:
+    """ICLR workshop Fig. 6, one row per model (``blocks`` = [(label, (Y, groups))], Y the t-SNE plane
+    of ``words``): (a) t-SNE of kappa_word for every word, the groups coloured; then one zoom per group
+    on its densest place (:func:`_zoom_box`), every word in it labelled (the ``labels`` most frequent),
+    members in the group's colour."""
+    n = len(blocks[0][1][1])
+    fig = _per_model(blocks, 5.6 * (1 + n), 5.8,
+                     lambda sf, data, label: _iclr_fig6_block(sf, data[0], words, data[1], labels))
+    return _save(fig, out)
+
+
+def _iclr_fig6_block(sf, Y: np.ndarray, words: list[str], groups: dict, labels: int) -> None:
     names = list(groups)
-    cols = 2 if len(names) >= 2 else 1 + len(names)
-    rows = -(-(1 + len(names)) // cols)
-    fig, axs = plt.subplots(rows, cols, figsize=(6.5 * cols, 6.5 * rows), squeeze=False)
-    axs = axs.ravel()
-    for ax in axs[1 + len(names):]:
-        ax.axis("off")
+    axs = np.atleast_1d(sf.subplots(1, 1 + len(names)))
     colours = ["tab:red", "tab:blue", "tab:green", "tab:purple"]
     index = {w: i for i, w in enumerate(words)}
     ax = axs[0]
@@ -234,7 +276,7 @@ def iclr_fig6_word_tsne(Y: np.ndarray, words: list[str], groups: dict, out, labe
     for i in range(min(25, len(words))):
         ax.annotate(words[i], Y[i], fontsize=6, color="0.25")
     ax.set_title(f"(a) t-SNE of kappa_word, the {len(words):,} most frequent words", fontsize=9)
-    ax.legend(fontsize=7, loc="lower left", markerscale=2)
+    ax.legend(fontsize=6, loc="lower left", markerscale=2)
     ax.set_xticks([])
     ax.set_yticks([])
     for ax, name, col, tag in zip(axs[1 : 1 + len(names)], names, colours, "bcdef"):
@@ -251,15 +293,19 @@ def iclr_fig6_word_tsne(Y: np.ndarray, words: list[str], groups: dict, out, labe
         ax.set_yticks([])
         ax.set_title(f"({tag}) zoom on {name}: {int(mask[inside].sum())} of {len(inside)} words here are members",
                      fontsize=9)
+
+
+def fig6_7_basis(blocks: list, out) -> Path:
+    """Figures 6-7 as the paper lays them out, one block per model (``blocks`` = [(label, (bias study,
+    symbols))]): top row (Fig 6) ||b_x|| against log P(x) in (a) the full space, (b) the readout
+    subspace, (c) its complement; bottom row (Fig 7) the cosine distances between the b_x in the same
+    three."""
+    fig = _per_model(blocks, 15, 9, lambda sf, data, label: _fig6_7_block(sf, *data))
     return _save(fig, out)
 
 
-def fig6_7_basis(bs: dict, symbols, out) -> Path:
-    """Figures 6-7 as the paper lays them out: top row (Fig 6) ||b_x|| against log P(x) in (a) the full
-    space, (b) the readout subspace, (c) its complement; bottom row (Fig 7) the cosine distances between
-    the b_x in the same three."""
-    plt = _plt()
-    fig, axs = plt.subplots(2, 3, figsize=(15, 9))
+def _fig6_7_block(sf, bs: dict, symbols) -> None:
+    axs = sf.subplots(2, 3)
     lp = np.asarray(bs["logprob"])
     names = {"full": "full space", "readout": "readout subspace P_par", "complement": "complement P_perp"}
     for ax, sub, tag in zip(axs[0], ("full", "readout", "complement"), "abc"):
@@ -283,18 +329,21 @@ def fig6_7_basis(bs: dict, symbols, out) -> Path:
         ax.set_yticks(range(len(order)))
         ax.set_yticklabels([_show(c) for c in order], fontsize=6)
         ax.set_title(f"Fig 7{tag}: cosine distance of b_x, {names[sub]}", fontsize=9)
-        fig.colorbar(im, ax=ax, fraction=0.04)
+        sf.colorbar(im, ax=ax, fraction=0.04)
+
+
+def fig8_ngram(blocks: list, out) -> Path:
+    """Figure 8 as the paper lays it out, one row per model (``blocks`` = [(label, n-gram study)]): (a)
+    softmax(b_ro) against the unigram distribution, (b) softmax(W_ro b_'_' + b_ro) against
+    P(x_t+1 | '_'), (c) per x, the correlation of softmax(W_ro b_x + b_ro) with P(x_t+1 | x) (y)
+    against that of the unigram P(x) (x); and (d) every (x, next) pair pooled."""
+    fig = _per_model(blocks, 19, 4.4, lambda sf, data, label: _fig8_block(sf, data))
     return _save(fig, out)
 
 
-def fig8_ngram(ng: dict, out) -> Path:
-    """Figure 8 as the paper lays it out: (a) softmax(b_ro) against the unigram distribution, (b)
-    softmax(W_ro b_'_' + b_ro) against P(x_t+1 | '_'), (c) per x, the correlation of
-    softmax(W_ro b_x + b_ro) with P(x_t+1 | x) (y) against that of the unigram P(x) (x); and (d) every
-    (x, next) pair pooled."""
-    plt = _plt()
+def _fig8_block(sf, ng: dict) -> None:
     sym = ng["symbols"]
-    fig, axs = plt.subplots(1, 4, figsize=(19, 4.4))
+    axs = sf.subplots(1, 4)
     ax = axs[0]
     u, m = np.asarray(ng["unigram"]["data"]), np.asarray(ng["unigram"]["model"])
     ax.scatter(u, m, s=10)
@@ -339,7 +388,6 @@ def fig8_ngram(ng: dict, out) -> Path:
     ax.set_ylabel("softmax(W_ro b_x + b_ro)")
     ax.set_title(f"(d) every (x, next): r = {ng['bigram']['correlation_all']:.3f}; median per x "
                  f"{ng['bigram']['correlation_median']:.3f}", fontsize=9)
-    return _save(fig, out)
 
 
 def fig1b_pca(spectra: dict, out, first: int = 210) -> Path:

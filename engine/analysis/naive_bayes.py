@@ -1,9 +1,10 @@
 """The Naive Bayes control of Table 1's discussion (issue #26).
 
-Foerster et al. (ICML 2017, Sec 3.2): the fully linear network "achieves a cross-entropy of 3.1 bits /
-char, independent of network size. This perplexity is only slightly better than that of a Naive Bayes
-model on the task, at 3.3 bits / char. The output probability of the fully linear network is a product
-of contributions from each previous character, as in Naive Bayes."
+Foerster et al. (ICML 2017, Sec 3.1; Sec 4.1 of the ICLR 2017 workshop version): the fully linear
+network "achieves a cross-entropy of 3.1 bits / char, independent of network size. This perplexity is
+only slightly better than that of a Naive Bayes model on the task, at 3.3 bits / char. The output
+probability of the fully linear network is a product of contributions from each previous character, as
+in Naive Bayes."
 
 The paper does not define its Naive Bayes model (which previous characters, how smoothed). We read it as
 the classifier of the next character x_t from the previous k characters as independent features, each

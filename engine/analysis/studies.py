@@ -3,7 +3,9 @@
 Each ``study_*`` takes an ISAN's parameters and its symbols (and the text it needs), writes one PNG
 into ``out_dir`` when given, and returns a dict of plain floats, ints, strings and lists (no NaN or
 inf: :func:`finite` turns them into None). ``isan analyze`` calls these; engine/ never imports
-train/, so the parentheses study takes the task's symbols and counts from the caller.
+train/, so the parentheses study takes the task's symbols and counts from the caller. The studies of a
+text8 model take ``compare`` = {label: (params, symbols)}: the same numbers for more models, under
+"compare" in the JSON, and the figure with one block of panels per model (issue #34 item 17).
 
 Paper: Foerster et al., "Input Switched Affine Networks: An RNN Architecture Designed for
 Interpretability", ICML 2017 (arXiv:1611.09434).
@@ -33,6 +35,12 @@ FIG5_TEXT = "the company said that its annual revenue rose by ten percent"
 #: contributions to the prediction of the characters in 'than'" (ICML Sec 3.4); the rest of the
 #: sentence is only in the figure, which the extraction lacks (issue #26)
 FIG5_PAPER_FRAGMENT = " was higher than"
+#: the two readings of Fig 4b's "sets all kappa_s^t apart from kappa_'_'^t to zero" (ICML Figure 4 caption;
+#: issue #34 item 16), as the decay study's JSON names them
+FIG4B_READINGS = {"space_only": "only the kappa of the last space (the one that begins the word) and b_ro",
+                  "no_space": "every kappa but the last space's",
+                  "spaces_only": "only the kappa of every space read so far and b_ro",
+                  "no_spaces": "every kappa but those of the spaces"}
 
 
 def finite(obj):
@@ -77,25 +85,51 @@ def _timed(fn):
     return wrapper
 
 
+def _each_model(one, p: ISANParams, symbols, label: str | None, compare: dict | None) -> tuple[dict, list]:
+    """``one(params, symbols) -> (numbers, figure data)`` for the model and for every model of ``compare``
+    ({label: (params, symbols)}; issue #34 item 17: every figure shows the models side by side).
+
+    Returns the model's numbers, with "label" and "compare" ({label: numbers}) added when ``compare`` is
+    given, and the figure's blocks [(label, figure data), ...], the model first."""
+    out, data = one(p, symbols)
+    blocks = [(label, data)]
+    if compare:
+        out["label"] = label
+        out["compare"] = {}
+        for lab, (q, sq) in compare.items():
+            o, dq = one(q, sq)
+            out["compare"][lab] = o
+            blocks.append((lab, dq))
+    return out, blocks
+
+
 @_timed
-def study_stack(p: ISANParams, symbols, text: str = FIG2_TEXT, out_dir=None) -> dict:
+def study_stack(p: ISANParams, symbols, text: str = FIG2_TEXT, out_dir=None, label: str | None = None,
+                compare: dict | None = None) -> dict:
     """Figure 2: the prediction stack after the last character of ``text`` (from h0).
+
+    ``compare`` = {label: (params, symbols)}: the same for more models, drawn below the first and
+    returned under "compare" (see :func:`_each_model`).
 
     Returns {"text", "position", "top" (most likely next symbol), "top_prob", "max_abs_error" (of
     b_ro + sum kappa = logits), "largest_sources" (the 5 sources with the largest ||kappa||), "figure"}.
     """
-    ids = encode(text, symbols)
-    st = stack.prediction_stack(p, ids, symbols)
-    t = len(ids) - 1
-    norms = np.linalg.norm(st.kappa[t, : t + 2], axis=1)
-    order = np.argsort(norms)[::-1][:5]
-    out = {"text": text, "position": t, "top": st.top[t], "top_prob": float(st.probs[t].max()),
-           "max_abs_error": st.max_abs_error,
-           "largest_sources": [{"source": st.source_labels[i], "norm": float(norms[i])} for i in order],
-           "b_ro_norm": float(np.linalg.norm(st.b_ro))}
+
+    def one(q, sq):
+        ids = encode(text, sq)
+        st = stack.prediction_stack(q, ids, sq)
+        t = len(ids) - 1
+        norms = np.linalg.norm(st.kappa[t, : t + 2], axis=1)
+        order = np.argsort(norms)[::-1][:5]
+        return ({"text": text, "position": t, "top": st.top[t], "top_prob": float(st.probs[t].max()),
+                 "max_abs_error": st.max_abs_error,
+                 "largest_sources": [{"source": st.source_labels[i], "norm": float(norms[i])} for i in order],
+                 "b_ro_norm": float(np.linalg.norm(st.b_ro))}, st)
+
+    out, blocks = _each_model(one, p, symbols, label, compare)
     f = _fig(out_dir, "fig2_stack.png")
     if f:
-        out["figure"] = figures.fig2_stack(st, f).name
+        out["figure"] = figures.fig2_stack(blocks, f).name
     return finite(out)
 
 
@@ -134,110 +168,167 @@ def study_contributions(p: ISANParams, symbols, text: str = FIG3_TEXT, word: str
 
 
 @_timed
-def study_decay(p: ISANParams, symbols, text: str, window: int = 50, out_dir=None, segments: int = 128) -> dict:
-    """Figure 4a-c over ``text`` (the test split), window N = ``window`` sources kept exactly.
+def study_decay(p: ISANParams, symbols, text: str, window: int = 50, out_dir=None, segments: int = 128,
+                label: str | None = None, compare: dict | None = None) -> dict:
+    """Figure 4a-c over ``text`` (the test split), window N = ``window`` sources kept exactly; ``compare``
+    as in :func:`study_stack`.
+
+    Fig 4b is computed under both readings of the paper's caption (issue #34 item 16): only the last
+    space's kappa kept (``bits_space_only``) or removed (``bits_no_space``), and every space's kappa kept
+    (``bits_spaces_only``) or removed (``bits_no_spaces``).
 
     Returns {"positions", "kappa_norm_mean" (N,), "fit" (two rates, :func:`decay.fit_two_rates`),
     "bits_full", "bits_keep_last" (N + 1,), "keep_last_within" (the smallest n within 0.01 and 0.1
     bits/char of all sources), "word": {"positions", "bits_full", "bits_space_only", "bits_no_space",
-    "counts"}, "max_abs_error", "segments", "warmup_error", "figure"}."""
-    ids = encode(text, symbols)
-    space = symbols.index(" ") if " " in symbols else None
-    with threadpool_limits(1, user_api="blas"):  # small GEMMs: one BLAS thread is faster (DESIGN.md 6)
-        st = decay.window_statistics(p, ids, window=window, segments=segments, space_id=space)
-    fit = decay.fit_two_rates(st.kappa_norm_mean)
-    gap = st.bits_keep_last - st.bits_full
-    within = {str(tol): int(np.argmax(gap <= tol)) if (gap <= tol).any() else None for tol in (0.01, 0.1)}
-    m = st.word_counts > 0
-    out = {"text_chars": len(ids), "positions": st.positions, "window": window,
-           "kappa_norm_mean": st.kappa_norm_mean, "history_norm_mean": st.history_norm_mean, "fit": fit,
-           "bits_full": st.bits_full, "bits_keep_last": st.bits_keep_last, "keep_last_within": within,
-           "word": {"positions": st.word_positions[m], "bits_full": st.word_bits_full[m],
-                    "bits_space_only": st.word_bits_space_only[m], "bits_no_space": st.word_bits_no_space[m],
-                    "median_bits_full": st.word_median_full[m], "median_bits_space_only": st.word_median_space_only[m],
-                    "median_bits_no_space": st.word_median_no_space[m],
-                    "counts": st.word_counts[m], "space_outside_window": st.space_outside_window},
-           "max_abs_error": st.max_abs_error, "segments": st.segments, "warmup_error": st.warmup_error}
+    "bits_spaces_only", "bits_no_spaces", their "median_" versions, "counts"}, "max_abs_error",
+    "segments", "warmup_error", "figure"}."""
+
+    def one(q, sq):
+        ids = encode(text, sq)
+        space = sq.index(" ") if " " in sq else None
+        with threadpool_limits(1, user_api="blas"):  # small GEMMs: one BLAS thread is faster
+            st = decay.window_statistics(q, ids, window=window, segments=segments, space_id=space)
+        fit = decay.fit_two_rates(st.kappa_norm_mean)
+        gap = st.bits_keep_last - st.bits_full
+        within = {str(tol): int(np.argmax(gap <= tol)) if (gap <= tol).any() else None for tol in (0.01, 0.1)}
+        m = st.word_counts > 0
+        res = {"text_chars": len(ids), "positions": st.positions, "window": window,
+               "kappa_norm_mean": st.kappa_norm_mean, "history_norm_mean": st.history_norm_mean, "fit": fit,
+               "bits_full": st.bits_full, "bits_keep_last": st.bits_keep_last, "keep_last_within": within,
+               "word": {"positions": st.word_positions[m], "bits_full": st.word_bits_full[m],
+                        "bits_space_only": st.word_bits_space_only[m], "bits_no_space": st.word_bits_no_space[m],
+                        "median_bits_full": st.word_median_full[m],
+                        "median_bits_space_only": st.word_median_space_only[m],
+                        "median_bits_no_space": st.word_median_no_space[m],
+                        "bits_spaces_only": st.word_bits_spaces_only[m], "bits_no_spaces": st.word_bits_no_spaces[m],
+                        "median_bits_spaces_only": st.word_median_spaces_only[m],
+                        "median_bits_no_spaces": st.word_median_no_spaces[m],
+                        "readings": FIG4B_READINGS,
+                        "counts": st.word_counts[m], "space_outside_window": st.space_outside_window},
+               "max_abs_error": st.max_abs_error, "segments": st.segments, "warmup_error": st.warmup_error}
+        return res, (st, fit)
+
+    out, blocks = _each_model(one, p, symbols, label, compare)
     f = _fig(out_dir, "fig4_decay.png")
     if f:
-        out["figure"] = figures.fig4_decay(st, fit, f).name
+        out["figure"] = figures.fig4_decay(blocks, f).name
     return finite(out)
 
 
 @_timed
 def study_words(p: ISANParams, symbols, text: str = FIG5_TEXT, keep=(1, 2, 3, 4, None), out_dir=None,
-                fig_name: str = "fig5_words.png") -> dict:
+                fig_name: str = "fig5_words.png", label: str | None = None, compare: dict | None = None) -> dict:
     """Figure 5: word-level kappa norms over ``text`` and the next-character probabilities conditioned on
-    the last k words only. Returns {"words", "keep", "bits_mean" per k, "prob_next" (len(keep), T),
-    "norms" (T, W + 1), "max_abs_error", "figure"}."""
-    ids = encode(text, symbols)
-    wc = stack.word_conditioning(p, ids, symbols, keep=keep)
-    out = {"text": text, "words": wc.words, "keep": ["all" if k is None else k for k in wc.keep],
-           "bits_mean": wc.bits_mean, "prob_next": wc.prob_next, "norms": wc.norms, "max_abs_error": wc.max_abs_error}
+    the last k words only; ``compare`` as in :func:`study_stack`. Returns {"words", "keep", "bits_mean"
+    per k, "prob_next" (len(keep), T), "norms" (T, W + 1), "max_abs_error", "figure"}."""
+
+    def one(q, sq):
+        wc = stack.word_conditioning(q, encode(text, sq), sq, keep=keep)
+        return ({"text": text, "words": wc.words, "keep": ["all" if k is None else k for k in wc.keep],
+                 "bits_mean": wc.bits_mean, "prob_next": wc.prob_next, "norms": wc.norms,
+                 "max_abs_error": wc.max_abs_error}, (wc, sq))
+
+    out, blocks = _each_model(one, p, symbols, label, compare)
     f = _fig(out_dir, fig_name)
     if f:
-        out["figure"] = figures.fig5_words(wc, symbols, f).name
+        out["figure"] = figures.fig5_words(blocks, f).name
     return finite(out)
 
 
 @_timed
 def study_word_embedding(p: ISANParams, symbols, train_text: str, n_words: int = 4000, at: str | None = " ",
-                         k: int = 10, seed: int = 0, out_dir=None) -> dict:
+                         k: int = 10, seed: int = 0, out_dir=None, label: str | None = None,
+                         compare: dict | None = None) -> dict:
     """The ICLR workshop version's Figure 6: t-SNE of kappa_word for the ``n_words`` most frequent
     words of ``train_text`` (:mod:`embedding`), and how the word groups of :data:`embedding.GROUPS`
     cluster: the share of each member's ``k`` nearest neighbours that are members, in kappa space
-    and in the t-SNE plane, against chance.
+    and in the t-SNE plane, against chance. ``compare`` as in :func:`study_stack`.
 
     Returns {"words", "at", "k", "max_abs_error" (fast path against per-character kappa on the first
     100 words), "groups": {name: {"members", "kappa", "tsne", "other_vectors"}}, "suffix" (the share
     of neighbours with the word's last two letters, :func:`embedding.suffix_agreement`), "figure"}."""
     words = [w for w, _ in embedding.frequent_words(train_text, n_words)]
-    K = embedding.word_kappa(p, words, symbols, at)
-    err = float(np.abs(K[:100] - embedding.word_kappa_ref(p, words[:100], symbols, at)).max())
-    Y = embedding.tsne(K, seed=seed)
-    # the same measure also on two other vectors a word leaves (no t-SNE): kappa at the word's last
-    # character, and the composed bias c_word itself (state space; every kappa_word^t is a linear map of it)
-    others = {"kappa at the last character": embedding.word_kappa(p, words, symbols, None),
-              "c_word (state space)": embedding.word_bias(p, words, symbols)}
-    groups = {}
-    for name, members in embedding.GROUPS.items():
-        mask = np.array([w.endswith("tion") if members is None else w in members for w in words])
-        if mask.sum() < 2:
-            continue
-        groups[name] = {"members": [w for w, m in zip(words, mask) if m],
-                        "kappa": embedding.neighbour_purity(K, mask, k), "tsne": embedding.neighbour_purity(Y, mask, k),
-                        "other_vectors": {v: embedding.neighbour_purity(X, mask, k)["purity"] for v, X in others.items()}}
-    out = {"words": len(words), "at": at, "k": k, "seed": seed, "max_abs_error": err, "groups": groups,
-           "suffix": {"kappa": embedding.suffix_agreement(K, words, k),
-                      "tsne": embedding.suffix_agreement(Y, words, k)}}
+
+    def one(q, sq):
+        K = embedding.word_kappa(q, words, sq, at)
+        err = float(np.abs(K[:100] - embedding.word_kappa_ref(q, words[:100], sq, at)).max())
+        Y = embedding.tsne(K, seed=seed)
+        # the same measure also on two other vectors a word leaves (no t-SNE): kappa at the word's last
+        # character, and the composed bias c_word itself (state space; every kappa_word^t is a linear map of it)
+        others = {"kappa at the last character": embedding.word_kappa(q, words, sq, None),
+                  "c_word (state space)": embedding.word_bias(q, words, sq)}
+        groups = {}
+        for name, members in embedding.GROUPS.items():
+            mask = np.array([w.endswith("tion") if members is None else w in members for w in words])
+            if mask.sum() < 2:
+                continue
+            groups[name] = {"members": [w for w, m in zip(words, mask) if m],
+                            "kappa": embedding.neighbour_purity(K, mask, k),
+                            "tsne": embedding.neighbour_purity(Y, mask, k),
+                            "other_vectors": {v: embedding.neighbour_purity(X, mask, k)["purity"]
+                                              for v, X in others.items()}}
+        return ({"words": len(words), "at": at, "k": k, "seed": seed, "max_abs_error": err, "groups": groups,
+                 "suffix": {"kappa": embedding.suffix_agreement(K, words, k),
+                            "tsne": embedding.suffix_agreement(Y, words, k)}}, (Y, groups))
+
+    out, blocks = _each_model(one, p, symbols, label, compare)
     f = _fig(out_dir, "iclr_fig6_word_tsne.png")
     if f:
-        out["figure"] = figures.iclr_fig6_word_tsne(Y, words, groups, f).name
+        out["figure"] = figures.iclr_fig6_word_tsne(blocks, words, f).name
     return finite(out)
 
 
+def _counts(text: str):
+    """symbols -> (unigram, bigram) of ``text`` (:func:`basis.unigram_bigram`), counted once per alphabet."""
+    memo = {}
+
+    def counts(symbols):
+        key = tuple(symbols)
+        if key not in memo:
+            memo[key] = basis.unigram_bigram(encode(text, key), len(key))
+        return memo[key]
+
+    return counts
+
+
 @_timed
-def study_basis(p: ISANParams, symbols, train_text: str, out_dir=None) -> dict:
+def study_basis(p: ISANParams, symbols, train_text: str, out_dir=None, label: str | None = None,
+                compare: dict | None = None) -> dict:
     """Figures 6-7 (section 3.5): the b_x in the readout subspace and its complement against the unigram
-    log-probability of x in ``train_text``; see :func:`basis.bias_study`."""
-    uni, _ = basis.unigram_bigram(encode(train_text, symbols), len(symbols))
-    out = basis.bias_study(p, uni, symbols)
+    log-probability of x in ``train_text``; see :func:`basis.bias_study`. ``compare`` as in
+    :func:`study_stack`."""
+
+    counts = _counts(train_text)
+
+    def one(q, sq):
+        uni, _ = counts(sq)
+        res = finite(basis.bias_study(q, uni, sq))
+        return res, (res, sq)
+
+    out, blocks = _each_model(one, p, symbols, label, compare)
     f = _fig(out_dir, "fig6_7_basis.png")
     if f:
-        out["figure"] = figures.fig6_7_basis(finite(out), symbols, f).name
+        out["figure"] = figures.fig6_7_basis(blocks, f).name
     return finite(out)
 
 
 @_timed
-def study_ngram(p: ISANParams, symbols, train_text: str, out_dir=None) -> dict:
+def study_ngram(p: ISANParams, symbols, train_text: str, out_dir=None, label: str | None = None,
+                compare: dict | None = None) -> dict:
     """Figure 8 (section 3.6): softmax(b_ro) against the unigram and softmax(W_ro b_x + b_ro) against the
-    bigram of ``train_text``; see :func:`basis.ngram_agreement`."""
-    uni, big = basis.unigram_bigram(encode(train_text, symbols), len(symbols))
-    out = finite(basis.ngram_agreement(p, uni, big, symbols))
+    bigram of ``train_text``; see :func:`basis.ngram_agreement`. ``compare`` as in :func:`study_stack`."""
+
+    counts = _counts(train_text)
+
+    def one(q, sq):
+        res = finite(basis.ngram_agreement(q, *counts(sq), sq))
+        return res, res
+
+    out, blocks = _each_model(one, p, symbols, label, compare)
     f = _fig(out_dir, "fig8_ngram.png")
     if f:
-        out["figure"] = figures.fig8_ngram(out, f).name
-    return out
+        out["figure"] = figures.fig8_ngram(blocks, f).name
+    return finite(out)
 
 
 @_timed

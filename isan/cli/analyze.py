@@ -2,7 +2,9 @@
 
 Thin: each subcommand loads the model and the text, calls :mod:`isan.engine.analysis.studies`, and
 writes ``OUT/<study>.json`` and the figure (PNG) beside it; ``all`` also writes ``OUT/paper.json``
-(every study's numbers) and ``OUT/command.txt``.
+(every study's numbers) and ``OUT/command.txt``. Every study of a text8 model also runs the models of
+``--compare`` (default: the shipped default, text8-d216-stable, beside the paper's model,
+text8-d216-unconstrained) and shows them side by side (issue #34 item 17).
 """
 
 from __future__ import annotations
@@ -25,16 +27,25 @@ BASELINES = ("rnn-3.2e5", "gru-3.2e5", "isan-3.2e5")
 PAREN_CKPT = "results/paper/models/parentheses"
 
 
-def _compare_models(paths) -> dict:
-    """{bundle name: (params, symbols)} of the models Fig 3 shows beside the analysed one (default:
-    the new default model, text8-d216-stable, where it is installed)."""
+def _compare_paths(paths, model=None) -> list[Path]:
+    """The bundles shown beside the analysed model (issue #34 item 17: in every figure; default: the new
+    default model, text8-d216-stable, where it is installed); ``none`` shows none, and the analysed
+    model itself is never compared with itself."""
     from isan.engine.core import paper_model_path
 
+    if tuple(paths or ()) == ("none",):
+        return []
     if not paths:
         stable = paper_model_path().parent / "text8-d216-stable"
         paths = (stable,) if stable.is_dir() else ()
+    own = (paper_model_path() if model is None else Path(model)).resolve()
+    return [Path(q) for q in paths if Path(q).resolve() != own]
+
+
+def _compare_models(paths, model=None) -> dict:
+    """{bundle name: (params, symbols)} of the models :func:`_compare_paths` names."""
     out = {}
-    for q in paths:
+    for q in _compare_paths(paths, model):
         _, p, sym, path = _load(q)
         out[Path(path).name] = (p, sym)
     return out
@@ -76,6 +87,12 @@ def common(fn):
     return fn
 
 
+def compare_option(fn):
+    return click.option("--compare", "compare", multiple=True, default=None,
+                        help="ISAN bundles analysed beside the model, side by side in the figure and under "
+                             "'compare' in the JSON (default: isan/models/text8-d216-stable; 'none': no other).")(fn)
+
+
 def data_option(fn):
     return click.option("--data", default=DEFAULT_TEXT8, show_default=True,
                         help="text8, text8.zip or text8_head.txt (its text8-10M splits are read).")(fn)
@@ -92,13 +109,15 @@ def analyze():
 @analyze.command("stack", short_help="Figure 2: the prediction stack after the last character.")
 @common
 @click.option("--text", default=None, help="Text (default: the paper's 'the annual revenue').")
+@compare_option
 @friendly
-def stack_cmd(model, out, text):
+def stack_cmd(model, out, text, compare):
     """Figure 2: the full prediction stack after the last character of --text."""
     from isan.engine.analysis import studies
 
-    _, p, sym, _ = _load(model)
-    _write(out, "stack", studies.study_stack(p, sym, text or studies.FIG2_TEXT, out))
+    _, p, sym, path = _load(model)
+    _write(out, "stack", studies.study_stack(p, sym, text or studies.FIG2_TEXT, out, label=path.name,
+                                             compare=_compare_models(compare, model)))
 
 
 @analyze.command("contributions", short_help="Figure 3: contributions to two logits, a word removed.")
@@ -106,8 +125,7 @@ def stack_cmd(model, out, text):
 @click.option("--text", default=None, help="Text (default: 'the annual reve').")
 @click.option("--word", default="annual", show_default=True, help="The word removed in the counterfactual.")
 @click.option("--chars", default="nr", show_default=True, help="The two characters whose logits are shown.")
-@click.option("--compare", "compare", multiple=True, default=None,
-              help="ISAN bundles shown beside the model (default: isan/models/text8-d216-stable).")
+@compare_option
 @friendly
 def contributions_cmd(model, out, text, word, chars, compare):
     """Figure 3: contributions to two logits, and the prediction with one word's kappa removed."""
@@ -117,7 +135,8 @@ def contributions_cmd(model, out, text, word, chars, compare):
     if len(chars) != 2:
         raise UserError("--chars must be two characters, e.g. nr")
     _write(out, "contributions", studies.study_contributions(p, sym, text or studies.FIG3_TEXT, word, tuple(chars), out,
-                                                             label=Path(path).name, compare=_compare_models(compare)))
+                                                             label=Path(path).name,
+                                                             compare=_compare_models(compare, model)))
 
 
 @analyze.command("decay", short_help="Figure 4a-c: kappa decay, place in the word, history.")
@@ -125,27 +144,32 @@ def contributions_cmd(model, out, text, word, chars, compare):
 @data_option
 @click.option("--window", type=int, default=50, show_default=True, help="Sources kept exactly per position.")
 @click.option("--max-chars", type=int, default=None, help="Only the first N characters of the test split.")
+@compare_option
 @friendly
-def decay_cmd(model, out, data, window, max_chars):
-    """Figure 4a-c over the test split: kappa decay, position in the word, truncated history."""
+def decay_cmd(model, out, data, window, max_chars, compare):
+    """Figure 4a-c over the test split: kappa decay, position in the word (both readings of the caption:
+    the last space's kappa, every space's kappa), truncated history."""
     from isan.engine.analysis import studies
 
     if window < 1:
         raise UserError("--window must be at least 1")
-    _, p, sym, _ = _load(model)
-    _write(out, "decay", studies.study_decay(p, sym, _split(data, "test")[:max_chars], window, out))
+    _, p, sym, path = _load(model)
+    _write(out, "decay", studies.study_decay(p, sym, _split(data, "test")[:max_chars], window, out, label=path.name,
+                                             compare=_compare_models(compare, model)))
 
 
 @analyze.command("words", short_help="Figure 5: word-level kappa over a sentence.")
 @common
 @click.option("--text", default=None, help="A sentence (default: a fixed one with 'annual revenue').")
+@compare_option
 @friendly
-def words_cmd(model, out, text):
+def words_cmd(model, out, text, compare):
     """Figure 5: word-level kappa over a sentence and predictions from fewer and fewer words."""
     from isan.engine.analysis import studies
 
-    _, p, sym, _ = _load(model)
-    _write(out, "words", studies.study_words(p, sym, text or studies.FIG5_TEXT, out_dir=out))
+    _, p, sym, path = _load(model)
+    _write(out, "words", studies.study_words(p, sym, text or studies.FIG5_TEXT, out_dir=out, label=path.name,
+                                             compare=_compare_models(compare, model)))
 
 
 @analyze.command("word-embedding", short_help="ICLR workshop Fig 6: t-SNE of word-level kappa.")
@@ -154,48 +178,57 @@ def words_cmd(model, out, text):
 @click.option("--words", "n_words", type=click.IntRange(50, 20_000), default=4000, show_default=True,
               help="How many of the train split's most frequent words.")
 @click.option("--seed", type=int, default=0, show_default=True, help="t-SNE's seed.")
+@compare_option
 @friendly
-def word_embedding_cmd(model, out, data, n_words, seed):
+def word_embedding_cmd(model, out, data, n_words, seed, compare):
     """ICLR workshop Fig. 6: t-SNE of word-level kappa (kappa_word at the space after each word) for
     the most frequent words, and how number, profession and -tion words cluster."""
     from isan.engine.analysis import studies
 
-    _, p, sym, _ = _load(model)
+    _, p, sym, path = _load(model)
     _write(out, "word_embedding", studies.study_word_embedding(p, sym, _split(data, "train"), n_words, seed=seed,
-                                                               out_dir=out))
+                                                               out_dir=out, label=path.name,
+                                                               compare=_compare_models(compare, model)))
 
 
 @analyze.command("basis", short_help="Figures 6-7: the input biases and the readout subspace.")
 @common
 @data_option
+@compare_option
 @friendly
-def basis_cmd(model, out, data):
+def basis_cmd(model, out, data, compare):
     """Figures 6-7: the input biases in the readout subspace and its complement."""
     from isan.engine.analysis import studies
 
-    _, p, sym, _ = _load(model)
-    _write(out, "basis", studies.study_basis(p, sym, _split(data, "train"), out))
+    _, p, sym, path = _load(model)
+    _write(out, "basis", studies.study_basis(p, sym, _split(data, "train"), out, label=path.name,
+                                             compare=_compare_models(compare, model)))
 
 
 @analyze.command("ngram", short_help="Figure 8: readout biases against unigrams and bigrams.")
 @common
 @data_option
+@compare_option
 @friendly
-def ngram_cmd(model, out, data):
+def ngram_cmd(model, out, data, compare):
     """Figure 8: softmax(b_ro) against unigrams, softmax(W_ro b_x + b_ro) against bigrams."""
     from isan.engine.analysis import studies
 
-    _, p, sym, _ = _load(model)
-    _write(out, "ngram", studies.study_ngram(p, sym, _split(data, "train"), out))
+    _, p, sym, path = _load(model)
+    _write(out, "ngram", studies.study_ngram(p, sym, _split(data, "train"), out, label=path.name,
+                                             compare=_compare_models(compare, model)))
 
 
-def _pca_models(model, baselines):
-    """name -> (kind, params, symbols) for the ISAN and each baseline bundle (an ISAN bundle is allowed too)."""
+def _pca_models(model, baselines, compare=()):
+    """name -> (kind, params, symbols) for the ISAN, the ISANs of ``compare`` (:func:`_compare_paths`)
+    and each baseline bundle (an ISAN bundle is allowed too)."""
     from isan.engine.runners.recurrent import load_baseline_bundle
     from isan.engine.bundle import load_isan_bundle, read_manifest
 
     _, p, sym, path = _load(model)
     models = {f"isan ({path.name})": ("isan", p, sym)}
+    for name, (q, sq) in _compare_models(compare, model).items():
+        models[f"isan ({name})"] = ("isan", q, sq)
     for b in baselines:
         bpath = Path(b)
         try:
@@ -217,27 +250,48 @@ def _pca_models(model, baselines):
               default=tuple(f"results/paper/models/{b}" for b in BASELINES), show_default=True,
               help="Bundles to compare (RNN, GRU, LSTM or ISAN); repeat the option.")
 @click.option("--max-chars", type=int, default=None, help="Only the first N characters of the test split.")
+@compare_option
 @friendly
-def pca_cmd(model, out, data, baselines, max_chars):
+def pca_cmd(model, out, data, baselines, max_chars, compare):
     """Figure 1b: the PCA spectrum of hidden states on the test split, the ISAN against baselines."""
     from isan.engine.analysis import studies
 
-    models = _pca_models(model, baselines)
+    models = _pca_models(model, baselines, compare)
     _write(out, "pca", studies.study_pca(models, _split(data, "test")[:max_chars], out))
 
 
-def _samples(model, prompt, n, betas, seeds):
-    from isan.cli.helpers import load_engine
+def _shown(path: Path) -> str:
+    """``path`` as a command line shows it: relative to the working directory where it lies below it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
-    engine = load_engine(model)
-    rows = []
-    for beta in betas:
-        for seed in seeds:
-            s = engine.sample(prompt, n=n, temperature=1.0 / beta, seed=seed)
-            rows.append({"inverse_temperature": beta, "seed": seed, "prompt": s.prompt, "text": s.text})
-    return {"prompt": prompt, "chars": n, "samples": rows,
-            "commands": [f"isan sample --prompt {shlex.quote(prompt)} -n {n} --inverse-temperature {b} --seed {s}"
-                         for b in betas for s in seeds]}
+
+def _samples(model, prompt, n, betas, seeds, compare=()):
+    """Samples of ``model`` (default: the paper's model, as every other study; `isan sample` alone samples
+    the shipped default) and, under "compare", of each bundle :func:`_compare_paths` names."""
+    from isan.cli.helpers import load_engine
+    from isan.engine.core import paper_model_path
+
+    def one(path):
+        engine = load_engine(path)
+        rows = []
+        for beta in betas:
+            for seed in seeds:
+                s = engine.sample(prompt, n=n, temperature=1.0 / beta, seed=seed)
+                rows.append({"inverse_temperature": beta, "seed": seed, "prompt": s.prompt, "text": s.text})
+        return {"prompt": prompt, "chars": n, "samples": rows,
+                "commands": [f"isan sample --model {shlex.quote(_shown(path))} --prompt {shlex.quote(prompt)} -n {n} "
+                             f"--inverse-temperature {b} --seed {s}" for b in betas for s in seeds]}
+
+    path = paper_model_path() if model is None else Path(model)
+    out = one(path)
+    others = _compare_paths(compare, model)
+    if others:
+        out["label"] = path.name
+        out["compare"] = {q.name: one(q) for q in others}
+    return out
 
 
 @analyze.command("samples", short_help="Section 3.1: samples at inverse temperatures 1.5 and 2.")
@@ -246,12 +300,13 @@ def _samples(model, prompt, n, betas, seeds):
 @click.option("-n", "n", type=int, default=120, show_default=True)
 @click.option("--inverse-temperature", "betas", type=float, multiple=True, default=(1.5, 2.0), show_default=True)
 @click.option("--seed", "seeds", type=int, multiple=True, default=(0, 1, 2), show_default=True)
+@compare_option
 @friendly
-def samples_cmd(model, out, prompt, n, betas, seeds):
+def samples_cmd(model, out, prompt, n, betas, seeds, compare):
     """Section 3.1: samples at inverse temperatures 1.5 and 2.0 after 'annual reve'."""
     if any(b <= 0 for b in betas):
         raise UserError("--inverse-temperature must be positive")
-    _write(out, "samples", _samples(model, prompt, n, betas, seeds))
+    _write(out, "samples", _samples(model, prompt, n, betas, seeds, compare))
 
 
 def _parentheses(checkpoint, out, chars, seed, seeds=tuple(range(10))):
@@ -383,7 +438,8 @@ def _naive_bayes(train: str, test: str, sym, max_window: int = 10) -> dict:
     from isan.engine.analysis.naive_bayes import naive_bayes_bits
 
     r = naive_bayes_bits(studies.encode(train, sym), studies.encode(test, sym), len(sym), max_window)
-    r["paper"] = "Sec 3.2: 'a Naive Bayes model on the task, at 3.3 bits / char' (the model is not defined there)"
+    r["paper"] = ("ICML Sec 3.1 (ICLR workshop version Sec 4.1): 'a Naive Bayes model on the task, at 3.3 bits / "
+                  "char' (the model is not defined there)")
     return r
 
 
@@ -393,7 +449,7 @@ def _naive_bayes(train: str, test: str, sym, max_window: int = 10) -> dict:
 @click.option("--max-window", type=int, default=10, show_default=True, help="Largest number of previous characters.")
 @friendly
 def naive_bayes_cmd(out, data, max_window):
-    """Table 1's Naive Bayes control (Sec 3.2): test bits/char with the previous k characters as
+    """Table 1's Naive Bayes control (ICML Sec 3.1): test bits/char with the previous k characters as
     independent features, k = 1..max-window (train-split counts, add-0.5)."""
     from isan.alphabet import Alphabet
 
@@ -408,9 +464,7 @@ def naive_bayes_cmd(out, data, max_window):
 @click.option("--baseline", "baselines", multiple=True,
               default=tuple(f"results/paper/models/{b}" for b in BASELINES), show_default=True)
 @click.option("--skip", multiple=True, help="Studies to leave out (e.g. --skip pca).")
-@click.option("--compare", "compare", multiple=True, default=None,
-              help="ISAN bundles shown beside the model in Fig 3 (default: the new default model, "
-                   "isan/models/text8-d216-stable).")
+@compare_option
 @friendly
 def all_cmd(model, out, data, checkpoint, baselines, skip, compare):
     """Every study: figures, OUT/<study>.json, OUT/paper.json and OUT/command.txt."""
@@ -422,19 +476,20 @@ def all_cmd(model, out, data, checkpoint, baselines, skip, compare):
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest, p, sym, path = _load(model)
     test, train = _split(data, "test"), _split(data, "train")
+    cmp = _compare_models(compare, model)  # issue #34 item 17: every model study, side by side
+    lab = dict(label=Path(path).name, compare=cmp)
     steps = {
-        "stack": lambda: studies.study_stack(p, sym, out_dir=out_dir),
-        "contributions": lambda: studies.study_contributions(p, sym, out_dir=out_dir, label=Path(path).name,
-                                                             compare=_compare_models(compare)),
-        "decay": lambda: studies.study_decay(p, sym, test, out_dir=out_dir),
-        "words": lambda: studies.study_words(p, sym, out_dir=out_dir),
+        "stack": lambda: studies.study_stack(p, sym, out_dir=out_dir, **lab),
+        "contributions": lambda: studies.study_contributions(p, sym, out_dir=out_dir, **lab),
+        "decay": lambda: studies.study_decay(p, sym, test, out_dir=out_dir, **lab),
+        "words": lambda: studies.study_words(p, sym, out_dir=out_dir, **lab),
         "words_paper": lambda: studies.study_words(p, sym, studies.FIG5_PAPER_FRAGMENT, keep=(1, 2, 3, None),
-                                                   out_dir=out_dir, fig_name="fig5_words_paper_fragment.png"),
-        "word_embedding": lambda: studies.study_word_embedding(p, sym, train, out_dir=out_dir),
-        "basis": lambda: studies.study_basis(p, sym, train, out_dir=out_dir),
-        "ngram": lambda: studies.study_ngram(p, sym, train, out_dir=out_dir),
-        "pca": lambda: studies.study_pca(_pca_models(model, baselines), test, out_dir=out_dir),
-        "samples": lambda: _samples(model, "annual reve", 120, (1.5, 2.0), (0, 1, 2)),
+                                                   out_dir=out_dir, fig_name="fig5_words_paper_fragment.png", **lab),
+        "word_embedding": lambda: studies.study_word_embedding(p, sym, train, out_dir=out_dir, **lab),
+        "basis": lambda: studies.study_basis(p, sym, train, out_dir=out_dir, **lab),
+        "ngram": lambda: studies.study_ngram(p, sym, train, out_dir=out_dir, **lab),
+        "pca": lambda: studies.study_pca(_pca_models(model, baselines, compare), test, out_dir=out_dir),
+        "samples": lambda: _samples(model, "annual reve", 120, (1.5, 2.0), (0, 1, 2), compare),
         "attribution": lambda: studies.study_attribution(p, sym, test[:2001]),
         "parentheses": lambda: _parentheses(checkpoint, out_dir, 20_000, 12345),
         "naive_bayes": lambda: _naive_bayes(train, test, sym),
@@ -443,6 +498,11 @@ def all_cmd(model, out, data, checkpoint, baselines, skip, compare):
     if bad:
         raise UserError(f"unknown studies {bad}; choose from {', '.join(steps)}")
     results = {"model": {"path": str(path), "params_sha256": manifest.get("params_sha256"), "d": p.d}}
+    if cmp:
+        results["compare"] = {}
+        for q in _compare_paths(compare, model):
+            mq, pq, _, _ = _load(q)
+            results["compare"][q.name] = {"path": str(q), "params_sha256": mq.get("params_sha256"), "d": pq.d}
     for name, fn in steps.items():
         if name in skip:
             continue
