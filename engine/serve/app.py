@@ -132,7 +132,8 @@ def package_version() -> str:
 
 def _error_responses(*codes: int, model=None) -> dict:
     what = {400: "bad request (the message names the field)", 401: "a missing or wrong API key",
-            403: "a snapshot changed or signed by another server", 404: "no such endpoint", 405: "method not allowed",
+            403: "a snapshot changed or signed by another server, or a Host that is not one of the server's names "
+                 "(--allow-host)", 404: "no such endpoint", 405: "method not allowed",
             408: "the headers or body were too slow to arrive", 409: "a snapshot of another model",
             413: "text or body over the limit", 415: "a body not sent as Content-Type: application/json",
             422: "text the model cannot score (characters outside its alphabet, nothing left after normalisation, "
@@ -409,7 +410,7 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
         return error_response(RequestError(500, "internal error; the server log has the details"))
 
     # ---- FastAPI endpoints ----------------------------------------------------------------
-    @fa.get("/healthz", response_model=HealthResponse, responses=_error_responses(405, 503))
+    @fa.get("/healthz", response_model=HealthResponse, responses=_error_responses(403, 405, 503))
     async def healthz():
         """Whether the model is loaded (`ready`), and the server's limits and load."""
         body = service.health()
@@ -418,7 +419,7 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
         return Response(encode_json(body), status_code=status, media_type=JSON, headers=headers)
 
     @fa.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}},
-                                                            **_error_responses(401, 405)})
+                                                            **_error_responses(401, 403, 405)})
     async def metrics_endpoint():
         """Prometheus metrics: requests, characters, queue depth, latency histograms."""
         metrics.pending_bytes.set(service.budget.used)
@@ -727,7 +728,7 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
             "logits) to the initial state and each earlier symbol or word, with the check that they sum to it, and "
             "the bits when only the last n symbols are kept (paper Fig 4c)")
 
-    oai_codes = (400, 401, 404, 408, 413, 415, 422, 500, 503)
+    oai_codes = (400, 401, 403, 404, 408, 413, 415, 422, 500, 503)
     declare("/v1/completions", oai.models.completion, CompletionResponse, "OpenAI-compatible completions (as vLLM "
             "and llama.cpp): score a prompt (echo, logprobs, max_tokens 0) and generate after it. Tokens are the "
             "model's symbols; log-probs natural logs. With \"stream\": true, Server-Sent Events `data: {chunk}` "
@@ -750,7 +751,7 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
 
         fa.get(path, response_model=None, summary=summary, description=summary,
                responses={200: {"model": response, "description": summary},
-                          **_error_responses(401, 405, 503, model=OpenAIError)},
+                          **_error_responses(401, 403, 405, 503, model=OpenAIError)},
                name=path.strip("/").replace("/", "_"))(endpoint)
 
     declare_get("/v1/models", ModelList, "The served model (OpenAI's model list)")
