@@ -110,14 +110,15 @@ def _merge_reports(reports: list[dict]) -> dict | None:
     out = dict(reports[0])
     for key in ("chars_read", "chars_scored", "changed", "dropped", "skipped", "replaced"):
         out[key] = int(sum(r.get(key, 0) for r in reports))
-    counts: Counter = Counter()
-    for r in reports:
-        for m in r.get("most_changed", []):
-            counts[m["char"]] += m["count"]
-    # each block reports its own top five: a character is undercounted in the blocks where it
-    # was not among them (the other counts are exact)
-    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
-    out["most_changed"] = [{"char": c, "count": n} for c, n in top]
+    for key in ("most_changed", "most_dropped"):
+        counts: Counter = Counter()
+        for r in reports:
+            for m in r.get(key, []):
+                counts[m["char"]] += m["count"]
+        # each block reports its own top five: a character is undercounted in the blocks where it
+        # was not among them (the other counts are exact)
+        top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+        out[key] = [{"char": c, "count": n} for c, n in top]
     return out
 
 

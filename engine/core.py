@@ -605,7 +605,7 @@ class Engine:
         Deterministic for a given seed.
 
         Args:
-            temperature: > 0; logits are divided by it.
+            temperature: >= 0; logits are divided by it; below 0.01 (0 included) greedy (:func:`isan.engine.sampling.greedy`).
             top_k: sample only among the k most likely characters (None: all).
         Raises:
             StateDivergedError: the prompt or the generated text drives the state out of range.

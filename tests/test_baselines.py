@@ -36,7 +36,7 @@ try:  # the n-gram and table tests below need no torch
     from isan.train.models import MODELS, build_model
 except ModuleNotFoundError:  # pragma: no cover
     torch = None
-needs_torch = pytest.mark.skipif(torch is None, reason="needs torch: pip install 'isan[train]'")
+needs_torch = pytest.mark.skipif(torch is None, reason="needs torch (the train extra)")
 
 
 @needs_torch

@@ -8,12 +8,12 @@ import click
 from isan.cli.helpers import UserError, emit_json, friendly, main, normalize_option, unknown_options
 
 
-@main.group()
+@main.group(short_help="Score a corpus's documents into resumable Parquet shards.")
 def corpus():
     """Corpora: score every document (JSONL, Parquet, text) into resumable Parquet shards."""
 
 
-@corpus.command("score")
+@corpus.command("score", short_help="Score every document of INPUT... into resumable Parquet shards.")
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--out", required=True, help="Output directory (an existing one of the same job is resumed).")
 @click.option("--format", "fmt", type=click.Choice(["auto", "jsonl", "parquet", "text"]), default="auto",

@@ -14,7 +14,7 @@ def model_group():
     """Diagnose a model."""
 
 
-@model_group.command("check")
+@model_group.command("check", short_help="Can any input make the model's state diverge?")
 @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
 @click.option("--max-chars", type=int, default=2000, show_default=True,
               help="Characters every repeated run is stepped from h0 before slow ones go on in jumps.")
@@ -69,7 +69,7 @@ def model_check(model, max_chars, as_json):
     click.echo(f"adversarial search (beam {a['beam']}): {verdict}; text ...{a['text'][-40:]!r}")
     click.echo(f"({r['seconds'] + a['seconds']:.1f} s)")
 
-@main.command("verify")
+@main.command("verify", short_help="Check every file of a bundle against its manifest's sha256.")
 @click.argument("bundle", required=False, default=None)
 @click.option("--json", "as_json", is_flag=True)
 @friendly
