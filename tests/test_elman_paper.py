@@ -97,3 +97,27 @@ def test_ekf_srn_learns_a_periodic_stream():
     assert E.shape == (3, 4) and W.shape == (4, 4)
     bits = info["train_bits_windows"]
     assert bits[-1] < 0.6 < bits[0]  # after 0 comes 1, after 2 comes 1, after 1: 0 or 2 (1 bit at 1 in 2)
+
+
+def test_table_compares_our_data_with_the_papers(tmp_path):
+    """TABLE.md sets our training length and H beside the paper's (issue #34 item 20), quoted as the paper
+    gives them (sec. 5), and the committed TABLE.md is what the committed logs give."""
+    import shutil
+    from pathlib import Path
+
+    from isan.train.studies.elman_study import PAPER_DATA, write_table
+
+    repo = Path(__file__).resolve().parents[1]
+    paper = repo.parent / "shared" / "papers" / "003_d932d524f964d4b0.txt"
+    if paper.exists():
+        text = paper.read_text(encoding="utf-8")
+        assert (f"{PAPER_DATA['train_sentences']} sentences ({PAPER_DATA['train_symbols']} symbols)" in text
+                and f"({PAPER_DATA['test_symbols']} symbols)" in text and f"H = {PAPER_DATA['H']}." in text)
+    res = tmp_path / "elman"
+    shutil.copytree(repo / "results" / "elman", res)
+    write_table(res)
+    table = (res / "TABLE.md").read_text(encoding="utf-8")
+    assert table == (repo / "results" / "elman" / "TABLE.md").read_text(encoding="utf-8")
+    line = next(x for x in table.splitlines() if x.startswith("The paper's (sec. 5)"))
+    assert "55,273 symbols" in line and "54,966 symbols" in line and "H = 0.534" in line
+    assert "-223 training and -93 test symbols, and H +0.0118 NNL" in line  # ours: 55,050, 54,873, 0.5458
