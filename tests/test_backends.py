@@ -103,3 +103,33 @@ def test_a_diverging_text_raises_then_good_calls_work(config, text8_test):
     with pytest.raises(StateDivergedError, match="text 1 of the batch"):
         eng.score_batch([good[:500], bad])
     assert eng.score(good).bits == first
+
+
+def test_corpus_scoring_on_the_torch_backend(tmp_path, text8_test):
+    """`isan corpus score --dtype float64` runs the torch backend (here on the CPU device): the job
+    records its kernel, its bits equal the CPU kernels' within float32 tolerance, and resuming the
+    job with the other kernel is refused."""
+    import json
+
+    import pyarrow.parquet as pq
+    from click.testing import CliRunner
+
+    from isan.cli import main
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": i, "text": text8_test[i * 700 : i * 700 + 300 + 97 * i]}) + "\n"
+                            for i in range(6)))
+    out = {}
+    for dtype in ("float32", "float64"):
+        r = CliRunner().invoke(main, ["corpus", "score", str(docs), "--out", str(tmp_path / dtype), "--dtype", dtype,
+                                      "--no-progress", "--json"])
+        assert r.exit_code == 0, r.output
+        job = json.loads((tmp_path / dtype / "job.json").read_text())
+        assert job["kernel"] == ("torch-cpu-float64" if dtype == "float64" else "jumps")
+        t = pq.read_table(sorted((tmp_path / dtype / "shards").glob("*.parquet"))[0]).to_pydict()
+        out[dtype] = dict(zip(t["id"], t["bits"]))
+    assert out["float32"].keys() == out["float64"].keys()
+    for k, bits in out["float64"].items():
+        assert abs(bits - out["float32"][k]) <= 1e-6 * bits
+    r = CliRunner().invoke(main, ["corpus", "score", str(docs), "--out", str(tmp_path / "float64"), "--no-progress"])
+    assert r.exit_code == 2 and "torch-cpu-float64" in r.output

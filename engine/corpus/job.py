@@ -55,12 +55,15 @@ class JobConfig:
     kernel: str = "chunked"
     #: the parts' columns (writers.COLUMNS); a job started before changed_fraction keeps COLUMNS_V1
     columns: list = field(default_factory=lambda: list(COLUMNS))
-    # not part of the output's identity
+    # not part of the output's identity (the kernel records what the device and dtype change)
     batch_chars: int = field(default=DEFAULT_BATCH_CHARS, compare=False)
+    device: str = field(default="cpu", compare=False)
+    dtype: str = field(default="float32", compare=False)
 
     def identity(self) -> dict:
         d = asdict(self)
-        d.pop("batch_chars")
+        for k in ("batch_chars", "device", "dtype"):
+            d.pop(k)
         return d
 
     def options(self, threads: int | None = None) -> ScoreOptions:
@@ -69,14 +72,15 @@ class JobConfig:
                             per_char_max=self.per_char_max, threads=threads)
 
 
-def load_corpus_engine(model: str | None):
+def load_corpus_engine(model: str | None, device: str = "cpu", dtype: str = "float32"):
     """The model a job scores with, chunk-parallel (:func:`~isan.engine.corpus.scoring.corpus_path`:
-    by composed jumps when the bundle has a trie table or a table recipe, else one character a step)."""
+    by composed jumps when the bundle has a trie table or a table recipe, else one character a step;
+    on a GPU, or in float64, the torch backend's runner: :meth:`Engine.load`'s ``device`` and ``dtype``)."""
     from isan.engine.core import Engine, default_model_path
 
     from isan.engine.corpus.scoring import corpus_engine
 
-    return corpus_engine(Engine.load(model or default_model_path(), progress_bar=False))
+    return corpus_engine(Engine.load(model or default_model_path(), progress_bar=False, device=device, dtype=dtype))
 
 
 def _file_error_row(message: str) -> dict:
@@ -251,7 +255,7 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
                  unknown: str = "error", replacement: str | None = None, batch_chars: int = DEFAULT_BATCH_CHARS,
                  per_char_max: int = 0, part_docs: int = 10_000, part_chars: int = 32_000_000,
                  threads: int | None = None, progress: bool = True, ray_actors: int | None = None,
-                 ray_cpus_per_actor: float = 1, engine=None) -> dict:
+                 ray_cpus_per_actor: float = 1, engine=None, device: str = "cpu", dtype: str = "float32") -> dict:
     """Score every document of a corpus with an ISAN and write Parquet shards and ``summary.json``.
 
     Args:
@@ -270,6 +274,9 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
         threads: kernel threads of the local runner (default: all the CPUs this process may use).
         progress: show a progress bar (stderr).
         ray_actors, ray_cpus_per_actor: Ray actors (default: the cluster's CPUs / CPUs per actor) and CPUs each.
+        device, dtype: where and in what the kernels run (:meth:`Engine.load`): ``device="cuda"``
+            scores on the GPU with the torch backend (the Ray runner: one actor a GPU, each asking
+            Ray for one); ``dtype="float64"`` is the exact reference there.
     Returns:
         the summary (also written to ``out/summary.json``).
     Raises:
@@ -296,11 +303,11 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
         raise IsanError(f"per_char_max must be at least 0; got {per_char_max}")
     t0 = time.perf_counter()
     if engine is None:
-        engine = load_corpus_engine(model)
+        engine = load_corpus_engine(model, device, dtype)
     elif runner == "ray":
         raise IsanError("the Ray runner loads the model on every actor: pass model=, not engine=")
     cfg = JobConfig(model=str(model) if model else None, params_sha256=engine.params_sha256, kernel=corpus_path(engine),
-                    fmt=fmt,
+                    device=engine.kernels.device, dtype=engine.kernels.dtype, fmt=fmt,
                     text_field=text_field, id_field=id_field, per_line=per_line, normalize=normalize, unknown=unknown,
                     replacement=replacement, per_char_max=per_char_max, part_docs=part_docs, part_chars=part_chars,
                     batch_chars=batch_chars)
@@ -319,6 +326,8 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
                                                                  t.get("file_pos", -1), t.get("done", False)))
                        for p in paths]
             where = {"runner": "local", "threads": scorer.threads}
+            if scorer.engine.kernels.name == "torch":  # say where it ran
+                where.update(scorer.engine.kernels.describe())
         else:
             from isan.engine.corpus.ray_runner import run_ray
 

@@ -30,7 +30,7 @@ class FileScorer:
         from isan.engine.corpus.scoring import DocScorer
 
         self.cfg = JobConfig(**cfg)
-        engine = load_corpus_engine(self.cfg.model)
+        engine = load_corpus_engine(self.cfg.model, self.cfg.device, self.cfg.dtype)
         if engine.params_sha256 != self.cfg.params_sha256:
             from isan.errors import IsanError
 
@@ -102,13 +102,22 @@ def run_ray(paths: list[str], cfg, out: Path, address: str | None, actors: int |
         ctx.enable_progress_bars = False
         cpus = float(ray.cluster_resources().get("CPU", 1))
         nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+        gpus = 1 if cfg.device.startswith("cuda") else 0  # one actor a GPU
+        if gpus:
+            have = int(ray.cluster_resources().get("GPU", 0))
+            if have < 1:
+                from isan.errors import BackendUnavailableError
+
+                raise BackendUnavailableError(f"device {cfg.device!r} was asked for but the Ray cluster has no GPU; "
+                                              "start its nodes on GPU machines or use device cpu")
+            actors = min(actors or have, have)
         n = max(1, min(len(paths), actors or int(cpus // max(cpus_per_actor, 1e-9)) or 1))
         threads = max(1, int(round(cpus_per_actor)))
         ds = ray.data.from_items([{"path": p} for p in paths], override_num_blocks=max(1, len(paths)))
         scored = ds.map_batches(FileScorer, fn_constructor_kwargs={"cfg": asdict(cfg), "out": str(out),
                                                                    "threads": threads},
                                 batch_size=1, compute=ray.data.ActorPoolStrategy(size=n), num_cpus=cpus_per_actor,
-                                batch_format="default")
+                                num_gpus=gpus, batch_format="default")
         by_path: dict[str, dict] = {}
         nodes_used = set()
         for row in scored.iter_rows():
@@ -124,7 +133,7 @@ def run_ray(paths: list[str], cfg, out: Path, address: str | None, actors: int |
             raise IsanError(f"the Ray job returned no result for {len(missing)} file(s), e.g. {missing[0]}; "
                             "run it again (complete files are kept)")
         where = {"runner": "ray", "address": address or "local", "cluster_cpus": cpus, "cluster_nodes": nodes,
-                 "actors": n, "cpus_per_actor": cpus_per_actor, "nodes_used": len(nodes_used - {""})}
+                 "actors": n, "cpus_per_actor": cpus_per_actor, "gpus_per_actor": gpus, "nodes_used": len(nodes_used - {""})}
         return [by_path[p] for p in paths], where
     finally:
         if started_here:

@@ -49,9 +49,14 @@ COUNT_KEYS = ("changed", "dropped", "skipped", "replaced")
 
 def corpus_path(engine) -> str:
     """The chunk-parallel kernel of every corpus row and long document: composed jumps when the
-    engine has a trie table (``"jumps"``), else one character a step (``"chunked"``). Fixed by the
-    model alone, never by the batch: a row's jumps are its own greedy segmentation whatever the
-    other rows, so a document's bits do not depend on its batch, worker or shard."""
+    engine has a trie table (``"jumps"``), else one character a step (``"chunked"``); on the torch
+    backend its runner, named with the device's type and the dtype (``"torch-cuda-float32"``:
+    float32 on a GPU and on the CPU round differently). Fixed by the model and the device alone,
+    never by the batch: a row's jumps are its own greedy segmentation whatever the other rows, so a
+    document's bits do not depend on its batch, worker or shard."""
+    k = engine.kernels
+    if k.name == "torch":
+        return f"torch-{k.device.split(':')[0]}-{k.dtype}"
     return "jumps" if engine.table is not None else "chunked"
 
 
@@ -64,10 +69,13 @@ def corpus_engine(engine, threads: int | None = None):
     if not isinstance(engine, Engine):
         raise IsanError(f"corpus scoring runs ISAN engines (isan.engine.Engine); got {type(engine).__name__}")
     path = corpus_path(engine)
+    if path.startswith("torch"):
+        path = "chunked"  # the engine path of the torch backend (its runner, one character a step)
     if engine.path == path and engine.threads == LONG_DOC_THREADS:
         return engine  # already one (keeps what it computed on first use: the certificate, the kernel layout)
+    k = engine.kernels
     return Engine(engine.input_params, engine.alphabet, engine.manifest, engine.source, engine.table,
-                  path=path, threads=LONG_DOC_THREADS)
+                  path=path, threads=LONG_DOC_THREADS, device=k.device, dtype=k.dtype, kernels=k.name)
 
 
 @dataclass

@@ -36,14 +36,19 @@ def corpus():
 @click.option("--part-docs", type=int, default=10_000, show_default=True,
               help="Documents an output part holds (a part is the unit a re-run resumes from).")
 @click.option("--threads", type=int, default=None, help="Kernel threads of the local runner (default: all CPUs).")
+@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True,
+              help="cuda: score on the GPU with the torch backend (the gpu extra; with --runner ray one actor a "
+                   "GPU); auto: cuda when torch sees a GPU.")
+@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True,
+              help="float64: the exact float64 reference on the torch backend (any device; slower).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="A progress bar on stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print summary.json's content as JSON.")
 @normalize_option
 @unknown_options
 @friendly
 def corpus_score_cmd(inputs, out, fmt, text_field, id_field, per_line, runner, ray_address, ray_actors,
-                     ray_cpus_per_actor, model, batch_chars, per_char_max, part_docs, threads, progress, as_json,
-                     normalize, unknown, replacement):
+                     ray_cpus_per_actor, model, batch_chars, per_char_max, part_docs, threads, device, dtype, progress,
+                     as_json, normalize, unknown, replacement):
     """Score every document of INPUT... (paths, globs, directories, fsspec URLs) into --out DIR.
 
     DIR gets shards/*.parquet (per document: id, chars read and scored, bits, bpc, the
@@ -60,7 +65,7 @@ def corpus_score_cmd(inputs, out, fmt, text_field, id_field, per_line, runner, r
                            per_line=per_line, runner=runner, ray_address=ray_address, model=model,
                            normalize=normalize, unknown=unknown, replacement=replacement, batch_chars=batch_chars,
                            per_char_max=per_char_max, part_docs=part_docs, threads=threads, progress=progress,
-                           ray_actors=ray_actors, ray_cpus_per_actor=ray_cpus_per_actor)
+                           ray_actors=ray_actors, ray_cpus_per_actor=ray_cpus_per_actor, device=device, dtype=dtype)
     if as_json:
         emit_json(summary)
         return
