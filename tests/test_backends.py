@@ -133,3 +133,24 @@ def test_corpus_scoring_on_the_torch_backend(tmp_path, text8_test):
         assert abs(bits - out["float32"][k]) <= 1e-6 * bits
     r = CliRunner().invoke(main, ["corpus", "score", str(docs), "--out", str(tmp_path / "float64"), "--no-progress"])
     assert r.exit_code == 2 and "torch-cpu-float64" in r.output
+
+
+def test_the_cli_never_ignores_a_device(text8_test):
+    """`isan score --dtype float64` runs the torch backend and says so; `--device cuda` without a GPU
+    (or without torch) is a one-line error, exit 2, never a silent CPU run."""
+    import json
+
+    from click.testing import CliRunner
+
+    from isan.cli import main
+
+    text = text8_test[:2_000]
+    cpu = json.loads(CliRunner().invoke(main, ["score", "--json", "-"], input=text).output)
+    r = CliRunner().invoke(main, ["score", "--json", "--dtype", "float64", "-"], input=text)
+    f64 = json.loads(r.output)
+    assert f64["scoring"]["backend"] == "torch" and f64["scoring"]["dtype"] == "float64"
+    assert abs(f64["bits"] - cpu["bits"]) <= 1e-6 * cpu["bits"]
+    if not CUDA:
+        for cmd in (["score", "--device", "cuda", "-"], ["sample", "--device", "cuda", "-n", "3"]):
+            r = CliRunner().invoke(main, cmd, input=text)
+            assert r.exit_code == 2 and "cuda" in r.output and "Traceback" not in r.output, r.output

@@ -67,7 +67,11 @@ def model_options(fn):
     fn = click.option("--backend", type=click.Choice(["numpy", "onnx"]), default="numpy", show_default=True,
                       help="numpy engine, or onnxruntime over the bundle's ONNX graphs (isan export --onnx).")(fn)
     fn = click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True,
-                      help="onnx backend: onnxruntime's CPU or CUDA provider (auto: CUDA when present).")(fn)
+                      help="cuda: the numpy backend scores ISAN models on the GPU with the torch backend (the gpu "
+                           "extra), the onnx backend uses onnxruntime's CUDA provider; auto: CUDA when present. "
+                           "What ran is in the JSON's scoring field.")(fn)
+    fn = click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True,
+                      help="float64: the exact float64 reference on the torch backend (any device; slower).")(fn)
     return fn
 
 
@@ -111,12 +115,12 @@ def unknown_options(fn):
     return fn
 
 
-def load_engine(model, path_mode="auto", backend="numpy", device="cpu", threads=None):
+def load_engine(model, path_mode="auto", backend="numpy", device="cpu", threads=None, dtype="float32"):
     from isan.engine import load_engine as _load
 
     if threads is not None and threads < 1:
         raise UserError(f"--threads must be at least 1; got {threads}")
-    engine = _load(model, path=path_mode, backend=backend, device=device)
+    engine = _load(model, path=path_mode, backend=backend, device=device, dtype=dtype)
     if threads is not None and hasattr(engine, "threads"):
         engine.threads = threads
     logging.getLogger("isan").info("engine: %s", engine.describe())

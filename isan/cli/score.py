@@ -24,8 +24,8 @@ from isan.cli.helpers import (UserError, emit_json, friendly, load_engine, main,
                    "characters (train) or the last 10% (valid; for ASCII text the same bytes as --alphabet bytes).")
 @normalize_option
 @friendly
-def score(file, model, path_mode, threads, backend, device, unknown, replacement, as_json, per_char, text8_split,
-          text_split, normalize):
+def score(file, model, path_mode, threads, backend, device, dtype, unknown, replacement, as_json, per_char,
+          text8_split, text_split, normalize):
     """Score FILE (or stdin, '-') in bits: total bits and bits per character (bpc).
 
     The text first goes through the model's normaliser (--normalize auto); the report says how
@@ -34,7 +34,7 @@ def score(file, model, path_mode, threads, backend, device, unknown, replacement
     comes from the state before it, starting at h0. With --per-char each scored character is
     listed with the offset of the input character it came from.
     """
-    engine = load_engine(model, path_mode, backend, device, threads)
+    engine = load_engine(model, path_mode, backend, device, threads, dtype)
     if not (per_char or text_split or text8_split) and engine.alphabet.unit == "char":
         # a file of any size in bounded memory: read and scored in blocks, the state carried across
         from isan.engine.blocks import read_blocks, score_blocks
@@ -105,7 +105,7 @@ def print_per_char(r, text: str) -> None:
 @normalize_option
 @friendly
 def sample(prompt, n, temperature, inverse_temperature, top_k, seed, as_json, model, path_mode, threads, backend,
-           device, normalize):
+           device, dtype, normalize):
     """Generate text after --prompt (the prompt goes through the model's normaliser first)."""
     if temperature is not None and inverse_temperature is not None:
         raise UserError("give --temperature or --inverse-temperature, not both")
@@ -114,7 +114,7 @@ def sample(prompt, n, temperature, inverse_temperature, top_k, seed, as_json, mo
             raise UserError(f"--inverse-temperature must be positive; got {inverse_temperature}")
         temperature = 1.0 / inverse_temperature
     temperature = 1.0 if temperature is None else temperature
-    engine = load_engine(model, path_mode, backend, device, threads)
+    engine = load_engine(model, path_mode, backend, device, threads, dtype)
     drawn_seed = seed is None
     if drawn_seed:  # pick one and report it, so that the sample can be drawn again (as the server does)
         from isan.engine.sampling import new_seed
