@@ -405,27 +405,55 @@ class Engine:
                               else Float64Fallback(self.params))
         return self._fallback
 
-    def _chunked(self, ids_list: list[np.ndarray], hs: np.ndarray, want_bits: bool = True,
-                 threads: int | None = None, cut: bool = True, kernel: str = "auto"):
-        """Chunk-parallel scoring of texts (:func:`isan.engine.kernels.chunked.score_texts_chunked`)
-        by ``kernel`` (:meth:`_batch_plan`); raises StateDivergedError (located by the float64
-        reference) naming the text and offset."""
+    def score_ids(self, ids_list: Sequence[np.ndarray], hs: np.ndarray, *, chunks: str | Sequence[int] = "auto",
+                  want_bits: bool = True, threads: int | None = None, kernel: str = "auto",
+                  where: str | None = None):
+        """Score texts already in ids, chunk-parallel, all as rows of one batch on the engine's
+        backend: the one batched call under :meth:`score`, :meth:`score_batch`, :meth:`advance`,
+        the server's rounds and corpus scoring (:func:`isan.engine.kernels.chunked.score_texts_chunked`).
+
+        Args:
+            ids_list: B int arrays of symbol ids (output ids), each non-empty.
+            hs: (B, d) the state before each text.
+            chunks: ``"auto"`` (long texts cut by the backend's plan, :meth:`_batch_plan`),
+                ``"none"`` (one row a text) or the chunk count of each text (a corpus cuts each
+                document by its own length, so that its bits do not depend on its batch).
+            want_bits: False to advance the states only (no readout).
+            threads: kernel threads (default: the engine's).
+            kernel: ``"auto"``, ``"chunked"``, ``"jumps"`` or ``"jumps-f16"`` (:meth:`_batch_plan`;
+                the torch backend has one kernel and ignores it).
+            where: the path an error names (default: the kernel's name).
+        Returns:
+            (bits per text: B float64 arrays (empty without want_bits), final states (B, d) float32
+            or the backend's state dtype, :class:`~isan.engine.kernels.chunked.ChunkedReport`).
+        Raises:
+            StateDivergedError: a state leaves the range; located exactly by the float64 reference,
+                naming the offset in its text, with ``text_index`` the text.
+        """
         from isan.engine.kernels.chunked import score_texts_chunked
 
         threads = threads or self.threads
-        kernel, model, chunks, kw = self._batch_plan([len(x) for x in ids_list], threads, cut, kernel)
+        lengths = [len(x) for x in ids_list]
+        kernel, model, planned, kw = self._batch_plan(lengths, threads, chunks == "auto", kernel)
+        plan = planned if isinstance(chunks, str) else list(chunks)
         bits, finals, rep, div = score_texts_chunked(
             model, [np.asarray(x, dtype=np.int32) for x in ids_list], np.asarray(hs, dtype=np.float64),
-            chunks=chunks, threads=threads, want_bits=want_bits, fallback=self._chunk_fallback(), **kw)
+            chunks=plan, threads=threads, want_bits=want_bits, fallback=self._chunk_fallback(), **kw)
         if div:
             i, off, h_start, t = div[0]
             try:
-                raise_diverged(self.params.W, self.params.b, np.asarray(ids_list[i])[off:], h_start, kernel,
+                raise_diverged(self.params.W, self.params.b, np.asarray(ids_list[i])[off:], h_start, where or kernel,
                                detected_at=t, base_offset=off, symbols=self.alphabet.symbols)
             except StateDivergedError as e:
                 e.text_index = i
                 raise
         return bits, finals, rep
+
+    def _chunked(self, ids_list: list[np.ndarray], hs: np.ndarray, want_bits: bool = True,
+                 threads: int | None = None, cut: bool = True, kernel: str = "auto"):
+        """:meth:`score_ids` with the long texts cut (``cut``) or one row a text."""
+        return self.score_ids(ids_list, hs, chunks="auto" if cut else "none", want_bits=want_bits, threads=threads,
+                              kernel=kernel)
 
     def _chunked_report(self, rep) -> dict:
         out = rep.to_json()

@@ -186,38 +186,17 @@ class DocScorer:
         self.seconds += time.perf_counter() - t0
         return rows  # type: ignore[return-value]
 
-    def _kernel(self):
-        """The batched kernel's weights, the chunk fallback and the keywords of
-        :func:`~isan.engine.kernels.chunked.score_texts_chunked` that choose the kernel
-        (:func:`corpus_path`): the engine's own (:meth:`Engine._batch_plan`, kept by the engine)."""
-        eng = self.engine
-        _, model, _, kw = eng._batch_plan([], self.threads, cut=False, kernel=corpus_path(eng))
-        return model, eng._chunk_fallback(), kw
-
     def _bits(self, ids_list: list) -> list:
-        """Bits of each text, all texts' chunks as rows of one chunk-parallel batch. Each text is cut
-        by its own length alone (``CHUNK_CHARS`` a chunk), so its bits do not depend on the batch.
+        """Bits of each text, all texts' chunks as rows of one chunk-parallel batch
+        (:meth:`Engine.score_ids`, by the kernel :func:`corpus_path` names). Each text is cut by its
+        own length alone (``CHUNK_CHARS`` a chunk), so its bits do not depend on the batch.
         Raises StateDivergedError with ``text_index``."""
-        from isan.engine.guard import raise_diverged
-        from isan.engine.kernels.chunked import score_texts_chunked
-
         eng = self.engine
-        model, fallback, kw = self._kernel()
-        texts = [np.asarray(x, dtype=np.int32) for x in ids_list]
-        plan = [max(1, len(x) // CHUNK_CHARS) for x in texts]
-        h0 = np.tile(eng.params.h0, (len(texts), 1))
-        bits, _, _, div = score_texts_chunked(model, texts, h0, chunks=plan, threads=self.threads,
-                                              fallback=fallback, **kw)
-        if div:
-            i, off, h_start, t = div[0]
-            try:
-                raise_diverged(eng.params.W, eng.params.b, texts[i][off:].astype(np.int64), h_start,
-                               kw.get("path", "chunked"),
-                               detected_at=t, base_offset=off, symbols=eng.alphabet.symbols)
-            except StateDivergedError as e:
-                e.text_index = i
-                raise
-            raise StateDivergedError(f"the model's state diverges in this document (chunk at offset {off})")
+        kernel = corpus_path(eng)
+        plan = [max(1, len(x) // CHUNK_CHARS) for x in ids_list]
+        h0 = np.tile(eng.params.h0, (len(ids_list), 1))
+        bits, _, _ = eng.score_ids(ids_list, h0, chunks=plan, threads=self.threads,
+                                   kernel="chunked" if kernel.startswith("torch") else kernel)
         return bits
 
     def _score_rows(self, docs: list[Doc], batch: list, rows: list) -> None:

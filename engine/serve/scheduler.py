@@ -149,25 +149,20 @@ def _takes(fn, name: str) -> bool:
 
 
 class KernelRounds:
-    """Scores a round's slices with the compiled kernels directly: what ``Engine.score_batch(ids,
-    states, normalize="none")`` computes (the same :func:`~isan.engine.kernels.chunked.score_texts_chunked`
-    call, so the same bits), without what the scheduler does not need per call: preparing ids that
-    are already ids, a State per text, and the float64 copy of the weights for the fallback
-    (built once here). On a short-text round those took about a fifth of the scheduler's time.
+    """Scores a round's slices with the engine's batched call on ids (:meth:`Engine.score_ids`):
+    what ``Engine.score_batch(ids, states, normalize="none")`` computes (the same call, so the same
+    bits), without what the scheduler does not need per call: preparing ids that are already ids
+    and a State per text. On a short-text round those took about a fifth of the scheduler's time.
 
     Raises (from :meth:`score`): StateDivergedError naming the offset in the slice, with
     ``text_index`` the failing slice.
     """
 
     def __init__(self, engine):
-        from isan.engine.kernels.chunked import Float64Fallback
-
         # the kernel of Engine.score_batch's default: composed jumps on the jumps path, chosen by the
         # round's rows on the composed path (issue 22), one character a step otherwise
         self.engine = engine
         self.kernel = {"jumps": "jumps", "composed": "auto"}.get(engine.path, "chunked")
-        self.fallback = Float64Fallback(engine.params32)
-        self.W, self.b = engine.params.W, engine.params.b
         self.symbols = tuple(engine.alphabet.symbols)
         a = engine.alphabet  # the last character each symbol leaves (a normaliser's context)
         self.last_chars = self.symbols if a.kind == "chars" else tuple(a.decode([i])[-1:] for i in range(len(a)))
@@ -181,20 +176,7 @@ class KernelRounds:
 
     def score(self, texts: list[np.ndarray], hs: np.ndarray, threads: int) -> tuple[list[np.ndarray], np.ndarray]:
         """(bits (n_i,) float64 of each text, final states (B, d) float64) from states ``hs`` (B, d)."""
-        from isan.engine.guard import raise_diverged
-        from isan.engine.kernels.chunked import score_texts_chunked
-
-        _, model, chunks, kw = self.engine._batch_plan([len(t) for t in texts], threads, kernel=self.kernel)
-        bits, finals, _, div = score_texts_chunked(model, texts, hs, chunks=chunks, threads=threads,
-                                                   fallback=self.fallback, **kw)
-        if div:
-            i, off, h_start, t = div[0]
-            try:
-                raise_diverged(self.W, self.b, np.asarray(texts[i])[off:], h_start, "batched", detected_at=t,
-                               base_offset=off, symbols=self.symbols)
-            except StateDivergedError as e:
-                e.text_index = i
-                raise
+        bits, finals, _ = self.engine.score_ids(texts, hs, threads=threads, kernel=self.kernel, where="batched")
         return bits, finals.astype(np.float64)
 
 
