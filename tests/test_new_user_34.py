@@ -199,3 +199,26 @@ def test_readme_says_what_nnl_is_where_it_first_appears():
     assert i >= 0, "the README shows the nnl the quick start prints"
     para = readme[i:i + 600]
     assert "negative log-likelihood" in para and "log2" in para
+
+
+def test_no_source_names_an_extra_by_a_command_that_cannot_work():
+    """Every install hint in the package's code is install_hint's working form, never
+    ``pip install 'isan[...]'`` (no package index has isan; #34 item 11)."""
+    root = Path(__file__).resolve().parents[1]
+    offenders = [str(p.relative_to(root)) for folder in ("engine", "export", "isan", "train", "trie_tables")
+                 for p in (root / folder).rglob("*.py")
+                 if p.name != "errors.py" and re.search(r"""pip install ['"]?isan\[""", p.read_text())]
+    assert not offenders, offenders
+
+
+def test_the_server_sampler_takes_temperature_zero_as_greedy(engine):
+    """StreamSampler (POST /v1/sample's and the stream's sampler) treats temperature 0 as the CLI and
+    /v1/completions do: the most likely symbol each step, never a division by zero."""
+    import warnings
+
+    from isan.engine.serve.sampling import StreamSampler
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a division by zero would warn
+        s = StreamSampler(engine, "the annual reve", n=12, temperature=0, seed=1)
+    assert (s.temperature, s.top_k) == (1.0, 1)

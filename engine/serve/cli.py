@@ -6,7 +6,7 @@ import os
 
 import click
 
-from isan.errors import IsanError
+from isan.errors import IsanError, install_hint
 from isan.engine.serve.config import DEFAULT_MAX_CHARS, ServeConfig
 
 _D = ServeConfig()
@@ -153,7 +153,7 @@ def main(host, port, model, path_mode, backend, device, max_chars, max_pending_m
             app = create_app(load(), config=config)
         server = uvicorn.Server(app.uvicorn_config(host, port, log_level))
     except ModuleNotFoundError as e:
-        raise click.ClickException(f"isan-serve needs {e.name}: pip install 'isan[serve]'") from None
+        raise click.ClickException(f"isan-serve needs {e.name}: {install_hint('serve')}") from None
     except IsanError as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"isan-serve: model {manifest.get('kind')} {src} ({path_mode} path, {backend} backend, "

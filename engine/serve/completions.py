@@ -697,9 +697,10 @@ class Completions:
         eng = self.service.ready()
         tok = self.tokens
         aligned = tok.kind == "chars"
-        greedy = req.temperature is not None and req.temperature < 0.01
-        top_k = 1 if greedy else (req.top_k if req.top_k not in (None, -1, 0) else None)
-        temperature = 1.0 if greedy or req.temperature is None else req.temperature
+        from isan.engine.sampling import greedy
+
+        top_k = req.top_k if req.top_k not in (None, -1, 0) else None
+        temperature, top_k = greedy(1.0 if req.temperature is None else req.temperature, top_k)
         stops = stops_of(req.stop)
         hold = max((len(s) for s in stops), default=1) - 1
         k = req.logprobs or 0

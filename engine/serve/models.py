@@ -51,6 +51,7 @@ class Normalization(BaseModel):
     skipped: int
     replaced: int
     most_changed: list[dict[str, Any]]
+    most_dropped: list[dict[str, Any]]
 
 
 class ScoreResponse(BaseModel):

@@ -36,6 +36,7 @@ import logging
 from http import HTTPStatus
 
 from isan.engine.serve.errors import RequestError, busy
+from isan.errors import install_hint
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ def protocol_class(max_connections: int, read_timeout_s: float, count: Connectio
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:  # pragma: no cover - httptools is in the serve extra
-        log.warning("httptools is missing: no header deadline and no connection cap (pip install 'isan[serve]')")
+        log.warning("httptools is missing: no header deadline and no connection cap (%s)", install_hint("serve"))
         return None
     count = count or ConnectionCount()
     refuse = _refuse_app(max_connections)

@@ -56,6 +56,10 @@ class StreamSampler:
             raise IsanError(f"inverse_temperature must be >= 0; got {inverse_temperature}")
         self.temperature = 1.0 if temperature is None and inverse_temperature is None else temperature
         self.inverse_temperature = inverse_temperature
+        if self.inverse_temperature is None:  # temperature 0 (below 0.01) is greedy, as everywhere
+            from isan.engine.sampling import greedy
+
+            self.temperature, top_k = greedy(self.temperature, top_k)
         V = len(engine.alphabet)
         check_sampling_args(n, self.temperature if self.temperature is not None else 1.0, top_k, V)
         if top_p is not None and not 0 < top_p <= 1:
