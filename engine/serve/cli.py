@@ -56,7 +56,10 @@ def bound_name(host: str) -> tuple[str, ...]:
               help="The engine's path (auto: composed with a trie table, else chunked; chunked: chunk-parallel, no "
                    "table loaded); used as it is with --no-batching (reference implies it).")
 @click.option("--backend", type=click.Choice(["numpy", "onnx"]), default="numpy", show_default=True)
-@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True)
+@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True,
+              help="cuda: the numpy backend's rounds run on the GPU with the torch backend (the gpu extra; not yet "
+                   "measured to pay for rounds of about a hundred rows), the onnx backend uses onnxruntime's CUDA "
+                   "provider; auto: CUDA when present. /healthz (model.kernels) says which backend and device run.")
 @click.option("--max-chars", default=DEFAULT_MAX_CHARS, show_default=True, type=int, help="Largest text per request or frame.")
 @click.option("--max-pending-mb", default=_D.max_pending_mb, show_default=True, type=float,
               help="Memory bound: estimated MiB of request bodies, admitted texts and read-ahead frames held at once "
@@ -156,7 +159,7 @@ def main(host, port, model, path_mode, backend, device, max_chars, max_pending_m
         raise click.ClickException(f"isan-serve needs {e.name}: {install_hint('serve')}") from None
     except IsanError as e:
         raise click.ClickException(str(e)) from None
-    click.echo(f"isan-serve: model {manifest.get('kind')} {src} ({path_mode} path, {backend} backend, "
+    click.echo(f"isan-serve: model {manifest.get('kind')} {src} ({path_mode} path, {backend} backend, device {device}, "
                f"{'batched rounds' if batching else 'no batching'}) on http://{host}:{port}"
                + (" (API key required)" if config.api_key else "")
                + (f"; isan lens at http://{host}:{port}/" if config.ui else ""), err=True)
