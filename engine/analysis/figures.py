@@ -1,7 +1,7 @@
 """The paper's figures drawn from the analyses' results (matplotlib, Agg backend; the ``plot`` extra).
 
 One function per figure; each takes the numbers a study computed (never recomputes them) and
-writes one PNG atomically (:func:`isan.atomic.atomic_path`), sized to stay under about 300 KB.
+writes one PNG atomically (:func:`isan.atomic.atomic_path`), sized to stay under about 200 KB a model.
 """
 
 from __future__ import annotations
