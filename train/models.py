@@ -26,6 +26,8 @@ class ISAN(nn.Module):
 
     #: parameters AdamW does not decay (``--weight-decay`` acts on the matrices W, U and W_ro only)
     no_decay = ("b", "b_ro", "h0", "P")
+    #: how the recurrence runs (:data:`isan.train.scan.SCAN_IMPLS`; auto: by the parameters' device)
+    scan_impl = "auto"
 
     def __init__(self, K: int, V: int, d: int, init_scale: float = 0.95, seed: int | None = None,
                  state_dropout: float = 0.0):
@@ -67,7 +69,7 @@ class ISAN(nn.Module):
 
         Returns (logits (T, B, V) predicting x[t] from the state before it, H[-1] (B, d)).
         """
-        H = isan_scan(self.W, self.b, h, x)  # (T, B, d)
+        H = isan_scan(self.W, self.b, h, x, impl=self.scan_impl)  # (T, B, d)
         S = torch.cat([h.unsqueeze(0), H[:-1]], 0)  # states before each x[t]
         if self.training and self.state_dropout:
             S = torch.nn.functional.dropout(S, self.state_dropout)  # on the readout's input only
