@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,9 @@ from isan.engine.bundle import write_bundle
 from isan.params import ISANParams
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data"
+#: the project's shared data, beside the repository (``ISAN_SHARED_DATA`` elsewhere: the GPU check
+#: carries a copy, isan/bench/gpu_check.sh)
+DATA = Path(os.environ.get("ISAN_SHARED_DATA") or REPO.parent / "shared" / "data")
 TEXT8 = DATA / "text8_head" / "text8_head.txt"
 
 

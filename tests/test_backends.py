@@ -154,3 +154,28 @@ def test_the_cli_never_ignores_a_device(text8_test):
         for cmd in (["score", "--device", "cuda", "-"], ["sample", "--device", "cuda", "-n", "3"]):
             r = CliRunner().invoke(main, cmd, input=text)
             assert r.exit_code == 2 and "cuda" in r.output and "Traceback" not in r.output, r.output
+
+
+def test_bench_gpu_quick_run_on_the_cpu_device(text8_path):
+    """`isan bench gpu --quick --device cpu`: the benchmark runs where there is no GPU (the torch
+    backend on the CPU device), records its command, machine and device, and its exactness facts
+    are what the tests above promise."""
+    from isan.bench.gpu import QUICK_SIZES, bench_gpu, markdown
+
+    r = bench_gpu(None, text8_path, device="cpu", repeats=1, sizes=QUICK_SIZES, log=lambda m: None)
+    names = [row["name"] for row in r["rows"]]
+    assert len(names) == 6 and names[0].startswith("CPU compiled kernels") and r["gpu"]["device"] == "cpu"
+    assert all(row["chars_per_s"] > 0 and row["chars"] > 0 for row in r["rows"])
+    f = r["facts"]
+    assert f["docs_float64_max_rel_vs_reference"] <= 1e-12 and f["docs_float32_max_rel_vs_float64"] <= 1e-6
+    assert f["long_text_float32_rel_vs_float64"] <= 1e-6 and f["long_text_float64"]["bits_rel_vs_cpu"] <= 1e-6
+    md = markdown(r)
+    assert md.startswith("Machine:") and "docs float64 max rel vs reference" in md and md.count("\n| ") >= 10
+
+
+def test_the_gpu_check_script_is_valid_bash():
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "isan" / "bench" / "gpu_check.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0

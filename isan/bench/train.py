@@ -25,10 +25,17 @@ from isan.train.studies.table1 import BUDGETS, MAIN_ROWS
 TABLE1_MODELS = ("isan",) + tuple(kind for kind, _ in MAIN_ROWS if kind != "isan")
 
 
-def _time_steps(model, ids: np.ndarray, B: int, T: int, steps: int, repeats: int, reference: bool) -> list[float]:
-    """Seconds of ``steps`` optimizer steps, ``repeats`` times, on consecutive chunks of ``ids``."""
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_steps(model, ids: np.ndarray, B: int, T: int, steps: int, repeats: int, reference: bool,
+                device: torch.device = torch.device("cpu")) -> list[float]:
+    """Seconds of ``steps`` optimizer steps, ``repeats`` times, on consecutive chunks of ``ids``
+    (on ``device``: the clock stops when the device has finished)."""
     per_stream = len(ids) // B
-    streams = torch.as_tensor(ids[:per_stream * B].reshape(B, per_stream).T.copy())  # (N, B)
+    streams = torch.as_tensor(ids[:per_stream * B].reshape(B, per_stream).T.copy()).to(device)  # (N, B)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     fwd = model.forward_reference if reference else model.forward
     state = model.initial_state(B)
@@ -49,17 +56,20 @@ def _time_steps(model, ids: np.ndarray, B: int, T: int, steps: int, repeats: int
         pos += T
 
     step()  # warm-up (allocations, first-call dispatch)
+    _sync(device)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         for _ in range(steps):
             step()
+        _sync(device)
         times.append(time.perf_counter() - t0)
     return times
 
 
 def bench_train(ids: np.ndarray, budgets=BUDGETS, models=TABLE1_MODELS, batch: int = 32, bptt: int = 64, steps: int = 5,
-                repeats: int = 3, reference: bool = True, threads: int | None = None, log=print) -> dict:
+                repeats: int = 3, reference: bool = True, threads: int | None = None, device: str = "cpu",
+                log=print) -> dict:
     """Training throughput per (model, budget); see the module docstring.
 
     Args:
@@ -67,6 +77,8 @@ def bench_train(ids: np.ndarray, budgets=BUDGETS, models=TABLE1_MODELS, batch: i
         budgets: (label, parameters) pairs; models: names for ``isan train``.
         reference: also time the baselines' step loop (``forward_reference``).
         threads: torch CPU threads (None: torch's default).
+        device: a torch device (``"cuda"``: the ISAN trains with its dense scan there,
+            :class:`isan.train.scan.ISANScanDense`).
     Returns:
         {"machine", "command", "torch", "threads", "batch", "bptt", "steps", "repeats", "rows": [{"model",
         "path", "budget", "params", "d", "chars_per_s", "times_s", "ratio_vs_isan"}]}.
@@ -75,15 +87,20 @@ def bench_train(ids: np.ndarray, budgets=BUDGETS, models=TABLE1_MODELS, batch: i
 
     if threads:
         torch.set_num_threads(threads)
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        from isan.errors import BackendUnavailableError
+
+        raise BackendUnavailableError(f"device {device!r} was asked for but torch {torch.__version__} sees no CUDA GPU")
     rows = []
     for label, budget in budgets:
         for kind in models:
             torch.manual_seed(0)
-            model = build_model(kind, 27, 27, params=budget, seed=0)
+            model = build_model(kind, 27, 27, params=budget, seed=0).to(dev)
             fused = hasattr(model, "forward_reference")  # the recurrent baselines; isan has its scan
             paths = (["fused", "step loop"] if reference else ["fused"]) if fused else ["scan" if kind == "isan" else "forward"]
             for path in paths:
-                times = _time_steps(model, ids, batch, bptt, steps, repeats, reference=path == "step loop")
+                times = _time_steps(model, ids, batch, bptt, steps, repeats, reference=path == "step loop", device=dev)
                 rate = steps * batch * bptt / statistics.median(times)
                 rows.append({"model": kind, "path": path, "budget": label,
                              "params": sum(p.numel() for p in model.parameters()), "d": model.d,
@@ -93,13 +110,15 @@ def bench_train(ids: np.ndarray, budgets=BUDGETS, models=TABLE1_MODELS, batch: i
     for r in rows:  # None where the ISAN was not timed at that budget
         r["ratio_vs_isan"] = r["chars_per_s"] / isan[r["budget"]] if r["budget"] in isan else None
     return {"machine": machine(), "command": " ".join(["isan"] + sys.argv[1:]) if sys.argv else "isan bench train",
-            "torch": torch.__version__, "threads": torch.get_num_threads(), "batch": batch, "bptt": bptt,
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "device": str(dev),
+            **({"device_name": torch.cuda.get_device_name(dev)} if dev.type == "cuda" else {}), "batch": batch, "bptt": bptt,
             "steps": steps, "repeats": repeats, "rows": rows}
 
 
 def markdown_train(result: dict) -> str:
     m = result["machine"]
-    lines = [f"Machine: {m['cpu']}, {m['cores']} cores, torch {result['torch']} on {result['threads']} threads",
+    on = result.get("device_name") or f"{result['threads']} threads"
+    lines = [f"Machine: {m['cpu']}, {m['cores']} cores, torch {result['torch']} on {on}",
              f"Command: `{result['command']}`  (B={result['batch']}, T={result['bptt']}; median of "
              f"{result['repeats']} timings of {result['steps']} steps)", "",
              "| budget | model | path | params | d | train chars/s | vs ISAN |", "|---|---|---|---:|---:|---:|---:|"]

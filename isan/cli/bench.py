@@ -50,6 +50,36 @@ def bench_engine_cmd(model, data, repeats, threads, peers, quick, progress, out,
         click.echo(f"wrote {plot}")
 
 
+@bench.command("gpu", short_help="GPU scoring (the torch backend) against the CPU's kernels, and its exactness.")
+@click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
+@click.option("--data", default=DEFAULT_TEXT8, show_default=True,
+              help="A text8 file: the long text (all of it) and the documents (drawn from it).")
+@click.option("--device", default="cuda", show_default=True, help="cuda, cuda:N, or cpu (torch on the CPU: a check).")
+@click.option("--repeats", type=int, default=3, show_default=True)
+@click.option("--docs", type=int, default=None, help="Documents (default 65,536).")
+@click.option("--doc-chars", type=int, default=None, help="Characters a document (default 512).")
+@click.option("--quick", is_flag=True, help="Small sizes on any device: a check that it runs, not a measurement.")
+@click.option("--out", default=None, help="Write the JSON results here (nothing is written without it).")
+@friendly
+def bench_gpu_cmd(model, data, device, repeats, docs, doc_chars, quick, out):
+    """The torch backend on a GPU against the CPU's compiled kernels in the same process:
+    documents (65,536 x 512 by default) and one long text chunk-parallel, float32 and float64, with
+    the exactness of each against the float64 reference. Needs torch (the gpu extra)."""
+    from isan.bench.engine import write_json
+    from isan.bench.gpu import QUICK_SIZES, bench_gpu, markdown
+
+    sizes = dict(QUICK_SIZES) if quick else {}
+    if docs is not None:
+        sizes["docs"] = docs
+    if doc_chars is not None:
+        sizes["doc_chars"] = doc_chars
+    result = bench_gpu(model, data, device=device, repeats=repeats, sizes=sizes, log=lambda m: click.echo(m, err=True))
+    click.echo(markdown(result))
+    if out:
+        write_json(result, out)
+        click.echo(f"\nwrote {out}")
+
+
 @bench.command("budgets", short_help="Streaming speed against the table's size and storage type.")
 @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8 file: mined on train, timed on test.")
@@ -86,9 +116,10 @@ def bench_budgets_cmd(model, data, budgets, dtypes, chars, repeats, threads, out
 @click.option("--reference/--no-reference", default=True, show_default=True,
               help="Also time the baselines' per-step loop (forward_reference).")
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's).")
+@click.option("--device", default="cpu", show_default=True, help="torch device: cpu, cuda or cuda:N.")
 @click.option("--out", default=None, help="Write the JSON results here (nothing is written without it).")
 @friendly
-def bench_train_cmd(data, budgets, models, batch, steps, repeats, reference, threads, out):
+def bench_train_cmd(data, budgets, models, batch, steps, repeats, reference, threads, device, out):
     """Training throughput (chars/s of forward+backward+Adam) of each Table 1 model at each budget (needs torch)."""
     try:
         from isan.bench.train import bench_train, markdown_train
@@ -115,7 +146,7 @@ def bench_train_cmd(data, budgets, models, batch, steps, repeats, reference, thr
             raise click.BadParameter(f"{budgets!r} is not a comma-separated list of numbers", param_hint="--budgets") from None
     ids = Alphabet.text8().encode(read_text8_split(data, "train")[:2_000_000]).astype(np.int64)
     result = bench_train(ids, **chosen, batch=batch, steps=steps, repeats=repeats, reference=reference,
-                         threads=threads, log=lambda m: click.echo(m, err=True))
+                         threads=threads, device=device, log=lambda m: click.echo(m, err=True))
     if out:
         write_json(result, out)
     click.echo(markdown_train(result))

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The GPU check (issue #35): what a GPU gives isan, measured, and its tests, on a bare GPU machine
+# that got a copy of this working tree. Under 5 minutes on an H100 or H200.
+#
+# Such a machine has Python 3.12, a CUDA build of torch, numpy, pytest, hypothesis, safetensors,
+# click, tqdm and gcc, but no package index; isan needs marisa-trie besides, and the tests and the
+# benchmark read text8 from ../shared, which does not travel. So, in two steps:
+#
+#   bash isan/bench/gpu_check.sh --prepare     # here: marisa-trie's wheel for Python 3.12 and the
+#                                              # text8 head into .gpu/ (ignored by git, ~13 MB)
+#   bash isan/bench/gpu_check.sh               # there, with .gpu carried (the device tool's carry)
+#
+# The check installs the carried wheels and isan itself (--no-deps --no-build-isolation: the C
+# kernels compile there), runs the tests of the torch backend (those marked gpu run on CUDA), then
+# `isan bench gpu` (65,536 documents x 512 characters and the 12.5M-character text8 head, float32
+# and float64, against the CPU's compiled kernels on all cores) and `isan bench train --device cuda`
+# at B = 256, and prints their tables. Results go to $OUT (the device tool's output folder) or
+# .gpu/out: commit them under bench_results/ with the card named.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+GPU_DIR=.gpu
+DATA_SRC=${ISAN_SHARED_DATA:-../shared/data}
+
+if [ "${1:-}" = "--prepare" ]; then
+    mkdir -p "$GPU_DIR/whl" "$GPU_DIR/data/text8_head"
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        -d "$GPU_DIR/whl" "marisa-trie==$(python3 -c 'import importlib.metadata as m; print(m.version("marisa-trie"))')"
+    cp "$DATA_SRC/text8_head/text8_head.txt" "$GPU_DIR/data/text8_head/"
+    du -sh "$GPU_DIR"
+    exit 0
+fi
+
+OUT_DIR=${OUT:-$GPU_DIR/out}
+mkdir -p "$OUT_DIR"
+export PYTHONUNBUFFERED=1 ISAN_SHARED_DATA="$PWD/$GPU_DIR/data"
+[ -d "$GPU_DIR/whl" ] || { echo "no $GPU_DIR/whl: run 'bash isan/bench/gpu_check.sh --prepare' first and carry $GPU_DIR" >&2; exit 2; }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/isan-site "$GPU_DIR"/whl/*.whl
+export PYTHONPATH=/tmp/isan-site${PYTHONPATH:+:$PYTHONPATH}
+python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -3
+python3 - <<'EOF'
+import torch
+from isan.engine.kernels import native_status
+print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, GPU: "
+      f"{torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}; isan kernels {native_status()}")
+EOF
+TEXT8="$GPU_DIR/data/text8_head/text8_head.txt"
+set -o pipefail
+python3 -m pytest -q -p no:cacheprovider tests/test_torch_backend.py tests/test_backends.py 2>&1 | tee "$OUT_DIR/gpu_tests.log" | tail -15
+isan bench gpu --data "$TEXT8" --out "$OUT_DIR/gpu.json" 2>&1 | tee "$OUT_DIR/gpu_bench.md"
+isan bench train --data "$TEXT8" --device cuda --batch 256 --models isan --budgets 1.28e6 --no-reference \
+    --out "$OUT_DIR/gpu_train.json" 2>&1 | tee "$OUT_DIR/gpu_train.md"
+echo "results in $OUT_DIR"
