@@ -179,3 +179,23 @@ def test_the_gpu_check_script_is_valid_bash():
 
     script = Path(__file__).resolve().parents[1] / "isan" / "bench" / "gpu_check.sh"
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+
+
+def test_onnx_provider_selection(monkeypatch):
+    """`--backend onnx --device cuda|auto`: onnxruntime's CUDA provider where it exists (the CPU
+    provider after it, for the nodes CUDA lacks), the CPU provider for device cpu, an error (never
+    a silent CPU run) for cuda where there is none; auto falls back to the CPU and says so."""
+    ort = pytest.importorskip("onnxruntime")
+    from isan.engine.runners import onnx as onnx_runner
+    from isan.errors import BackendUnavailableError, IsanError
+
+    cuda, cpu = "CUDAExecutionProvider", "CPUExecutionProvider"
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [cuda, cpu])
+    assert onnx_runner._providers("cuda") == [cuda, cpu] and onnx_runner._providers("auto") == [cuda, cpu]
+    assert onnx_runner._providers("cpu") == [cpu]
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [cpu])
+    assert onnx_runner._providers("auto") == [cpu]
+    with pytest.raises(BackendUnavailableError, match="onnxruntime-gpu"):
+        onnx_runner._providers("cuda")
+    with pytest.raises(IsanError, match="device must be"):
+        onnx_runner._providers("tpu")
