@@ -507,6 +507,19 @@ def test_cli_every_figure_shows_both_models(runner, small_bundle, other_bundle, 
     assert "--model" in out["compare"]["other"]["commands"][0]
 
 
+def test_compared_models_default_to_the_stable_one_never_the_model_itself(small_bundle):
+    from isan.cli.analyze import _compare_paths
+    from isan.engine.core import paper_model_path
+
+    stable = paper_model_path().parent / "text8-d216-stable"
+    if not stable.is_dir():
+        pytest.skip("the stable model is not installed")
+    assert [p.resolve() for p in _compare_paths(None)] == [stable.resolve()]  # beside the paper's model
+    assert _compare_paths(None, model=str(stable)) == []  # not beside itself
+    assert _compare_paths(("none",), model=str(small_bundle)) == []
+    assert _compare_paths((str(small_bundle),), model=str(small_bundle)) == []
+
+
 def test_word_tsne_figure_has_a_row_per_model(tmp_path):
     """The ICLR Fig 6 t-SNE with two models: one row of panels each (the study is slow; the figure is not)."""
     pytest.importorskip("matplotlib")
