@@ -4,7 +4,7 @@ An ISAN has K input symbols (the rows of ``W`` and ``b``) and V output classes (
 :class:`isan.alphabet.Alphabet` is the character alphabet (K = V, one character a symbol); this
 module adds the three token alphabets of the paper and of the related work, with the same interface:
 
-- :class:`ByteAlphabet`: UTF-8 bytes (paper section 3.2): V = 256 outputs, K inputs = the K - 1 most
+- :class:`ByteAlphabet`: UTF-8 bytes (the form of the paper's Billion Word Benchmark models, ICML Sec 3.2): V = 256 outputs, K inputs = the K - 1 most
   frequent bytes of the training data plus one ``other`` input for every remaining byte.
 - :class:`PairAlphabet`: pairs of characters of a base alphabet (paper section 3.1): K = V = n^2;
   a text of odd length is padded with the base alphabet's ``pad`` character (space).

@@ -8,7 +8,7 @@ predicts); the model reads ``corpus.input_map[ids]`` (K inputs; None: the identi
 
 - ``chars``: one character a symbol (text8's 27 for text8; the file's characters otherwise);
 - ``bytes``: UTF-8 bytes, 256 outputs; inputs are the K - 1 most frequent bytes of the TRAIN part plus
-  one ``other`` (``inputs`` = K, 70 by default as in the paper's section 3.2);
+  one ``other`` (``inputs`` = K, 70 by default, as the paper's Billion Word Benchmark ISAN (ICML Sec 3.2));
 - ``pairs``: pairs of characters of the chars alphabet (text8's for text8; 27^2 = 729 for text8);
   an odd-length split is padded with a space;
 - ``words``: whitespace-separated words; the vocabulary is every word of the data (train, valid and

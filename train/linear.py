@@ -1,5 +1,5 @@
-"""Linear controls of the paper's comparison (Foerster et al. 2017, section 3): what the ISAN's
-input switching and its biases buy.
+"""Linear controls of the paper's comparison (Foerster et al. 2017, ICML Sec 3.1; the bias-free
+ISAN: ICLR workshop version Sec 6.1): what the ISAN's input switching and its biases buy.
 
 Three models with the interface of :class:`isan.train.models.ISAN` (``kind``,
 ``__init__(K, V, d, seed=None)``, ``for_budget``, ``param_count``, ``config()``,
@@ -33,7 +33,7 @@ and ``export_checkpoint`` treat them like every other model. Column-vector conve
   The plain ``linear`` model needs no constraint: its linear readout turns a growing state into a
   growing loss. The constraint changes training only; the exported model is the same
   architecture, with a ``W`` whose state stays bounded on any stream.
-* ``isan_nobias``: the ISAN without its biases, ``h_t = W[x_t] h_{t-1}`` (paper: about 4.1 bpc),
+* ``isan_nobias``: the ISAN without its biases, ``h_t = W[x_t] h_{t-1}`` (ICLR workshop version Sec 6.1: about 4.1 bpc),
   ``logits_t = W_ro h_t + b_ro``. Parameters: ``W`` (K, d, d), ``W_ro`` (V, d), ``b_ro`` (V,),
   ``h0`` (d,): ``K d^2 + V d + V + d``. The state is a linear function of ``h0`` alone
   (``h_t = W[x_t] ... W[x_1] h0``), so ``h0`` starts random (N(0, 1/d) per entry, norm about 1)
