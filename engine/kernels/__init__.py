@@ -3,10 +3,15 @@
 * :mod:`~isan.engine.kernels.streams`: many state rows advanced together, grouped by symbol
   (batches of texts; chunk-parallel scoring of one long text), ``run_streams`` /
   ``run_streams_ref``.
+* :mod:`~isan.engine.kernels.jumps`: many rows advanced by composed jumps of a trie table's keys,
+  grouped by key, ``run_jumps`` / ``run_jumps_ref``.
 * :mod:`~isan.engine.kernels.sequential`: one stream through a composed trie table,
   ``seq_composed`` / ``seq_composed_ref``.
-* :mod:`~isan.engine.kernels.chunked`: exact chunk-parallel scoring of long texts, built on
-  ``run_streams``.
+* :mod:`~isan.engine.kernels.chunked`: exact chunk-parallel scoring of long texts on any runner
+  (the :class:`~isan.engine.kernels.chunked.Runner` contract).
+* :mod:`~isan.engine.kernels.backends`: the registry of backends (native, numpy, torch) by device
+  and dtype; :mod:`isan.engine.kernels.torch` (imported only when asked for) is the torch
+  backend's runner, for GPUs.
 
 The compiled module ``_native`` is a C extension built by the package install (setup.py). Where
 it is missing or cannot load, every kernel runs its numpy twin and :func:`native_status` says why;

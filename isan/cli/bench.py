@@ -50,7 +50,7 @@ def bench_engine_cmd(model, data, repeats, threads, peers, quick, progress, out,
         click.echo(f"wrote {plot}")
 
 
-@bench.command("gpu", short_help="GPU scoring (the torch backend) against the CPU's kernels, and its exactness.")
+@bench.command("gpu", short_help="GPU scoring (torch backend) against the CPU, and its exactness.")
 @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True,
               help="A text8 file: the long text (all of it) and the documents (drawn from it).")
