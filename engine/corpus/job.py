@@ -18,7 +18,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from isan.atomic import write_json_atomic
 from isan.errors import IsanError, install_hint
@@ -91,69 +91,114 @@ def _file_error_row(message: str) -> dict:
             "per_char_bits": None}
 
 
+class FileParts:
+    """One input file as the job cuts it: its parts in order (``part_docs`` documents or
+    ``part_chars`` characters each), each written atomically once scored, then its done record.
+    The local runner, its worker processes and the Ray actors all go through it, so they write the
+    same files.
+
+    Args:
+        cfg: the job; path: the input; shards: the output's ``shards/`` folder.
+        on_part: called with each part's ``{"path", "documents", "chars_read", "new", "file_pos"}``
+            (bytes of the file read, -1 when unknown), and once more with ``"done": True``.
+    """
+
+    def __init__(self, cfg: JobConfig, path: str, shards: Path, on_part: Callable[[dict], None] | None = None):
+        self.cfg, self.path, self.shards, self.on_part = cfg, path, shards, on_part
+        self.key = shard_key(path)
+        self.done_path = shards / f"{self.key}.done.json"
+        self.totals = {"documents": 0, "chars_read": 0, "chars_scored": 0, "bits": 0.0, "errors": 0}
+        self.new = {"new_documents": 0, "new_chars": 0}
+        self.parts = 0
+        self.file_error: str | None = None
+
+    def complete(self) -> dict | None:
+        """The done record of a file complete already (``"skipped": True``), else None."""
+        if not self.done_path.is_file():
+            return None
+        rec = json.loads(self.done_path.read_text())
+        rec.update(new_documents=0, new_chars=0, skipped=True)
+        if self.on_part:
+            self.on_part({"path": self.path, "documents": rec["documents"], "chars_read": rec["chars_read"],
+                          "new": False, "done": True})
+        return rec
+
+    def cut(self) -> Iterator[tuple[Path, list, str | None]]:
+        """(the part's path, its documents, the file's error if the file broke in it), in order.
+        A part whose file exists already (a resumed job) is still read, to find where the next begins."""
+        cfg = self.cfg
+        buf, size, k, file_error = [], 0, 0, None
+        try:
+            for doc in read_docs(self.path, cfg.fmt, cfg.text_field, cfg.id_field, cfg.per_line):
+                buf.append(doc)
+                size += doc.size
+                if len(buf) >= cfg.part_docs or size >= cfg.part_chars:
+                    yield self.shards / part_name(self.key, k), buf, None
+                    buf, size, k = [], 0, k + 1
+        except InputFileError as e:
+            file_error = str(e)
+        if buf or file_error:
+            yield self.shards / part_name(self.key, k), buf, file_error
+
+    def add(self, part: Path, docs: list, rows: list | None, file_error: str | None = None) -> None:
+        """Count the next part: written already (``rows`` None: its totals are read back), or write
+        ``rows`` (the scored ``docs``; a file error adds its own row)."""
+        if rows is None:
+            t = part_totals(part)
+            fresh = False
+        else:
+            rows = list(rows)
+            if file_error:
+                rows.append(_file_error_row(file_error))
+            write_part(part, rows, self.path, self.cfg.columns)
+            t = rows_totals(rows)
+            self.new["new_documents"] += t["documents"]
+            self.new["new_chars"] += t["chars_read"]
+            fresh = True
+        for k in self.totals:
+            self.totals[k] += t[k]
+        self.parts += 1
+        self.file_error = file_error or self.file_error
+        if self.on_part:
+            self.on_part({"path": self.path, "documents": t["documents"], "chars_read": t["chars_read"], "new": fresh,
+                          "file_pos": docs[-1].file_pos if docs else -1})
+
+    def finish(self) -> dict:
+        """Write the done record; returns it with this run's work (``new_documents``, ``new_chars``)."""
+        rec = {"path": self.path, "key": self.key, "parts": self.parts, **self.totals, "file_error": self.file_error}
+        write_json_atomic(self.done_path, rec)
+        rec.update(self.new, skipped=False)
+        if self.on_part:
+            self.on_part({"path": self.path, "documents": 0, "chars_read": 0, "new": False, "done": True})
+        return rec
+
+
 def process_file(scorer: DocScorer, cfg: JobConfig, path: str, shards: Path,
                  on_part: Callable[[dict], None] | None = None) -> dict:
-    """Score one input file into its parts (skipping parts already written) and write its done record.
+    """Score one input file into its parts (skipping parts already written) and write its done record
+    (:class:`FileParts`).
 
     Returns the done record: ``{"path", "key", "parts", "documents", "chars_read", "chars_scored",
     "bits", "errors", "file_error"}`` plus this call's work (``"new_documents"``, ``"new_chars"``,
-    ``"skipped": True`` when the file was complete already). ``on_part`` is called with each part's
-    ``{"path", "documents", "chars_read", "new", "file_pos"}`` (bytes of the file read, -1 when
-    unknown), and once more with ``"done": True`` when the file is complete.
+    ``"skipped": True`` when the file was complete already).
     """
-    key = shard_key(path)
-    done = shards / f"{key}.done.json"
-    if done.is_file():
-        rec = json.loads(done.read_text())
-        rec.update(new_documents=0, new_chars=0, skipped=True)
-        if on_part:
-            on_part({"path": path, "documents": rec["documents"], "chars_read": rec["chars_read"], "new": False,
-                     "done": True})
+    fp = FileParts(cfg, path, shards, on_part)
+    rec = fp.complete()
+    if rec is not None:
         return rec
-    totals = {"documents": 0, "chars_read": 0, "chars_scored": 0, "bits": 0.0, "errors": 0}
-    new = {"new_documents": 0, "new_chars": 0}
-    part = 0
+    for part, docs, file_error in fp.cut():
+        fp.add(part, docs, None if part.is_file() else (scorer.score(docs) if docs else []), file_error)
+    return fp.finish()
 
-    def flush(docs, file_error=None):
-        nonlocal part
-        p = shards / part_name(key, part)
-        if p.is_file():
-            t = part_totals(p)
-            fresh = False
-        else:
-            rows = scorer.score(docs) if docs else []
-            if file_error:
-                rows.append(_file_error_row(file_error))
-            write_part(p, rows, path, cfg.columns)
-            t = rows_totals(rows)
-            new["new_documents"] += t["documents"]
-            new["new_chars"] += t["chars_read"]
-            fresh = True
-        for k in totals:
-            totals[k] += t[k]
-        part += 1
-        if on_part:
-            on_part({"path": path, "documents": t["documents"], "chars_read": t["chars_read"], "new": fresh,
-                     "file_pos": docs[-1].file_pos if docs else -1})
 
-    buf, size, file_error = [], 0, None
+def input_bytes(inputs: list[str]) -> int | None:
+    """The inputs' total size in bytes as stored, None when a URL's is not known (or a pattern
+    matches nothing: the job says why)."""
     try:
-        for doc in read_docs(path, cfg.fmt, cfg.text_field, cfg.id_field, cfg.per_line):
-            buf.append(doc)
-            size += doc.size
-            if len(buf) >= cfg.part_docs or size >= cfg.part_chars:
-                flush(buf)
-                buf, size = [], 0
-    except InputFileError as e:
-        file_error = str(e)
-    if buf or file_error:
-        flush(buf, file_error)
-    rec = {"path": path, "key": key, "parts": part, **totals, "file_error": file_error}
-    write_json_atomic(done, rec)
-    rec.update(new, skipped=False)
-    if on_part:
-        on_part({"path": path, "documents": 0, "chars_read": 0, "new": False, "done": True})
-    return rec
+        sizes = _input_sizes(expand_inputs(inputs))
+    except IsanError:
+        return None
+    return None if None in sizes.values() else sum(sizes.values())
 
 
 def _input_sizes(paths: list[str]) -> dict[str, int | None]:
@@ -255,7 +300,8 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
                  unknown: str = "error", replacement: str | None = None, batch_chars: int = DEFAULT_BATCH_CHARS,
                  per_char_max: int = 0, part_docs: int = 10_000, part_chars: int = 32_000_000,
                  threads: int | None = None, progress: bool = True, ray_actors: int | None = None,
-                 ray_cpus_per_actor: float = 1, engine=None, device: str = "cpu", dtype: str = "float32") -> dict:
+                 ray_cpus_per_actor: float = 1, engine=None, device: str = "cpu", dtype: str = "float32",
+                 workers: int = 1) -> dict:
     """Score every document of a corpus with an ISAN and write Parquet shards and ``summary.json``.
 
     Args:
@@ -271,7 +317,10 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
         batch_chars: characters scored together in one call of the batched kernel.
         per_char_max: also keep per-character bits of documents of at most this many scored characters.
         part_docs, part_chars: an output part (the unit of resumption) closes after this many documents or characters.
-        threads: kernel threads of the local runner (default: all the CPUs this process may use).
+        threads: kernel threads of the local runner (default: all the CPUs this process may use),
+            of each worker process when ``workers`` > 1 (default there: 1).
+        workers: worker processes of the local runner (:mod:`isan.engine.corpus.workers`); the
+            output files are the same whatever their number.
         progress: show a progress bar (stderr).
         ray_actors, ray_cpus_per_actor: Ray actors (default: the cluster's CPUs / CPUs per actor) and CPUs each.
         device, dtype: where and in what the kernels run (:meth:`Engine.load`): ``device="cuda"``
@@ -301,6 +350,11 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
             raise IsanError(f"{k} must be at least 1; got {v}")
     if per_char_max < 0:
         raise IsanError(f"per_char_max must be at least 0; got {per_char_max}")
+    if workers < 1:
+        raise IsanError(f"workers must be at least 1; got {workers}")
+    if workers > 1 and (runner != "local" or engine is not None):
+        raise IsanError("worker processes are the local runner's, and load the model themselves: pass model=, "
+                        "not engine= (the Ray runner has its actors)")
     t0 = time.perf_counter()
     if engine is None:
         engine = load_corpus_engine(model, device, dtype)
@@ -318,22 +372,28 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
     for leftover in shards.glob(".*.tmp"):  # a killed run's unfinished writes (never read)
         leftover.unlink(missing_ok=True)
     bar = Progress(progress, _input_sizes(paths))
+
+    def on_part(t: dict) -> None:
+        bar.update(t["path"], t["documents"], t["chars_read"], t.get("file_pos", -1), t.get("done", False))
+
     try:
-        if runner == "local":
-            scorer = DocScorer(engine, cfg.options(threads))
-            records = [process_file(scorer, cfg, p, shards,
-                                    on_part=lambda t: bar.update(t["path"], t["documents"], t["chars_read"],
-                                                                 t.get("file_pos", -1), t.get("done", False)))
-                       for p in paths]
-            where = {"runner": "local", "threads": scorer.threads}
-            if scorer.engine.kernels.name == "torch":  # say where it ran
-                where.update(scorer.engine.kernels.describe())
-        else:
+        if runner == "ray":
             from isan.engine.corpus.ray_runner import run_ray
 
             records, where = run_ray(paths, cfg, out, ray_address, ray_actors, ray_cpus_per_actor,
                                      on_file=lambda r: bar.update(r["path"], r["documents"], r["chars_read"],
                                                                   done=True))
+        elif workers > 1:
+            from isan.engine.corpus.workers import run_workers
+
+            records, facts = run_workers(paths, cfg, shards, workers, threads or 1, on_part=on_part)
+            where = {"runner": "local", **facts}
+        else:
+            scorer = DocScorer(engine, cfg.options(threads))
+            records = [process_file(scorer, cfg, p, shards, on_part=on_part) for p in paths]
+            where = {"runner": "local", "workers": 1, "threads": scorer.threads}
+        if runner == "local" and engine.kernels.name == "torch":  # say where it ran
+            where.update(engine.kernels.describe())
     finally:
         bar.close()
     seconds = time.perf_counter() - t0

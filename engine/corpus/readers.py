@@ -390,12 +390,19 @@ def _parquet_doc(t, doc_id, i: int, fallback_id: str, text_field: str, id_field:
     return Doc(i, did, t)
 
 
-def _blocks_of(path: str, block_chars: int) -> Callable[[], Iterator[str]]:
-    def gen() -> Iterator[str]:
+@dataclass(frozen=True)
+class FileBlocks:
+    """A file's text in blocks, read anew at each call (``Doc.blocks`` of a file read as one
+    document); a value, so that a document can go to a worker process (issue 36) and be read there."""
+
+    path: str
+    block_chars: int
+
+    def __call__(self) -> Iterator[str]:
         from isan.engine.blocks import read_blocks
 
-        with _open_decompressed(path)[0] as f:
-            blocks = read_blocks(f, block_chars)
+        with _open_decompressed(self.path)[0] as f:
+            blocks = read_blocks(f, self.block_chars)
             while True:
                 try:
                     block = next(blocks)
@@ -404,10 +411,8 @@ def _blocks_of(path: str, block_chars: int) -> Callable[[], Iterator[str]]:
                 except IsanError:  # not UTF-8: the document's error
                     raise
                 except Exception as e:  # noqa: BLE001  as in _lines: the file's stream cannot be decoded
-                    raise _damaged(path, e) from None
+                    raise _damaged(self.path, e) from None
                 yield block
-
-    return gen
 
 
 def read_text(path: str, per_line: bool = False, block_chars: int = 1_000_000) -> Iterator[Doc]:
@@ -421,7 +426,7 @@ def read_text(path: str, per_line: bool = False, block_chars: int = 1_000_000) -
             pass
         with _open_raw(path):  # fail now, as a file error, if it cannot be opened
             pass
-        yield Doc(0, path, blocks=_blocks_of(path, block_chars), chars=size)
+        yield Doc(0, path, blocks=FileBlocks(path, block_chars), chars=size)
         return
     stream, file = _open_decompressed(path)
     with stream as f:

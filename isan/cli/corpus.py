@@ -35,7 +35,11 @@ def corpus():
               help="Also store per-character bits for documents of at most this many scored characters (0: none).")
 @click.option("--part-docs", type=int, default=10_000, show_default=True,
               help="Documents an output part holds (a part is the unit a re-run resumes from).")
-@click.option("--threads", type=int, default=None, help="Kernel threads of the local runner (default: all CPUs).")
+@click.option("--workers", type=int, default=None,
+              help="Worker processes of the local runner, each normalising and scoring its share (default: the CPUs "
+                   "this process may use divided by --threads; inputs under 4 MB: 1); the output is the same for any number.")
+@click.option("--threads", type=int, default=None,
+              help="Kernel threads of each worker (default: 1, or the CPUs divided by --workers when that is given).")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True,
               help="cuda: score on the GPU with the torch backend (the gpu extra; with --runner ray one actor a "
                    "GPU); auto: cuda when torch sees a GPU.")
@@ -47,8 +51,8 @@ def corpus():
 @unknown_options
 @friendly
 def corpus_score_cmd(inputs, out, fmt, text_field, id_field, per_line, runner, ray_address, ray_actors,
-                     ray_cpus_per_actor, model, batch_chars, per_char_max, part_docs, threads, device, dtype, progress,
-                     as_json, normalize, unknown, replacement):
+                     ray_cpus_per_actor, model, batch_chars, per_char_max, part_docs, workers, threads, device, dtype,
+                     progress, as_json, normalize, unknown, replacement):
     """Score every document of INPUT... (paths, globs, directories, fsspec URLs) into --out DIR.
 
     DIR gets shards/*.parquet (per document: id, chars read and scored, bits, bpc, the
@@ -59,13 +63,23 @@ def corpus_score_cmd(inputs, out, fmt, text_field, id_field, per_line, runner, r
 
     if ray_address:
         runner = "ray"
-    if threads is not None and threads < 1:
-        raise UserError(f"--threads must be at least 1; got {threads}")
+    for name, v in (("--threads", threads), ("--workers", workers)):
+        if v is not None and v < 1:
+            raise UserError(f"{name} must be at least 1; got {v}")
+    if runner == "ray":
+        if workers is not None:
+            raise UserError("--workers is the local runner's; the Ray runner has --ray-actors")
+    else:
+        from isan.engine.corpus.job import input_bytes
+        from isan.engine.corpus.workers import plan_workers
+
+        workers, threads = plan_workers(workers, threads, input_bytes(list(inputs)))
     summary = score_corpus(list(inputs), out, fmt=fmt, text_field=text_field, id_field=id_field or None,
                            per_line=per_line, runner=runner, ray_address=ray_address, model=model,
                            normalize=normalize, unknown=unknown, replacement=replacement, batch_chars=batch_chars,
                            per_char_max=per_char_max, part_docs=part_docs, threads=threads, progress=progress,
-                           ray_actors=ray_actors, ray_cpus_per_actor=ray_cpus_per_actor, device=device, dtype=dtype)
+                           ray_actors=ray_actors, ray_cpus_per_actor=ray_cpus_per_actor, device=device, dtype=dtype,
+                           workers=workers or 1)
     if as_json:
         emit_json(summary)
         return
@@ -77,7 +91,9 @@ def corpus_score_cmd(inputs, out, fmt, text_field, id_field, per_line, runner, r
                f"{_count(len(summary['file_errors']), 'unreadable file')}")
     rate = f"{run['docs_per_s']:,.0f} docs/s, {run['chars_per_s']:,.0f} chars/s" if run["seconds"] else ""
     skipped = run["files_skipped"]
-    click.echo(f"this run ({run['runner']}): {_count(run['documents'], 'document')} in {run['seconds']:.1f} s "
+    how = run["runner"] + (f", {_count(run['workers'], 'worker')} x {_count(run['threads'], 'thread')}"
+                           if "workers" in run else "")
+    click.echo(f"this run ({how}): {_count(run['documents'], 'document')} in {run['seconds']:.1f} s "
                f"({rate}); {_count(skipped, 'file')} {'was' if skipped == 1 else 'were'} complete already")
     for fe in summary["file_errors"][:5]:
         click.echo(f"  unreadable: {fe['error']}", err=True)

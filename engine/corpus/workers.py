@@ -1,0 +1,224 @@
+"""Worker processes of the local runner (issue 36): the corpus job on every core of a machine.
+
+One process cannot keep many cores busy: reading, JSON, normalising and writing run in the
+interpreter, one at a time, so the threads of the batched kernel stopped gaining at 4 threads on a
+16-core host. Here ``workers`` processes (``concurrent.futures.ProcessPoolExecutor``, started with
+``spawn``), each with its own engine and ``threads`` kernel threads, normalise and score the
+documents; this process reads the inputs, cuts each file into its parts exactly as one process does
+(:class:`~isan.engine.corpus.job.FileParts`), hands each part to the workers in pieces, and writes
+each part and done record in order as its pieces come back.
+
+The output files do not depend on ``workers``: a part holds the same documents whoever scored
+them, a document's bits do not depend on its batch (:mod:`isan.engine.corpus.scoring`), and parts
+and done records are written in file order by this process, atomically. A job killed at any moment
+resumes as before; a bad document is a row with its error, in any worker. A worker that dies (out
+of memory, killed) ends the job with a message; what was written stands, and a re-run resumes.
+
+Work in flight is bounded: at most ``2 * workers`` pieces (of at most ``batch_chars`` characters
+each) wait or run, besides the part being cut.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import multiprocessing
+import os
+import signal
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from isan.errors import IsanError
+
+log = logging.getLogger(__name__)
+
+#: the fewest characters a piece of a part is cut into (below it, handing work over costs more
+#: than it gains; and the kernels want rows: 256k characters are about 256 rows of 1,024)
+MIN_PIECE_CHARS = 256_000
+
+
+#: inputs smaller than this (in bytes, as stored) are scored in this process by default: a worker
+#: takes about a second to start and load the model, the time one core scores about 1M characters
+SMALL_JOB_BYTES = 4_000_000
+
+
+def plan_workers(workers: int | None, threads: int | None, input_bytes: int | None = None) -> tuple[int, int]:
+    """(workers, kernel threads of each) for the local runner, from what the user gave.
+
+    Neither: one thread a worker and a worker a CPU this process may use (a small job, under
+    :data:`SMALL_JOB_BYTES` of input: one worker, this process, with a thread a CPU); ``threads``
+    alone: the CPUs divided by it; ``workers`` alone: the CPUs shared among them.
+    """
+    from isan.engine.kernels import default_threads
+
+    cpus = default_threads()
+    if workers is None and threads is None and input_bytes is not None and input_bytes < SMALL_JOB_BYTES:
+        return 1, cpus
+    if workers is None:
+        threads = threads or 1
+        return max(1, cpus // threads), threads
+    return workers, threads or max(1, cpus // workers)
+
+
+# ---- in each worker process ------------------------------------------------------------------
+_SCORER = None
+_LOAD_ERROR: str | None = None
+
+
+def _init_worker(cfg: dict, threads: int) -> None:
+    """Load the job's model once in this worker (the driver's model, checked by hash and kernel).
+    A failure is kept and said by the first piece (an initializer that raises would print a
+    traceback and break the pool without a word of why)."""
+    global _SCORER, _LOAD_ERROR
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's: it stops the workers
+    try:
+        from isan.engine.corpus.job import JobConfig, load_corpus_engine
+        from isan.engine.corpus.scoring import DocScorer, corpus_path
+
+        job = JobConfig(**cfg)
+        engine = load_corpus_engine(job.model, job.device, job.dtype)
+        if engine.params_sha256 != job.params_sha256 or corpus_path(engine) != job.kernel:
+            raise IsanError(f"it loaded {engine.source} ({engine.params_sha256[:12]}, {corpus_path(engine)} kernel), "
+                            f"not the job's model ({job.params_sha256[:12]}, {job.kernel} kernel)")
+        _SCORER = DocScorer(engine, job.options(threads))
+    except Exception as e:  # noqa: BLE001 - said by _score_piece, in the driver
+        _LOAD_ERROR = f"{type(e).__name__}: {e}"
+
+
+def _score_piece(docs: list) -> tuple[list, float]:
+    """(the rows of ``docs``, seconds spent scoring them) in a worker."""
+    if _SCORER is None:
+        raise IsanError(f"a worker process could not load the model ({_LOAD_ERROR})")
+    t0 = time.perf_counter()
+    rows = _SCORER.score(docs)
+    return rows, time.perf_counter() - t0
+
+
+# ---- in the driver ---------------------------------------------------------------------------
+@dataclass
+class _Part:
+    file: object  # FileParts
+    path: Path
+    docs: list
+    file_error: str | None
+    futures: list = field(default_factory=list)
+    last: bool = False  # the file's last part: its done record follows
+
+
+def pieces(docs: list, workers: int, batch_chars: int) -> list[list]:
+    """A part's documents cut into contiguous pieces for the workers: about an equal share of the
+    characters each, at most ``batch_chars`` and at least :data:`MIN_PIECE_CHARS` a piece (as far
+    as the documents allow), at most ``workers`` pieces unless ``batch_chars`` asks for more."""
+    total = sum(d.size for d in docs)
+    n = max(-(-total // max(1, batch_chars)), min(workers, total // MIN_PIECE_CHARS), 1)
+    n = min(n, len(docs)) if docs else 1
+    if n <= 1:
+        return [docs]
+    out, cur, size, share = [], [], 0, total / n
+    for d in docs:
+        cur.append(d)
+        size += d.size
+        if size >= share * (len(out) + 1) and len(out) < n - 1:
+            out.append(cur)
+            cur = []
+    out.append(cur)
+    return [p for p in out if p]
+
+
+def run_workers(paths: list[str], cfg, shards: Path, workers: int, threads: int,
+                on_part: Callable[[dict], None] | None = None) -> tuple[list[dict], dict]:
+    """Score ``paths`` with ``workers`` processes of ``threads`` kernel threads each.
+
+    Returns:
+        (one done record per path, in order; facts about the run: workers, threads, the seconds
+        the workers spent scoring and this process spent besides waiting).
+    Raises:
+        IsanError: a worker could not load the model, or died; what was written stands.
+    """
+    from isan.engine.corpus.job import FileParts
+
+    records: dict[str, dict] = {}
+    queue: deque[_Part] = deque()
+    stats = {"worker_seconds": 0.0, "driver_busy_seconds": 0.0}
+    ctx = multiprocessing.get_context("spawn")
+    ex = cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(asdict(cfg), threads))
+    in_flight = 0
+
+    def drain(block: bool) -> None:
+        """Write the parts at the front of the queue whose pieces are back (waiting for the first
+        one's when ``block``)."""
+        nonlocal in_flight
+        while queue:
+            part = queue[0]
+            if not all(f.done() for f in part.futures):
+                if not block:
+                    return
+                cf.wait(part.futures)
+            block = False
+            queue.popleft()
+            t0 = time.perf_counter()
+            if part.futures or not part.path.is_file():
+                rows = []
+                for f in part.futures:
+                    piece_rows, seconds = f.result()
+                    rows.extend(piece_rows)
+                    stats["worker_seconds"] += seconds
+                in_flight -= len(part.futures)
+                part.file.add(part.path, part.docs, rows, part.file_error)
+            else:
+                part.file.add(part.path, part.docs, None, part.file_error)
+            if part.last:
+                records[part.file.path] = part.file.finish()
+            stats["driver_busy_seconds"] += time.perf_counter() - t0
+
+    try:
+        for path in paths:
+            t0 = time.perf_counter()
+            fp = FileParts(cfg, path, shards, on_part)
+            rec = fp.complete()
+            if rec is not None:
+                records[path] = rec
+                continue
+            parts = fp.cut()
+            nxt = next(parts, None)
+            while nxt is not None:
+                part_path, docs, file_error = nxt
+                nxt = next(parts, None)
+                part = _Part(fp, part_path, docs, file_error, last=nxt is None)
+                if docs and not part_path.is_file():
+                    for piece in pieces(docs, workers, cfg.batch_chars):
+                        part.futures.append(ex.submit(_score_piece, piece))
+                        in_flight += 1
+                queue.append(part)
+                stats["driver_busy_seconds"] += time.perf_counter() - t0
+                drain(block=False)
+                while in_flight > 2 * workers:
+                    drain(block=True)
+                t0 = time.perf_counter()
+            stats["driver_busy_seconds"] += time.perf_counter() - t0
+        while queue:
+            drain(block=True)
+    except cf.process.BrokenProcessPool as e:
+        _stop(ex)
+        raise IsanError(f"a worker process died ({e}; out of memory, or killed?); the parts written so far are kept: "
+                        "run the same command again to resume") from None
+    except BaseException:
+        _stop(ex)
+        raise
+    else:
+        ex.shutdown(wait=True)
+    return [records[p] for p in paths], {"workers": workers, "threads": threads, **stats}
+
+
+def _stop(ex: cf.ProcessPoolExecutor) -> None:
+    """Stop the pool now (Ctrl-C or an error): cancel what waits, end the workers."""
+    procs = list(getattr(ex, "_processes", {}).values())  # the standard library keeps them here (3.9-3.13)
+    ex.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=5)

@@ -1,0 +1,162 @@
+"""Worker processes of the local runner (issue 36): the same output bytes whatever their number,
+bad input recorded in any worker's share, kill -9 and Ctrl-C leave a job that resumes to the same
+files, and a failing run leaves the next one working."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pyarrow")
+zstandard = pytest.importorskip("zstandard")
+
+from isan.engine.corpus import score_corpus  # noqa: E402
+from isan.errors import IsanError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, text8_test) -> Path:
+    """Four files of every kind the readers take: JSONL with bad lines, a .jsonl.zst cut short,
+    text files one document a file (read in blocks in the worker) and one a line."""
+    d = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng(0)
+    lines = []
+    for i in range(160):
+        a, n = int(rng.integers(0, len(text8_test) - 6000)), int(rng.integers(20, 6000))
+        lines.append(json.dumps({"id": f"d{i}", "text": text8_test[a : a + n]}))
+    lines[17] = '{"text": "x", "n": ' + "9" * 5000 + "}"
+    lines[90] = "not json"
+    (d / "a.jsonl").write_text("\n".join(lines[:110]) + "\n")
+    z = zstandard.ZstdCompressor().compress(("\n".join(lines[110:]) + "\n").encode())
+    (d / "b.jsonl.zst").write_bytes(z[:-40])  # cut short: a file error after the documents before the cut
+    (d / "c.txt").write_text(text8_test[:30_000])
+    (d / "lines").mkdir()
+    (d / "lines" / "d.txt").write_text("\n".join(text8_test[i * 400 : i * 400 + 300] for i in range(40)))
+    return d
+
+
+def files_of(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((out / "shards").iterdir())}
+
+
+def run(corpus: Path, out: Path, workers: int, **kw) -> dict:
+    inputs = [str(corpus / "a.jsonl"), str(corpus / "b.jsonl.zst"), str(corpus / "c.txt")]
+    return score_corpus(inputs, out, workers=workers, progress=False, part_docs=25, **kw)
+
+
+@pytest.fixture(scope="module")
+def one_worker(corpus, tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("w1") / "out"
+    return out, run(corpus, out, 1)
+
+
+def test_workers_write_the_same_bytes_as_one(corpus, one_worker, tmp_path):
+    out1, s1 = one_worker
+    assert s1["errors"] >= 2 and len(s1["file_errors"]) == 1  # the bad lines and the cut file are recorded
+    for workers in (2, 3):
+        s = run(corpus, tmp_path / f"w{workers}", workers)
+        assert files_of(tmp_path / f"w{workers}") == files_of(out1)
+        assert s["this_run"]["workers"] == workers and s["this_run"]["threads"] == 1
+        for k in ("documents", "chars_read", "chars_scored", "bits", "errors", "file_errors"):
+            assert s[k] == s1[k], k
+
+
+def test_per_line_text_with_workers(corpus, tmp_path):
+    kw = dict(per_line=True, progress=False, part_docs=7)
+    score_corpus(str(corpus / "lines"), tmp_path / "one", workers=1, **kw)
+    score_corpus(str(corpus / "lines"), tmp_path / "two", workers=2, **kw)
+    assert files_of(tmp_path / "one") == files_of(tmp_path / "two")
+
+
+def _cli(corpus: Path, out: Path, workers: int) -> list[str]:
+    return [sys.executable, "-m", "isan.cli", "corpus", "score", str(corpus / "a.jsonl"), str(corpus / "b.jsonl.zst"),
+            str(corpus / "c.txt"), "--out", str(out), "--workers", str(workers), "--part-docs", "25", "--no-progress"]
+
+
+def _alive(pids: list[int]) -> list[int]:
+    return [p for p in pids if Path(f"/proc/{p}").exists() and "zombie" not in
+            Path(f"/proc/{p}/status").read_text().lower()]
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if int((p / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(p.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_killed_or_interrupted_then_rerun_gives_the_same_files(corpus, one_worker, tmp_path, sig):
+    """kill -9 of the whole job (its process group), or Ctrl-C (SIGINT to the driver, which stops
+    its workers), once some parts are written; a re-run with another number of workers ends with
+    one worker's files. After Ctrl-C no worker is left running."""
+    out = tmp_path / "out"
+    p = subprocess.Popen(_cli(corpus, out, 2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and p.poll() is None:
+        if len(list((out / "shards").glob("*.parquet"))) >= 2 if (out / "shards").is_dir() else False:
+            break
+        time.sleep(0.05)
+    workers = _children(p.pid)
+    if sig == signal.SIGKILL:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    else:
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+        if not (out / "summary.json").exists():  # interrupted (not finished before the signal came)
+            assert p.returncode == 1 and "Aborted!" in err, err
+        assert "Traceback" not in err, err
+        time.sleep(0.5)
+        assert not _alive(workers), "workers left running after Ctrl-C"
+    r = subprocess.run(_cli(corpus, out, 3), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert files_of(out) == files_of(one_worker[0])
+
+
+def test_a_failing_run_then_good_runs(corpus, one_worker, tmp_path, monkeypatch):
+    """Workers that cannot load the job's model (here: a job whose model hash is not the model's)
+    end the run with a message and no part written; the next runs work."""
+    from isan.engine.corpus import job as job_mod
+    from isan.engine.corpus.workers import run_workers
+
+    cfg = job_mod.JobConfig(params_sha256="0" * 64, kernel="jumps", part_docs=25)
+    shards = tmp_path / "bad" / "shards"
+    shards.mkdir(parents=True)
+    with pytest.raises(IsanError, match="could not load the model"):
+        run_workers([str(corpus / "a.jsonl")], cfg, shards, 2, 1)
+    assert not list(shards.glob("*.parquet"))
+    s = run(corpus, tmp_path / "good", 2)
+    assert files_of(tmp_path / "good") == files_of(one_worker[0]) and s["errors"] == one_worker[1]["errors"]
+
+
+def test_worker_options_on_the_cli(corpus, tmp_path):
+    from isan.engine.corpus.workers import SMALL_JOB_BYTES, plan_workers
+    from isan.engine.kernels import default_threads
+
+    cpus = default_threads()
+    assert plan_workers(None, None, SMALL_JOB_BYTES - 1) == (1, cpus)
+    assert plan_workers(None, None, SMALL_JOB_BYTES) == (cpus, 1)
+    assert plan_workers(2, None) == (2, max(1, cpus // 2)) and plan_workers(None, 2) == (max(1, cpus // 2), 2)
+    for args, msg in ((["--workers", "0"], "--workers must be at least 1"),
+                      (["--workers", "2", "--runner", "ray"], "--ray-actors")):
+        r = subprocess.run([sys.executable, "-m", "isan.cli", "corpus", "score", str(corpus / "a.jsonl"), "--out",
+                            str(tmp_path / "x"), *args], capture_output=True, text=True)
+        assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr
+    with pytest.raises(IsanError, match="load the model themselves"):
+        score_corpus(str(corpus / "a.jsonl"), tmp_path / "y", workers=2, engine=object(), progress=False)
