@@ -1,4 +1,4 @@
-"""The bundle directory (format version 3; versions 1 and 2 still load; DESIGN.md section 3).
+"""The bundle directory (format version 3; versions 1 and 2 still load; docs/guide/formats.md).
 
 A bundle is a directory with ``manifest.json`` and ``weights.safetensors`` (float32 ``W``,
 ``b``, ``W_ro``, ``b_ro``, ``h0`` for an ISAN), optionally ``table/`` (trie_tables), a

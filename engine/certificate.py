@@ -8,7 +8,7 @@ for every symbol x, then for every input and every t (by induction on
 
 and two states that start apart by e_0 are apart by at most ``cond(P) rho^t ||e_0||`` after t
 characters, whatever the text: a start-state error dies at least as fast as rho^t. (The bound
-``rho^t ||P h_0|| + max_x ||P b_x|| / (1 - rho)`` of ../shared/DESIGN.md section 8 is looser.)
+``rho^t ||P h_0|| + max_x ||P b_x|| / (1 - rho)``, from unrolling the recursion, is looser.)
 
 Models trained with ``isan train --stable-rho`` carry it: the bundle's manifest holds
 ``"certificate": {"rho", "state_bound", "file": "certificate.safetensors", "method", ...}`` and the

@@ -1,10 +1,10 @@
 """The composed path: greedy longest match in a trie table, one state jump per match.
 
-For a match of entry e (substring s of length k) at state h (DESIGN.md section 2):
-``h_after = A_s h + c_s`` (one (d, d+1) product with ``[h; 1]``), and the k logit vectors
-inside the match are ``[R_i | r_i] [h; 1]`` for i = 0..k-1. The state jumps are sequential;
-the readouts are grouped by entry after all jumps, one GEMM per entry used, so each stored
-readout block is read once per text rather than once per match.
+For a match of entry e (substring s of length k) at state h (docs/ARCHITECTURE.md, 'The model
+and its conventions'): ``h_after = A_s h + c_s`` (one (d, d+1) product with ``[h; 1]``), and the
+k logit vectors inside the match are ``[R_i | r_i] [h; 1]`` for i = 0..k-1. The state jumps are
+sequential; the readouts are grouped by entry after all jumps, one GEMM per entry used, so each
+stored readout block is read once per text rather than once per match.
 
 Precision: tables hold float32 (composed in float64; float16 on request), the state is carried
 in float32, and the log-softmax is taken in float64 (the max and the sum of exponentials in

@@ -274,7 +274,8 @@ class Engine:
               path: str | None = None, threads: int | None = None) -> ScoreResult:
         """Bits of each character of ``text`` given ``state`` (default: the initial state).
 
-        ``bits_t = -log2 softmax(W_ro h_{t-1} + b_ro)[x_t]`` (DESIGN.md section 2).
+        ``bits_t = -log2 softmax(W_ro h_{t-1} + b_ro)[x_t]`` (docs/ARCHITECTURE.md, 'The model and its
+        conventions').
 
         Args:
             normalize: ``"auto"`` (the model's declared normaliser), ``"none"`` (raw text) or a
@@ -515,7 +516,7 @@ class Engine:
                     per_char: bool = False, unknown: str = "error", replacement: str | None = None,
                     group: str | None = None, normalize: str | None = "auto",
                     threads: int | None = None) -> list[ScoreResult]:
-        """Score many independent texts together (DESIGN.md section 6: group work, never gather).
+        """Score many independent texts together (docs/guide/tables-and-speed.md: group work, never gather).
 
         Args:
             group: ``"auto"`` (the default on the composed path: every text a row of a compiled

@@ -1,7 +1,8 @@
 """The reference path: plain, obviously correct numpy, one character at a time, float64.
 
 Every fast path in isan (composed tables, batching, ONNX) is tested against these
-functions on real text. Notation of Foerster et al. 2017 and DESIGN.md section 2:
+functions on real text. Notation of Foerster et al. 2017 and docs/ARCHITECTURE.md,
+'The model and its conventions':
 
 * ``h_t = W[x_t] @ h_{t-1} + b[x_t]`` (eq. 1)
 * ``logits_t = W_ro @ h_t + b_ro`` (eqs. 2-3)

@@ -89,7 +89,7 @@ def normalizer_for(cfg: dict, alphabet: Alphabet) -> str:
 
 def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, which: str = "best", overwrite: bool = False,
                       include_log: bool = True, hook=None, normalizer: str | None = None) -> Path:
-    """Write the bundle for a checkpoint (DESIGN.md section 3) atomically; returns its path.
+    """Write the bundle for a checkpoint (docs/guide/formats.md) atomically; returns its path.
 
     Args:
         hook: ``hook(tmp_dir, manifest)`` called before the bundle is renamed into place

@@ -1,8 +1,8 @@
 """ISAN parameters as numpy arrays: names, shapes, validation, hashing and safetensors I/O.
 
-Convention (DESIGN.md section 2, column vectors): ``W`` (K, d, d), ``b`` (K, d),
-``W_ro`` (V, d), ``b_ro`` (V,), ``h0`` (d,); ``h_t = W[x_t] @ h_{t-1} + b[x_t]`` (paper eq. 1),
-``logits_t = W_ro @ h_t + b_ro`` (eqs. 2-3).
+Convention (docs/ARCHITECTURE.md, 'The model and its conventions'; column vectors): ``W`` (K, d, d),
+``b`` (K, d), ``W_ro`` (V, d), ``b_ro`` (V,), ``h0`` (d,); ``h_t = W[x_t] @ h_{t-1} + b[x_t]``
+(paper eq. 1), ``logits_t = W_ro @ h_t + b_ro`` (eqs. 2-3).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ BITS_TOL = 2e-4  # bits per character against the float64 reference (float32 sta
 SECONDS = 1.5  # per scenario: calls are repeated for this long (at least MIN_ROUNDS rounds)
 MIN_ROUNDS = 3
 #: A stream that diverges after few jumps (at offset 27, the 24th 'x'; W[x] has spectral radius
-#: 1.54, DESIGN.md section 6). On two threads every jump has a barrier, and a loaded machine makes
+#: 1.54, `isan model check`). On two threads every jump has a barrier, and a loaded machine makes
 #: each barrier wait for a time slice, so the stress loops use a short stream to stop early many
 #: times a second. Its jumps are single characters, like those of the issue's random letters: then
 #: thread 0 has no readout to compute and waits at every barrier for thread 1, the window of the
@@ -56,7 +56,7 @@ def _guarded(fn, *args, **kw):
 
 def _texts(text8: str):
     """(diverging text, the text8 test split): 2,000 uniformly random letters from a fixed seed
-    diverge at offset 169 (DESIGN.md section 8), the issue's text."""
+    diverge at offset 169 (under text8-d216-unconstrained), the issue's text."""
     import numpy as np
 
     from isan.data import read_text8_split

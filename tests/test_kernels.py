@@ -1,5 +1,6 @@
 """The compiled kernels against their numpy twins, and chunk-parallel scoring against the float64
-reference, on real text (DESIGN.md section 4: every fast op has a twin with the same signature).
+reference, on real text (docs/ARCHITECTURE.md, 'The rooms': every fast op has a twin with the same
+signature).
 
 Tolerances (float32 states, float64 log-softmax in the twins, float32 exponentials in C):
 kernel vs twin 1e-4 bits per character; chunk-parallel vs the float64 reference 1e-4 bits per

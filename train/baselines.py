@@ -3,7 +3,8 @@
 Each model has the interface of :class:`isan.train.models.ISAN`: ``kind``, ``__init__(K, V, d,
 seed=None, ...)``, ``for_budget``, ``param_count``, ``config()``, ``initial_state(B)`` and
 ``forward(x, state)`` whose logits at step t predict ``x[t]`` from the state *before* it
-(DESIGN.md section 2), so the trainer, ``evaluate_bpc`` and the exporters treat them alike.
+(docs/ARCHITECTURE.md, 'The model and its conventions'), so the trainer, ``evaluate_bpc`` and the
+exporters treat them alike.
 
 Parameters (all counted by :meth:`param_count`; G = gates: 1 for rnn/irnn, 3 for gru, 4 for lstm):
 

@@ -4,8 +4,9 @@ ISAN: ICLR workshop version Sec 6.1): what the ISAN's input switching and its bi
 Three models with the interface of :class:`isan.train.models.ISAN` (``kind``,
 ``__init__(K, V, d, seed=None)``, ``for_budget``, ``param_count``, ``config()``,
 ``initial_state(B)``, ``forward(x, state)`` whose logits at step t predict ``x[t]`` from the
-state *before* it (DESIGN.md section 2), ``numpy_params()``), so the trainer, ``evaluate_bpc``
-and ``export_checkpoint`` treat them like every other model. Column-vector convention.
+state *before* it (docs/ARCHITECTURE.md, 'The model and its conventions'), ``numpy_params()``),
+so the trainer, ``evaluate_bpc`` and ``export_checkpoint`` treat them like every other model.
+Column-vector convention.
 
 * ``linear``: a fully linear RNN without input switching (paper: about 3.1 bpc on text8)::
 

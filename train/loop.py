@@ -532,7 +532,8 @@ class Trainer:
                 if self.dist is not None:
                     finite = self.dist.all_true(finite)  # every rank skips the step together
                 if not finite:
-                    # Guard (DESIGN.md section 6): skip the step, restart the streams, lower the rate.
+                    # Guard (docs/guide/tables-and-speed.md, 'Measured facts the code relies on'): skip
+                    # the step, restart the streams, lower the rate.
                     p.nonfinite += 1
                     p.lr *= 0.5
                     self._set_lr(p.lr)

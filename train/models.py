@@ -1,8 +1,8 @@
 """PyTorch models. The ISAN exactly as in the paper (Foerster et al. 2017, eqs. 1-3).
 
 Every model maps a chunk of ids ``x`` (T, B) and a state to per-step logits and a new
-state, where the logits at step t predict ``x[t]`` from the state *before* it (DESIGN.md
-section 2: ``bits_t = -log2 softmax(W_ro h_{t-1} + b_ro)[x_t]``).
+state, where the logits at step t predict ``x[t]`` from the state *before* it (docs/ARCHITECTURE.md,
+'The model and its conventions': ``bits_t = -log2 softmax(W_ro h_{t-1} + b_ro)[x_t]``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ class ISAN(nn.Module):
         self.state_dropout = float(state_dropout)
         g = torch.Generator().manual_seed(seed) if seed is not None else None
         W = torch.empty(K, d, d)
-        for k in range(K):  # orthogonal init scaled below 1 (DESIGN.md section 6)
+        # orthogonal init scaled below 1 (docs/guide/tables-and-speed.md, 'Measured facts the code relies on')
+        for k in range(K):
             q, r = torch.linalg.qr(torch.randn(d, d, generator=g))
             W[k] = q * torch.sign(torch.diagonal(r)).unsqueeze(0) * init_scale
         self.W = nn.Parameter(W)

@@ -8,7 +8,7 @@ Cell (column vectors, torch gate order i, f, g, o; ``x_t`` one-hot, so ``p . x_t
                                                                      bilinear term x^T Q h)
     input  a_t = g_t E[x_t] + b_in                                   (the gate multiplies the input)
     LSTM   z = a_t + W_hh h_{t-1};  c_t = s(z_f) c_{t-1} + s(z_i) tanh(z_g);  h_t = s(z_o) tanh(c_t)
-    logits l_t = W_ro h_{t-1} + b_ro predicts x_t (the state *before* it, DESIGN.md section 2)
+    logits l_t = W_ro h_{t-1} + b_ro predicts x_t (the state *before* it: docs/ARCHITECTURE.md)
 
 The gate's bias is folded into ``p`` (one-hot input: ``p[x] + b`` is one number per symbol). ``p``
 starts at +3 (every gate 95% open) so the model begins as a plain LSTM; the forget gate's part of

@@ -1,9 +1,10 @@
-"""Composition of substring maps (DESIGN.md section 2; Foerster et al. 2017, section 5.1).
+"""Composition of substring maps (Foerster et al. 2017, section 5.1).
 
-For a substring ``s = x_1 .. x_k``: ``A_s = W[x_k] ... W[x_1]``, ``c_s`` its composed bias, so
-``h_after = A_s h_before + c_s``; and the prefix readouts ``R_i = W_ro A_{s[:i]}``,
-``r_i = W_ro c_{s[:i]} + b_ro`` (i = 0..k-1, ``R_0 = W_ro``, ``r_0 = b_ro``) give the k logit
-vectors inside a match, each predicting ``x_{i+1}`` from the state before it.
+For a substring ``s = x_1 .. x_k`` (docs/ARCHITECTURE.md, 'The model and its conventions'):
+``A_s = W[x_k] ... W[x_1]``, ``c_s`` its composed bias, so ``h_after = A_s h_before + c_s``; and
+the prefix readouts ``R_i = W_ro A_{s[:i]}``, ``r_i = W_ro c_{s[:i]} + b_ro`` (i = 0..k-1,
+``R_0 = W_ro``, ``r_0 = b_ro``) give the k logit vectors inside a match, each predicting
+``x_{i+1}`` from the state before it.
 
 Keys are visited in lexicographic order of their ids, as a depth-first walk of their trie:
 each trie node costs one d x d product (``A_{s+x} = W[x] A_s``) from its parent, in float64.

@@ -1,10 +1,11 @@
 """Choosing table entries: frequent substrings ranked by the work they save under greedy
 longest-match segmentation, within a memory budget.
 
-Work model (DESIGN.md section 2): the per-character path costs ``d^2`` multiply-adds per
-character for the state update; a match of length k costs ``d^2`` once. An entry of length k
-used u times saves ``u (k - 1) d^2``. Its storage is ``(d (d + 1) + k V (d + 1)) * itemsize``
-bytes (the composed map and the stacked prefix readouts).
+Work model (docs/ARCHITECTURE.md, 'The model and its conventions'): the per-character path costs
+``d^2`` multiply-adds per character for the state update; a match of length k costs ``d^2``
+once. An entry of length k used u times saves ``u (k - 1) d^2``. Its storage is
+``(d (d + 1) + k V (d + 1)) * itemsize`` bytes (the composed map and the stacked prefix
+readouts).
 
 Selection: rank candidates by estimated saving per byte (count x (k - 1)), take the best
 within the budget, then simulate greedy longest-match segmentation on the corpus to measure

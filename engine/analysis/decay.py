@@ -20,10 +20,11 @@ per-lag contributions ``kappa[t, t - k]`` (k = 0..N-1) it accumulates:
 Each segment starts from the start state (h0) ``warmup`` + N characters before its first counted
 position, so every counted position has its full window. The ISAN forgets its start state: a
 perturbation shrinks below 1e-7 of its size within 111 characters (median) and 228 (worst) on the
-test split (DESIGN.md section 6), so with the default warm-up of 400 characters the statistics equal
-those of one pass from the start of the text (the tests check it against ``segments=1``). The sum
-identity ``b_ro + sum kappa = logits`` is checked at every step against float64 reference states
-carried alongside from the same start.
+test split (the speed guide, docs/guide/tables-and-speed.md, 'Measured facts the code relies on'),
+so with the default warm-up of 400 characters the statistics equal those of one pass from the start
+of the text (the tests check it against ``segments=1``). The sum identity ``b_ro + sum kappa =
+logits`` is checked at every step against float64 reference states carried alongside from the same
+start.
 """
 
 from __future__ import annotations

@@ -341,7 +341,8 @@ def study_pca(models: dict, text: str, out_dir=None, segments: int = 256) -> dic
     Returns {name: {"kind", "d", "ratio" (first 250), "dims_for", "participation_ratio", "states",
     "warmup_error"}, "figure"}."""
     spectra = {}
-    with threadpool_limits(1, user_api="blas"):  # small GEMMs: one BLAS thread is faster (DESIGN.md 6)
+    # small GEMMs: one BLAS thread is faster (docs/guide/tables-and-speed.md, 'Measured facts')
+    with threadpool_limits(1, user_api="blas"):
         for name, (kind, params, symbols) in models.items():
             ids = encode(text, symbols)
             if kind == "isan":

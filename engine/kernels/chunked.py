@@ -1,7 +1,8 @@
 """Exact chunk-parallel scoring of long texts (and batches of texts) with :func:`run_streams`.
 
-The ISAN is affine and forgets its start state fast (DESIGN.md section 6: a perturbation shrinks
-below 1e-7 of the state within about 111 characters, 228 at worst, on the text8-10M test split).
+The ISAN is affine and forgets its start state fast (docs/guide/tables-and-speed.md, 'Measured facts
+the code relies on': a perturbation shrinks below 1e-7 of the state within about 111 characters, 228
+at worst, on the text8-10M test split).
 So a text is cut into P chunks that are scored together as one batch:
 
 1. **Guess pass.** Chunk 0 starts from the true initial state; every other chunk from a guess
@@ -14,7 +15,8 @@ So a text is cut into P chunks that are scored together as one batch:
    from its start until ``max|e| <= rtol / margin * max(1, max|h|)`` (checked every 16
    characters), rewriting the bits of the characters it passes; beyond that point the guess
    pass's bits and final state are within the tolerance. ``margin`` (default 4) allows for the
-   growth of products of W before they shrink (DESIGN.md section 6: about 4x over a few characters).
+   growth of products of W before they shrink (docs/guide/tables-and-speed.md, 'Measured facts the
+   code relies on': about 4x over a few characters).
 3. **Fallback.** A chunk whose error has not died out by its end (the model does not forget on
    that text, e.g. long runs of 'h') leaves the next chunk's start inexact. Such chunks are
    redone one after another from exact starts: the next chunk's correction is run again from its
@@ -38,13 +40,13 @@ from isan.engine.guard import MAX_STATE_ABS
 from isan.engine.kernels.streams import StreamModel, StreamsResult, run_streams
 from isan.params import ISANParams
 
-#: Defaults (DESIGN.md section 6 and measurements on 2.5M characters, 2 threads): a chunk much
-#: longer than the ~110 characters its correction runs (a pair of rows each, so ~9% extra work at
-#: 1,024 chunks, ~4.5% at 512), and enough rows per thread to keep the grouped GEMMs busy. With
-#: the rows moving in step, 256 rows a thread was best (1.06M chars/s against 0.90M at 512: more
-#: correction, no faster GEMMs); with the queued schedule (streams.py, issue 22) a matrix serves
-#: twice the rows and 512 a thread is best (one thread: 1.06M chars/s at 512, 0.97M at 256;
-#: two: 2.06M against 1.94M; 768 no faster).
+#: Defaults (docs/guide/tables-and-speed.md, 'Measured facts the code relies on', and measurements
+#: on 2.5M characters, 2 threads): a chunk much longer than the ~110 characters its correction runs
+#: (a pair of rows each, so ~9% extra work at 1,024 chunks, ~4.5% at 512), and enough rows per
+#: thread to keep the grouped GEMMs busy. With the rows moving in step, 256 rows a thread was best
+#: (1.06M chars/s against 0.90M at 512: more correction, no faster GEMMs); with the queued schedule
+#: (streams.py, issue 22) a matrix serves twice the rows and 512 a thread is best (one thread: 1.06M
+#: chars/s at 512, 0.97M at 256; two: 2.06M against 1.94M; 768 no faster).
 DEFAULT_RTOL = 1e-6
 DEFAULT_MARGIN = 4.0
 MIN_CHUNK = 1024

@@ -11,7 +11,8 @@ module is that batching; what the memory costs is measured in the speed guide.
 character costs ``2 (d (d + 1) + (d + 1) V)`` FLOPs (105 kFLOP at d = 216): the state update
 dominates. Here each round every row takes one *jump*: the longest key of a :class:`JumpTable`
 that its text continues with (greedy longest match, never past the row's end; every single
-symbol is a key). For a key ``s`` of ``k`` characters read from state ``h`` (DESIGN.md section 2):
+symbol is a key). For a key ``s`` of ``k`` characters read from state ``h`` (docs/ARCHITECTURE.md,
+'The model and its conventions'):
 
 * the k predictions inside the jump: ``logits_i = W_ro (A_{s[:i]} h + c_{s[:i]}) + b_ro`` for
   i < k, from precomposed readouts ``[W_ro A_{s[:i]} | W_ro c_{s[:i]} + b_ro]`` (``i = 0`` is the

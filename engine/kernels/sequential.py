@@ -1,8 +1,8 @@
 """One stream through a composed trie table: ``seq_composed`` (compiled) and its numpy twin
 ``seq_composed_ref`` (same signature, same results within float32 rounding).
 
-For each match j of entry e (a substring of k characters starting at ``pos``; DESIGN.md
-section 2), with ``[h; 1]`` the state before the match:
+For each match j of entry e (a substring of k characters starting at ``pos``; docs/ARCHITECTURE.md,
+'The model and its conventions'), with ``[h; 1]`` the state before the match:
 
 * readout: the k logit vectors ``[R_i | r_i] [h; 1]`` (i < k) give the bits of characters
   ``pos .. pos + k - 1``;
@@ -10,8 +10,8 @@ section 2), with ``[h; 1]`` the state before the match:
 
 The table's matrices may be float32 or float16 (converted as they are read; products and the
 state stay float32). One stream is memory-bound: each jump reads a d x (d + 1) matrix (187 KB
-in float32 for d = 216) from the L3 cache, which is why float16 tables are faster (DESIGN.md
-section 6).
+in float32 for d = 216) from the L3 cache, which is why float16 tables are faster (the speed
+guide, docs/guide/tables-and-speed.md, 'The two limits, and the targets').
 """
 
 from __future__ import annotations

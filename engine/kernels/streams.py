@@ -6,16 +6,17 @@ state row ``H[s]``. Each round t, every active row
 
 1. is checked (``max |h| <= limit``, see :mod:`isan.engine.guard`) and, if ``bits`` is given,
    read out: ``bits[start[s] + t] = -log2 softmax(W_ro h + b_ro)[ids[start[s] + t]]``
-   (DESIGN.md section 2: the prediction for a character comes from the state before it);
+   (docs/ARCHITECTURE.md, 'The model and its conventions': the prediction for a character comes
+   from the state before it);
 2. steps: ``h <- W[x] h + b[x]`` with ``x = ids[start[s] + t]`` (paper eq. 1).
 
 Rows are grouped by their symbol, so one symbol's matrix serves all its rows in one GEMM
-(DESIGN.md section 6: batched steps are compute-bound once rows share a matrix). The compiled
-kernel need not move the rows in step (they are independent): each row waits in the queue of the
-symbol it reads next, and a round takes the queues at least ``frac`` of the longest (issue 22:
-about twice the rows a matrix is read for). Which group a row is stepped in never changes its
-arithmetic, so the results are those of the in-step schedule (this twin's), bit for bit. Below,
-"round t" is the row's own step t.
+(docs/guide/tables-and-speed.md, 'Measured facts the code relies on': batched steps are
+compute-bound once rows share a matrix). The compiled kernel need not move the rows in step (they
+are independent): each row waits in the queue of the symbol it reads next, and a round takes the
+queues at least ``frac`` of the longest (issue 22: about twice the rows a matrix is read for).
+Which group a row is stepped in never changes its arithmetic, so the results are those of the
+in-step schedule (this twin's), bit for bit. Below, "round t" is the row's own step t.
 
 With ``pairs=True`` there are 2P rows: rows ``P + s`` are *error rows* that follow row s through
 the same symbols without the bias (``e <- W[x] e``) and without readout; every ``check_every``

@@ -1,7 +1,7 @@
 """Numpy reference of the linear controls (``linear``, ``linear_nlro``, ``isan_nobias``).
 
 The twin of :mod:`isan.train.linear` (torch), in float64, one character at a time, no torch
-(column vectors; DESIGN.md section 2):
+(column vectors; docs/ARCHITECTURE.md, 'The model and its conventions'):
 
 * ``linear``:      ``h' = W h + E[x]``,   ``logits = W_ro h + b_ro``
 * ``linear_nlro``: ``h' = W h + E[x]``,   ``logits = W_ro tanh(W_mlp h + b_mlp) + b_ro``

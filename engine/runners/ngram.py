@@ -22,9 +22,10 @@ n - 1 characters (h' is h without its oldest character)::
 
 Every ``p_n(. | h)`` sums to 1 over the alphabet (because ``D(a) <= a``), so every prediction does.
 
-Scoring convention (DESIGN.md section 2): each character is predicted from the preceding
-``N - 1`` characters; the first characters of a text have fewer (``t`` of them at position t),
-and use the orders their context allows (no begin-of-text symbol). There is no end symbol.
+Scoring convention (docs/ARCHITECTURE.md, 'The model and its conventions'): each character is
+predicted from the preceding ``N - 1`` characters; the first characters of a text have fewer
+(``t`` of them at position t), and use the orders their context allows (no begin-of-text symbol).
+There is no end symbol.
 
 State: the last ``N - 1`` character ids before the next prediction, oldest first, padded on the
 left with -1 where the text had fewer characters; as a :class:`isan.engine.State` its ``h`` is

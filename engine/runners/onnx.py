@@ -5,12 +5,12 @@ so the engine works without it (the ``onnx`` extra, or ``gpu`` for CUDA: the com
 installs one is ``isan.errors.install_hint("onnx")``).
 
 Graphs and the logits convention are described in :mod:`isan.engine.runners.onnx_graphs`: the graph
-logits are the readout *after* each token. Scoring follows DESIGN.md section 2,
-``bits_t = -log2 softmax(readout of the state before x_t)[x_t]``: the first character of a
-text is predicted from the incoming state by ``W_ro h + b_ro`` computed here in float64 from
-``weights.safetensors`` (the same tensors for the ISAN and the baselines), every later one
-from the graph's logits after the previous character. Texts run through ``sequence.onnx`` in
-chunks (default 4096 characters) carrying the state, so memory stays bounded.
+logits are the readout *after* each token. Scoring follows the convention of docs/ARCHITECTURE.md
+('The model and its conventions'), ``bits_t = -log2 softmax(readout of the state before x_t)[x_t]``:
+the first character of a text is predicted from the incoming state by ``W_ro h + b_ro`` computed
+here in float64 from ``weights.safetensors`` (the same tensors for the ISAN and the baselines),
+every later one from the graph's logits after the previous character. Texts run through
+``sequence.onnx`` in chunks (default 4096 characters) carrying the state, so memory stays bounded.
 
 A state is a flat float64 vector: ``h`` (d,), or for the LSTM ``concat(h, c)`` (2 d,). Inside
 onnxruntime the state is float32; it is returned as float64 without rounding, so carrying it

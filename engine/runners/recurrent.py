@@ -8,8 +8,8 @@ The twin of :mod:`isan.train.baselines` (torch) and of the baselines' ONNX graph
 * rnn ``h' = tanh(a + W_hh h)``, irnn ``h' = relu(a + W_hh h)``;
   gru (blocks r, z, n) ``n = tanh(a_n + r * (U_n h + b_hn))``, ``h' = (1 - z) n + z h``;
   lstm (blocks i, f, g, o) ``c' = s(f) c + s(i) tanh(g)``, ``h' = s(o) tanh(c')``;
-* ``logits = W_ro h + b_ro`` and, as for the ISAN (DESIGN.md section 2),
-  ``bits_t = -log2 softmax(W_ro h_{t-1} + b_ro)[x_t]``: the state *before* x_t predicts it.
+* ``logits = W_ro h + b_ro`` and, as for the ISAN (docs/ARCHITECTURE.md, 'The model and its
+  conventions'), ``bits_t = -log2 softmax(W_ro h_{t-1} + b_ro)[x_t]``: the state *before* x_t predicts it.
 
 A state is one flat float64 vector: ``h`` (d,), or for the LSTM ``concat(h, c)`` (2 d,).
 

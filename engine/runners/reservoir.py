@@ -7,7 +7,8 @@ Both run one recurrent network over the symbols, in float64, one symbol at a tim
     h_t = tanh(E[x_t] + W_hh h_{t-1})        E (K, n): the input term of each symbol (W_in's columns,
                                              plus the bias b for an NPM's network); h_0 = h0 (n,)
 
-and predict ``x_t`` from the state *before* it (DESIGN.md section 2), like every model here:
+and predict ``x_t`` from the state *before* it (docs/ARCHITECTURE.md, 'The model and its
+conventions'), like every model here:
 
 * ESN (eqs. 2-5): a linear readout ``o = W_out h + b_out`` (V,), clipped below at ``o_min``
   (0.001) and normalised: ``P(a | h) = max(o_a, o_min) / sum_b max(o_b, o_min)``.

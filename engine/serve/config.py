@@ -1,7 +1,8 @@
 """The server's limits and switches, one frozen dataclass (``isan-serve --help`` names each option).
 
 Every limit protects something stated in its field's comment; the defaults are sized for the
-2-core machines of DESIGN.md section 6 (measured by ``isan bench serve``).
+2-core machines of the server guide's measurements (docs/guide/server.md, 'Measured', by
+``isan bench serve``).
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ one call of a compiled batched kernel (:class:`KernelRounds`: what
 ``Engine.score_batch(slices, states)`` computes, without its per-call preparation; GIL released,
 all threads) and carries each job's state to its next slice. Engines other than
 :class:`~isan.engine.Engine` are called through their ``score_batch``. State is an immutable value, and the
-ISAN's bits for a text cut anywhere equal the bits of the whole (DESIGN.md section 2), so slicing
-changes the bits only within float32 rounding.
+ISAN's bits for a text cut anywhere equal the bits of the whole (docs/ARCHITECTURE.md, 'The model and
+its conventions'), so slicing changes the bits only within float32 rounding.
 
 Between rounds the scheduler drops jobs whose client left or timed out (``Job.cancelled``): their
 remaining slices are never scored. A job whose slice drives the state out of range fails alone

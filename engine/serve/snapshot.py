@@ -1,9 +1,9 @@
 """State snapshots: a :class:`~isan.engine.State` as a short, signed string a client can keep.
 
-An ISAN's state is d floats (DESIGN.md section 5), so a client can take the state after some text
-(``"return_state": true`` over HTTP, ``{"snapshot": true}`` on a stream), keep it, and continue
-from it later (``"state": token``, ``{"restore": token}``): the bits are those of scoring the
-whole text in one go (within float32 rounding of the batched kernel).
+An ISAN's state is d floats (docs/ARCHITECTURE.md, 'The model and its conventions'), so a client
+can take the state after some text (``"return_state": true`` over HTTP, ``{"snapshot": true}`` on a
+stream), keep it, and continue from it later (``"state": token``, ``{"restore": token}``): the bits
+are those of scoring the whole text in one go (within float32 rounding of the batched kernel).
 
 Format (version 1), base64url without padding of ``payload || tag``::
 

@@ -597,7 +597,8 @@ def bench_budgets(model: str | None, train_text: str, test_text: str, budgets: l
 
     Tables are mined from ``train_text`` (the train split) and built into a temporary directory;
     timing runs on ``test_text``. A bigger table gives longer matches (fewer jumps) but more of it
-    lives in memory rather than in the L3 cache, so each jump reads slower (DESIGN.md section 6).
+    lives in memory rather than in the L3 cache, so each jump reads slower (docs/guide/tables-and-speed.md,
+    'The two limits, and the targets').
     """
     import tempfile
 

@@ -6,8 +6,9 @@ Scoring uses the engine's numpy references (:func:`isan.engine.reference.score_r
 :func:`isan.engine.runners.recurrent.baseline_score_ref`) over the test stream from the model's initial
 state, the same convention as every other model of the study (the state before a word predicts it).
 
-Kappa (DESIGN.md section 2): ``kappa[t, s] = W_ro (W[x_t] ... W[x_{s+1}]) b[x_s]``; with a word
-alphabet every token is a word, so token attribution is word attribution. At the main verb of
+Kappa (Foerster et al. 2017, eqs. 4-6; docs/ARCHITECTURE.md, 'The model and its conventions'):
+``kappa[t, s] = W_ro (W[x_t] ... W[x_{s+1}]) b[x_s]``; with a word alphabet every token is a word,
+so token attribution is word attribution. At the main verb of
 ``N1 who N2 V2 V1 ...`` (an object relative whose noun N2 differs from the head N1 in number), the
 verb must agree with N1, while the nearest noun, and the verb just before, have the other number.
 For each source word we report its contribution to ``mean(logits of plural verbs) - mean(logits of

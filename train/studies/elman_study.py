@@ -498,7 +498,8 @@ def write_table(results: Path, readme_out: Path | None = None) -> dict:
                          f"{r['test_nnl']:.4f} | {r['test_bits_per_word']:.4f} | [neural/{name}/](neural/{name}/) |")
     if kappa:
         lines += ["", "ISAN word-level attribution (kappa) at the main verb after a relative clause: "
-                  "the plural-minus-singular verb logit that each earlier word contributes (DESIGN.md section 2):", ""]
+                  "the plural-minus-singular verb logit that each earlier word contributes "
+                  "(Foerster et al. 2017, eqs. 4-6):", ""]
         for ex in kappa["examples"]:
             lines.append(f"- `{ex['sentence']}` (predicting the word after `{ex['prefix'].split()[-1]}`, the "
                          f"main verb; head noun `{ex['head']}`, relative-clause noun `{ex['rc_noun']}`): "

@@ -8,9 +8,9 @@ one step**: the output read from the state after symbol t is the counts after sy
 network must hold the current counts and the previous ones (a delay line).
 
 In isan's training convention the outputs at position t are read from the state *before* symbol t
-(DESIGN.md section 2), i.e. from the state after symbol t - 1, so the target at position t is the
-2-hot counts after symbol t - 2 (zero counts before the start). Streams start from the learned
-``h0`` with both counts at 0.
+(docs/ARCHITECTURE.md, 'The model and its conventions'), i.e. from the state after symbol t - 1, so
+the target at position t is the 2-hot counts after symbol t - 2 (zero counts before the start).
+Streams start from the learned ``h0`` with both counts at 0.
 
 Trained with an L2 loss by ``isan train parentheses --d 35`` (the task is chosen by the model name;
 :mod:`isan.train.loop` asks :func:`task_for` for it). The data generator needs only numpy, so
