@@ -198,3 +198,31 @@ def test_example_runs(name, code, request):
         if e.name is None or e.name.split(".")[0] == "isan":
             raise
         pytest.skip(f"{name} needs {e.name}, which is not installed")
+
+
+def test_the_repository_cites_its_own_docs_not_outside_design_notes():
+    """No tracked file cites the developers' design notes (a file outside the repository that no
+    user or contributor has, issue #34 item 22): code, tests, guides and results cite
+    docs/ARCHITECTURE.md, the guides or the paper, and ARCHITECTURE.md holds the model's
+    conventions those citations need."""
+    this = Path(__file__).resolve().relative_to(REPO).as_posix()
+    try:
+        proc = subprocess.run(["git", "grep", "-n", "-I", "-i", "-E", r"DESIGN\.md|design notes", "--", ".",
+                               f":(exclude){this}"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        pytest.skip("git is not installed")
+    if proc.returncode not in (0, 1):  # 1: no match
+        pytest.skip(f"not a git checkout: {proc.stderr.strip()[:200]}")
+    hits = proc.stdout.splitlines()
+    assert not hits, f"{len(hits)} lines cite the design notes:\n" + "\n".join(h[:160] for h in hits)
+
+    arch = (DOCS / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    assert "\n## The model and its conventions\n" in arch
+    section = arch.split("\n## The model and its conventions\n", 1)[1].split("\n## ", 1)[0]
+    for fact in ("`W` (K, d, d)", "`h_t = W[x_t] @ h_{t-1} + b[x_t]`", "`logits_t = W_ro @ h_t + b_ro`",
+                 "`bits_t = -log2 softmax(W_ro h_{t-1} + b_ro)[x_t]`", "`A_s = W[x_k] ... W[x_1]`",
+                 "`R_i = W_ro A_{x_1..x_i}`", "`r_i = W_ro c_{x_1..x_i} + b_ro`", "`b[x_0] := h0`",
+                 "`logits_t = b_ro + sum_{s=0..t} kappa[t, s]`"):
+        assert fact in section, f"ARCHITECTURE.md's model section lacks {fact}"
+    speed = (DOCS / "guide" / "tables-and-speed.md").read_text(encoding="utf-8")
+    assert "\n## Measured facts the code relies on\n" in speed
