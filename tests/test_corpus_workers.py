@@ -160,3 +160,17 @@ def test_worker_options_on_the_cli(corpus, tmp_path):
         assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr
     with pytest.raises(IsanError, match="load the model themselves"):
         score_corpus(str(corpus / "a.jsonl"), tmp_path / "y", workers=2, engine=object(), progress=False)
+
+
+def test_bench_corpus_scaling_table(tmp_path, text8_path):
+    """`isan bench corpus --workers 1,2` on a small corpus: a row per count, each run's files equal
+    to the local runner's, the speed-up against one worker and Amdahl's serial fraction from it."""
+    from isan.bench.corpus import bench_corpus, markdown
+
+    r = bench_corpus(text8_path.parent.parent, mb=0.3, files=2, ray=False, kenlm=False, log=lambda m: None,
+                     work_dir=tmp_path, workers=[1, 2])
+    sc = r["facts"]["scaling"]
+    assert [row["workers"] for row in sc] == [1, 2] and all(row["identical"] for row in sc)
+    assert sc[0]["speedup"] == 1.0 and sc[1]["amdahl_serial_fraction"] == pytest.approx(2 / sc[1]["speedup"] - 1)
+    assert 0 <= sc[1]["driver_busy_share"] < 1
+    assert "| workers | chars/s | speed-up |" in markdown(r)

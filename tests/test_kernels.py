@@ -386,7 +386,7 @@ def test_bench_engine_runs_and_is_exact(text8_path):
     from isan.bench.engine import QUICK_SIZES, bench_engine, markdown
 
     r = bench_engine(None, text8_path, repeats=1, peers=False, progress=False, log=lambda m: None, sizes=QUICK_SIZES,
-                     startup=False)
+                     startup=False, scaling=[1, 2])
     names = [row["name"] for row in r["rows"]]
     assert names[0] == "reference" and len(names) == 10
     assert sum("composed jumps" in n for n in names) == 2 and sum("one character a step" in n for n in names) == 1
@@ -404,4 +404,10 @@ def test_bench_engine_runs_and_is_exact(text8_path):
     sw = f["sweep"]["points"]
     assert {p["kernel"] for p in sw} == {"per symbol", "composed jumps"} and all(p["chars_per_s"] > 0 for p in sw)
     assert f["streaming"]["float16_max_abs_bits_vs_reference"] < 0.02
+    sc = f["scaling"]  # issue 36: each work on 1 and 2 threads, the speed-up and Amdahl's serial fraction
+    assert [(row["what"] == "long text", row["threads"]) for row in sc] == [(True, 1), (True, 2), (False, 1), (False, 2)]
+    assert all(row["chars_per_s"] > 0 for row in sc) and sc[0]["speedup"] == 1.0
+    for row in (sc[1], sc[3]):
+        assert row["amdahl_serial_fraction"] == pytest.approx((2 / row["speedup"] - 1) / (2 - 1))
+    assert "Scaling over threads" in markdown(r)
     assert "| measurement |" in markdown(r)

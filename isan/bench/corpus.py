@@ -16,6 +16,13 @@ JSONL shards into the cache (``$ISAN_CACHE_DIR/bench/corpus-...``). Then, in one
    not reading the JSON).
 
 docs/s and chars/s count the characters read; Ray's overhead over local is stated as the ratio of times.
+
+With ``workers`` (``--workers 1,2``), a scaling table (issue 36): the local runner with each number
+of worker processes of one kernel thread each, and KenLM with as many processes, each scoring its
+share of the documents; chars/s, the speed-up against one worker, isan's ratio to KenLM at the same
+count, the share of the wall time the driver was busy (reading, cutting and writing: the serial
+part), and the serial fraction s that Amdahl's law gives from the speed-up at N (S = 1 / (s + (1 -
+s) / N)), with what that s predicts for 16 cores.
 """
 
 from __future__ import annotations
@@ -209,7 +216,7 @@ def _kenlm_model(data_dir: Path, log):
 
 def bench_corpus(data_dir: str | Path, mb: float = 50.0, files: int = 8, cpus_per_node: int = 1,
                  threads: int | None = None, ray: bool = True, kenlm: bool = True, log=print,
-                 work_dir: str | Path | None = None) -> dict:
+                 work_dir: str | Path | None = None, workers: list[int] | None = None) -> dict:
     from isan.engine.corpus import read_output, score_corpus
     from isan.engine.corpus.job import load_corpus_engine
 
@@ -263,6 +270,8 @@ def bench_corpus(data_dir: str | Path, mb: float = 50.0, files: int = 8, cpus_pe
                 facts["kenlm"] = "not run: the kenlm module is not installed (MAX_ORDER=8 pip install kenlm)"
             except (OSError, RuntimeError) as e:
                 facts["kenlm"] = f"not run: {str(e).splitlines()[0][:200]} (MAX_ORDER=8 pip install --force-reinstall kenlm)"
+        if workers:
+            facts["scaling"] = _scaling(corpus, work, workers, kenlm and "kenlm" not in facts, data_dir, out_local, log)
     finally:
         if not work_dir:
             shutil.rmtree(work, ignore_errors=True)
@@ -274,14 +283,92 @@ def bench_corpus(data_dir: str | Path, mb: float = 50.0, files: int = 8, cpus_pe
             "model": engine.params_sha256}
 
 
-def _bench_kenlm_docs(corpus: Path, engine, data_dir: Path, log) -> dict:
-    from isan.export.arpa import symbol_words
+def _scaling(corpus: Path, work: Path, workers: list[int], with_kenlm: bool, data_dir: Path, reference_out: Path,
+             log) -> list[dict]:
+    """The scaling table's rows (see the module docstring); each run's files are checked equal to
+    ``reference_out``'s (the local runner's)."""
+    from isan.engine.corpus import read_output, score_corpus
 
-    m, order, note = _kenlm_model(data_dir, log)
+    docs = _docs(corpus) if with_kenlm else None
+    arpa = _kenlm_model(data_dir, log)[0].path if with_kenlm else None
+    out, base = [], {}
+    for n in workers:
+        dst = work / f"workers-{n}"
+        shutil.rmtree(dst, ignore_errors=True)
+        t = time.perf_counter()
+        s = score_corpus([str(corpus / "*.jsonl")], dst, progress=False, workers=n, threads=1)
+        dt = time.perf_counter() - t
+        run = s["this_run"]
+        row = {"workers": n, "threads": 1, "seconds": dt, "chars": s["chars_read"], "chars_per_s": s["chars_read"] / dt,
+               "identical": bool(read_output(dst).equals(read_output(reference_out))),
+               "driver_busy_share": run.get("driver_busy_seconds", 0.0) / dt if n > 1 else None}
+        shutil.rmtree(dst, ignore_errors=True)
+        if with_kenlm:
+            k = _kenlm_processes(docs, arpa, n)
+            row.update(kenlm_seconds=k, kenlm_chars_per_s=s["chars_read"] / k)
+            row["isan_over_kenlm"] = row["chars_per_s"] / row["kenlm_chars_per_s"]
+        base = base or row
+        row["speedup"] = row["chars_per_s"] / base["chars_per_s"]
+        if n > 1:
+            s_frac = (n / row["speedup"] - 1) / (n - 1)
+            row["amdahl_serial_fraction"] = s_frac
+            row["predicted_speedup_16"] = 1 / (s_frac + (1 - s_frac) / 16) if s_frac > -1 / 15 else None
+        out.append(row)
+        log(f"  {n} worker(s): {row['chars_per_s']:,.0f} chars/s ({row['speedup']:.2f}x), identical: {row['identical']}"
+            + (f"; KenLM {n} process(es): {row['kenlm_chars_per_s']:,.0f}" if with_kenlm else ""))
+    return out
+
+
+def _docs(corpus: Path) -> list[str]:
     docs = []
     for f in sorted(corpus.glob("*.jsonl")):
         for line in open(f, encoding="utf-8"):
             docs.append(json.loads(line)["text"])
+    return docs
+
+
+_KENLM = None
+
+
+def _kenlm_init(arpa: str) -> None:
+    global _KENLM
+    import kenlm
+
+    from isan.engine.core import Engine
+    from isan.export.arpa import symbol_words
+
+    eng = Engine.default(path_mode="reference")
+    _KENLM = (kenlm.Model(arpa), eng, np.array(symbol_words(eng.alphabet.symbols), dtype=object))
+
+
+def _kenlm_share(docs: list[str]) -> float:
+    """Seconds one KenLM process takes to normalise and score its documents (as the 1-thread row)."""
+    m, eng, words = _KENLM
+    t = time.perf_counter()
+    for doc in docs:
+        ids = eng.prepare(doc).ids
+        if len(ids):
+            m.score(" ".join(words[ids]), bos=False, eos=False)
+    return time.perf_counter() - t
+
+
+def _kenlm_processes(docs: list[str], arpa: str, n: int) -> float:
+    """KenLM one process a core: ``n`` processes (each loads the model first, not timed), each
+    scoring every n-th document; the wall time is the slowest one's."""
+    import concurrent.futures as cf
+    import multiprocessing
+
+    with cf.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"), initializer=_kenlm_init,
+                                initargs=(arpa,)) as ex:
+        list(ex.map(_kenlm_share, [[]] * n))  # load the model in every process
+        return max(ex.map(_kenlm_share, [docs[k::n] for k in range(n)]))
+
+
+def _bench_kenlm_docs(corpus: Path, engine, data_dir: Path, log) -> dict:
+    from isan.export.arpa import symbol_words
+
+    m, order, note = _kenlm_model(data_dir, log)
+    docs = _docs(corpus)
     words = np.array(symbol_words(engine.alphabet.symbols), dtype=object)
     t = time.perf_counter()
     total, chars, read = 0.0, 0, 0
@@ -317,4 +404,18 @@ def markdown(result: dict) -> str:
     for k in ("ray", "kenlm"):
         if k in f:
             lines.append(f"{k}: {f[k]}")
+    if f.get("scaling"):
+        kl = "kenlm_chars_per_s" in f["scaling"][0]
+        lines += ["", "Scaling (worker processes of 1 kernel thread each"
+                  + ("; KenLM: as many processes, one a share of the documents)" if kl else ")"), "",
+                  "| workers | chars/s | speed-up | same files | driver busy | Amdahl serial fraction | "
+                  "predicted 16 cores |" + (" KenLM chars/s | isan / KenLM |" if kl else ""),
+                  "|---:|---:|---:|---|---:|---:|---:|" + ("---:|---:|" if kl else "")]
+        for r in f["scaling"]:
+            busy = f"{r['driver_busy_share']:.1%}" if r.get("driver_busy_share") is not None else "-"
+            sf = f"{r['amdahl_serial_fraction']:.1%}" if "amdahl_serial_fraction" in r else "-"
+            p16 = f"{r['predicted_speedup_16']:.1f}x" if r.get("predicted_speedup_16") else "-"
+            lines.append(f"| {r['workers']} | {r['chars_per_s']:,.0f} | {r['speedup']:.2f}x | "
+                         f"{'yes' if r['identical'] else 'NO'} | {busy} | {sf} | {p16} |"
+                         + (f" {r['kenlm_chars_per_s']:,.0f} | {r['isan_over_kenlm']:.2f} |" if kl else ""))
     return "\n".join(lines)

@@ -69,7 +69,7 @@ def _ortho_flops(d: int, V: int) -> float:
 
 def bench_engine(model: str | None, data: str | Path, repeats: int = 3, threads: int | None = None,
                  peers: bool = True, log=print, progress: bool = True, sizes: dict | None = None,
-                 startup: bool = True) -> dict:
+                 startup: bool = True, scaling: list[int] | None = None) -> dict:
     """Everything `isan bench engine` reports, measured in this process (medians of ``repeats``).
 
     Rows (chars/s and the ratio against the per-character float64 reference run in the same
@@ -81,7 +81,8 @@ def bench_engine(model: str | None, data: str | Path, repeats: int = 3, threads:
     Python module is installed, built with MAX_ORDER >= 8). Facts: start-up of `isan score` after
     first use, resident memory, the table, exactness on the first 100,000 characters against
     the reference, and where the time goes (GFLOP/s against the FLOP bound, GB/s drawn by the
-    sequential path). ``sizes`` overrides :data:`SIZES` (e.g. :data:`QUICK_SIZES`).
+    sequential path). ``sizes`` overrides :data:`SIZES` (e.g. :data:`QUICK_SIZES`). ``scaling``
+    (thread counts) adds a scaling table (:func:`thread_scaling`).
     """
     sz = {**SIZES, **(sizes or {})}
     import json
@@ -260,6 +261,8 @@ def bench_engine(model: str | None, data: str | Path, repeats: int = 3, threads:
         row["of_peak"] = row["useful_gflops"] / peak if peak and row["useful_gflops"] else None
     facts["sweep"] = sweep_rows(eng, ids, sz.get("sweep_rows", (64, 256, 1024, 4096)), sz.get("sweep_len", 500),
                                 threads_list=sorted({1, threads}), repeats=repeats, log=log)
+    if scaling:
+        facts["scaling"] = thread_scaling(eng, ids, scaling, sz.get("big_batch_texts", 4096) or sz["batch_texts"], bl, repeats, log)
     bar.update()
 
     facts["rss_mib_engine"] = rss_mb()  # before the peers load their models
@@ -329,6 +332,54 @@ def bench_engine(model: str | None, data: str | Path, repeats: int = 3, threads:
     bar.close()
     return {"benchmark": "engine", "machine": machine(), "command": " ".join(["isan"] + sys.argv[1:]),
             "model": eng.describe(), "repeats": repeats, "threads": threads, "rows": rows, "facts": facts, "raw": raw}
+
+
+def thread_scaling(eng, ids: np.ndarray, threads_list: list[int], batch_texts: int, batch_len: int,
+                   repeats: int = 3, log=print) -> list[dict]:
+    """Issue 36's scaling table: the long text (default path) and a batch of ``batch_texts`` texts of
+    ``batch_len`` characters on each thread count, the counts in alternation each repeat; chars/s,
+    the speed-up against the first count, and the serial fraction that Amdahl's law gives from it
+    (S = 1 / (s + (1 - s) / N)), with what that predicts for 16 threads."""
+    n = len(ids)
+    texts = [ids[(i * batch_len) % (n - batch_len) : (i * batch_len) % (n - batch_len) + batch_len]
+             for i in range(batch_texts)]
+    work = {"long text": (n, lambda th: eng.score(ids, normalize="none", threads=th)),
+            f"{batch_texts:,} texts of {batch_len:,}": (batch_texts * batch_len,
+                                                      lambda th: eng.score_batch(texts, normalize="none", threads=th))}
+    out = []
+    for what, (chars, fn) in work.items():
+        times = {th: [] for th in threads_list}
+        for th in threads_list:
+            fn(th)  # untimed
+        for _ in range(repeats):
+            for th in threads_list:
+                t0 = time.perf_counter()
+                fn(th)
+                times[th].append(time.perf_counter() - t0)
+        base = None
+        for th in threads_list:
+            cps = chars / statistics.median(times[th])
+            base = base or (th, cps)
+            row = {"what": what, "threads": th, "chars": chars, "chars_per_s": cps, "seconds": times[th],
+                   "speedup": cps / base[1]}
+            rel = th / base[0]
+            if rel > 1:
+                s = (rel / row["speedup"] - 1) / (rel - 1)
+                row["amdahl_serial_fraction"] = s
+                row["predicted_speedup_16"] = 1 / (s + (1 - s) / (16 / base[0])) if s > -1 / 15 else None
+            out.append(row)
+            log(f"  scaling, {what}, {th} threads: {cps:,.0f} chars/s ({row['speedup']:.2f}x)")
+    return out
+
+
+def markdown_scaling(rows: list[dict]) -> str:
+    lines = ["| work | threads | chars/s | speed-up | Amdahl serial fraction | predicted 16 threads |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        sf = f"{r['amdahl_serial_fraction']:.1%}" if "amdahl_serial_fraction" in r else "-"
+        p16 = f"{r['predicted_speedup_16']:.1f}x" if r.get("predicted_speedup_16") else "-"
+        lines.append(f"| {r['what']} | {r['threads']} | {r['chars_per_s']:,.0f} | {r['speedup']:.2f}x | {sf} | {p16} |")
+    return "\n".join(lines)
 
 
 class _PeerUnavailable(Exception):
@@ -580,6 +631,9 @@ def markdown(result: dict) -> str:
     for k in ("onnx_lstm", "kenlm"):
         if isinstance(f.get(k), str):
             lines.append(f"| {k} | {f[k]} |")
+    if f.get("scaling"):
+        lines += ["", "Scaling over threads (each count in alternation; Amdahl's serial fraction from the speed-up):", "",
+                  markdown_scaling(f["scaling"])]
     return "\n".join(lines)
 
 

@@ -20,7 +20,9 @@ def bench():
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True,
               help="text8 file: scoring runs on the characters after text8-10M (from offset 10,000,000).")
 @click.option("--repeats", type=int, default=3, show_default=True)
-@click.option("--threads", type=int, default=None, help="Threads for the compiled kernels (default: all this process may use).")
+@click.option("--threads", default=None,
+              help="Threads for the compiled kernels (default: all this process may use); a list (1,2,4) adds a "
+                   "scaling table over them, the rest on the largest.")
 @click.option("--peers/--no-peers", default=True, show_default=True,
               help="Also run onnxruntime's LSTM of equal parameters and KenLM (where installed).")
 @click.option("--quick", is_flag=True, help="Small sizes (60,000 characters of long text): a check that it runs, not a measurement.")
@@ -37,10 +39,17 @@ def bench_engine_cmd(model, data, repeats, threads, peers, quick, progress, out,
     onnxruntime's LSTM and KenLM as peers; start-up, memory, exactness and where the time goes."""
     from isan.bench.engine import QUICK_SIZES, bench_engine, markdown, plot_sweep, write_json
 
-    if threads is not None and threads < 1:
-        raise UserError(f"--threads must be at least 1; got {threads}")
+    scaling = None
+    if threads is not None:
+        try:
+            counts = [int(t) for t in str(threads).split(",") if t.strip()]
+        except ValueError:
+            raise UserError(f"--threads takes a number or a comma-separated list; got {threads!r}") from None
+        if not counts or min(counts) < 1:
+            raise UserError(f"--threads must be at least 1; got {threads}")
+        threads, scaling = max(counts), (counts if len(counts) > 1 else None)
     result = bench_engine(model, data, repeats=repeats, threads=threads, peers=peers, progress=progress,
-                          log=lambda m: click.echo(m, err=True), sizes=QUICK_SIZES if quick else None)
+                          log=lambda m: click.echo(m, err=True), sizes=QUICK_SIZES if quick else None, scaling=scaling)
     click.echo(markdown(result))
     if out:
         write_json(result, out)
@@ -231,15 +240,26 @@ def bench_serve_cmd(model, data, clients, text_chars, duration, streams, chunks,
 @click.option("--threads", type=int, default=None, help="Kernel threads of the local runner (default: all CPUs).")
 @click.option("--ray/--no-ray", "with_ray", default=True, show_default=True, help="Also run the Ray runner on a local 2-node cluster.")
 @click.option("--kenlm/--no-kenlm", "with_kenlm", default=True, show_default=True, help="Also score the documents with KenLM.")
+@click.option("--workers", default=None,
+              help="A scaling table over these numbers of worker processes (e.g. 1,2), one kernel thread each, "
+                   "with KenLM in as many processes.")
 @click.option("--out", default=None, help="Also write the results as JSON here.")
 @friendly
-def bench_corpus_cmd(data_dir, mb, files, cpus_per_node, threads, with_ray, with_kenlm, out):
+def bench_corpus_cmd(data_dir, mb, files, cpus_per_node, threads, with_ray, with_kenlm, workers, out):
     """The corpus job: docs/s and chars/s of the local runner, of Ray on a local 2-node cluster, and of KenLM
     over the same documents (our order-8 n-gram as ARPA, order 6 where KenLM's build stops there), in one run."""
     from isan.bench.corpus import bench_corpus, markdown, write_json
 
+    counts = None
+    if workers:
+        try:
+            counts = [int(w) for w in workers.split(",") if w.strip()]
+        except ValueError:
+            raise click.BadParameter(f"{workers!r} is not a comma-separated list of numbers", param_hint="--workers") from None
+        if not counts or min(counts) < 1:
+            raise click.BadParameter("worker counts must be at least 1", param_hint="--workers")
     result = bench_corpus(data_dir, mb=mb, files=files, cpus_per_node=cpus_per_node, threads=threads, ray=with_ray,
-                          kenlm=with_kenlm, log=lambda m: click.echo(m, err=True))
+                          kenlm=with_kenlm, log=lambda m: click.echo(m, err=True), workers=counts)
     click.echo(markdown(result))
     if out:
         write_json(result, out)
