@@ -1,16 +1,22 @@
 /* isan.engine.kernels._native: the compiled hot loops of the engine.
  *
- * Two kernels, each with a numpy twin of the same signature (isan/engine/kernels/streams.py and
- * sequential.py) that the tests hold it equal to:
+ * Three kernels, each with a numpy twin of the same signature (isan/engine/kernels/streams.py,
+ * jumps.py and sequential.py) that the tests hold it equal to:
  *
- * run_streams: many independent state rows advanced together, one step per round, the rows of
- *   each round grouped by input symbol so that each symbol's matrix serves all its rows in one
- *   register-blocked GEMM. Used for batches of texts and for chunk-parallel scoring of one long
- *   text (each chunk a row). With pairs (chunk-parallel correction), rows [P, 2P) are error rows
- *   that follow rows [0, P) through the same symbols without bias and without readout, and a pair
- *   stops once its error is small against its state.
- *   Threads share every round: each owns a slice of output columns of every GEMM and a slice of
- *   the rows' readouts, with one barrier a round; no Python and no GIL inside.
+ * run_streams: many independent state rows advanced one character a step, the rows grouped by the
+ *   symbol they read next so that each symbol's matrix serves all its rows in one register-blocked
+ *   GEMM (each row waits in its symbol's queue; a round steps the longest queues). Used for batches
+ *   of texts and for chunk-parallel scoring of one long text (each chunk a row). With pairs
+ *   (chunk-parallel correction), rows [P, 2P) are error rows that follow rows [0, P) through the
+ *   same symbols without bias and without readout, and a pair stops once its error is small
+ *   against its state.
+ *   Threads: split by rows (the default), each thread runs its own block of rows alone, with no
+ *   barrier; split by columns, each owns a slice of the output columns of every GEMM, with one
+ *   barrier a round. No Python and no GIL inside.
+ *
+ * run_jumps: the same rows advanced by composed jumps of a trie table's keys, grouped by the key
+ *   they take next (each row's greedy longest match): one product per key for all its rows gives
+ *   the k readouts inside the jump and the state after it.
  *
  * seq_composed: one stream through a trie table: for each match (entry e, k characters) the k
  *   readouts [R_i | r_i] [h; 1] and the jump h <- [A | c] [h; 1] (float32 or float16 storage).
