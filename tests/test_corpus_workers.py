@@ -25,8 +25,9 @@ from isan.errors import IsanError  # noqa: E402
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory, text8_test) -> Path:
-    """Four files of every kind the readers take: JSONL with bad lines, a .jsonl.zst cut short,
-    text files one document a file (read in blocks in the worker) and one a line."""
+    """Files of every kind the readers take: JSONL with bad lines (two files), an empty one, a
+    .jsonl.zst cut short, text files one document a file (read in blocks in the worker) and one a
+    line."""
     d = tmp_path_factory.mktemp("corpus")
     rng = np.random.default_rng(0)
     lines = []
@@ -35,7 +36,9 @@ def corpus(tmp_path_factory, text8_test) -> Path:
         lines.append(json.dumps({"id": f"d{i}", "text": text8_test[a : a + n]}))
     lines[17] = '{"text": "x", "n": ' + "9" * 5000 + "}"
     lines[90] = "not json"
-    (d / "a.jsonl").write_text("\n".join(lines[:110]) + "\n")
+    (d / "a.jsonl").write_text("\n".join(lines[:80]) + "\n")
+    (d / "a2.jsonl").write_text("\n".join(lines[80:110]) + "\n")
+    (d / "empty.jsonl").write_text("\n\n")  # no document: a done record of no part
     z = zstandard.ZstdCompressor().compress(("\n".join(lines[110:]) + "\n").encode())
     (d / "b.jsonl.zst").write_bytes(z[:-40])  # cut short: a file error after the documents before the cut
     (d / "c.txt").write_text(text8_test[:30_000])
@@ -48,9 +51,11 @@ def files_of(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted((out / "shards").iterdir())}
 
 
+INPUTS = ("a.jsonl", "a2.jsonl", "empty.jsonl", "b.jsonl.zst", "c.txt")
+
+
 def run(corpus: Path, out: Path, workers: int, **kw) -> dict:
-    inputs = [str(corpus / "a.jsonl"), str(corpus / "b.jsonl.zst"), str(corpus / "c.txt")]
-    return score_corpus(inputs, out, workers=workers, progress=False, part_docs=25, **kw)
+    return score_corpus([str(corpus / f) for f in INPUTS], out, workers=workers, progress=False, part_docs=25, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -60,12 +65,16 @@ def one_worker(corpus, tmp_path_factory) -> tuple[Path, dict]:
 
 
 def test_workers_write_the_same_bytes_as_one(corpus, one_worker, tmp_path):
+    """Two workers take whole files (5 files: at least 2 a worker), three share pieces of parts:
+    both write one worker's bytes, the empty file's done record included."""
     out1, s1 = one_worker
     assert s1["errors"] >= 2 and len(s1["file_errors"]) == 1  # the bad lines and the cut file are recorded
-    for workers in (2, 3):
+    assert len(list((out1 / "shards").glob("*.done.json"))) == s1["files"] == len(INPUTS)
+    for workers, shares in ((2, "files"), (3, "pieces")):
         s = run(corpus, tmp_path / f"w{workers}", workers)
         assert files_of(tmp_path / f"w{workers}") == files_of(out1)
         assert s["this_run"]["workers"] == workers and s["this_run"]["threads"] == 1
+        assert s["this_run"]["shares"] == shares
         for k in ("documents", "chars_read", "chars_scored", "bits", "errors", "file_errors"):
             assert s[k] == s1[k], k
 
@@ -78,8 +87,8 @@ def test_per_line_text_with_workers(corpus, tmp_path):
 
 
 def _cli(corpus: Path, out: Path, workers: int) -> list[str]:
-    return [sys.executable, "-m", "isan.cli", "corpus", "score", str(corpus / "a.jsonl"), str(corpus / "b.jsonl.zst"),
-            str(corpus / "c.txt"), "--out", str(out), "--workers", str(workers), "--part-docs", "25", "--no-progress"]
+    return [sys.executable, "-m", "isan.cli", "corpus", "score", *[str(corpus / f) for f in INPUTS], "--out", str(out),
+            "--workers", str(workers), "--part-docs", "25", "--no-progress"]
 
 
 def _alive(pids: list[int]) -> list[int]:
@@ -99,13 +108,14 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
-def test_killed_or_interrupted_then_rerun_gives_the_same_files(corpus, one_worker, tmp_path, sig):
-    """kill -9 of the whole job (its process group), or Ctrl-C (SIGINT to the driver, which stops
-    its workers), once some parts are written; a re-run with another number of workers ends with
-    one worker's files. After Ctrl-C no worker is left running."""
+@pytest.mark.parametrize("how", ["kill -9 the job", "kill -9 the driver", "Ctrl-C the job", "SIGTERM the driver"])
+def test_killed_or_interrupted_then_rerun_gives_the_same_files(corpus, one_worker, tmp_path, how):
+    """kill -9 of the whole job (its process group) or of the driver alone (its workers end with it),
+    Ctrl-C (SIGINT to the process group, as a terminal sends it) or SIGTERM to the driver (it stops
+    its workers), once some parts are written; no worker is left running, and a re-run with another
+    number of workers ends with one worker's files."""
     out = tmp_path / "out"
-    p = subprocess.Popen(_cli(corpus, out, 2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    p = subprocess.Popen(_cli(corpus, out, 3), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
     deadline = time.time() + 120
     while time.time() < deadline and p.poll() is None:
@@ -113,18 +123,26 @@ def test_killed_or_interrupted_then_rerun_gives_the_same_files(corpus, one_worke
             break
         time.sleep(0.05)
     workers = _children(p.pid)
-    if sig == signal.SIGKILL:
-        os.killpg(p.pid, signal.SIGKILL)
+    if how.startswith("kill -9"):
+        if how.endswith("job"):
+            os.killpg(p.pid, signal.SIGKILL)
+        else:
+            p.kill()
         p.wait()
     else:
-        p.send_signal(signal.SIGINT)
+        if how.startswith("Ctrl-C"):
+            os.killpg(p.pid, signal.SIGINT)
+        else:
+            p.send_signal(signal.SIGTERM)
         _, err = p.communicate(timeout=60)
         if not (out / "summary.json").exists():  # interrupted (not finished before the signal came)
             assert p.returncode == 1 and "Aborted!" in err, err
         assert "Traceback" not in err, err
-        time.sleep(0.5)
-        assert not _alive(workers), "workers left running after Ctrl-C"
-    r = subprocess.run(_cli(corpus, out, 3), capture_output=True, text=True, timeout=300)
+    deadline = time.time() + 20
+    while _alive(workers) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not _alive(workers), f"workers left running after {how}"
+    r = subprocess.run(_cli(corpus, out, 2), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert files_of(out) == files_of(one_worker[0])
 
@@ -160,6 +178,11 @@ def test_worker_options_on_the_cli(corpus, tmp_path):
         assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr
     with pytest.raises(IsanError, match="load the model themselves"):
         score_corpus(str(corpus / "a.jsonl"), tmp_path / "y", workers=2, engine=object(), progress=False)
+    # the torch backend (a GPU, or float64) runs a job in one process: refused with workers, one by default
+    assert plan_workers(None, None, 10 * SMALL_JOB_BYTES, device="cpu", dtype="float64") == (1, cpus)
+    assert plan_workers(None, None, 10 * SMALL_JOB_BYTES, device="cuda") == (1, cpus)
+    with pytest.raises(IsanError, match="one process drives the device"):
+        score_corpus(str(corpus / "a.jsonl"), tmp_path / "z", workers=2, dtype="float64", progress=False)
 
 
 def test_bench_corpus_scaling_table(tmp_path, text8_path):

@@ -356,12 +356,22 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
         raise IsanError("worker processes are the local runner's, and load the model themselves: pass model=, "
                         "not engine= (the Ray runner has its actors)")
     t0 = time.perf_counter()
+    on_actors = runner == "ray" and (device != "cpu" or dtype != "float32")
+    if on_actors and device == "auto":
+        raise IsanError("name the device of a Ray job's actors, cpu or cuda: auto would be decided here, not on them")
     if engine is None:
-        engine = load_corpus_engine(model, device, dtype)
+        # the Ray runner's actors load the model on their device; here only its identity is needed
+        engine = load_corpus_engine(model) if on_actors else load_corpus_engine(model, device, dtype)
     elif runner == "ray":
         raise IsanError("the Ray runner loads the model on every actor: pass model=, not engine=")
-    cfg = JobConfig(model=str(model) if model else None, params_sha256=engine.params_sha256, kernel=corpus_path(engine),
-                    device=engine.kernels.device, dtype=engine.kernels.dtype, fmt=fmt,
+    if workers > 1 and engine.kernels.name == "torch":
+        raise IsanError("worker processes run the CPU's compiled kernels: on the torch backend (a GPU, or float64) "
+                        "one process drives the device (and its GEMMs choose their kernels by shape, so a "
+                        "document's last bits could depend on how the work was cut); use workers=1")
+    kernel = f"torch-{device.split(':')[0]}-{dtype}" if on_actors else corpus_path(engine)  # as the actors name it
+    cfg = JobConfig(model=str(model) if model else None, params_sha256=engine.params_sha256, kernel=kernel,
+                    device=device if on_actors else engine.kernels.device,
+                    dtype=dtype if on_actors else engine.kernels.dtype, fmt=fmt,
                     text_field=text_field, id_field=id_field, per_line=per_line, normalize=normalize, unknown=unknown,
                     replacement=replacement, per_char_max=per_char_max, part_docs=part_docs, part_chars=part_chars,
                     batch_chars=batch_chars)

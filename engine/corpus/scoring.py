@@ -53,9 +53,11 @@ def corpus_path(engine) -> str:
     backend its runner, named with the device's type and the dtype (``"torch-cuda-float32"``:
     float32 on a GPU and on the CPU round differently). Fixed by the model and the device alone,
     never by the batch: a row's jumps are its own greedy segmentation whatever the other rows, so a
-    document's bits do not depend on its batch, worker or shard."""
+    document's bits do not depend on its batch, worker or shard (on the CPU's kernels; the torch
+    backend's GEMM libraries choose kernels by shape, so there a job is scored in one process, its
+    batches cut the same way every run)."""
     k = engine.kernels
-    if k.name == "torch":
+    if k.name == "torch":  # its GEMMs choose their kernels by shape: one job runs in one process there
         return f"torch-{k.device.split(':')[0]}-{k.dtype}"
     return "jumps" if engine.table is not None else "chunked"
 

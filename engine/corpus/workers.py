@@ -3,20 +3,27 @@
 One process cannot keep many cores busy: reading, JSON, normalising and writing run in the
 interpreter, one at a time, so the threads of the batched kernel stopped gaining at 4 threads on a
 16-core host. Here ``workers`` processes (``concurrent.futures.ProcessPoolExecutor``, started with
-``spawn``), each with its own engine and ``threads`` kernel threads, normalise and score the
-documents; this process reads the inputs, cuts each file into its parts exactly as one process does
-(:class:`~isan.engine.corpus.job.FileParts`), hands each part to the workers in pieces, and writes
-each part and done record in order as its pieces come back.
+``spawn``), each with its own engine and ``threads`` kernel threads, share the work in one of two
+ways:
+
+* **by file**, when there are at least :data:`FILES_PER_WORKER` input files a worker: each worker
+  takes whole files and reads, normalises, scores and writes each as one process does
+  (:func:`~isan.engine.corpus.job.process_file`, as the Ray actors do); nothing passes through
+  this process;
+* **by piece**, with fewer files (one big file, say): this process reads the inputs and cuts each
+  file into its parts exactly as one process does (:class:`~isan.engine.corpus.job.FileParts`),
+  hands each part to the workers in pieces, and writes each part and done record in order as its
+  pieces come back.
 
 The output files do not depend on ``workers``: a part holds the same documents whoever scored
-them, a document's bits do not depend on its batch (:mod:`isan.engine.corpus.scoring`), and parts
-and done records are written in file order by this process, atomically. A job killed at any moment
-resumes as before; a bad document is a row with its error, in any worker. A worker that dies (out
-of memory, killed) ends the job with a message; what was written stands, and a re-run resumes.
+them, a document's bits do not depend on its batch (:mod:`isan.engine.corpus.scoring`), and each
+part and done record is written whole, atomically. A job killed at any moment resumes as before;
+a bad document is a row with its error, in any worker. A worker that dies (out of memory, killed)
+ends the job with a message; what was written stands, and a re-run resumes. The workers end with
+their driver, however it ends.
 
-Work in flight is bounded: at most ``2 * workers`` pieces (of at most ``batch_chars`` characters
-each) wait or run, besides the part being cut.
-"""
+Work in flight is bounded: by piece, at most ``2 * workers`` pieces (of at most ``batch_chars``
+characters each) wait or run, besides the part being cut; by file, a worker holds a part at a time."""
 
 from __future__ import annotations
 
@@ -35,6 +42,11 @@ from isan.errors import IsanError
 
 log = logging.getLogger(__name__)
 
+#: with at least this many input files a worker, each worker takes whole files (reading, scoring
+#: and writing them itself: nothing passes through this process); with fewer, the files are cut
+#: into pieces here so that every worker has work
+FILES_PER_WORKER = 2
+
 #: the fewest characters a piece of a part is cut into (below it, handing work over costs more
 #: than it gains, and a thread scores 256k characters about 8% slower than 1M: fewer rows a matrix)
 MIN_PIECE_CHARS = 512_000
@@ -45,18 +57,22 @@ MIN_PIECE_CHARS = 512_000
 SMALL_JOB_BYTES = 4_000_000
 
 
-def plan_workers(workers: int | None, threads: int | None, input_bytes: int | None = None) -> tuple[int, int]:
+def plan_workers(workers: int | None, threads: int | None, input_bytes: int | None = None,
+                 device: str = "cpu", dtype: str = "float32") -> tuple[int, int]:
     """(workers, kernel threads of each) for the local runner, from what the user gave.
 
     Neither: one thread a worker and a worker a CPU this process may use (a small job, under
-    :data:`SMALL_JOB_BYTES` of input: one worker, this process, with a thread a CPU); ``threads``
-    alone: the CPUs divided by it; ``workers`` alone: the CPUs shared among them.
+    :data:`SMALL_JOB_BYTES` of input, or one on the torch backend, a GPU or float64: one worker,
+    this process, with a thread a CPU); ``threads`` alone: the CPUs divided by it; ``workers``
+    alone: the CPUs shared among them.
     """
     from isan.engine.kernels import default_threads
 
     cpus = default_threads()
-    if workers is None and threads is None and input_bytes is not None and input_bytes < SMALL_JOB_BYTES:
-        return 1, cpus
+    torch_backend = device != "cpu" or dtype != "float32"
+    if workers is None and (torch_backend or (threads is None and input_bytes is not None
+                                              and input_bytes < SMALL_JOB_BYTES)):
+        return 1, threads or cpus
     if workers is None:
         threads = threads or 1
         return max(1, cpus // threads), threads
@@ -65,6 +81,7 @@ def plan_workers(workers: int | None, threads: int | None, input_bytes: int | No
 
 # ---- in each worker process ------------------------------------------------------------------
 _SCORER = None
+_JOB = None
 _LOAD_ERROR: str | None = None
 
 
@@ -72,8 +89,9 @@ def _init_worker(cfg: dict, threads: int) -> None:
     """Load the job's model once in this worker (the driver's model, checked by hash and kernel).
     A failure is kept and said by the first piece (an initializer that raises would print a
     traceback and break the pool without a word of why)."""
-    global _SCORER, _LOAD_ERROR
+    global _SCORER, _JOB, _LOAD_ERROR
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's: it stops the workers
+    _exit_with_parent()
     try:
         from isan.engine.corpus.job import JobConfig, load_corpus_engine
         from isan.engine.corpus.scoring import DocScorer, corpus_path
@@ -83,9 +101,20 @@ def _init_worker(cfg: dict, threads: int) -> None:
         if engine.params_sha256 != job.params_sha256 or corpus_path(engine) != job.kernel:
             raise IsanError(f"it loaded {engine.source} ({engine.params_sha256[:12]}, {corpus_path(engine)} kernel), "
                             f"not the job's model ({job.params_sha256[:12]}, {job.kernel} kernel)")
-        _SCORER = DocScorer(engine, job.options(threads))
+        _SCORER, _JOB = DocScorer(engine, job.options(threads)), job
     except Exception as e:  # noqa: BLE001 - said by _score_piece, in the driver
         _LOAD_ERROR = f"{type(e).__name__}: {e}"
+
+
+def _exit_with_parent() -> None:
+    """End this worker when the driver ends, however it ends (killed, out of memory): a worker of
+    a process pool waits on its task queue, whose pipe its siblings keep open, and would otherwise
+    wait for ever, holding its model in memory."""
+    import threading
+
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=lambda: (parent.join(), os._exit(1)), daemon=True, name="isan-parent-watch").start()
 
 
 def _score_piece(docs: list) -> tuple[list, float]:
@@ -95,6 +124,18 @@ def _score_piece(docs: list) -> tuple[list, float]:
     t0 = time.perf_counter()
     rows = _SCORER.score(docs)
     return rows, time.perf_counter() - t0
+
+
+def _score_file(path: str, shards: str) -> tuple[dict, float]:
+    """(the done record of a whole input file read, scored and written by this worker, as
+    :func:`~isan.engine.corpus.job.process_file` does in one process; seconds it took)."""
+    from isan.engine.corpus.job import process_file
+
+    if _SCORER is None:
+        raise IsanError(f"a worker process could not load the model ({_LOAD_ERROR})")
+    t0 = time.perf_counter()
+    rec = process_file(_SCORER, _JOB, path, Path(shards))
+    return rec, time.perf_counter() - t0
 
 
 # ---- in the driver ---------------------------------------------------------------------------
@@ -140,6 +181,8 @@ def run_workers(paths: list[str], cfg, shards: Path, workers: int, threads: int,
     """
     from isan.engine.corpus.job import FileParts
 
+    if threads < 1 or workers < 1:
+        raise IsanError(f"workers and threads must be at least 1; got {workers}, {threads}")
     records: dict[str, dict] = {}
     queue: deque[_Part] = deque()
     stats = {"worker_seconds": 0.0, "driver_busy_seconds": 0.0}
@@ -174,8 +217,12 @@ def run_workers(paths: list[str], cfg, shards: Path, workers: int, threads: int,
                 records[part.file.path] = part.file.finish()
             stats["driver_busy_seconds"] += time.perf_counter() - t0
 
+    by_file = len(paths) >= FILES_PER_WORKER * workers
+    previous = _terminate_as_interrupt()
     try:
-        for path in paths:
+        if by_file:
+            _by_file(ex, paths, cfg, shards, on_part, records, stats)
+        for path in paths if not by_file else ():
             t0 = time.perf_counter()
             fp = FileParts(cfg, path, shards, on_part)
             rec = fp.complete()
@@ -184,6 +231,8 @@ def run_workers(paths: list[str], cfg, shards: Path, workers: int, threads: int,
                 continue
             parts = fp.cut()
             nxt = next(parts, None)
+            if nxt is None:  # no document and no error: a done record of no part, as process_file writes
+                records[path] = fp.finish()
             while nxt is not None:
                 part_path, docs, file_error = nxt
                 nxt = next(parts, None)
@@ -210,7 +259,46 @@ def run_workers(paths: list[str], cfg, shards: Path, workers: int, threads: int,
         raise
     else:
         ex.shutdown(wait=True)
-    return [records[p] for p in paths], {"workers": workers, "threads": threads, **stats}
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    return [records[p] for p in paths], {"workers": workers, "threads": threads,
+                                         "shares": "files" if by_file else "pieces", **stats}
+
+
+def _by_file(ex, paths: list[str], cfg, shards: Path, on_part, records: dict, stats: dict) -> None:
+    """Each incomplete file to a worker, whole: it reads, scores and writes the file's parts and
+    done record itself (:func:`_score_file`), as one process does."""
+    from isan.engine.corpus.job import FileParts
+
+    futures = {}
+    for path in paths:
+        rec = FileParts(cfg, path, shards, on_part).complete()
+        if rec is not None:
+            records[path] = rec
+        else:
+            futures[path] = ex.submit(_score_file, path, str(shards))
+    for path, f in futures.items():
+        rec, seconds = f.result()
+        stats["worker_seconds"] += seconds
+        records[path] = rec
+        if on_part:
+            on_part({"path": path, "documents": rec["new_documents"], "chars_read": rec["new_chars"], "new": True,
+                     "done": True})
+
+
+def _terminate_as_interrupt():
+    """Make SIGTERM (``kill PID``, a time limit, a service manager) stop the workers as Ctrl-C
+    does; returns the handler to restore (None off the main thread, where Python cannot set one)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    return signal.signal(signal.SIGTERM, interrupt)
 
 
 def _stop(ex: cf.ProcessPoolExecutor) -> None:

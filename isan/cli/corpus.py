@@ -73,7 +73,7 @@ def corpus_score_cmd(inputs, out, fmt, text_field, id_field, per_line, runner, r
         from isan.engine.corpus.job import input_bytes
         from isan.engine.corpus.workers import plan_workers
 
-        workers, threads = plan_workers(workers, threads, input_bytes(list(inputs)))
+        workers, threads = plan_workers(workers, threads, input_bytes(list(inputs)), device, dtype)
     summary = score_corpus(list(inputs), out, fmt=fmt, text_field=text_field, id_field=id_field or None,
                            per_line=per_line, runner=runner, ray_address=ray_address, model=model,
                            normalize=normalize, unknown=unknown, replacement=replacement, batch_chars=batch_chars,
