@@ -124,6 +124,10 @@ class Engine:
         #: CPU; the torch backend on a GPU (``device="cuda"``) or for ``dtype="float64"``
         self.kernels = get_backend(kernels, device, dtype)
         if self.kernels.name == "torch":
+            if self.path == "reference":
+                raise IsanError(f"the reference path is numpy's float64 on the CPU, not device {self.kernels.device!r} "
+                                f"({self.kernels.dtype}): use path auto or chunked there (dtype float64 is the float64 "
+                                "reference on the device), or device cpu for the reference path")
             # every text and batch goes chunk-parallel through the torch runner (the composed
             # path's sequential table jumps are a CPU kernel)
             self.path = "chunked" if self.path in ("composed", "jumps") else self.path
@@ -378,7 +382,7 @@ class Engine:
         if self.kernels.name == "torch":  # one runner for everything: the torch backend's per-symbol rows
             from isan.engine.kernels.torch import plan
 
-            chunks = plan.chunks(lengths, self.device, threads) if cut else [1] * len(lengths)
+            chunks = plan.chunks(lengths, self.device, threads, self.kernels.dtype) if cut else [1] * len(lengths)
             return "torch", self._streams(), chunks, {"runner": self.kernels.streams, "path": "chunked",
                                                       "rtol": plan.rtol(self.kernels.dtype)}
         jump_chunks = plan_chunks(lengths, target_rows=ROWS_PER_THREAD * threads) if cut else [1] * len(lengths)

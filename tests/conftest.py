@@ -46,6 +46,17 @@ def text8_valid_head(text8_path) -> str:
     return read_text8_split(text8_path, "valid")[:20_000]
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread for torch during a module (small products run faster so, and it is fair to
+    the other tests on 2 cores); the count is restored after."""
+    torch = pytest.importorskip("torch")
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def random_params(K=27, V=27, d=16, seed=0, scale=0.9) -> ISANParams:
     """A random stable ISAN (orthogonal W scaled below 1)."""
     rng = np.random.default_rng(seed)

@@ -30,12 +30,7 @@ CONFIGS = [
 TOL = {"float32": (1e-4, 1e-6), "float64": (1e-9, 1e-12)}  # per character, total (relative)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module", params=CONFIGS)
@@ -98,7 +93,7 @@ def test_a_diverging_text_raises_then_good_calls_work(config, text8_test):
     with pytest.raises(StateDivergedError) as e:
         eng.score(bad)
     with pytest.raises(StateDivergedError) as e_ref:
-        eng.with_path("reference").score(bad)
+        Engine.load(UNCONSTRAINED, path_mode="reference", progress_bar=False).score(bad)
     assert e.value.offset == e_ref.value.offset
     with pytest.raises(StateDivergedError, match="text 1 of the batch"):
         eng.score_batch([good[:500], bad])
@@ -184,7 +179,7 @@ def test_the_gpu_check_script_is_valid_bash():
 def test_onnx_provider_selection(monkeypatch):
     """`--backend onnx --device cuda|auto`: onnxruntime's CUDA provider where it exists (the CPU
     provider after it, for the nodes CUDA lacks), the CPU provider for device cpu, an error (never
-    a silent CPU run) for cuda where there is none; auto falls back to the CPU and says so."""
+    a silent CPU run) for cuda where there is none; auto falls back to the CPU provider."""
     ort = pytest.importorskip("onnxruntime")
     from isan.engine.runners import onnx as onnx_runner
     from isan.errors import BackendUnavailableError, IsanError

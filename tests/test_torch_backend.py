@@ -28,13 +28,7 @@ gpu = pytest.mark.gpu
 DEVICES = ["cpu", pytest.param("cuda", marks=[gpu, pytest.mark.skipif(not CUDA, reason="no CUDA GPU")])]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Small products: one intra-op thread is faster, and fair to the other tests on 2 cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -165,6 +159,8 @@ def test_a_failing_call_then_good_calls(model, default_engine, test_ids):
         runner(model, test_ids, start, length, model.rows(np.zeros((3, model.d))))
     with pytest.raises(ValueError, match="frac"):
         runner(model, test_ids, start, length, model.rows(np.zeros((2, model.d))), frac=2.0)
+    with pytest.raises(ValueError, match="inside ids"):
+        runner(model, test_ids, start, np.array([100, len(test_ids)], np.int64), model.rows(np.zeros((2, model.d))))
     for _ in range(2):
         _, again, _ = rows_run(runner, model, test_ids, start, length, default_engine.params.h0)
         np.testing.assert_array_equal(again, good)
@@ -199,3 +195,49 @@ def test_backend_registry_and_its_errors(monkeypatch):
     with pytest.raises(BackendUnavailableError, match=r"torch is not installed: pip install .*\[gpu\]"):
         get_backend(device="cuda")
     assert resolve_device("auto") == "cpu"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_gpu_plan_corrects_inside_every_chunk(model, default_engine, p64, test_ids, dtype):
+    """The chunks the torch backend cuts on a GPU (kernels/torch/plan.py: at least 1,024 characters
+    in float32, 2,048 in float64, where the certificate proves the correction converges), run here
+    on the CPU device: no chunk falls back to the host's sequential float64, and the bits are exact."""
+    from isan.engine.kernels.torch import plan
+
+    ids = test_ids[:40_000]
+    chunks = plan.chunks([len(ids)], "cuda", dtype=dtype)
+    assert chunks[0] == len(ids) // plan.GPU_MIN_CHUNK[dtype]
+    assert default_engine.forget_bound_chars(rtol=plan.rtol(dtype)) <= plan.GPU_MIN_CHUNK[dtype]
+    bits, _, rep, div = score_texts_chunked(model, [ids], p64.h0[None], chunks=chunks, runner=TorchStreams("cpu", dtype),
+                                            rtol=plan.rtol(dtype), fallback=default_engine._chunk_fallback())
+    bits_ref, _ = score_ref(p64, ids.astype(np.int64), p64.h0)
+    assert not div and rep.fallback_chunks == 0
+    assert abs(bits[0].sum() - bits_ref.sum()) <= (1e-12 if dtype == "float64" else 1e-6) * bits_ref.sum()
+
+
+def test_a_call_that_fails_midway_leaves_the_runner_working(model, default_engine, test_ids, monkeypatch):
+    """A product that fails in the middle of a call (the device out of memory, say) raises out of
+    the runner; the same runner then scores as before, and the rows and bits it was given were not
+    half written."""
+    runner = TorchStreams("cpu", block=8)
+    start, length = np.array([0, 500], np.int64), np.array([300, 400], np.int64)
+    _, good, _ = rows_run(runner, model, test_ids, start, length, default_engine.params.h0)
+    real_mm, calls = torch.mm, {"n": 0}
+
+    def failing_mm(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 40:
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return real_mm(*a, **k)
+
+    monkeypatch.setattr(torch, "mm", failing_mm)
+    H = model.rows(np.tile(default_engine.params.h0, (2, 1)))
+    H_before, bits = H.copy(), np.zeros(len(test_ids))
+    with pytest.raises(RuntimeError, match="simulated"):
+        runner(model, test_ids, start, length, H, bits)
+    np.testing.assert_array_equal(H, H_before)  # the contract's arrays are written at the end only
+    assert not bits.any()
+    monkeypatch.setattr(torch, "mm", real_mm)
+    for _ in range(2):
+        _, again, _ = rows_run(runner, model, test_ids, start, length, default_engine.params.h0)
+        np.testing.assert_array_equal(again, good)

@@ -63,12 +63,21 @@ class Backend:
         return out
 
 
-def _torch():
+def _torch(optional: bool = False):
+    """The torch module; None when ``optional`` and it cannot be imported, else a clear error (a
+    CUDA build whose libraries are missing fails with OSError, not ImportError)."""
     try:
         import torch
     except ImportError:
+        if optional:
+            return None
         raise BackendUnavailableError(f"a torch device was asked for but torch is not installed: {install_hint('gpu')}"
                                       " (a GPU machine's own CUDA build of torch works too), or use device 'cpu'") from None
+    except OSError as e:  # e.g. libcudart missing beside a CUDA build
+        if optional:
+            return None
+        raise BackendUnavailableError(f"torch is installed but cannot load ({str(e).splitlines()[0][:200]}); "
+                                      "reinstall it, or use device 'cpu'") from None
     return torch
 
 
@@ -84,18 +93,18 @@ def resolve_device(device: str) -> str:
     if device == "cpu":
         return device
     if device == "auto":
-        try:
-            import torch
-        except ImportError:
-            return "cpu"
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        torch = _torch(optional=True)
+        return "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
     if device == "cuda" or device.startswith("cuda:"):
+        index = device.partition(":")[2]
+        if ":" in device and not index.isdigit():
+            raise IsanError(f"device {device!r}: a GPU is named cuda or cuda:N (N its index)")
         torch = _torch()
         if not torch.cuda.is_available():
             raise BackendUnavailableError(
                 f"device {device!r} was asked for but torch {torch.__version__} sees no CUDA GPU "
                 f"(torch built for CUDA {torch.version.cuda or 'none'}); use device 'cpu'")
-        idx = int(device.split(":")[1]) if ":" in device else 0
+        idx = int(index) if index else 0
         if not 0 <= idx < torch.cuda.device_count():
             raise BackendUnavailableError(f"device {device!r} does not exist: torch sees {torch.cuda.device_count()} GPU(s)")
         return device

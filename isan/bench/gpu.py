@@ -19,14 +19,12 @@ it on the CPU device).
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
-from isan.bench.engine import machine
+from isan.bench.engine import machine, median_time
 
 #: The issue's sizes: 65,536 documents of 512 characters; the long text is the whole data file.
 SIZES = {"docs": 65_536, "doc_chars": 512, "long_chars": None, "check_docs": 256}
@@ -34,13 +32,11 @@ QUICK_SIZES = {"docs": 48, "doc_chars": 200, "long_chars": 30_000, "check_docs":
 
 
 def _median_time(fn, repeats: int) -> tuple[float, list[float], object]:
-    out = fn()  # untimed: first-call costs (weights to the device, allocator, the certificate)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), times, out
+    """:func:`isan.bench.engine.median_time` after one untimed run (first-call costs: weights to the
+    device, the allocator, the certificate), with the last run's result."""
+    out = {"r": fn()}
+    med, times = median_time(lambda: out.update(r=fn()), repeats)
+    return med, times, out["r"]
 
 
 def bench_gpu(model: str | None, data: str | Path, device: str = "cuda", repeats: int = 3,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check (issue #35): what a GPU gives isan, measured, and its tests, on a bare GPU machine
-# that got a copy of this working tree. Under 5 minutes on an H100 or H200.
+# that got a copy of this working tree. Sized to take under 5 minutes on an H100 or H200 (not yet
+# run on one: its first run says).
 #
 # Such a machine has Python 3.12, a CUDA build of torch, numpy, pytest, hypothesis, safetensors,
 # click, tqdm and gcc, but no package index; isan needs marisa-trie besides, and the tests and the
@@ -45,9 +46,11 @@ print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, GPU: "
       f"{torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}; isan kernels {native_status()}")
 EOF
 TEXT8="$GPU_DIR/data/text8_head/text8_head.txt"
-set -o pipefail
-python3 -m pytest -q -p no:cacheprovider tests/test_torch_backend.py tests/test_backends.py 2>&1 | tee "$OUT_DIR/gpu_tests.log" | tail -15
-isan bench gpu --data "$TEXT8" --out "$OUT_DIR/gpu.json" 2>&1 | tee "$OUT_DIR/gpu_bench.md"
-isan bench train --data "$TEXT8" --device cuda --batch 256 --models isan --budgets 1.28e6 --no-reference \
-    --out "$OUT_DIR/gpu_train.json" 2>&1 | tee "$OUT_DIR/gpu_train.md"
+# each step runs whatever the one before gave (a device run is scarce); the status of each is said at the end
+status=()
+step() { local name=$1; shift; if "$@"; then status+=("$name: ok"); else status+=("$name: FAILED ($?)"); fi; }
+step tests bash -c "python3 -m pytest -q -p no:cacheprovider tests/test_torch_backend.py tests/test_backends.py 2>&1 | tee '$OUT_DIR/gpu_tests.log' | tail -15; exit \${PIPESTATUS[0]}"
+step "bench gpu" bash -c "isan bench gpu --data '$TEXT8' --out '$OUT_DIR/gpu.json' 2>&1 | tee '$OUT_DIR/gpu_bench.md'; exit \${PIPESTATUS[0]}"
+step "bench train" bash -c "isan bench train --data '$TEXT8' --device cuda --batch 256 --models isan --budgets 1.28e6 --no-reference --out '$OUT_DIR/gpu_train.json' 2>&1 | tee '$OUT_DIR/gpu_train.md'; exit \${PIPESTATUS[0]}"
+printf '%s\n' "${status[@]}"
 echo "results in $OUT_DIR"

@@ -87,11 +87,9 @@ def bench_train(ids: np.ndarray, budgets=BUDGETS, models=TABLE1_MODELS, batch: i
 
     if threads:
         torch.set_num_threads(threads)
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        from isan.errors import BackendUnavailableError
+    from isan.engine.kernels.backends import resolve_device
 
-        raise BackendUnavailableError(f"device {device!r} was asked for but torch {torch.__version__} sees no CUDA GPU")
+    dev = torch.device(resolve_device(device))  # a clear error for a device that is not there
     rows = []
     for label, budget in budgets:
         for kind in models:

@@ -114,6 +114,9 @@ def sample(prompt, n, temperature, inverse_temperature, top_k, seed, as_json, mo
             raise UserError(f"--inverse-temperature must be positive; got {inverse_temperature}")
         temperature = 1.0 / inverse_temperature
     temperature = 1.0 if temperature is None else temperature
+    if backend == "numpy" and (device != "cpu" or dtype != "float32"):
+        raise UserError(f"isan sample draws one character a step on the CPU (numpy); --device {device} and --dtype "
+                        f"{dtype} are for scoring (isan score, isan corpus score)")
     engine = load_engine(model, path_mode, backend, device, threads, dtype)
     drawn_seed = seed is None
     if drawn_seed:  # pick one and report it, so that the sample can be drawn again (as the server does)

@@ -17,7 +17,8 @@ expert, and a row never gathers its own ``W[x]``, 187 KB a row a step at d = 216
   block the rows still running are compacted onto the device, and the symbols of all their steps
   in the block are sorted at once (one ``torch.sort`` over a (steps, rows) matrix; a row past its
   end reads a sentinel symbol that sorts last and is carried unchanged). The group sizes of the
-  whole block cross to the host in one transfer, so a block costs one synchronisation.
+  whole block cross to the host in one transfer; the steps themselves run without waiting for the
+  host (the block's bookkeeping, compaction and masked writes, waits a few times a block).
 * Each step gathers the rows in symbol order, runs one GEMM per symbol present on a contiguous
   slice (``rows @ WT[x]`` in the homogeneous row layout ``[h, 1]``, so the bias rides in the
   product), and scatters them back.
@@ -26,9 +27,11 @@ expert, and a row never gathers its own ``W[x]``, 187 KB a row a step at d = 216
   stopping step of a row that leaves the range are worked out on the device for the block.
 
 ``dtype`` is the arithmetic of the states and products: float32 (the default, as the compiled
-kernel) or float64 (the exact reference on the device: bits within about 1e-12 of the float64
-numpy reference). The arrays of the contract (``H`` and ``bits``) stay numpy on the host: they
-are copied to the device once a call and back once at its end.
+kernel; TF32 is switched off for the call, whatever the process set) or float64 (the exact
+reference on the device: bits within about 1e-12 of the float64 numpy reference of the model's
+weights, which bundles store in float32). The arrays of the contract (``H`` and ``bits``) stay
+numpy on the host: the span of ``ids`` and ``bits`` the rows read is copied to the device once a
+call and back once at its end.
 
 Differences from the compiled kernel, none in the results it promises: a row that leaves the range
 (``diverged >= 0``) is stopped with its bits written up to and including that step as there, but
@@ -64,6 +67,7 @@ class _DeviceModel:
     V: int
     K: int
     key: tuple = field(repr=False)
+    source: object = field(repr=False)  # the StreamModel itself: held, so its id is not reused while cached
 
 
 class TorchStreams:
@@ -112,7 +116,8 @@ class TorchStreams:
             # WT and RoT are float32 in the StreamModel; the float64 runner widens them (exactly)
             WT = torch.from_numpy(np.ascontiguousarray(model.WT[:, : d + 1, : d + 1]))
             RoT = torch.from_numpy(np.ascontiguousarray(model.RoT[: d + 1, :V]))
-            dm = _DeviceModel(WT.to(self.device, self._tdtype), RoT.to(self.device, self._tdtype), d, V, model.K, key)
+            dm = _DeviceModel(WT.to(self.device, self._tdtype), RoT.to(self.device, self._tdtype), d, V, model.K, key,
+                              model)
             self._model = dm
         return dm
 
@@ -137,6 +142,8 @@ class TorchStreams:
         """
         P = _check(model, ids, start, length, H, bits, pairs, np.float64 if H.dtype == np.float64 else np.float32)
         _check_frac(frac)
+        if P and (start.min() < 0 or length.min() < 0 or int((start + length).max()) > len(ids)):
+            raise ValueError("every row must read inside ids: 0 <= start and start + length <= len(ids)")
         check_every = int(check_every)
         if check_every < 1:
             raise ValueError(f"check_every must be at least 1; got {check_every}")
@@ -145,9 +152,14 @@ class TorchStreams:
         diverged = np.full(P, -1, dtype=np.int64)
         if P == 0:
             return StreamsResult(0, steps_done, residual, diverged)
-        with torch.no_grad():
-            total = self._run(model, ids, start, length, H, bits, pairs, float(stop_ratio), check_every, float(limit),
-                              steps_done, residual, diverged)
+        tf32 = torch.backends.cuda.matmul.allow_tf32
+        try:
+            torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32 (TF32 would err by ~1e-3)
+            with torch.no_grad():
+                total = self._run(model, ids, start, length, H, bits, pairs, float(stop_ratio), check_every,
+                                  float(limit), steps_done, residual, diverged)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = tf32
         return StreamsResult(int(total), steps_done, residual, diverged)
 
     def _run(self, model, ids, start, length, H, bits, pairs, stop_ratio, check_every, limit,
@@ -157,11 +169,12 @@ class TorchStreams:
         d, K = dm.d, dm.K
         P = len(start)
         blk = check_every if pairs else self.block
-        ids_d = torch.from_numpy(ids.astype(np.int64)).to(dev)
-        start_d = torch.from_numpy(start).to(dev)
+        lo, hi = int(start.min()), int((start + length).max())  # the span the rows read: only it travels
+        ids_d = torch.from_numpy(ids[lo:hi].astype(np.int64)).to(dev)
+        start_d = torch.from_numpy(start - lo).to(dev)
         length_d = torch.from_numpy(length).to(dev)
-        Hall = torch.from_numpy(np.ascontiguousarray(H[:, : d + 1])).to(dev, tdt)  # (P or 2P, d + 1)
-        bits_d = torch.from_numpy(bits).to(dev) if bits is not None else None
+        Hall = torch.from_numpy(H[:, : d + 1].copy()).to(dev, tdt)  # (P or 2P, d + 1), never the caller's H
+        bits_d = torch.from_numpy(bits[lo:hi]).to(dev, copy=True) if bits is not None else None  # never the caller's
         steps_d = torch.zeros(P, dtype=torch.int64, device=dev)
         div_d = torch.full((P,), -1, dtype=torch.int64, device=dev)
         res_d = torch.full((P,), math.inf, dtype=torch.float32, device=dev)
@@ -198,7 +211,7 @@ class TorchStreams:
         div_d = torch.where((div_d < 0) & ~(m <= limit), steps_d, div_d)
         H[:, : d + 1] = Hall.cpu().numpy()
         if bits is not None:
-            bits[:] = bits_d.cpu().numpy()
+            bits[lo:hi] = bits_d.cpu().numpy()
         steps_done[:] = steps_d.cpu().numpy()
         residual[:] = res_d.cpu().numpy()
         diverged[:] = div_d.cpu().numpy()
