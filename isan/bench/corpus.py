@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from isan.bench.engine import machine, write_json  # noqa: F401  (write_json re-exported for the CLI)
+from isan.bench.engine import amdahl, machine, write_json  # noqa: F401  (write_json re-exported for the CLI)
 
 
 def _sources(data_dir: Path) -> list[tuple[str, str]]:
@@ -309,10 +309,7 @@ def _scaling(corpus: Path, work: Path, workers: list[int], with_kenlm: bool, dat
             row["isan_over_kenlm"] = row["chars_per_s"] / row["kenlm_chars_per_s"]
         base = base or row
         row["speedup"] = row["chars_per_s"] / base["chars_per_s"]
-        if n > 1:
-            s_frac = (n / row["speedup"] - 1) / (n - 1)
-            row["amdahl_serial_fraction"] = s_frac
-            row["predicted_speedup_16"] = 1 / (s_frac + (1 - s_frac) / 16) if s_frac > -1 / 15 else None
+        row.update(amdahl(n / base["workers"], row["speedup"], 16 / base["workers"]))
         out.append(row)
         log(f"  {n} worker(s): {row['chars_per_s']:,.0f} chars/s ({row['speedup']:.2f}x), identical: {row['identical']}"
             + (f"; KenLM {n} process(es): {row['kenlm_chars_per_s']:,.0f}" if with_kenlm else ""))

@@ -334,6 +334,18 @@ def bench_engine(model: str | None, data: str | Path, repeats: int = 3, threads:
             "model": eng.describe(), "repeats": repeats, "threads": threads, "rows": rows, "facts": facts, "raw": raw}
 
 
+def amdahl(relative: float, speedup: float, target: float = 16.0) -> dict:
+    """Amdahl's law from a measured speed-up: with ``relative`` times the workers of the baseline
+    and a ``speedup`` over it, the serial fraction ``s`` of ``S = 1 / (s + (1 - s) / N)`` and the
+    speed-up that ``s`` predicts at ``target`` times the baseline's workers (None where s is
+    negative enough to predict nothing). ``{}`` when ``relative`` is 1 (nothing to fit)."""
+    if relative <= 1:
+        return {}
+    s = (relative / speedup - 1) / (relative - 1)
+    return {"amdahl_serial_fraction": s,
+            "predicted_speedup_16": 1 / (s + (1 - s) / target) if s > -1 / (target - 1) else None}
+
+
 def thread_scaling(eng, ids: np.ndarray, threads_list: list[int], batch_texts: int, batch_len: int,
                    repeats: int = 3, log=print) -> list[dict]:
     """Issue 36's scaling table: the long text (default path) and a batch of ``batch_texts`` texts of
@@ -362,11 +374,7 @@ def thread_scaling(eng, ids: np.ndarray, threads_list: list[int], batch_texts: i
             base = base or (th, cps)
             row = {"what": what, "threads": th, "chars": chars, "chars_per_s": cps, "seconds": times[th],
                    "speedup": cps / base[1]}
-            rel = th / base[0]
-            if rel > 1:
-                s = (rel / row["speedup"] - 1) / (rel - 1)
-                row["amdahl_serial_fraction"] = s
-                row["predicted_speedup_16"] = 1 / (s + (1 - s) / (16 / base[0])) if s > -1 / 15 else None
+            row.update(amdahl(th / base[0], row["speedup"], 16 / base[0]))
             out.append(row)
             log(f"  scaling, {what}, {th} threads: {cps:,.0f} chars/s ({row['speedup']:.2f}x)")
     return out

@@ -32,7 +32,6 @@ import asyncio
 import json
 import math
 import os
-import platform
 import re
 import socket
 import subprocess
@@ -426,8 +425,9 @@ def run_bench(model: str | None = None, data: str = "../shared/data/text8_head/t
     valid = read_text8_split(data, "valid")
     test = read_text8_split(data, "test")
     eng = load_engine(model)
-    out: dict = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                             "python": platform.python_version()},
+    from isan.bench.engine import machine
+
+    out: dict = {"machine": machine(),
                  "server_args": list(server_args or [])}
     args = list(server_args or [])
     if model:
