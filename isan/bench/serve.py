@@ -427,7 +427,8 @@ def run_bench(model: str | None = None, data: str = "../shared/data/text8_head/t
     eng = load_engine(model)
     from isan.bench.engine import machine
 
-    out: dict = {"machine": machine(),
+    out: dict = {"benchmark": "serve", "machine": machine(), "command": " ".join(["isan"] + sys.argv[1:]),
+                 "model": {"source": str(eng.source), "params_sha256": eng.params_sha256},
                  "server_args": list(server_args or [])}
     args = list(server_args or [])
     if model:
@@ -479,7 +480,10 @@ def run_bench(model: str | None = None, data: str = "../shared/data/text8_head/t
 def markdown(res: dict) -> str:
     """The results as the README's tables."""
     lines = [f"Machine: {res['machine']['cpu']}, {res['machine']['cores']} cores, Python {res['machine']['python']}; "
-             f"server options: {' '.join(res['server_args']) or '(defaults)'}", ""]
+             f"server options: {' '.join(res['server_args']) or '(defaults)'}"]
+    if res.get("command"):
+        lines.append(f"Command: `{res['command']}`")
+    lines.append("")
     f = lambda x: "-" if x is None else f"{x * 1000:,.0f} ms"  # noqa: E731
     pct = lambda d: f"{f(d['p50'])} / {f(d['p90'])} / {f(d['p99'])}"  # noqa: E731
     for key, title in (("http", "HTTP load (/v1/score)"), ("completions", "HTTP load (/v1/completions, echo, logprobs 1)")):
