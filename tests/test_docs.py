@@ -226,3 +226,27 @@ def test_the_repository_cites_its_own_docs_not_outside_design_notes():
         assert fact in section, f"ARCHITECTURE.md's model section lacks {fact}"
     speed = (DOCS / "guide" / "tables-and-speed.md").read_text(encoding="utf-8")
     assert "\n## Measured facts the code relies on\n" in speed
+
+
+def test_every_headline_speed_row_has_its_result_file():
+    """Each speed row of the README's headline table (#34 item 21) links the committed result file
+    of the current default model, and names the machine that file was measured on."""
+    import json
+
+    from isan.engine import Engine
+
+    sha = Engine.default().params_sha256
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    table = readme.split("## Headline numbers", 1)[1].split("\n## ", 1)[0]
+    rows = [ln for ln in table.splitlines() if ln.startswith("|") and re.search(r"chars/s|requests/s|workers", ln)]
+    assert len(rows) >= 5
+    for row in rows:
+        files = re.findall(r"\]\((bench_results/[^)]+\.json)\)", row)
+        assert files, f"a headline row without its result file: {row}"
+        for f in files:
+            res = json.loads((REPO / f).read_text())
+            model = res["model"]
+            assert (model["params_sha256"] if isinstance(model, dict) else model) == sha, f"{f} is another model's"
+            cpu = res["machine"]["cpu"]
+            named = {"Xeon": "Xeon" in cpu, "EPYC": "EPYC" in cpu}
+            assert any(k in row and v for k, v in named.items()), f"{row} does not name {f}'s machine ({cpu})"
