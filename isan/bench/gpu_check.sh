@@ -8,26 +8,29 @@
 # benchmark read text8 from ../shared, which does not travel. So, in two steps:
 #
 #   bash isan/bench/gpu_check.sh --prepare     # here: marisa-trie's wheel for Python 3.12 and the
-#                                              # text8 head into .gpu/ (ignored by git, ~13 MB)
+#                                              # shared data into .gpu/ (ignored by git, ~16 MB)
 #   bash isan/bench/gpu_check.sh               # there, with .gpu carried (the device tool's carry)
 #
 # The check installs the carried wheels and isan itself (--no-deps --no-build-isolation: the C
 # kernels compile there), runs the tests of the torch backend (those marked gpu run on CUDA), then
 # `isan bench gpu` (65,536 documents x 512 characters and the 12.5M-character text8 head, float32
 # and float64, against the CPU's compiled kernels on all cores) and `isan bench train --device cuda`
-# at B = 256, and prints their tables. Results go to $OUT (the device tool's output folder) or
-# .gpu/out: commit them under bench_results/ with the card named.
+# at B = 256, then issue #36's scaling tables on the machine's cores (`isan bench corpus --workers`
+# and `isan bench engine --threads`), and prints their tables. Results go to $OUT (the device
+# tool's output folder) or .gpu/out: commit them under bench_results/ with the machine named.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 GPU_DIR=.gpu
 DATA_SRC=${ISAN_SHARED_DATA:-../shared/data}
 
 if [ "${1:-}" = "--prepare" ]; then
-    mkdir -p "$GPU_DIR/whl" "$GPU_DIR/data/text8_head"
+    mkdir -p "$GPU_DIR/whl" "$GPU_DIR/data/text8_head" "$GPU_DIR/data/tinyshakespeare" "$GPU_DIR/data/wikitext2"
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         -d "$GPU_DIR/whl" "marisa-trie==$(python3 -c 'import importlib.metadata as m; print(m.version("marisa-trie"))')"
     cp "$DATA_SRC/text8_head/text8_head.txt" "$GPU_DIR/data/text8_head/"
+    cp "$DATA_SRC/tinyshakespeare/input.txt" "$GPU_DIR/data/tinyshakespeare/"
+    cp "$DATA_SRC/wikitext2/"*.txt "$GPU_DIR/data/wikitext2/"
     du -sh "$GPU_DIR"
     exit 0
 fi
@@ -52,5 +55,9 @@ step() { local name=$1; shift; if "$@"; then status+=("$name: ok"); else status+
 step tests bash -c "python3 -m pytest -q -p no:cacheprovider tests/test_torch_backend.py tests/test_backends.py 2>&1 | tee '$OUT_DIR/gpu_tests.log' | tail -15; exit \${PIPESTATUS[0]}"
 step "bench gpu" bash -c "isan bench gpu --data '$TEXT8' --out '$OUT_DIR/gpu.json' 2>&1 | tee '$OUT_DIR/gpu_bench.md'; exit \${PIPESTATUS[0]}"
 step "bench train" bash -c "isan bench train --data '$TEXT8' --device cuda --batch 256 --models isan --budgets 1.28e6 --no-reference --out '$OUT_DIR/gpu_train.json' 2>&1 | tee '$OUT_DIR/gpu_train.md'; exit \${PIPESTATUS[0]}"
+CORES=$(nproc)
+COUNTS=$(python3 -c "n=$CORES; c=[1]; [c.append(c[-1]*2) for _ in range(8) if c[-1]*2<=n]; print(','.join(map(str,c+([n] if c[-1]!=n else []))))")
+step "corpus scaling" bash -c "isan bench corpus --data-dir '$GPU_DIR/data' --mb 20 --no-ray --workers $COUNTS --out '$OUT_DIR/scaling_corpus.json' 2>&1 | tee '$OUT_DIR/scaling_corpus.md'; exit \${PIPESTATUS[0]}"
+step "engine scaling" bash -c "isan bench engine --data '$TEXT8' --repeats 1 --no-peers --no-progress --threads $COUNTS --out '$OUT_DIR/scaling_engine.json' 2>&1 | tee '$OUT_DIR/scaling_engine.md'; exit \${PIPESTATUS[0]}"
 printf '%s\n' "${status[@]}"
 echo "results in $OUT_DIR"
