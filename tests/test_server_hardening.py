@@ -228,7 +228,7 @@ def test_idle_connections_do_not_lock_clients_out(small_bundle):
     (not --read-timeout): at the cap, the connection that has waited longest for its client is
     answered 408 and closed to make room. Over-cap connections that never send a request are
     answered 503 within a second."""
-    from isan.engine.serve.protocol import SATURATED_GRACE_S
+    from isan.engine.serve.connections import SATURATED_GRACE_S
 
     eng = Engine.load(small_bundle)
     app = create_app(eng, config=ServeConfig(read_timeout_s=30, max_connections=8))
@@ -271,7 +271,7 @@ def test_a_busy_connection_is_never_evicted(small_bundle):
     with running(app) as addr:
         import threading
 
-        from isan.engine.serve.protocol import SATURATED_GRACE_S
+        from isan.engine.serve.connections import SATURATED_GRACE_S
 
         results = []
 
@@ -515,7 +515,7 @@ def test_dns_rebinding_is_refused(small_bundle):
     ("evil.example", "testserver", (), False),  # an in-process client (Starlette's TestClient): no socket
 ])
 def test_host_rules(host, local, allowed, refused):
-    from isan.engine.serve.app import host_refused
+    from isan.engine.serve.access import host_refused
 
     scope = {"type": "http", "server": (local, 8000), "headers": [] if host is None else [(b"host", host.encode())]}
     assert (host_refused(scope, allowed) is not None) == refused

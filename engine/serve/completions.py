@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from isan.engine.serve.budget import job_bytes, logprobs_bytes, prepare_bytes
 from isan.engine.serve.errors import RequestError
-from isan.engine.serve.models import MAX_SEED, integer
+from isan.engine.serve.schemas import MAX_SEED, integer
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ class TokenizerInfo(BaseModel):
 
 
 @dataclass(frozen=True)
-class OpenAIModels:
+class OpenAISchemas:
     completion: type[BaseModel]
     tokenize: type[BaseModel]
     detokenize: type[BaseModel]
@@ -184,7 +184,7 @@ def prompt_schema(V: int, max_chars: int, max_prompts: int) -> dict:
 StopStr = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 
 
-def build_openai_models(name: str, V: int, max_chars: int, max_prompts: int, max_tokens: int) -> OpenAIModels:
+def build_openai_schemas(name: str, V: int, max_chars: int, max_prompts: int, max_tokens: int) -> OpenAISchemas:
     """The request models of the OpenAI-compatible endpoints for a served model called ``name``
     with V symbols (its schema names the model, the token ids and the limits)."""
 
@@ -226,7 +226,7 @@ def build_openai_models(name: str, V: int, max_chars: int, max_prompts: int, max
         model=model_field,
         tokens=(list[integer(0, V)], Field(max_length=max_chars, description="token ids")),
     )
-    return OpenAIModels(completion, tokenize, detokenize)
+    return OpenAISchemas(completion, tokenize, detokenize)
 
 
 # ---- tokens -------------------------------------------------------------------------------------
@@ -411,8 +411,8 @@ class Completions:
         self.metrics = metrics
         self.name = name or served_name(service.info)
         self.created = int(service.t_start)
-        self.models = build_openai_models(self.name, len(service.symbols), config.max_chars, config.max_batch_texts,
-                                          config.max_sample_chars)
+        self.schemas = build_openai_schemas(self.name, len(service.symbols), config.max_chars, config.max_batch_texts,
+                                            config.max_sample_chars)
         self._tokens: Tokens | None = None
         self._ref_lock = asyncio.Semaphore(2)
 
@@ -463,6 +463,18 @@ class Completions:
         return {"prompt": self.tokens.decode(req.tokens)}
 
     # ---- completions -----------------------------------------------------------------------
+    def parse(self, schema, raw):
+        """The request ``raw`` validated against one of :attr:`schemas` (RequestError 400 naming the
+        field; for a completion naming another model, 404 as OpenAI answers)."""
+        from isan.engine.serve.schemas import parse
+
+        try:
+            return parse(schema, raw, self.schemas.allowed(schema), self.config.max_chars)
+        except RequestError:
+            if schema is self.schemas.completion:
+                self.check_model(raw)
+            raise
+
     def check_model(self, raw) -> None:
         """Raise 404 when the JSON body ``raw`` names a model other than the served one."""
         import json
@@ -514,7 +526,7 @@ class Completions:
         need = (sum(logprobs_bytes(t, k, req.n) for t in tokens) if req.echo else 0) \
             + len(tokens) * req.n * logprobs_bytes(gen, k)
         try:
-            self.service._reserve(res, res.bytes + need, "lower logprobs, max_tokens or n, or split the prompt")
+            self.service.reserve(res, res.bytes + need, "lower logprobs, max_tokens or n, or split the prompt")
         except RequestError as e:
             e.extra["param"] = "logprobs"
             raise
@@ -529,7 +541,7 @@ class Completions:
         tok = self.tokens
         sizes = [len(p.text) if p.text is not None else len(p.ids) for p in prompts]
         need = max(sum(prepare_bytes(n) for n in sizes), sum(job_bytes(n, True) for n in sizes))
-        service._reserve(res, need)
+        service.reserve(res, need)
         start = eng.initial_state()
         opts = SimpleNamespace(normalize="auto", unknown="error", replacement=None)
         jobs, where = [], []
@@ -537,7 +549,7 @@ class Completions:
         for i, p in enumerate(prompts):
             if p.text is not None:
                 try:
-                    prep = await service._prepare(p.text, opts, start)
+                    prep = await service.prepare(p.text, opts, start)
                 except RequestError as e:
                     if len(prompts) > 1:
                         e.message = f"prompt[{i}]: {e.message}"
@@ -560,7 +572,7 @@ class Completions:
             self.reserve_answer(req, [len(sc.ids) + sc.prompt.bos for sc in out], res)
         if jobs:
             try:
-                done = await service._wait(jobs, client)
+                done = await service.score_jobs(jobs, client)
             except RequestError as e:
                 i = e.extra.pop("index", None)
                 if i is not None and len(prompts) > 1:

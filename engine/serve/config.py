@@ -62,7 +62,7 @@ class ServeConfig:
         keep_alive_s: an idle keep-alive HTTP connection is closed after this many seconds.
         max_connections: open HTTP connections (WebSocket streams are counted by ``max_streams``).
             A connection that arrives at the cap first closes every connection that has kept its
-            slot waiting a second for its client (408; :mod:`isan.engine.serve.protocol`); if none
+            slot waiting a second for its client (408; :mod:`isan.engine.serve.connections`); if none
             did, its request is answered 503 with ``Retry-After`` and the connection closed.
         max_batch_texts: texts in one ``POST /v1/score/batch``.
         max_sample_chars: characters one ``POST /v1/sample`` may generate.
@@ -77,7 +77,7 @@ class ServeConfig:
             from a client that is not a browser, is always allowed).
         allow_hosts: names (``myhost.lan``; ``*`` for any) that requests may carry in ``Host``
             besides ``localhost``, loopback addresses and, on a connection that came in on another
-            address, any IP address (:func:`isan.engine.serve.app.host_refused`): other names are
+            address, any IP address (:func:`isan.engine.serve.access.host_refused`): other names are
             refused with 403, so a web page cannot reach the server by DNS rebinding.
         ui: serve isan lens, the web page at ``/`` (its files at ``/lens/...``; no CDN, no scripts
             from elsewhere); False (``--no-ui``): ``/`` is a 404 like any unknown path.

@@ -29,7 +29,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from isan.engine.serve.errors import RequestError, from_isan
-from isan.engine.serve.models import UNKNOWN, _raw_text_pattern, integer
+from isan.engine.serve.schemas import UNKNOWN, _raw_text_pattern, integer
 
 STATIC = Path(__file__).resolve().parent / "static"
 #: the page's files and their media types (nothing else is served from ``static/``)

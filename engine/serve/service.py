@@ -1,7 +1,8 @@
 """What the server does for one text, apart from HTTP and WebSocket: the library calls, the
 memory budget, the scheduler, snapshots and the answer's fields.
 
-The app (:mod:`isan.engine.serve.app`) parses and formats; this module decides. Every text goes
+The routes (:mod:`isan.engine.serve.routes`) and the stream (:mod:`isan.engine.serve.websocket`)
+parse and format; this module decides. Every text goes
 ``prepare`` (normalise, map to ids: errors name the input offset) -> reserve its memory in the
 budget (503 if it does not fit) -> a :class:`~isan.engine.serve.scheduler.Job` in the scheduler
 -> the answer, built from the finished job.
@@ -29,8 +30,10 @@ from isan.engine.serve.snapshot import decode_state, encode_state, new_secret
 
 log = logging.getLogger(__name__)
 
-#: texts longer than this are normalised in a worker thread rather than in the event loop
+#: texts (and sampling prompts) longer than this are normalised in a worker thread rather than in the event loop
 PREPARE_INLINE_CHARS = 20_000
+#: characters of the first Server-Sent Event of a sample, and of each later one
+SAMPLE_FIRST_PIECE, SAMPLE_PIECE = 16, 64
 
 
 def server_threads(engine) -> int | None:
@@ -164,6 +167,7 @@ class Service:
         self.t_start = time.time()
         self.load_seconds: float | None = None
         self._attribute_lock = asyncio.Semaphore(1)
+        self._explain_lock = asyncio.Lock()
         if engine is None and info is None:
             raise ValueError("give an engine, or the ModelInfo of the one to attach later")
         self.info = info or ModelInfo.of_engine(engine)
@@ -239,9 +243,13 @@ class Service:
         return self.ready().top_k(state, k)
 
     # ---- scoring ------------------------------------------------------------------------
-    def _reserve(self, res: Reservation, need: int, how: str = "split it, or use /v1/stream") -> None:
-        """Hold ``need`` bytes in ``res`` (at least: it never shrinks here); 413 when the request
-        alone needs more than the budget (``how`` says what to do), 503 while others hold it."""
+    def reserve(self, res: Reservation, need: int, how: str = "split it, or use /v1/stream") -> None:
+        """Hold ``need`` bytes (estimated) in ``res`` (at least: it never shrinks here).
+
+        Raises:
+            RequestError: 413 when the request alone needs more than the budget (``--max-pending-mb``;
+                ``how`` says what to do), 503 while other requests hold it.
+        """
         if need > self.budget.limit:
             raise RequestError(413, f"this request needs about {need / 2**20:.1f} MiB, more than the server's "
                                     f"{self.config.max_pending_mb:g} MiB for pending texts (--max-pending-mb); {how}")
@@ -256,7 +264,9 @@ class Service:
             raise RequestError(400, '"unknown": "replace" needs "replacement", one symbol of the alphabet '
                                     f'{"".join(self.symbols)!r}')
 
-    async def _prepare(self, text: str, opts, start):
+    async def prepare(self, text: str, opts, start):
+        """``Engine.prepare`` of ``text`` from the state ``start`` (normalised, mapped to ids; a long
+        text in a worker thread); raises RequestError for a text the model cannot read."""
         eng = self.ready()
         args = (text, opts.normalize, getattr(opts, "unknown", "error"), getattr(opts, "replacement", None), start)
         try:
@@ -287,8 +297,8 @@ class Service:
         start = state if state is not None else eng.initial_state()
         per_char = getattr(opts, "per_char", False)
         # reserve the peak of normalising (more than the job holds afterwards), then shrink to the job's
-        self._reserve(res, max(prepare_bytes(len(text)), job_bytes(len(text), per_char)))
-        prep = await self._prepare(text, opts, start)
+        self.reserve(res, max(prepare_bytes(len(text)), job_bytes(len(text), per_char)))
+        prep = await self.prepare(text, opts, start)
         n = len(prep.ids)
         report = prep.report
         if n == 0:
@@ -306,7 +316,7 @@ class Service:
                   normalizer=report.get("normalizer"))
         del prep
         res.resize(job_bytes(len(text), per_char))
-        (job,) = await self._wait([job], client)
+        (job,) = await self.score_jobs([job], client)
         return self._fields(job, report, per_char), job.state
 
     def _fields(self, job: Job, report: dict, per_char: bool) -> dict:
@@ -316,6 +326,20 @@ class Service:
         if per_char:
             out["per_char_bits"] = job.bits
             out["per_char_offsets"] = job.offsets
+        return out
+
+    async def score(self, req, res: Reservation, client: Client) -> dict:
+        """``POST /v1/score``: ``req.text`` scored from ``req.state`` (a snapshot) or the initial state,
+        with the running totals when it continues a state or returns one, the snapshot after it
+        (``return_state``) and the ``top_k`` next characters."""
+        state = self.restore(req.state) if req.state is not None else None
+        out, new_state = await self.score_text(req.text, state, state is not None, req, res, client)
+        if state is not None or req.return_state:
+            out.update(self.totals(new_state))
+        if req.return_state:
+            out["state"] = self.snapshot(new_state)
+        if req.top_k:
+            out["next"] = self.next_chars(new_state, req.top_k)
         return out
 
     async def score_many(self, texts: list[str], opts, res: Reservation, client: Client) -> dict:
@@ -329,12 +353,12 @@ class Service:
                                     f"{self.config.max_chars:,} a request (--max-chars); send several requests")
         per_char = opts.per_char
         need = max(sum(prepare_bytes(len(t)) for t in texts), sum(job_bytes(len(t), per_char) for t in texts))
-        self._reserve(res, need)
+        self.reserve(res, need)
         start = eng.initial_state()
         jobs, reports = [], []
         for i, t in enumerate(texts):
             try:
-                prep = await self._prepare(t, opts, start)
+                prep = await self.prepare(t, opts, start)
             except RequestError as e:
                 e.message = f"texts[{i}]: {e.message}"
                 e.extra["index"] = i
@@ -347,7 +371,7 @@ class Service:
             reports.append(prep.report)
         res.resize(sum(job_bytes(len(t), per_char) for t in texts))
         try:
-            jobs = await self._wait(jobs, client)
+            jobs = await self.score_jobs(jobs, client)
         except RequestError as e:
             i = e.extra.get("index", 0 if len(jobs) == 1 and e.status in (413, 422) else None)
             if i is not None:
@@ -385,7 +409,7 @@ class Service:
             out["state"] = self.snapshot(state)
         return out
 
-    async def _wait(self, jobs: list[Job], client: Client) -> list[Job]:
+    async def score_jobs(self, jobs: list[Job], client: Client) -> list[Job]:
         """Submit ``jobs`` and wait until all are scored; the client's leaving or the request
         timeout drops the work of all of them."""
         try:
@@ -459,7 +483,7 @@ class Service:
             raise RequestError(413, f'"full": true answers kappa with T (T + 1) V = {values:,} numbers for this text; the '
                                     f"limit is {FULL_KAPPA_MAX_VALUES:,} (about {_max_full_chars(V)} characters by char); "
                                     'send a shorter text, "by": "word", or leave out "full"')
-        self._reserve(res, prepare_bytes(T) + 4 * 8 * values)
+        self.reserve(res, prepare_bytes(T) + 4 * 8 * values)
         async with self._attribute_lock:
             try:
                 a = await asyncio.to_thread(eng.attribute, req.text, req.by, state, req.unknown, req.replacement,
@@ -488,6 +512,77 @@ class Service:
                                  state=state, normalize=req.normalize)
         except IsanError as e:
             raise from_isan(e) from None
+
+    async def sample(self, req, client: Client):
+        """``POST /v1/sample``: with ``req.stream``, an async iterator of Server-Sent Events
+        ``(event, data)``: ``("chars", {"text", "offset"})`` as characters are generated
+        (:data:`SAMPLE_FIRST_PIECE`, then :data:`SAMPLE_PIECE` at a time), then ``("done", the
+        answer)`` or ``("error", {"error", "status"})``; else the answer (a dict): ``smp.result()``
+        with the running totals and, with ``return_state``, the snapshot after the generated text.
+        Raises RequestError for a request the model cannot serve, ClientGone when the client leaves."""
+        if req.temperature is not None and req.inverse_temperature is not None:
+            raise RequestError(400, 'give "temperature" or "inverse_temperature", not both')
+        smp = await asyncio.to_thread(self.sampler, req) if len(req.prompt) > PREPARE_INLINE_CHARS else self.sampler(req)
+
+        def finish() -> dict:
+            out = smp.result()
+            st = smp.final_state()
+            if st is not None:
+                out.update(self.totals(st))
+                if req.return_state:
+                    out["state"] = self.snapshot(st)
+            return out
+
+        async def piece(k: int) -> str:
+            try:
+                p = await asyncio.to_thread(smp.next_piece, k) if k > 8 else smp.next_piece(k)
+            except IsanError as e:
+                raise from_isan(e) from None
+            if self.metrics is not None:
+                self.metrics.sampled.inc(len(p))
+            return p
+
+        if not req.stream:
+            while not smp.done:
+                if client.gone:
+                    raise ClientGone()
+                await piece(SAMPLE_PIECE * 4)
+            return finish()
+
+        async def events():
+            k, offset = SAMPLE_FIRST_PIECE, 0
+            while not smp.done:
+                try:
+                    p = await piece(k)
+                except RequestError as e:
+                    yield "error", e.body()
+                    return
+                except Exception:  # pragma: no cover - a bug: reported in the stream
+                    log.exception("sampling failed")
+                    yield "error", RequestError(500, "internal error; the server log has the details").body()
+                    return
+                yield "chars", {"text": p, "offset": offset}
+                offset += len(p)
+                k = SAMPLE_PIECE
+            try:
+                done = finish()
+            except RequestError as e:  # a snapshot of running totals out of range
+                yield "error", e.body()
+                return
+            yield "done", done
+
+        return events()
+
+    async def explain(self, req, res: Reservation) -> dict:
+        """``POST /v1/explain``: :func:`isan.engine.serve.lens.explain` in a worker thread (one at a
+        time), its memory reserved in the budget; the truncated-history window is
+        ``--max-attribute-chars``."""
+        from isan.engine.serve.lens import explain
+
+        eng = self.ready()
+        self.reserve(res, 8 * (len(req.text) + 64) * (len(self.symbols) + 4))
+        async with self._explain_lock:
+            return await asyncio.to_thread(explain, eng, req, self.config.max_attribute_chars)
 
     def health(self) -> dict:
         sched = self.scheduler

@@ -8,7 +8,7 @@ protocol with:
 * a **header deadline**: a request's headers must be complete within ``read_timeout_s`` of its
   first byte (of the connection's opening for the first request); otherwise the client gets 408
   (``{"error", "status"}``) and the connection is closed. The body has its own deadline in the app
-  (:func:`isan.engine.serve.app.read_body`), and idle keep-alive connections are closed by
+  (:func:`isan.engine.serve.asgi.read_body`), and idle keep-alive connections are closed by
   uvicorn's ``timeout_keep_alive``;
 * a **connection cap**: at most ``max_connections`` open HTTP connections (WebSocket streams
   leave the count when they upgrade: ``--max-streams`` bounds them). When a connection arrives

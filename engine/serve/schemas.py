@@ -148,8 +148,8 @@ class AttributeResponse(BaseModel):
 
 
 @dataclass(frozen=True)
-class Models:
-    """The request models of one app (see :func:`build_models`)."""
+class Schemas:
+    """The request schemas of one app (see :func:`build_schemas`)."""
 
     score: type[BaseModel]
     frame: type[BaseModel]
@@ -163,9 +163,9 @@ class Models:
         return tuple(model.model_fields)
 
 
-def build_models(symbols: tuple[str, ...], max_chars: int, normalize_choices: list[str],
+def build_schemas(symbols: tuple[str, ...], max_chars: int, normalize_choices: list[str],
                  raw_normalize: tuple[str, ...] = ("none", "none-v1"), max_batch_texts: int = 1024,
-                 max_sample_chars: int = 10_000, max_attribute_chars: int = 500) -> Models:
+                 max_sample_chars: int = 10_000, max_attribute_chars: int = 500) -> Schemas:
     """Pydantic models of the requests and stream frames for a model with these symbols.
 
     Their JSON schemas (``/openapi.json``) say what the server accepts, so that a request valid per
@@ -296,7 +296,7 @@ def build_models(symbols: tuple[str, ...], max_chars: int, normalize_choices: li
         state=state_field("a snapshot to start from (its state is the source <h0>)"),
         full=(bool, Field(False, description="also answer the whole kappa (T, S, V), the logits and b_ro")),
         **text_opts)
-    return Models(score, frame, batch, nxt, sample, attribute, max_chars)
+    return Schemas(score, frame, batch, nxt, sample, attribute, max_chars)
 
 
 def _raw_text_pattern(symbols: tuple[str, ...]) -> str | None:
