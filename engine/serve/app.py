@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from contextlib import asynccontextmanager
 from typing import Callable
 
@@ -63,7 +64,7 @@ from isan.engine.serve.asgi import send_json
 from isan.engine.serve.completions import PATHS as OPENAI_PATHS, Completions, openai_error
 from isan.engine.serve.config import DEFAULT_MAX_CHARS, ServeConfig
 from isan.engine.serve.errors import RequestError
-from isan.engine.serve.metrics import Metrics
+from isan.engine.serve.metrics import MULTIPROC_ENV, Metrics
 from isan.engine.serve.schemas import HealthResponse, build_schemas
 from isan.engine.serve.service import ModelInfo, Service, encode_json
 from isan.engine.serve.websocket import StreamEndpoint
@@ -133,19 +134,10 @@ class IsanApp:
         (:mod:`isan.engine.serve.connections`) and timeouts."""
         import uvicorn
 
-        from isan.engine.serve.connections import protocol_class, ws_protocol_class
+        from isan.engine.serve.connections import uvicorn_options
 
-        cfg = self.service.config
-        http = protocol_class(cfg.max_connections, cfg.read_timeout_s)
-        extra = {"http": http} if http is not None else {"limit_concurrency": cfg.max_connections + cfg.max_streams}
-        ws = ws_protocol_class()
-        if ws is not None:
-            extra["ws"] = ws
-        # frames up to a MiB over the limit are read and answered 413; larger ones close the stream with
-        # 1009 (message too big), as the WebSocket protocol has it
-        return uvicorn.Config(self, host=host, port=port, log_level=log_level, ws_max_size=cfg.max_body_bytes + 2**20,
-                              ws_per_message_deflate=False, timeout_keep_alive=cfg.keep_alive_s, proxy_headers=False,
-                              server_header=False, **extra, **kwargs)
+        return uvicorn.Config(self, host=host, port=port, log_level=log_level,
+                              **uvicorn_options(self.service.config), **kwargs)
 
 
 def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeConfig | None = None, *,
@@ -169,7 +161,7 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
     config = config or ServeConfig(max_chars=max_chars)
     if (engine is None) == (loader is None):
         raise ValueError("give an engine or a loader")
-    metrics = Metrics()
+    metrics = Metrics(os.environ.get(MULTIPROC_ENV) if config.workers > 1 else None)
     service = Service(engine, config, metrics, info=info)
     schemas = build_schemas(service.symbols, config.max_chars, choices(), service.info.raw_normalize,
                             config.max_batch_texts, config.max_sample_chars, config.max_attribute_chars)

@@ -57,7 +57,8 @@ def job_bytes(chars: int, per_char: bool) -> int:
 
 
 class Budget:
-    """A thread-safe counter of reserved bytes with a limit.
+    """A thread-safe counter of reserved bytes with a limit (``on_change``: called with the bytes
+    in use after each change).
 
     Example:
         >>> b = Budget(100)
@@ -65,11 +66,13 @@ class Budget:
         (True, False, 60)
     """
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, on_change=None):
         self.limit = int(limit)
         self.used = 0
         self.peak = 0
         self._lock = threading.Lock()
+        #: called with ``used`` after each change (a gauge's ``set``), or None
+        self.on_change = on_change
 
     def try_reserve(self, n: int) -> bool:
         """Reserve ``n`` bytes if they fit; False (and nothing reserved) if not."""
@@ -79,11 +82,15 @@ class Budget:
                 return False
             self.used += n
             self.peak = max(self.peak, self.used)
+            if self.on_change is not None:
+                self.on_change(self.used)
             return True
 
     def release(self, n: int) -> None:
         with self._lock:
             self.used = max(0, self.used - int(n))
+            if self.on_change is not None:
+                self.on_change(self.used)
 
 
 class Reservation:

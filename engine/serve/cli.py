@@ -7,7 +7,7 @@ import os
 import click
 
 from isan.errors import IsanError, install_hint
-from isan.engine.serve.config import DEFAULT_MAX_CHARS, ServeConfig
+from isan.engine.serve.config import DEFAULT_MAX_CHARS, MAX_WORKERS, ServeConfig
 
 _D = ServeConfig()
 #: the engine's computation paths that ``--path`` takes (those of ``load_engine``)
@@ -107,16 +107,25 @@ def bound_name(host: str) -> tuple[str, ...]:
                    "one); others are refused (403) against DNS rebinding. Repeat for several.")
 @click.option("--served-model-name", default=None,
               help="The model's name in the OpenAI-compatible API (GET /v1/models; default: the bundle's directory name).")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, MAX_WORKERS),
+              help="Worker processes on the one port, each with its own scheduler and engine (and the limits above); "
+                   "they share the state secret (drawn for the run if none is set) and /metrics. Each loads the "
+                   "model before it takes connections; --threads defaults to the CPUs divided among the workers.")
 @click.option("--log-level", default="info", show_default=True)
 def main(host, port, model, path_mode, backend, device, max_chars, max_pending_mb, max_streams, max_stream_frames,
          round_chars, request_timeout, stream_idle_timeout, batching, threads, read_timeout, keep_alive_timeout,
          max_connections, max_batch_texts, max_sample_chars, max_attribute_chars, api_key_file, docs,
-         ui, state_secret_file, allow_origin, allow_host, served_model_name, log_level):
+         ui, state_secret_file, allow_origin, allow_host, served_model_name, workers, log_level):
     """Serve scoring over HTTP (POST /v1/score, /v1/score/batch, /v1/next, /v1/sample, /v1/attribute; the
     OpenAI-compatible POST /v1/completions and GET /v1/models) and WebSocket (/v1/stream) with continuous batching. The server listens at once; GET /healthz says
-    "loading" until the model is loaded, then "ready"."""
+    "loading" until the model is loaded, then "ready". SIGTERM or SIGINT stops it gracefully: requests in flight are
+    answered, and each open stream gets its last state ({"event": "shutdown", "state": snapshot}) and close code 1012."""
     failed: list[str] = []
     try:
+        if workers > 1 and threads is None:
+            from isan.engine.serve.workers import worker_threads
+
+            threads = worker_threads(workers)
         config = ServeConfig(max_chars=max_chars, max_pending_mb=max_pending_mb, max_streams=max_streams,
                              max_stream_frames=max_stream_frames, round_chars=round_chars,
                              min_slice_chars=min(_D.min_slice_chars, round_chars), request_timeout_s=request_timeout,
@@ -126,7 +135,7 @@ def main(host, port, model, path_mode, backend, device, max_chars, max_pending_m
                              max_batch_texts=max_batch_texts, max_sample_chars=max_sample_chars,
                              max_attribute_chars=max_attribute_chars, api_key=read_key(api_key_file), docs=docs, ui=ui,
                              allow_origins=tuple(allow_origin), allow_hosts=tuple(allow_host) + bound_name(host),
-                             model_name=served_model_name)
+                             model_name=served_model_name, workers=workers)
         import uvicorn
 
         from isan.engine import load_engine
@@ -141,20 +150,25 @@ def main(host, port, model, path_mode, backend, device, max_chars, max_pending_m
         def load():
             return load_engine(model, path=path_mode, backend=backend, device=device)
 
-        server = None
+        server = spec = None
 
         def stop(msg: str) -> None:
             failed.append(msg)
             if server is not None:
                 server.should_exit = True
 
-        if manifest.get("kind") == "isan" and backend == "numpy":
+        if workers > 1:  # each worker loads the model and builds its app (engine/serve/workers.py)
+            from isan.engine.serve.workers import WorkerSpec
+
+            spec = WorkerSpec(model, path_mode, backend, device, config)
+        elif manifest.get("kind") == "isan" and backend == "numpy":
             # load while listening: /healthz answers "loading" (composing a table can take seconds)
             app = create_app(loader=load, info=ModelInfo.of_manifest(manifest, str(src)), config=config,
                              on_load_failed=stop)
         else:  # other engines' states have other sizes than the manifest says: load first
             app = create_app(load(), config=config)
-        server = uvicorn.Server(app.uvicorn_config(host, port, log_level))
+        if spec is None:
+            server = uvicorn.Server(app.uvicorn_config(host, port, log_level))
     except ModuleNotFoundError as e:
         raise click.ClickException(f"isan-serve needs {e.name}: {install_hint('serve')}") from None
     except IsanError as e:
@@ -162,7 +176,15 @@ def main(host, port, model, path_mode, backend, device, max_chars, max_pending_m
     click.echo(f"isan-serve: model {manifest.get('kind')} {src} ({path_mode} path, {backend} backend, device {device}, "
                f"{'batched rounds' if batching else 'no batching'}) on http://{host}:{port}"
                + (" (API key required)" if config.api_key else "")
-               + (f"; isan lens at http://{host}:{port}/" if config.ui else ""), err=True)
-    server.run()
+               + (f"; isan lens at http://{host}:{port}/" if config.ui else "")
+               + (f"; {workers} worker processes" if spec is not None else ""), err=True)
+    if spec is not None:
+        from isan.engine.serve.workers import serve
+
+        why = serve(spec, host, port, log_level)
+        if why is not None:
+            raise click.ClickException(why)
+    else:
+        server.run()
     if failed:
         raise click.ClickException(f"the model could not be loaded: {failed[0]}")

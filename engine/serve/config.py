@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from isan.errors import IsanError
 
 DEFAULT_MAX_CHARS = 1_000_000
+#: the most worker processes ``isan-serve --workers`` starts
+MAX_WORKERS = 256
 
 #: a Host header: a bracketed IPv6 address or a name (or IPv4 address), then an optional port
 _HOST = re.compile(r"(?:\[(?P<v6>[0-9a-fA-F:.]+)\]|(?P<name>[A-Za-z0-9._-]+))(?::\d{1,5})?")
@@ -56,6 +58,10 @@ class ServeConfig:
             :func:`isan.engine.serve.service.server_threads`).
         state_secret: the HMAC key of state snapshots (:mod:`isan.engine.serve.snapshot`); None: a
             random key per process, so snapshots are valid until the server restarts.
+        state_secret_drawn: ``state_secret`` was drawn at random by ``isan-serve --workers N`` for its
+            workers (a snapshot made by one restores on another, until the server stops).
+        workers: the worker processes serving the port (``isan-serve --workers``; each has its own
+            scheduler, engine and limits: every limit here is per worker).
         read_timeout_s: a request's headers, and then its body, must each arrive within this many
             seconds (408 and the connection closed): a client that trickles bytes cannot hold a
             connection and its reserved memory for long.
@@ -96,6 +102,8 @@ class ServeConfig:
     batching: bool = True
     threads: int | None = None
     state_secret: bytes | None = None
+    state_secret_drawn: bool = False
+    workers: int = 1
     read_timeout_s: float = 10.0
     keep_alive_s: float = 5.0
     max_connections: int = 256
@@ -126,6 +134,7 @@ class ServeConfig:
             ("max_batch_texts", self.max_batch_texts >= 1),
             ("max_sample_chars", self.max_sample_chars >= 1),
             ("max_attribute_chars", self.max_attribute_chars >= 1),
+            ("workers", 1 <= self.workers <= MAX_WORKERS),
         ]
         for name, ok in checks:
             if not ok:
@@ -162,9 +171,11 @@ class ServeConfig:
                                               "round_chars", "min_slice_chars", "request_timeout_s",
                                               "stream_idle_timeout_s", "batching", "threads",
                                               "read_timeout_s", "keep_alive_s", "max_connections",
-                                              "max_batch_texts", "max_sample_chars", "max_attribute_chars")}
+                                              "max_batch_texts", "max_sample_chars", "max_attribute_chars",
+                                              "workers")}
         out["max_body_bytes"] = self.max_body_bytes
-        out["state_secret"] = "configured" if self.state_secret is not None else "random per process"
+        out["state_secret"] = ("random per process" if self.state_secret is None else
+                               "random per run, shared by the workers" if self.state_secret_drawn else "configured")
         out["api_key"] = "required" if self.api_key is not None else "none"
         out["allow_origins"] = list(self.allow_origins)
         out["allow_hosts"] = list(self.allow_hosts)

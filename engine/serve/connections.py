@@ -23,7 +23,12 @@ protocol with:
   and the connection is closed;
 * **malformed HTTP** (a request httptools cannot parse) is answered 400 with the JSON error shape,
   not uvicorn's plain text; so is a WebSocket handshake that the websockets library refuses
-  (:func:`ws_protocol_class`: a missing or bad ``Sec-WebSocket-Key``, another version).
+  (:func:`ws_protocol_class`: a missing or bad ``Sec-WebSocket-Key``, another version);
+* **streams handed back** on a graceful shutdown (SIGTERM, SIGINT): uvicorn closes every open
+  WebSocket at once with code 1012; :func:`ws_protocol_class` first lets the stream hand itself back
+  (the app put a function under :data:`HAND_BACK` in its scope: it sends the stream's last state and
+  closes with 1012, :mod:`isan.engine.serve.websocket`), and closes as uvicorn does only if the app
+  has not within :data:`HAND_BACK_GRACE_S`.
 
 Example:
     >>> cls = protocol_class(max_connections=256, read_timeout_s=10)
@@ -256,10 +261,17 @@ def protocol_class(max_connections: int, read_timeout_s: float, count: Connectio
     return IsanHttpProtocol
 
 
+#: the scope key under which a stream puts the function that hands it back on a graceful shutdown
+HAND_BACK = "isan.hand_back"
+#: seconds a stream has to hand itself back (its frame in flight answered, its last state sent)
+HAND_BACK_GRACE_S = 10.0
+
+
 def ws_protocol_class():
     """uvicorn's WebSocket protocol (websockets, sans-I/O) answering a refused handshake with the
-    JSON error shape instead of the library's plain text; None when that protocol is missing
-    (uvicorn's choice is then used as is)."""
+    JSON error shape instead of the library's plain text, and letting a stream hand itself back on
+    a graceful shutdown (module docstring); None when that protocol is missing (uvicorn's choice is
+    then used as is)."""
     try:
         from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
     except ImportError:  # pragma: no cover - websockets is in the serve extra
@@ -288,4 +300,37 @@ def ws_protocol_class():
             self.conn.accept = json_accept
             super().handle_connect(event)
 
+        def shutdown(self) -> None:
+            hand_back = getattr(self, "scope", {}).get(HAND_BACK)
+            if hand_back is None or not self.handshake_complete or self.close_sent or self.disconnected:
+                super().shutdown()
+                return
+            self.stop_keepalive()
+            hand_back()  # the stream answers its frame in flight, sends its last state, closes with 1012
+            self._isan_grace = self.loop.call_later(HAND_BACK_GRACE_S, self._isan_close)
+
+        def _isan_close(self) -> None:
+            if not self.disconnected:  # not handed back in time: closed as uvicorn closes it
+                super().shutdown()
+
+        def connection_lost(self, exc) -> None:
+            grace = getattr(self, "_isan_grace", None)
+            if grace is not None:
+                grace.cancel()
+            super().connection_lost(exc)
+
     return IsanWebSocketProtocol
+
+
+def uvicorn_options(config) -> dict:
+    """The ``uvicorn.Config`` options of a server with these limits (a :class:`ServeConfig`): its
+    protocols (``http``, ``ws``: :func:`protocol_class`, :func:`ws_protocol_class`) and timeouts."""
+    http = protocol_class(config.max_connections, config.read_timeout_s)
+    out = {"http": http} if http is not None else {"limit_concurrency": config.max_connections + config.max_streams}
+    ws = ws_protocol_class()
+    if ws is not None:
+        out["ws"] = ws
+    # frames up to a MiB over the limit are read and answered 413; larger ones close the stream with
+    # 1009 (message too big), as the WebSocket protocol has it
+    return {**out, "ws_max_size": config.max_body_bytes + 2**20, "ws_per_message_deflate": False,
+            "timeout_keep_alive": config.keep_alive_s, "proxy_headers": False, "server_header": False}

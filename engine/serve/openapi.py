@@ -40,7 +40,10 @@ log-likelihood in base V, the alphabet's size (`bpc / log2(V)`); running totals 
 options of `POST /v1/score`), `{"reset": true}`, `{"restore": "<snapshot>"}`, `{"snapshot": true}`;
 each answer carries the chunk's `chars`, `bits`, `bpc` and the running `total_chars`, `total_bits`,
 `total_bpc`. The state is carried across frames, so chunking never changes the bits. A bad frame is
-answered `{"error", "status"}` and the stream's state kept.
+answered `{"error", "status"}` and the stream's state kept. When the server shuts down, a stream
+answers the frame it is scoring, then sends `{"event": "shutdown", "state": "<snapshot>"}` (the state
+after the last frame answered) and closes with code 1012: restore it elsewhere and resend the frames
+that got no answer.
 
 **State snapshots**: `"return_state": true` (or `{"snapshot": true}` on a stream) answers `state`, a
 signed token of the state and the running totals; `"state"` (or `{"restore": ...}`) continues from it.

@@ -90,6 +90,8 @@ class HealthResponse(BaseModel):
                                                           "/v1 endpoint answers 503); ready; failed (see error)")
     error: Optional[str] = Field(None, description="failed: why the model could not be loaded")
     model: dict[str, Any]
+    worker: dict[str, int] = Field(description="the process that answered: its `pid`, and how many `workers` serve "
+                                               "the port (isan-serve --workers; the other fields are this worker's)")
     server: dict[str, Any]
 
 

@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,7 +156,9 @@ class Service:
     def __init__(self, engine, config: ServeConfig, metrics=None, info: ModelInfo | None = None):
         self.config = config
         self.metrics = metrics
-        self.budget = Budget(config.max_pending_bytes)
+        # with workers, /metrics reads every worker's pending bytes from its files: kept current
+        shared = metrics is not None and metrics.multiprocess_dir is not None
+        self.budget = Budget(config.max_pending_bytes, on_change=metrics.pending_bytes.set if shared else None)
         self.secret = config.state_secret or new_secret()
         self.streams_open = 0
         self.engine = None
@@ -588,6 +591,7 @@ class Service:
         sched = self.scheduler
         model = dict(self.info.describe)
         return {"status": self.status, **({"error": self.error} if self.error else {}), "model": model,
+                "worker": {"pid": os.getpid(), "workers": self.config.workers},
                 "server": {**self.config.to_json(), "batching": self.batching, "threads": self.threads,
                            "load_seconds": self.load_seconds,
                            "pending_mb": round(self.budget.used / 2**20, 3),
@@ -597,6 +601,8 @@ class Service:
     def close(self) -> None:
         if self.scheduler is not None:
             self.scheduler.stop()
+        if self.metrics is not None:
+            self.metrics.close()
 
 
 #: the attribution check's relative tolerance (:meth:`isan.engine.Engine.attribute`'s ``tol``)

@@ -11,6 +11,15 @@ a full queue stops reading: TCP back-pressure), each frame's bytes reserved in t
 until it is answered. The handshake is refused (an error frame, then a close code) for a ``Host``
 or ``Origin`` that is not allowed (1008), a missing API key (1008), a model not loaded (1013) and
 more than ``--max-streams`` streams (1013).
+
+**Handed back on shutdown.** When the server shuts down gracefully (SIGTERM or SIGINT; with
+``--workers``, each worker), every open stream answers the frame it is scoring, then sends one last
+frame ``{"event": "shutdown", "state": snapshot}``, the snapshot of its state after the last frame
+it answered (:data:`SHUTDOWN_EVENT`), and closes with code 1012 (service restart). Frames read
+ahead of it and not yet scored are dropped: a client restores the snapshot on another server
+(``{"restore": state}``) and sends again every frame it got no answer to; the bits go on as if
+nothing happened. Should no snapshot be possible (running totals beyond what a snapshot carries),
+``state`` is null and ``error``, ``status`` say why.
 """
 
 from __future__ import annotations
@@ -23,11 +32,17 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from isan.engine.serve.access import host_error, host_refused, key_error, origin_error, origin_refused
 from isan.engine.serve.budget import Reservation
+from isan.engine.serve.connections import HAND_BACK
 from isan.engine.serve.errors import RequestError, busy
 from isan.engine.serve.schemas import Schemas, parse
 from isan.engine.serve.service import Client, ClientGone, Service, encode_json
 
 log = logging.getLogger(__name__)
+
+#: the ``event`` of the last frame of a stream handed back on shutdown
+SHUTDOWN_EVENT = "shutdown"
+#: queued to wake a stream waiting for frames when the server shuts down
+_HAND_BACK = object()
 
 
 class StreamEndpoint:
@@ -75,15 +90,28 @@ class StreamEndpoint:
             except (WebSocketDisconnect, RuntimeError, OSError):
                 pass
             return
+        queue: asyncio.Queue = asyncio.Queue(maxsize=config.max_stream_frames)
+        handed_back = []
+
+        def hand_back() -> None:  # the server shuts down (connections.ws_protocol_class)
+            handed_back.append(True)
+            try:  # wake the loop if it waits for a frame; if the queue is full it is busy and looks after the frame
+                queue.put_nowait(_HAND_BACK)
+            except asyncio.QueueFull:
+                pass
+
+        scope[HAND_BACK] = hand_back
         await ws.accept()
         service.streams_open += 1
         metrics.streams_open.inc()
-        queue: asyncio.Queue = asyncio.Queue(maxsize=config.max_stream_frames)
         client = Client()
         reader = asyncio.ensure_future(read_frames(ws, queue, client, service))
         state = service.engine.initial_state()
         try:
             while True:
+                if handed_back:
+                    await self.hand_back(ws, state)
+                    break
                 if client.gone and queue.empty():
                     break
                 try:
@@ -97,6 +125,8 @@ class StreamEndpoint:
                     break
                 if item is None:
                     break
+                if item is _HAND_BACK:
+                    continue
                 t0, raw, err, res = item
                 with res:  # the frame's bytes are given back however its answer ends
                     try:
@@ -118,14 +148,25 @@ class StreamEndpoint:
         except (WebSocketDisconnect, RuntimeError, OSError):  # the client left while we answered
             pass
         finally:
+            scope.pop(HAND_BACK, None)
             client.leave()
             reader.cancel()  # a frame the reader holds is given back by the reader
             while not queue.empty():
                 item = queue.get_nowait()
-                if item is not None:
+                if item is not None and item is not _HAND_BACK:
                     item[3].release()
             service.streams_open -= 1
             metrics.streams_open.dec()
+
+    async def hand_back(self, ws: WebSocket, state) -> None:
+        """The last frame of a stream when the server shuts down: ``{"event": "shutdown", "state":
+        snapshot}`` (module docstring), then close code 1012."""
+        try:
+            out = {"event": SHUTDOWN_EVENT, "state": self.service.snapshot(state)}
+        except RequestError as e:
+            out = {"event": SHUTDOWN_EVENT, "state": None, "error": e.message, "status": e.status}
+        await ws.send_text(encode_json(out).decode())
+        await ws.close(code=1012)
 
     async def frame(self, raw: str, state, res: Reservation, client: Client):
         """The answer to one frame and the stream's state after it."""

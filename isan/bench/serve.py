@@ -21,6 +21,10 @@ do share the machine's cores). Measurements, each checked against the library's 
   how many the server refuses at once (503, ``--max-connections``), how many it answers 408
   (``--read-timeout``) and when the last one is closed; then whether a normal request is served.
 
+With ``workers`` (``isan bench serve --workers 1,2``) the measurements run against ``isan-serve
+--workers N`` for each count in turn, in one run, and ``scaling`` gives each count's requests/s and
+its ratio to the first count's (memory is then summed over the server's processes).
+
 Example:
     >>> res = run_bench(model=None, data="../shared/data/text8_head/text8_head.txt", clients=100)
     >>> res["http"]["requests_per_s"], res["http"]["latency_s"]["p99"]
@@ -58,25 +62,46 @@ def _pct(xs: list[float]) -> dict:
             "max": float(a.max())}
 
 
+def _children(pid: int) -> list[int]:
+    """The processes ``pid`` started (its worker processes, with ``--workers``)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:  # the task ended
+            pass
+    return out
+
+
 def _rss_mib(pid: int) -> tuple[float, float]:
-    """(VmRSS, VmHWM) of a process in MiB."""
+    """(VmRSS, VmHWM) in MiB of a process and the processes it started (a server's workers), summed."""
     rss = hwm = 0.0
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1]) / 1024
-            elif line.startswith("VmHWM:"):
-                hwm = int(line.split()[1]) / 1024
+    for p in [pid, *_children(pid)]:
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        rss += int(line.split()[1]) / 1024
+                    elif line.startswith("VmHWM:"):
+                        hwm += int(line.split()[1]) / 1024
+        except OSError:  # a worker that just ended
+            pass
     return rss, hwm
 
 
 class ServerProcess:
-    """``python -m isan.engine.serve`` on a free port, stopped by :meth:`stop` (or as a context manager)."""
+    """``python -m isan.engine.serve`` on a free port, stopped by :meth:`stop` (or as a context manager).
 
-    def __init__(self, args: list[str], timeout_s: float = 300.0):
+    Args:
+        new_session: start it in a session (and process group) of its own, as a terminal starts a
+            command: ``os.killpg(proc.pid, SIGINT)`` is then Ctrl-C for it and its workers alone.
+    """
+
+    def __init__(self, args: list[str], timeout_s: float = 300.0, new_session: bool = False):
         self.port = _free_port()
         cmd = [sys.executable, "-m", "isan.engine.serve", "--port", str(self.port), "--log-level", "warning", *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     start_new_session=new_session)
         self.url = f"127.0.0.1:{self.port}"
         deadline = time.time() + timeout_s
         while True:  # the server listens while it loads the model: wait until /healthz says ready
@@ -412,11 +437,18 @@ def run_bench(model: str | None = None, data: str = "../shared/data/text8_head/t
               chunk_chars="1-400", big_chars: int = 1_000_000, big_requests: int = 4, cancel_after_s: float = 0.5,
               slow_conns: int = 500, cancel_clients: int = 12, server_args: list[str] | None = None,
               which: tuple[str, ...] = ("http", "completions", "stream", "memory", "cancel", "slow"), seed: int = 0,
-              progress=None) -> dict:
+              workers: tuple[int, ...] | None = None, progress=None) -> dict:
     """Start ``isan-serve`` and measure it (see the module docstring); returns a JSON-able dict.
 
     Texts come from the text8-10M valid split (``data``); the memory and cancel probes use the
     test split's first ``big_chars`` characters (at most 500,000 each, repeated to length).
+
+    Args:
+        workers: worker counts (``isan-serve --workers N``): the measurements run against a server
+            with each in turn, one after the other in this run; the answer then holds them under
+            ``"workers"`` (one entry a count, with the server's memory summed over its processes)
+            and, with ``http``, ``"scaling"``: each count's requests/s and its ratio to the first
+            count's, with the latency. None: one server as ``server_args`` start it.
     """
     from isan.engine import load_engine
     from isan.data import read_text8_split
@@ -433,59 +465,97 @@ def run_bench(model: str | None = None, data: str = "../shared/data/text8_head/t
     args = list(server_args or [])
     if model:
         args += ["--model", str(model)]
-    with ServerProcess(args) as srv:
-        out["server_pid_rss_mib_idle"] = round(_rss_mib(srv.pid)[0], 1)
+    n = max(1, min(len(valid) // text_chars, max(2 * clients, 16), 200))  # distinct texts, cycled
+    texts = [valid[i * text_chars : (i + 1) * text_chars] for i in range(n)]
+    expected = [r.bits for r in (eng.score(t) for t in texts)] if {"http", "completions"} & set(which) else []
+    lo, hi = parse_chunk_chars(chunk_chars)
+    rng = np.random.default_rng(seed)
+    plans = [rng.integers(lo, hi + 1, size=chunks).tolist() for _ in range(streams)]
+    starts = rng.integers(0, max(1, len(valid) - chunks * hi), size=streams)
+    stream_texts = [valid[a : a + sum(p)] for a, p in zip(starts, plans)]
+    big = (test * (big_chars // len(test) + 1))[:big_chars]
+
+    def measure(srv: ServerProcess) -> dict:
+        res: dict = {"server_pid_rss_mib_idle": round(_rss_mib(srv.pid)[0], 1)}
         host, port = "127.0.0.1", srv.port
         if "http" in which:
-            n = max(1, min(len(valid) // text_chars, max(2 * clients, 16), 200))  # distinct texts, cycled
-            texts = [valid[i * text_chars : (i + 1) * text_chars] for i in range(n)]
             say(f"http: {clients} clients posting {text_chars}-character texts for {duration_s:g} s")
-            expected = [r.bits for r in (eng.score(t) for t in texts)]
             asyncio.run(_http_load(host, port, texts[:2], expected[:2], 2, 1.0))  # warm-up
-            out["http"] = asyncio.run(_http_load(host, port, texts, expected, clients, duration_s))
+            res["http"] = asyncio.run(_http_load(host, port, texts, expected, clients, duration_s))
         if "completions" in which:  # the same texts through the OpenAI-compatible API (echo, logprobs=1)
-            n = max(1, min(len(valid) // text_chars, max(2 * clients, 16), 200))
-            texts = [valid[i * text_chars : (i + 1) * text_chars] for i in range(n)]
             say(f"completions: {clients} clients posting {text_chars}-character prompts (max_tokens 0, echo, "
                 f"logprobs 1) for {duration_s:g} s")
-            expected = [r.bits for r in (eng.score(t) for t in texts)]
-            out["completions"] = asyncio.run(_http_load(host, port, texts, expected, clients, duration_s,
+            res["completions"] = asyncio.run(_http_load(host, port, texts, expected, clients, duration_s,
                                                         path="/v1/completions", make_body=_completions_body,
                                                         bits_of=_completions_bits))
         if "stream" in which:
-            lo, hi = parse_chunk_chars(chunk_chars)
-            rng = np.random.default_rng(seed)
-            plans = [rng.integers(lo, hi + 1, size=chunks).tolist() for _ in range(streams)]
-            starts = rng.integers(0, max(1, len(valid) - chunks * hi), size=streams)
-            stream_texts = [valid[a : a + sum(p)] for a, p in zip(starts, plans)]
             say(f"stream: {streams} WebSocket streams x {chunks} chunks of {lo}-{hi} characters")
-            expected = [eng.score(t).bits for t in stream_texts]  # offline, on the engine's own path
-            out["stream"] = asyncio.run(_stream_load(host, port, stream_texts, expected, plans, srv.pid))
-        big = (test * (big_chars // len(test) + 1))[:big_chars]
+            want = [eng.score(t).bits for t in stream_texts]  # offline, on the engine's own path
+            res["stream"] = asyncio.run(_stream_load(host, port, stream_texts, want, plans, srv.pid))
         if "memory" in which:
             say(f"memory: {big_requests} concurrent requests of {big_chars:,} characters")
-            out["memory"] = asyncio.run(_memory_probe(host, port, srv.pid, big, big_requests))
+            res["memory"] = asyncio.run(_memory_probe(host, port, srv.pid, big, big_requests))
         if "cancel" in which:
-            n = min(big_chars, 500_000)
-            say(f"cancel: {cancel_clients} clients send {n:,} characters and leave after {cancel_after_s:g} s; then a "
+            k = min(big_chars, 500_000)
+            say(f"cancel: {cancel_clients} clients send {k:,} characters and leave after {cancel_after_s:g} s; then a "
                 "new stream")
-            out["cancel"] = asyncio.run(_cancel_probe(host, port, big[:n], cancel_after_s, cancel_clients))
+            res["cancel"] = asyncio.run(_cancel_probe(host, port, big[:k], cancel_after_s, cancel_clients))
         if "slow" in which:
             say(f"slow: {slow_conns} connections that send 14 of the 1,000 bytes they declare")
-            out["slow"] = asyncio.run(_slow_probe(host, port, slow_conns))
-        out["server_rss_mib_end"], out["server_rss_mib_peak"] = (round(x, 1) for x in _rss_mib(srv.pid))
+            res["slow"] = asyncio.run(_slow_probe(host, port, slow_conns))
+        res["server_rss_mib_end"], res["server_rss_mib_peak"] = (round(x, 1) for x in _rss_mib(srv.pid))
+        return res
+
+    if not workers:
+        with ServerProcess(args) as srv:
+            out.update(measure(srv))
+        return out
+    out["workers"] = []
+    for count in workers:
+        say(f"isan-serve --workers {count}")
+        with ServerProcess(args + ["--workers", str(count)]) as srv:
+            out["workers"].append({"workers": count, **measure(srv)})
+    if "http" in which:
+        base = out["workers"][0]["http"]["requests_per_s"]
+        out["scaling"] = [{"workers": w["workers"], "requests_per_s": w["http"]["requests_per_s"],
+                           "ratio": w["http"]["requests_per_s"] / base if base else None,
+                           "latency_s": w["http"]["latency_s"], "statuses": w["http"]["statuses"],
+                           "max_rel_bits_error": w["http"]["max_rel_bits_error"]} for w in out["workers"]]
     return out
 
 
 def markdown(res: dict) -> str:
-    """The results as the README's tables."""
+    """The results as the README's tables (with worker counts: the scaling table, then each count's tables)."""
     lines = [f"Machine: {res['machine']['cpu']}, {res['machine']['cores']} cores, Python {res['machine']['python']}; "
              f"server options: {' '.join(res['server_args']) or '(defaults)'}"]
     if res.get("command"):
         lines.append(f"Command: `{res['command']}`")
     lines.append("")
-    f = lambda x: "-" if x is None else f"{x * 1000:,.0f} ms"  # noqa: E731
-    pct = lambda d: f"{f(d['p50'])} / {f(d['p90'])} / {f(d['p99'])}"  # noqa: E731
+    if "workers" not in res:
+        return "\n".join(lines + [_tables(res)])
+    if "scaling" in res:
+        lines += ["| isan-serve --workers | requests/s (200) | ratio to the first | latency p50 / p90 / p99 | statuses |",
+                  "|---:|---:|---:|---|---|"]
+        for w in res["scaling"]:
+            lines.append(f"| {w['workers']} | {w['requests_per_s']:,.1f} | {w['ratio']:.2f}x | {_pct_ms(w['latency_s'])} "
+                         f"| {w['statuses']} |")
+        lines.append("")
+    for w in res["workers"]:
+        lines += [f"{w['workers']} worker{'s' if w['workers'] > 1 else ''}:", "", _tables(w)]
+    return "\n".join(lines)
+
+
+def _ms(x) -> str:
+    return "-" if x is None else f"{x * 1000:,.0f} ms"
+
+
+def _pct_ms(d: dict) -> str:
+    return f"{_ms(d['p50'])} / {_ms(d['p90'])} / {_ms(d['p99'])}"
+
+
+def _tables(res: dict) -> str:
+    """The tables of one server's measurements."""
+    lines: list[str] = []
     for key, title in (("http", "HTTP load (/v1/score)"), ("completions", "HTTP load (/v1/completions, echo, logprobs 1)")):
         if key not in res:
             continue
@@ -494,7 +564,7 @@ def markdown(res: dict) -> str:
                   f"| clients x text | {h['clients']} x {h['text_chars']:,} chars |",
                   f"| requests/s (200) | {h['requests_per_s']:,.1f} |",
                   f"| chars/s | {h['chars_per_s']:,.0f} |",
-                  f"| latency p50 / p90 / p99 | {pct(h['latency_s'])} |",
+                  f"| latency p50 / p90 / p99 | {_pct_ms(h['latency_s'])} |",
                   f"| statuses | {h['statuses']} |",
                   f"| max relative bits difference from offline | {h['max_rel_bits_error']:.2e} |", ""]
     if "stream" in res:
@@ -503,7 +573,7 @@ def markdown(res: dict) -> str:
                   f"| streams x chunks x chars | {s['streams']} x {s['chunks']} x {s['chunk_chars']} "
                   f"(mean {s['mean_chunk_chars']}) |",
                   f"| frames/s | {s['frames_per_s']:,.1f} |",
-                  f"| chunk latency p50 / p90 / p99 | {pct(s['chunk_latency_s'])} |",
+                  f"| chunk latency p50 / p90 / p99 | {_pct_ms(s['chunk_latency_s'])} |",
                   f"| errors | {s['errors']} |",
                   f"| max relative total-bits difference from offline | {s['max_rel_bits_error']:.2e} |"]
         if "rss_peak_mib" in s:

@@ -1,0 +1,322 @@
+"""``isan-serve --workers N`` (issue #38): N processes on one port, each its own scheduler and engine.
+
+Real processes on loopback (``python -m isan.engine.serve --workers 2``): answers equal the library's,
+requests land on both workers (``/healthz`` says which answered), ``/metrics`` sums the workers, a
+snapshot taken on one worker restores on the other (the parent draws one state secret for all), and
+SIGTERM finishes the requests in flight and hands every open stream back (its last state in a
+shutdown frame, close 1012): the state continues elsewhere to an undisturbed run's bits, and the
+server exits 0 with no worker left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("uvicorn")
+pytest.importorskip("websockets.asyncio.client")
+pytest.importorskip("prometheus_client")
+
+sys.path.insert(0, str(Path(__file__).parent))
+from server_helpers import running, wait_for  # noqa: E402
+
+from isan.bench.serve import ServerProcess  # noqa: E402
+from isan.engine.serve import ServeConfig, create_app  # noqa: E402
+
+SECRET = b"w" * 32
+#: characters the sample in flight at SIGTERM generates
+SAMPLE = 50_000
+
+
+def health(url: str) -> dict:
+    """``/healthz`` over a new connection (so the kernel may hand it to either worker)."""
+    with httpx.Client(base_url=f"http://{url}", timeout=30) as c:
+        return c.get("/healthz").json()
+
+
+def workers_seen(url: str, want: int = 2, tries: int = 400) -> dict[int, dict]:
+    """{pid: its /healthz} over new connections until ``want`` workers answered (or ``tries`` ran out)."""
+    seen: dict[int, dict] = {}
+    for _ in range(tries):
+        h = health(url)
+        seen[h["worker"]["pid"]] = h
+        if len(seen) >= want:
+            break
+    return seen
+
+
+def metric(text: str, name: str, labels: str) -> float:
+    m = re.search(re.escape(name) + r"\{" + re.escape(labels) + r"\} ([0-9.eE+-]+)", text)
+    return float(m.group(1)) if m else 0.0
+
+
+@pytest.fixture(scope="module")
+def two_workers():
+    with ServerProcess(["--workers", "2", "--no-ui", "--no-docs"], timeout_s=180) as srv:
+        yield srv.url
+
+
+def test_two_workers_answer_with_the_librarys_bits(two_workers, default_engine, text8_test):
+    texts = [text8_test[i * 997 : i * 997 + 500 + 37 * i] for i in range(12)]
+    for t in texts:
+        with httpx.Client(base_url=f"http://{two_workers}", timeout=60) as c:  # a new connection each
+            r = c.post("/v1/score", json={"text": t})
+        assert r.status_code == 200, r.text
+        assert r.json()["bits"] == pytest.approx(default_engine.score(t).bits, rel=1e-7)
+
+
+def test_requests_land_on_both_workers_and_healthz_names_them(two_workers):
+    seen = workers_seen(two_workers)
+    assert len(seen) == 2, f"only workers {sorted(seen)} answered"
+    for pid, h in seen.items():
+        assert h["status"] == "ready" and h["worker"] == {"pid": pid, "workers": 2}
+        assert h["server"]["workers"] == 2
+        assert h["server"]["state_secret"] == "random per run, shared by the workers"
+        assert pid != os.getpid() and Path(f"/proc/{pid}").exists()
+
+
+def test_metrics_sum_both_workers(two_workers, text8_test):
+    def count(text):
+        return metric(text, "isan_requests_total", 'endpoint="score",status="200"')
+
+    with httpx.Client(base_url=f"http://{two_workers}", timeout=30) as c:
+        before = count(c.get("/metrics").text)
+    scored0 = {pid: h["server"]["chars_scored"] for pid, h in workers_seen(two_workers).items()}
+    n = 40
+    for i in range(n):
+        with httpx.Client(base_url=f"http://{two_workers}", timeout=30) as c:
+            assert c.post("/v1/score", json={"text": text8_test[i * 100 : i * 100 + 100]}).status_code == 200
+    scored = {pid: h["server"]["chars_scored"] - scored0.get(pid, 0) for pid, h in workers_seen(two_workers).items()}
+    assert len(scored) == 2 and all(v > 0 for v in scored.values()), f"one worker took every request: {scored}"
+    with httpx.Client(base_url=f"http://{two_workers}", timeout=30) as c:
+        text = c.get("/metrics").text
+    assert count(text) - before == n  # both workers' requests, whichever worker answered /metrics
+    assert float(re.search(r"^isan_chars_scored_total ([0-9.eE+-]+)$", text, re.M).group(1)) >= n * 100
+
+
+def test_a_snapshot_taken_on_one_worker_restores_on_the_other(two_workers, default_engine, text8_test):
+    """No --state-secret-file: the parent draws one secret and hands it to both workers."""
+    a, b = text8_test[:3000], text8_test[3000:5000]
+    with httpx.Client(base_url=f"http://{two_workers}", timeout=30, limits=httpx.Limits(max_connections=1)) as c:
+        first = c.get("/healthz").json()["worker"]["pid"]  # the same keep-alive connection: the same worker
+        token = c.post("/v1/score", json={"text": a, "return_state": True}).json()["state"]
+    for _ in range(400):
+        with httpx.Client(base_url=f"http://{two_workers}", timeout=30, limits=httpx.Limits(max_connections=1)) as c:
+            if c.get("/healthz").json()["worker"]["pid"] == first:
+                continue
+            r = c.post("/v1/score", json={"text": b, "state": token})
+            break
+    else:
+        pytest.fail("no connection reached the other worker")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    whole = default_engine.score(a + b)
+    assert body["total_chars"] == 5000 and body["total_bits"] == pytest.approx(whole.bits, rel=1e-7)
+
+
+def test_sigterm_finishes_requests_and_hands_every_stream_back(tmp_path, default_engine, text8_test):
+    """SIGTERM to isan-serve --workers 2 while streams hold frames in flight on both workers and a
+    sample streams its events: the sample ends with its whole text; each stream gets its answers,
+    then {"event": "shutdown", "state": snapshot} and close 1012; the snapshot restored on another
+    server goes on to the bits of an undisturbed run; the server exits 0 and no worker is left."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    secret = tmp_path / "secret"
+    secret.write_bytes(SECRET)
+    chunks = [[text8_test[k * 20_000 + j * 4000 : k * 20_000 + (j + 1) * 4000] for j in range(5)] for k in range(24)]
+    srv = ServerProcess(["--workers", "2", "--no-ui", "--no-docs", "--state-secret-file", str(secret),
+                         "--max-sample-chars", str(SAMPLE)], timeout_s=180)
+    try:
+        pids = set(workers_seen(srv.url))
+        assert len(pids) == 2
+
+        started = threading.Event()
+
+        def sample_events() -> list[dict]:
+            """A /v1/sample streaming its events (``started`` once the first is in)."""
+            out = []
+            with httpx.Client(base_url=f"http://{srv.url}", timeout=120) as c:
+                with c.stream("POST", "/v1/sample", json={"prompt": "the cat ", "n": SAMPLE, "seed": 3}) as r:
+                    assert r.status_code == 200
+                    for line in r.iter_lines():
+                        if line.startswith("data: "):
+                            out.append(json.loads(line[6:]))
+                            started.set()
+            return out
+
+        async def main():
+            streams: list = []
+            held: dict = {}
+            while len(streams) < 6 or len(held) < 2 or not all(held.values()):  # streams on both workers
+                assert len(streams) < len(chunks), f"every stream went to one worker: {held}"
+                ws = await connect(f"ws://{srv.url}/v1/stream", max_size=None, ping_interval=None)
+                await ws.send(json.dumps({"text": chunks[len(streams)][0]}))
+                first = json.loads(await ws.recv())
+                assert first["total_chars"] == 4000, first
+                streams.append(ws)
+                held = {pid: h["server"]["streams_open"] for pid, h in workers_seen(srv.url).items()}
+            assert sum(held.values()) == len(streams), held
+            sample = asyncio.ensure_future(asyncio.to_thread(sample_events))
+            await asyncio.to_thread(started.wait, 60)
+            for ws, plan in zip(streams, chunks):  # frames sent ahead of their answers, then SIGTERM
+                for c in plan[1:]:
+                    await ws.send(json.dumps({"text": c}))
+            srv.proc.send_signal(signal.SIGTERM)
+            results = []
+            for ws in streams:
+                answers, last = [], None
+                try:
+                    while True:
+                        last = json.loads(await asyncio.wait_for(ws.recv(), 60))
+                        if last.get("event") == "shutdown":
+                            break
+                        assert "error" not in last, last
+                        answers.append(last)
+                    await asyncio.wait_for(ws.recv(), 60)
+                except ConnectionClosed:
+                    pass
+                results.append((answers, last, ws.close_code))
+            return await sample, results
+
+        sample, results = asyncio.run(main())
+        assert srv.proc.wait(120) == 0, srv.proc.stderr.read().decode()[-3000:]
+    finally:
+        srv.stop()
+    for pid in pids:  # no worker left
+        assert not Path(f"/proc/{pid}").exists(), f"worker {pid} is still running"
+    # the request in flight was finished: the whole sample, as the library draws it
+    assert sample[-1]["text"] == default_engine.sample("the cat ", n=SAMPLE, seed=3).text
+    # each stream: its answers in order, then the shutdown frame with the state after the last of them, close 1012
+    with running(create_app(default_engine, config=ServeConfig(state_secret=SECRET))) as other:
+        async def resume():
+            from websockets.asyncio.client import connect
+
+            for plan, (answers, last, code) in zip(chunks, results):  # the streams opened, in order
+                assert code == 1012 and last is not None and last["event"] == "shutdown", (code, last)
+                assert set(last) == {"event", "state"}
+                done = 1 + len(answers)  # chunks answered: the first, then those before the shutdown
+                assert [a["total_chars"] for a in answers] == [4000 * (j + 2) for j in range(len(answers))]
+                async with connect(f"ws://{other}/v1/stream", max_size=None) as ws:
+                    await ws.send(json.dumps({"restore": last["state"]}))
+                    msg = json.loads(await ws.recv())
+                    assert msg["total_chars"] == 4000 * done, msg
+                    for c in plan[done:]:
+                        await ws.send(json.dumps({"text": c}))
+                        msg = json.loads(await ws.recv())
+                whole = default_engine.score("".join(plan))
+                assert msg["total_chars"] == 20_000 and msg["total_bits"] == pytest.approx(whole.bits, rel=1e-7)
+
+        asyncio.run(resume())
+
+
+def test_a_dead_worker_is_replaced_then_ctrl_c_hands_the_streams_back(tmp_path):
+    """kill -9 of a worker holding a stream: the supervisor starts another in its place, and /metrics
+    no longer counts the dead worker's stream. Then Ctrl-C in a terminal (SIGINT to the server's
+    process group: the parent and its workers): each open stream gets its shutdown frame with its
+    state and close 1012; the server exits 0 and no worker is left."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    srv = ServerProcess(["--workers", "2", "--no-ui", "--no-docs"], timeout_s=180, new_session=True)
+
+    def streams_open() -> float:
+        with httpx.Client(base_url=f"http://{srv.url}", timeout=30) as c:
+            return float(re.search(r"^isan_streams_open ([0-9.eE+-]+)$", c.get("/metrics").text, re.M).group(1))
+
+    try:
+        first = set(workers_seen(srv.url))
+        assert len(first) == 2
+
+        async def open_streams(streams: list, want: set[int]) -> dict:
+            """Open streams until each worker in ``want`` holds one; {pid: streams it holds}."""
+            held: dict = {}
+            while not want <= {pid for pid, n in held.items() if n}:
+                assert len(streams) < 40, f"no stream reached workers {want - set(held)}: {held}"
+                ws = await connect(f"ws://{srv.url}/v1/stream", ping_interval=None)
+                await ws.send(json.dumps({"text": "the cat sat on the mat"}))
+                assert json.loads(await ws.recv())["total_chars"] == 22
+                streams.append(ws)
+                held = {pid: h["server"]["streams_open"] for pid, h in workers_seen(srv.url).items()}
+            return held
+
+        async def main():
+            streams: list = []
+            held = await open_streams(streams, first)
+            victim = min(first)
+            os.kill(victim, signal.SIGKILL)
+            survivors = []
+            for ws in streams:  # the victim's streams are cut (no close frame), the others go on
+                try:
+                    await ws.send(json.dumps({"text": "and the dog"}))
+                    assert json.loads(await asyncio.wait_for(ws.recv(), 30))["total_chars"] == 33
+                    survivors.append(ws)
+                except ConnectionClosed:
+                    pass
+            assert len(survivors) == len(streams) - held[victim]
+            wait_for(lambda: len(seen := set(workers_seen(srv.url))) == 2 and victim not in seen,
+                     "a worker in the dead one's place", timeout=120, every=0.2)
+            assert streams_open() == len(survivors)  # the dead worker's gauge is gone
+            now = set(workers_seen(srv.url))
+            await open_streams(survivors, now)
+            os.killpg(srv.proc.pid, signal.SIGINT)
+            out = []
+            for ws in survivors:
+                last = json.loads(await asyncio.wait_for(ws.recv(), 60))
+                try:
+                    await asyncio.wait_for(ws.recv(), 60)
+                except ConnectionClosed:
+                    pass
+                out.append((last, ws.close_code))
+            return now, out
+
+        now, out = asyncio.run(main())
+        for last, code in out:
+            assert code == 1012 and last["event"] == "shutdown" and last["state"].startswith("SVNBTlNUQVQB"), last
+        assert srv.proc.wait(120) == 0, srv.proc.stderr.read().decode()[-3000:]
+    finally:
+        srv.stop()
+    for pid in first | now:
+        assert not Path(f"/proc/{pid}").exists(), f"worker {pid} is still running"
+
+
+def test_workers_that_cannot_load_the_model_end_the_server_with_its_message(small_bundle, tmp_path):
+    """The manifest reads (the parent checks it) but the weights do not: each worker ends with
+    uvicorn's startup failure, the parent stops and says why, with no traceback (a worker left
+    running would hold stderr open, and the run would not end)."""
+    import shutil
+    import subprocess
+
+    bundle = tmp_path / "broken"
+    shutil.copytree(small_bundle, bundle)
+    for f in bundle.glob("*.safetensors"):
+        f.write_bytes(b"not safetensors")
+    r = subprocess.run([sys.executable, "-m", "isan.engine.serve", "--workers", "2", "--model", str(bundle),
+                        "--port", "0", "--log-level", "warning"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "Error: the model could not be loaded" in r.stderr, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+
+
+def test_bench_serve_measures_each_worker_count_in_one_run(small_bundle, text8_path):
+    """isan bench serve --workers 1,2 (run_bench(workers=...)): the HTTP load against one worker then
+    two, each answer checked against the library, and the ratio of their requests/s."""
+    from isan.bench.serve import markdown, run_bench
+
+    res = run_bench(model=str(small_bundle), data=str(text8_path), clients=4, duration_s=0.5, which=("http",),
+                    workers=(1, 2))
+    assert [w["workers"] for w in res["workers"]] == [1, 2]
+    for w in res["workers"]:
+        assert w["http"]["ok"] > 0 and set(w["http"]["statuses"]) == {"200"}
+        assert w["http"]["max_rel_bits_error"] < 1e-6
+    one, two = res["scaling"]
+    assert one["ratio"] == 1.0 and two["ratio"] == pytest.approx(two["requests_per_s"] / one["requests_per_s"])
+    assert "| isan-serve --workers | requests/s (200) | ratio to the first |" in markdown(res)
