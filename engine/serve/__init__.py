@@ -12,7 +12,9 @@
   :mod:`~isan.engine.serve.websocket`: ``/v1/stream``; :mod:`~isan.engine.serve.openapi`: the schema's
   declarations; :mod:`~isan.engine.serve.access`: the API key, Host and Origin checks;
 * :mod:`~isan.engine.serve.connections`: the header deadline and connection cap uvicorn lacks;
-* :mod:`~isan.engine.serve.cli`: ``isan-serve``;
+* :mod:`~isan.engine.serve.cli`: ``isan-serve``; :mod:`~isan.engine.serve.workers`: ``--workers N``;
+* :mod:`~isan.engine.serve.client`: a ``/v1/stream`` client that resumes on another replica from its
+  last snapshot;
 * :mod:`~isan.engine.serve.sampling`: sampling in pieces (``/v1/sample`` as Server-Sent Events);
 * :mod:`~isan.engine.serve.docs`: ``/docs``, rendered from the schema without scripts or a CDN;
 * :mod:`~isan.bench.serve`: the load benchmark behind ``isan bench serve``.

@@ -15,6 +15,19 @@ def bench():
     """Benchmarks: medians over repeats, ratios against a baseline run in the same process."""
 
 
+def worker_counts(workers: str | None) -> list[int] | None:
+    """``--workers 1,2`` as a list of counts (None when not given); a bad list is a usage error."""
+    if not workers:
+        return None
+    try:
+        counts = [int(w) for w in workers.split(",") if w.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{workers!r} is not a comma-separated list of numbers", param_hint="--workers") from None
+    if not counts or min(counts) < 1:
+        raise click.BadParameter("worker counts must be at least 1", param_hint="--workers")
+    return counts
+
+
 @bench.command("engine", short_help="Scoring throughput: long text, streaming, batched, peers.")
 @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True,
@@ -204,10 +217,13 @@ def bench_onnx_cmd(data, repeats, batch, device, out):
 @click.option("--only", default="http,completions,stream,memory,cancel,slow", show_default=True,
               help="Which measurements, comma-separated.")
 @click.option("--server-args", default="", help='Options for isan-serve, e.g. "--no-batching --threads 1".')
+@click.option("--workers", default=None,
+              help="Worker counts (e.g. 1,2): the measurements run against isan-serve --workers N for each in turn, "
+                   "in one run, with the ratio of their requests/s.")
 @click.option("--out", default=None, help="Also write the results as JSON here.")
 @friendly
 def bench_serve_cmd(model, data, clients, text_chars, duration, streams, chunks, chunk_chars, big_chars, big_requests,
-                    slow_conns, cancel_clients, seed, only, server_args, out):
+                    slow_conns, cancel_clients, seed, only, server_args, workers, out):
     """isan-serve under load (a real server process on localhost): HTTP requests/s and latency, WebSocket
     chunk latency and memory, memory under concurrent big requests, the work dropped when a client leaves,
     and connections that send their body slowly; every answer is checked against the library's offline bits."""
@@ -224,7 +240,8 @@ def bench_serve_cmd(model, data, clients, text_chars, duration, streams, chunks,
                        streams=streams, chunks=chunks, chunk_chars=chunk_chars, big_chars=big_chars,
                        big_requests=big_requests, slow_conns=slow_conns, cancel_clients=cancel_clients, seed=seed,
                        server_args=shlex.split(server_args), which=which,
-                       progress=lambda m: click.echo(m, err=True))
+                       progress=lambda m: click.echo(m, err=True),
+                       workers=tuple(counts) if (counts := worker_counts(workers)) else None)
     click.echo(markdown(result))
     if out:
         write_json(result, out)
@@ -250,14 +267,7 @@ def bench_corpus_cmd(data_dir, mb, files, cpus_per_node, threads, with_ray, with
     over the same documents (our order-8 n-gram as ARPA, order 6 where KenLM's build stops there), in one run."""
     from isan.bench.corpus import bench_corpus, markdown, write_json
 
-    counts = None
-    if workers:
-        try:
-            counts = [int(w) for w in workers.split(",") if w.strip()]
-        except ValueError:
-            raise click.BadParameter(f"{workers!r} is not a comma-separated list of numbers", param_hint="--workers") from None
-        if not counts or min(counts) < 1:
-            raise click.BadParameter("worker counts must be at least 1", param_hint="--workers")
+    counts = worker_counts(workers)
     result = bench_corpus(data_dir, mb=mb, files=files, cpus_per_node=cpus_per_node, threads=threads, ray=with_ray,
                           kenlm=with_kenlm, log=lambda m: click.echo(m, err=True), workers=counts)
     click.echo(markdown(result))
