@@ -18,6 +18,14 @@ def free_port() -> int:
 def running(app):
     """Serve ``app`` with uvicorn on a free localhost port in a thread, with the limits of ``isan-serve``
     (``app.uvicorn_config``); yields ``"127.0.0.1:PORT"``."""
+    with running_server(app) as (addr, _):
+        yield addr
+
+
+@contextmanager
+def running_server(app):
+    """:func:`running`, yielding ``("127.0.0.1:PORT", the uvicorn.Server)``: ``server.should_exit = True``
+    starts its graceful shutdown as SIGTERM does."""
     import uvicorn
 
     port = free_port()
@@ -29,7 +37,7 @@ def running(app):
         assert th.is_alive() and time.time() < deadline, "server did not start"
         time.sleep(0.02)
     try:
-        yield f"127.0.0.1:{port}"
+        yield f"127.0.0.1:{port}", srv
     finally:
         srv.should_exit = True
         th.join(15)

@@ -77,8 +77,11 @@ def fake_reference(chunks: list[str]) -> list[dict]:
 class FakeReplica:
     """``/v1/stream`` as isan-serve answers it (text, reset, restore, snapshot; error frames keep the
     state), with one plan a connection: ``refuse`` (status, close code) at once; ``shutdown_after`` k
-    answers, then the shutdown event and close 1012; ``abort_after`` k answers, then the TCP
-    connection cut (no close frame); ``refuse_restore`` status; ``busy_first_text`` (a 503 answer)."""
+    answers, then the shutdown event and close 1012; ``shutdown_first``: the shutdown event as the
+    first frame arrives, unanswered, with the initial state (what a server that began its shutdown
+    before it read the restore handed back before it sent null there), then close 1012;
+    ``abort_after`` k answers, then the TCP connection cut (no close frame); ``refuse_restore``
+    status; ``busy_first_text`` (a 503 answer)."""
 
     def __init__(self, plans):
         self.plans = list(plans)
@@ -97,6 +100,10 @@ class FakeReplica:
         async for raw in ws:
             f = json.loads(raw)
             got.append(f)
+            if plan.get("shutdown_first"):
+                await ws.send(json.dumps({"event": "shutdown", "state": fake_token(0, 0.0)}))
+                await ws.close(1012)
+                return
             if "restore" in f and plan.get("refuse_restore"):
                 await ws.send(json.dumps({"error": "not this snapshot", "status": plan["refuse_restore"]}))
                 continue
@@ -177,6 +184,25 @@ def test_a_graceful_shutdown_hands_the_stream_over_with_its_last_state():
     assert again[0] == {"restore": fake_token(want[1]["total_chars"], want[1]["total_bits"])}
     assert [f["text"] for f in again[1:]] == CHUNKS[2:]
     assert [("snapshot" in f) for f in again[1:]] == [True, False, False, True]  # frames 3 and 6 ask for one
+
+
+def test_a_shutdown_before_the_restore_is_answered_does_not_replace_the_snapshot():
+    """The replica the client resumes on begins its shutdown before it answers the restore and hands
+    back its initial state: the client keeps its own snapshot (not the empty one) and restores it on
+    the next replica, where the stream goes on to the undisturbed bits."""
+    with fake_replica({"shutdown_after": 2}, {"shutdown_first": True}, {}) as (url, fake):
+        async def run():
+            async with ResumableStream(url, snapshot_every=3, backoff_s=0.01) as s:
+                for c in CHUNKS:
+                    await s.send(c)
+                return [await s.recv() for _ in CHUNKS], s.resumes
+
+        answers, resumes = asyncio.run(run())
+    want = fake_reference(CHUNKS)
+    assert plain(answers) == want and len(resumes) == 1 and len(fake.frames) == 3
+    token = fake_token(want[1]["total_chars"], want[1]["total_bits"])
+    assert fake.frames[1][0] == fake.frames[2][0] == {"restore": token}
+    assert [f["text"] for f in fake.frames[2][1:]] == CHUNKS[2:]
 
 
 def test_a_cut_connection_resumes_from_the_last_snapshot_and_answers_each_chunk_once():

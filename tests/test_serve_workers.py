@@ -27,7 +27,7 @@ pytest.importorskip("websockets.asyncio.client")
 pytest.importorskip("prometheus_client")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from server_helpers import running, wait_for  # noqa: E402
+from server_helpers import running, running_server, wait_for  # noqa: E402
 
 from isan.bench.serve import ServerProcess  # noqa: E402
 from isan.engine.serve import ServeConfig, create_app  # noqa: E402
@@ -217,6 +217,26 @@ def test_sigterm_finishes_requests_and_hands_every_stream_back(tmp_path, default
                 assert msg["total_chars"] == 20_000 and msg["total_bits"] == pytest.approx(whole.bits, rel=1e-7)
 
         asyncio.run(resume())
+
+
+def test_a_stream_that_answered_no_frame_hands_back_no_state(default_engine):
+    """A shutdown that begins after the handshake but before the stream answered a frame: the
+    shutdown frame's state is null (the stream holds nothing of the client's: its restore or reset
+    was not read), not a snapshot of the initial state a client would take for its own."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    with running_server(create_app(default_engine, config=ServeConfig(state_secret=SECRET))) as (addr, srv):
+        async def main():
+            async with connect(f"ws://{addr}/v1/stream") as ws:
+                srv.should_exit = True  # as SIGTERM
+                last = json.loads(await asyncio.wait_for(ws.recv(), 30))
+                with pytest.raises(ConnectionClosed):
+                    await asyncio.wait_for(ws.recv(), 30)
+                return last, ws.close_code
+
+        last, code = asyncio.run(main())
+    assert last == {"event": "shutdown", "state": None} and code == 1012
 
 
 def test_a_dead_worker_is_replaced_then_ctrl_c_hands_the_streams_back(tmp_path):

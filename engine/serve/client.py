@@ -19,7 +19,10 @@ The protocol, as the client runs it:
    when a connection cannot be opened. A replica that shuts down gracefully first sends
    ``{"event": "shutdown", "state": snapshot}``, the state after the last frame it answered, then
    closes with 1012: that snapshot replaces the client's own (the frames it answered are then
-   settled) and the frames it did not answer are re-sent.
+   settled) and the frames it did not answer are re-sent. A shutdown frame that comes before the
+   connection answered the client's restore (or reset) hands back nothing of this stream (the
+   replica had not restored it yet; ``isan-serve`` then sends ``"state": null``): its state is
+   ignored and the client keeps its own snapshot.
 3. To resume, the client opens the same URL again (the balancer sends it to a live replica),
    sends ``{"restore": snapshot}`` (``{"reset": true}`` when it has none: the initial state) and
    re-sends the frames since, in order, before reading. The restore's answer must give the totals
@@ -161,6 +164,10 @@ class ResumableStream:
         snapshot: the last snapshot (str) or None (the initial state, or ``state``).
         total_chars, total_bits: the running totals of the last answer read (int, float bits).
         resumes: seconds each resume took, from the loss to the restore's answer (a list of float).
+        handed_back: shutdown frames whose snapshot the client took (int; a replica's graceful
+            shutdown).
+        answers_dropped: answers read and dropped because the caller already had them: frames
+            answered before a loss, then re-sent (int; none after a graceful shutdown's snapshot).
 
     Raises:
         ValueError: ``options`` names a field the client sets, or ``snapshot_every`` / ``retries``
@@ -197,9 +204,12 @@ class ResumableStream:
         self._streak = 0                         # resumes since the last new answer
         self._ws = None
         self._last_error: dict | None = None     # the last error frame read (a refusal before a close)
+        self._restored = False                   # the current connection answered the restore (or reset)
         self.total_chars = 0 if state is None else None
         self.total_bits = 0.0 if state is None else None
         self.resumes: list[float] = []
+        self.handed_back = 0
+        self.answers_dropped = 0
 
     # ---- the caller's API -------------------------------------------------------------------
     async def connect(self) -> "ResumableStream":
@@ -255,6 +265,7 @@ class ResumableStream:
                 sent.delivered = True
                 self._streak = 0
                 return answer
+            self.answers_dropped += 1
 
     async def score(self, text: str) -> dict:
         """Send one chunk and return its answer (see :meth:`recv`)."""
@@ -303,8 +314,10 @@ class ResumableStream:
             if not isinstance(msg, dict):
                 raise _Lost(f"the server sent a frame that is not an object: {str(raw)[:80]!r}")
             if msg.get("event") == "shutdown":  # the replica hands the stream back: its state now
-                if isinstance(msg.get("state"), str):
+                # before the restore's answer the replica holds nothing of this stream: keep the client's snapshot
+                if self._restored and isinstance(msg.get("state"), str):
                     self._new_snapshot(msg["state"])
+                    self.handed_back += 1
                 continue
             if "error" in msg and msg.get("status") == 408:  # the server closes a stream idle too long
                 raise _Lost(f"closed by the server: {msg['error']}")
@@ -367,6 +380,7 @@ class ResumableStream:
             raise _Lost(f"cannot connect: {e}") from None
         self._answered = 0
         self._last_error = None
+        self._restored = False
         try:
             await self._ws.send(json.dumps({"restore": self.snapshot} if self.snapshot else {"reset": True}))
             for sent in self._pending:
@@ -386,6 +400,7 @@ class ResumableStream:
                         f"{self._snap_totals[0]}, {self._snap_totals[1]}", fatal=True)
         self._snap_totals = got
         self.total_chars, self.total_bits = got
+        self._restored = True
 
 
 class SyncResumableStream:

@@ -19,7 +19,9 @@ it answered (:data:`SHUTDOWN_EVENT`), and closes with code 1012 (service restart
 ahead of it and not yet scored are dropped: a client restores the snapshot on another server
 (``{"restore": state}``) and sends again every frame it got no answer to; the bits go on as if
 nothing happened. Should no snapshot be possible (running totals beyond what a snapshot carries),
-``state`` is null and ``error``, ``status`` say why.
+``state`` is null and ``error``, ``status`` say why. A stream that has answered no frame on its
+connection hands back ``"state": null`` (no error): its state is the initial one, not yet the
+client's (whose first frame, a restore or a reset, was not read), so the client keeps what it has.
 """
 
 from __future__ import annotations
@@ -107,10 +109,11 @@ class StreamEndpoint:
         client = Client()
         reader = asyncio.ensure_future(read_frames(ws, queue, client, service))
         state = service.engine.initial_state()
+        answered = 0  # frames answered on this connection
         try:
             while True:
                 if handed_back:
-                    await self.hand_back(ws, state)
+                    await self.hand_back(ws, state if answered else None)
                     break
                 if client.gone and queue.empty():
                     break
@@ -142,6 +145,7 @@ class StreamEndpoint:
                         log.exception("unhandled error in a stream frame")
                         out, status = RequestError(500, "internal error; the server log has the details").body(), 500
                     await ws.send_text(encode_json(out).decode())
+                    answered += 1
                 metrics.frames.labels(str(status)).inc()
                 if status == 200:
                     metrics.frame_seconds.observe(time.perf_counter() - t0)
@@ -160,9 +164,9 @@ class StreamEndpoint:
 
     async def hand_back(self, ws: WebSocket, state) -> None:
         """The last frame of a stream when the server shuts down: ``{"event": "shutdown", "state":
-        snapshot}`` (module docstring), then close code 1012."""
+        snapshot}`` (module docstring; null for ``state`` None: no frame answered), then close code 1012."""
         try:
-            out = {"event": SHUTDOWN_EVENT, "state": self.service.snapshot(state)}
+            out = {"event": SHUTDOWN_EVENT, "state": None if state is None else self.service.snapshot(state)}
         except RequestError as e:
             out = {"event": SHUTDOWN_EVENT, "state": None, "error": e.message, "status": e.status}
         await ws.send_text(encode_json(out).decode())
