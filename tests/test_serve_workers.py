@@ -31,6 +31,7 @@ from server_helpers import running, running_server, wait_for  # noqa: E402
 
 from isan.bench.serve import ServerProcess  # noqa: E402
 from isan.engine.serve import ServeConfig, create_app  # noqa: E402
+from isan.errors import IsanError  # noqa: E402
 
 SECRET = b"w" * 32
 #: characters the sample in flight at SIGTERM generates
@@ -324,6 +325,45 @@ def test_workers_that_cannot_load_the_model_end_the_server_with_its_message(smal
                         "--port", "0", "--log-level", "warning"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "Error: the model could not be loaded" in r.stderr, r.stderr[-3000:]
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("secret, env, words", [
+    (b"", None, "empty"),                     # an empty --state-secret-file
+    (b"  \n", None, "empty"),                 # only blanks: stripped, empty
+    (None, "", "empty"),                      # ISAN_STATE_SECRET set but empty
+    (b"s" * 31, None, "at least 32 bytes"),   # short: 31 bytes
+    (None, "e" * 20, "at least 32 bytes"),
+])
+def test_an_empty_or_short_state_secret_is_refused_at_startup(tmp_path, secret, env, words):
+    """Every worker (and every replica) needs the same key: an empty one would have each process
+    draw its own, a short one is guessable. isan-serve refuses both in one line, before loading."""
+    import subprocess
+
+    args = ["--workers", "2", "--port", "0", "--log-level", "warning"]
+    if secret is not None:
+        (tmp_path / "secret").write_bytes(secret)
+        args += ["--state-secret-file", str(tmp_path / "secret")]
+    environ = {k: v for k, v in os.environ.items() if k != "ISAN_STATE_SECRET"}
+    if env is not None:
+        environ["ISAN_STATE_SECRET"] = env
+    try:
+        r = subprocess.run([sys.executable, "-m", "isan.engine.serve", *args], capture_output=True, text=True,
+                           timeout=90, env=environ)
+    except subprocess.TimeoutExpired:
+        pytest.fail("isan-serve took the secret and started serving")
+    assert r.returncode == 1 and words in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert len([line for line in r.stderr.splitlines() if line.startswith("Error:")]) == 1, r.stderr
+    with pytest.raises(IsanError, match=words):
+        ServeConfig(state_secret=secret.strip() if secret is not None else env.encode())
+
+
+def test_the_config_does_not_show_its_secrets():
+    """The state secret and the API key travel in the workers' config: its repr leaves them out."""
+    cfg = ServeConfig(state_secret=SECRET, api_key="key-" + "k" * 20)
+    assert "w" * 32 not in repr(cfg) and "k" * 20 not in repr(cfg) and "max_chars" in repr(cfg)
+    from isan.engine.serve.workers import WorkerSpec
+
+    assert "w" * 32 not in repr(WorkerSpec(None, "auto", "numpy", "cpu", cfg))
 
 
 def test_bench_serve_measures_each_worker_count_in_one_run(small_bundle, text8_path):

@@ -26,7 +26,8 @@ def read_key(path: str | None) -> str | None:
 
 
 def read_secret(path: str | None) -> bytes | None:
-    """The state-snapshot key: ``--state-secret-file`` (its bytes, stripped), else ``$ISAN_STATE_SECRET``, else None."""
+    """The state-snapshot key: ``--state-secret-file`` (its bytes, stripped), else ``$ISAN_STATE_SECRET`` (set,
+    even empty), else None. An empty or short key is refused by :class:`ServeConfig`."""
     if path:
         try:
             with open(path, "rb") as f:
@@ -34,7 +35,7 @@ def read_secret(path: str | None) -> bytes | None:
         except OSError as e:
             raise click.ClickException(f"cannot read --state-secret-file {path}: {e.strerror}") from None
     env = os.environ.get("ISAN_STATE_SECRET")
-    return env.encode() if env else None
+    return env.encode() if env is not None else None
 
 
 def bound_name(host: str) -> tuple[str, ...]:
@@ -97,7 +98,8 @@ def bound_name(host: str) -> tuple[str, ...]:
 @click.option("--ui/--no-ui", default=True, show_default=True,
               help="Serve isan lens at / (the web page that shows what the model reads, from the package; no CDN).")
 @click.option("--state-secret-file", default=None, type=click.Path(dir_okay=False),
-              help="Key that signs state snapshots (default: $ISAN_STATE_SECRET, else random per process).")
+              help="Key that signs state snapshots, at least 32 bytes (default: $ISAN_STATE_SECRET, else random per "
+                   "process).")
 @click.option("--allow-origin", "allow_origin", multiple=True,
               help="A web page origin (like https://app.example.com; * for any) that may open /v1/stream besides the "
                    "server's own and loopback ones; repeat for several.")

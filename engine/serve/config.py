@@ -8,13 +8,15 @@ Every limit protects something stated in its field's comment; the defaults are s
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from isan.errors import IsanError
 
 DEFAULT_MAX_CHARS = 1_000_000
 #: the most worker processes ``isan-serve --workers`` starts
 MAX_WORKERS = 256
+#: the shortest state secret taken (bytes): an HMAC-SHA256 key of 32 bytes or more (RFC 2104's "L")
+MIN_SECRET_BYTES = 32
 
 #: a Host header: a bracketed IPv6 address or a name (or IPv4 address), then an optional port
 _HOST = re.compile(r"(?:\[(?P<v6>[0-9a-fA-F:.]+)\]|(?P<name>[A-Za-z0-9._-]+))(?::\d{1,5})?")
@@ -56,8 +58,9 @@ class ServeConfig:
             (``--path``), one after another.
         threads: threads for the engine's kernels (None: the engine's own, one a CPU; see
             :func:`isan.engine.serve.service.server_threads`).
-        state_secret: the HMAC key of state snapshots (:mod:`isan.engine.serve.snapshot`); None: a
-            random key per process, so snapshots are valid until the server restarts.
+        state_secret: the HMAC key of state snapshots (:mod:`isan.engine.serve.snapshot`), at least
+            :data:`MIN_SECRET_BYTES` bytes (an empty or shorter key raises IsanError); None: a random
+            key per process, so snapshots are valid until the server restarts. Not in the repr.
         state_secret_drawn: ``state_secret`` was drawn at random by ``isan-serve --workers N`` for its
             workers (a snapshot made by one restores on another, until the server stops).
         workers: the worker processes serving the port (``isan-serve --workers``; each has its own
@@ -76,6 +79,7 @@ class ServeConfig:
             ``T (T + 1) V`` float64 values, 54 MiB at 500 characters for V = 27).
         api_key: when set, every ``/v1/...`` endpoint and ``/metrics`` need it (``Authorization:
             Bearer KEY`` or ``X-API-Key: KEY``; a WebSocket may also pass ``?api_key=KEY``); 401 otherwise.
+            Not in the repr.
         docs: serve ``/docs``, an HTML page of the API rendered from ``/openapi.json`` by the
             server itself (no scripts, nothing from a CDN).
         allow_origins: web page origins (``https://app.example.com``; ``*`` for any) that may open
@@ -101,7 +105,7 @@ class ServeConfig:
     stream_idle_timeout_s: float = 600.0
     batching: bool = True
     threads: int | None = None
-    state_secret: bytes | None = None
+    state_secret: bytes | None = field(default=None, repr=False)  # out of logs: it travels to each worker
     state_secret_drawn: bool = False
     workers: int = 1
     read_timeout_s: float = 10.0
@@ -110,7 +114,7 @@ class ServeConfig:
     max_batch_texts: int = 1024
     max_sample_chars: int = 10_000
     max_attribute_chars: int = 500
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)
     docs: bool = True
     ui: bool = True
     allow_origins: tuple[str, ...] = ()
@@ -141,8 +145,12 @@ class ServeConfig:
                 raise IsanError(f"--{name.replace('_', '-')} = {getattr(self, name)!r} is out of range")
         if self.max_chars >= 2**31:
             raise IsanError("--max-chars must be below 2**31")
-        if self.state_secret is not None and len(self.state_secret) < 16:
-            raise IsanError("the state secret must be at least 16 bytes (ISAN_STATE_SECRET or --state-secret-file)")
+        if self.state_secret is not None and len(self.state_secret) < MIN_SECRET_BYTES:
+            raise IsanError(("the state secret is empty" if not self.state_secret else
+                             f"the state secret must be at least {MIN_SECRET_BYTES} bytes (it has "
+                             f"{len(self.state_secret)})")
+                            + " (ISAN_STATE_SECRET or --state-secret-file); make one with: python -c "
+                              "'import secrets; print(secrets.token_hex(32))'")
         if self.model_name is not None and not 1 <= len(self.model_name) <= 256:
             raise IsanError("--served-model-name must have 1 to 256 characters")
         for h in self.allow_hosts:

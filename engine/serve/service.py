@@ -159,7 +159,7 @@ class Service:
         # with workers, /metrics reads every worker's pending bytes from its files: kept current
         shared = metrics is not None and metrics.multiprocess_dir is not None
         self.budget = Budget(config.max_pending_bytes, on_change=metrics.pending_bytes.set if shared else None)
-        self.secret = config.state_secret or new_secret()
+        self.secret = new_secret() if config.state_secret is None else config.state_secret
         self.streams_open = 0
         self.engine = None
         self.scheduler: Scheduler | None = None
