@@ -220,6 +220,44 @@ def test_sigterm_finishes_requests_and_hands_every_stream_back(tmp_path, default
         asyncio.run(resume())
 
 
+def test_sigterm_closes_the_port_while_a_worker_drains(default_engine):
+    """SIGTERM to isan-serve --workers 2 while a worker holds a request it has begun (its body not yet
+    sent, as a slow client or a long sample would hold it): a new connection is refused at once (a
+    balancer then tries another replica; accepted by nobody, it would hang), and the request begun is
+    still answered, with the library's bits."""
+    import socket
+
+    srv = ServerProcess(["--workers", "2", "--no-ui", "--no-docs", "--read-timeout", "120"], timeout_s=180)
+    text = "the cat sat on the mat"
+    body = json.dumps({"text": text}).encode()
+    try:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=60) as s:
+            s.sendall(f"POST /v1/score HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\n\r\n".encode())
+            assert s.recv(100).startswith(b"HTTP/1.1 100 Continue")  # the app is reading the body: begun
+            srv.proc.send_signal(signal.SIGTERM)
+
+            def refused() -> bool:
+                try:
+                    socket.create_connection(("127.0.0.1", srv.port), timeout=5).close()
+                except ConnectionRefusedError:
+                    return True
+                return False
+
+            wait_for(refused, "a new connection refused after SIGTERM", timeout=30, every=0.1)
+            assert srv.proc.poll() is None  # the worker still drains its request
+            s.sendall(body)
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+        head, _, payload = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), answer[:500]
+        assert json.loads(payload)["bits"] == pytest.approx(default_engine.score(text).bits, rel=1e-6)
+        assert srv.proc.wait(60) == 0, srv.proc.stderr.read().decode()[-3000:]
+    finally:
+        srv.stop()
+
+
 def test_a_stream_that_answered_no_frame_hands_back_no_state(default_engine):
     """A shutdown that begins after the handshake but before the stream answered a frame: the
     shutdown frame's state is null (the stream holds nothing of the client's: its restore or reset

@@ -5,7 +5,10 @@ server guide, 'Measured'); N worker processes use N cores for it. The mechanism 
 multi-worker mode (``uvicorn --workers``: :class:`uvicorn.supervisors.Multiprocess`): this process
 binds the socket and starts N workers (spawned) that accept connections on it; the kernel gives
 each new connection to one of them. The supervisor replaces a worker that dies, and on SIGTERM or
-SIGINT asks each worker to stop (SIGTERM) and waits for them all.
+SIGINT closes its own copy of the listening socket (:class:`Supervisor`), asks each worker to stop
+(SIGTERM: each closes its copy, then drains) and waits for them all: once every copy is closed, a
+new connection is refused (a balancer tries another replica) rather than accepted by the kernel for
+nobody to serve.
 
 Each worker builds its app with uvicorn's app factory (:func:`worker_app`, from the picklable
 :class:`WorkerSpec`): it loads the model before it takes connections (so every answer comes from
@@ -42,6 +45,7 @@ from pathlib import Path
 
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
+from uvicorn.supervisors import Multiprocess
 
 from isan.engine.serve.config import ServeConfig
 from isan.engine.serve.metrics import MULTIPROC_ENV
@@ -108,6 +112,18 @@ def worker_app(spec: WorkerSpec):
     return create_app(engine, config=spec.config)
 
 
+class Supervisor(Multiprocess):
+    """uvicorn's :class:`~uvicorn.supervisors.Multiprocess` that closes the parent's listening sockets
+    before it stops the workers: the parent's copy would keep the port open while they drain (up to
+    :data:`~isan.engine.serve.connections.HAND_BACK_GRACE_S` for a stream, as long as it takes for a
+    request begun), the kernel accepting connections that nobody serves."""
+
+    def terminate_all(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+        super().terminate_all()
+
+
 class WorkerConfig(uvicorn.Config):
     """uvicorn's Config of the workers: the app is :func:`worker_app` (an app factory, built in
     each worker), the protocols carry the server's connection limits
@@ -143,8 +159,6 @@ def serve(spec: WorkerSpec, host: str, port: int, log_level: str = "info") -> st
     Returns:
         None, or why the workers could not start (a model that could not be loaded: its message).
     """
-    from uvicorn.supervisors import Multiprocess
-
     from isan.engine.serve.snapshot import new_secret
 
     if spec.config.state_secret is None:
@@ -157,7 +171,7 @@ def serve(spec: WorkerSpec, host: str, port: int, log_level: str = "info") -> st
     try:
         config = WorkerConfig(replace(spec, run_dir=run_dir), host, port, log_level)
         sock = config.bind_socket()
-        supervisor = Multiprocess(config, sockets=[sock])
+        supervisor = Supervisor(config, sockets=[sock])
         supervisor.run()
         sock.close()
         failed = Path(run_dir) / FAILED
