@@ -291,10 +291,19 @@ class Cluster:
 
     def __init__(self, tmp: Path):
         self.tmp = tmp
-        (tmp / "isan-secret").write_text(secrets.token_hex(32) + "\n")
+        self.replicas: list = []
+        self.haproxy = None
+        try:  # whatever fails, what was started is stopped
+            self._start_all()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_all(self) -> None:
+        (self.tmp / "isan-secret").write_text(secrets.token_hex(32) + "\n")
         self.ports = [free_port(), free_port()]
-        self.replicas = [self._start(["isan-serve", "--port", str(p), *REPLICA_OPTIONS], f"replica{i + 1}")
-                         for i, p in enumerate(self.ports)]
+        for i, p in enumerate(self.ports):
+            self.replicas.append(self._start(["isan-serve", "--port", str(p), *REPLICA_OPTIONS], f"replica{i + 1}"))
         for i, p in enumerate(self.ports):
             wait_for(lambda: self._ready(i, p), f"replica {i + 1} ready")
         self.front = free_port()
@@ -342,11 +351,12 @@ class Cluster:
         return _metric(text, 'isan_requests_total{endpoint="score",status="200"}')
 
     def close(self) -> None:
-        for p in [self.haproxy, *self.replicas]:
+        procs = [p for p in [self.haproxy, *self.replicas] if p is not None]
+        for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGCONT)
                 p.terminate()
-        for p in [self.haproxy, *self.replicas]:
+        for p in procs:
             try:
                 p.wait(20)
             except subprocess.TimeoutExpired:
@@ -363,6 +373,22 @@ def cluster(tmp_path):
         yield c
     finally:
         c.close()
+
+
+def test_a_cluster_that_cannot_start_stops_what_it_started(tmp_path, monkeypatch):
+    """Cluster's constructor fails after its replicas started (here HAProxy refuses its config):
+    it stops them before raising, so a failed set-up leaves no process behind."""
+    if HAPROXY is None:
+        pytest.skip("haproxy is not installed (apt-get install haproxy; .ci/run installs it)")
+    bad = tmp_path / "bad.cfg"
+    bad.write_text("this is not an haproxy configuration\n")
+    monkeypatch.setattr(sys.modules[__name__], "HAPROXY_CFG", bad)
+    started: list = []
+    start = Cluster._start
+    monkeypatch.setattr(Cluster, "_start", lambda self, *a: started.append(start(self, *a)) or started[-1])
+    with pytest.raises(AssertionError):
+        Cluster(tmp_path)
+    assert len(started) == 2 and all(p.poll() is not None for p in started), "a replica was left running"
 
 
 def test_the_guide_shows_the_tested_commands():

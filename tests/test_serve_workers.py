@@ -286,7 +286,7 @@ def test_a_dead_worker_is_replaced_then_ctrl_c_hands_the_streams_back(tmp_path):
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed
 
-    srv = ServerProcess(["--workers", "2", "--no-ui", "--no-docs"], timeout_s=180, new_session=True)
+    srv = ServerProcess(["--workers", "2", "--no-ui", "--no-docs"], timeout_s=180)  # a session of its own
 
     def streams_open() -> float:
         with httpx.Client(base_url=f"http://{srv.url}", timeout=30) as c:
@@ -346,6 +346,27 @@ def test_a_dead_worker_is_replaced_then_ctrl_c_hands_the_streams_back(tmp_path):
         srv.stop()
     for pid in first | now:
         assert not Path(f"/proc/{pid}").exists(), f"worker {pid} is still running"
+
+
+def _alive(pid: int) -> bool:
+    """The process runs (a zombie, ended and not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_the_benchmarks_server_is_stopped_with_its_workers_and_folder():
+    """ServerProcess.stop() when the server does not stop in time (its parent stopped: SIGSTOP):
+    SIGKILL to its process group ends the workers too (they would keep the port), and the run
+    folder the parent could not remove goes with the server's temporary folder."""
+    srv = ServerProcess(["--workers", "2", "--no-ui", "--no-docs"], timeout_s=180)
+    pids, tmp = set(srv.worker_pids), Path(srv.tmp)
+    assert len(pids) == 2 and list(tmp.glob("isan-serve-*")), "two workers and the run folder"
+    os.kill(srv.pid, signal.SIGSTOP)
+    srv.stop(timeout_s=1)
+    wait_for(lambda: not any(_alive(p) for p in pids), "the workers ended", timeout=30, every=0.1)
+    assert not tmp.exists()
 
 
 def test_workers_that_cannot_load_the_model_end_the_server_with_its_message(small_bundle, tmp_path):

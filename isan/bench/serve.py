@@ -37,9 +37,12 @@ import json
 import math
 import os
 import re
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -89,54 +92,108 @@ def _rss_mib(pid: int) -> tuple[float, float]:
     return rss, hwm
 
 
+def _workers_in(args: list[str]) -> int:
+    """The ``--workers N`` of isan-serve's arguments (1 without it)."""
+    for i, a in enumerate(args):
+        if a == "--workers" and i + 1 < len(args):
+            return int(args[i + 1])
+        if a.startswith("--workers="):
+            return int(a.partition("=")[2])
+    return 1
+
+
 class ServerProcess:
     """``python -m isan.engine.serve`` on a free port, stopped by :meth:`stop` (or as a context manager).
 
-    Args:
-        new_session: start it in a session (and process group) of its own, as a terminal starts a
-            command: ``os.killpg(proc.pid, SIGINT)`` is then Ctrl-C for it and its workers alone.
+    It runs in a session (and process group) of its own, as a terminal starts a command:
+    ``os.killpg(proc.pid, SIGINT)`` is then Ctrl-C for it and its workers alone, and :meth:`stop`
+    can kill every process it started. Its temporary files (``TMPDIR``: the run folder of
+    ``--workers``) are in a folder of this object's, removed by :meth:`stop`.
+
+    Ready when ``/healthz`` says ``"ready"`` and, with ``--workers N``, has been answered by N
+    distinct worker processes (:attr:`worker_pids`), so that a measurement starts with every
+    worker serving.
+
+    Raises:
+        IsanError: the server exited, or was not ready within ``timeout_s`` (it is stopped then).
     """
 
-    def __init__(self, args: list[str], timeout_s: float = 300.0, new_session: bool = False):
+    def __init__(self, args: list[str], timeout_s: float = 300.0):
         self.port = _free_port()
+        self.workers = _workers_in(args)
+        self.worker_pids: set[int] = set()
+        self.tmp = tempfile.mkdtemp(prefix="isan-bench-serve-")
         cmd = [sys.executable, "-m", "isan.engine.serve", "--port", str(self.port), "--log-level", "warning", *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     start_new_session=new_session)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                                     env={**os.environ, "TMPDIR": self.tmp})
         self.url = f"127.0.0.1:{self.port}"
+        try:
+            self._wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.time() + timeout_s
-        while True:  # the server listens while it loads the model: wait until /healthz says ready
+        while True:  # the server listens while it loads the model: wait until /healthz says ready, on every worker
             if self.proc.poll() is not None:
                 raise IsanError(f"isan-serve exited: {self.proc.stderr.read().decode()[-2000:]}")
-            if self._ready():
-                break
+            h = self.healthz()
+            if h is not None and h.get("status") == "ready":
+                self.worker_pids.add(h["worker"]["pid"])
+                if len(self.worker_pids) >= self.workers:
+                    return
+                continue  # a new connection may reach another worker: at once
             if time.time() > deadline:
-                self.stop()
-                raise IsanError(f"isan-serve was not ready within {timeout_s:g} s")
+                raise IsanError(f"isan-serve was not ready within {timeout_s:g} s"
+                                + (f" ({len(self.worker_pids)} of its {self.workers} workers answered)"
+                                   if self.worker_pids else ""))
             time.sleep(0.2)
 
-    def _ready(self) -> bool:
+    def healthz(self) -> dict | None:
+        """``GET /healthz`` over a new connection (any worker may take it): its JSON, or None."""
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
                 s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
                 data = b""
                 while chunk := s.recv(65536):
                     data += chunk
-        except OSError:
-            return False
-        return b'"status":"ready"' in data
+            return json.loads(data.partition(b"\r\n\r\n")[2])
+        except (OSError, ValueError):
+            return None
+
+    def worker_health(self, tries: int = 2000) -> dict[int, dict]:
+        """{pid: that worker's ``/healthz``} of every worker in :attr:`worker_pids` (new connections
+        until each has answered, at most ``tries``; one that never does is left out)."""
+        seen: dict[int, dict] = {}
+        for _ in range(tries):
+            h = self.healthz()
+            if h is not None and "worker" in h:
+                seen[h["worker"]["pid"]] = h
+            if self.worker_pids <= seen.keys():
+                break
+        return seen
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM (a graceful shutdown); after ``timeout_s`` SIGKILL to the server's process group,
+        its workers included. Whatever the server left in its group is killed, and the temporary
+        folder removed."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:  # pragma: no cover
-                self.proc.kill()
-                self.proc.wait(5)
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        try:  # the group: workers left by a parent that did not stop them (or was killed)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait(30)
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def __enter__(self):
         return self
