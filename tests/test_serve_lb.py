@@ -450,6 +450,21 @@ def test_http_is_spread_over_the_replicas_and_snapshots_move_between_them(cluste
     assert r.headers["retry-after"] == "1"
 
 
+def test_bench_serve_measures_through_the_balancer(cluster, text8_path):
+    """isan bench serve --url: the HTTP and stream load through HAProxy to both replicas, every
+    answer checked against the library."""
+    from isan.bench.serve import markdown, run_bench
+
+    res = run_bench(url=cluster.url, data=str(text8_path), clients=4, duration_s=0.5, streams=6, chunks=2,
+                    which=("http", "stream"))
+    assert res["url"] == cluster.url and "server_rss_mib_end" not in res
+    assert res["http"]["ok"] > 0 and set(res["http"]["statuses"]) == {"200"}
+    assert res["http"]["max_rel_bits_error"] < 1e-6
+    assert res["stream"]["errors"] == 0 and res["stream"]["max_rel_bits_error"] < 1e-6
+    assert min(cluster.scored(0), cluster.scored(1)) > 0  # round robin: both replicas answered
+    assert f"endpoint {cluster.url}" in markdown(res)
+
+
 def _stream_texts(text8_test: str, n: int) -> list[list[str]]:
     """n streams of 7 chunks (50-400 characters) of real text: text8 and Shakespeare in turn."""
     shakespeare = need(DATA / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")

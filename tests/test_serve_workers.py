@@ -427,15 +427,38 @@ def test_the_config_does_not_show_its_secrets():
 
 def test_bench_serve_measures_each_worker_count_in_one_run(small_bundle, text8_path):
     """isan bench serve --workers 1,2 (run_bench(workers=...)): the HTTP load against one worker then
-    two, each answer checked against the library, and the ratio of their requests/s."""
+    two, each answer checked against the library, each worker's share of the load recorded (both
+    of the two workers served), and the ratio of the two counts' requests/s."""
     from isan.bench.serve import markdown, run_bench
 
-    res = run_bench(model=str(small_bundle), data=str(text8_path), clients=4, duration_s=0.5, which=("http",),
+    res = run_bench(model=str(small_bundle), data=str(text8_path), clients=16, duration_s=0.5, which=("http",),
                     workers=(1, 2))
     assert [w["workers"] for w in res["workers"]] == [1, 2]
     for w in res["workers"]:
         assert w["http"]["ok"] > 0 and set(w["http"]["statuses"]) == {"200"}
         assert w["http"]["max_rel_bits_error"] < 1e-6
+        shares = w["http"]["workers"]  # each worker's characters scored during the load, from its /healthz
+        assert len(shares) == w["workers"] and len({x["pid"] for x in shares}) == w["workers"]
+        assert all(x["share"] > 0 and x["connections"] > 0 for x in shares), shares
+        assert sum(x["chars_scored"] for x in shares) == w["http"]["ok"] * w["http"]["text_chars"]
+        assert sum(x["connections"] for x in shares) == 16
     one, two = res["scaling"]
-    assert one["ratio"] == 1.0 and two["ratio"] == pytest.approx(two["requests_per_s"] / one["requests_per_s"])
-    assert "| isan-serve --workers | requests/s (200) | ratio to the first |" in markdown(res)
+    rate = [w["http"]["ok"] / w["http"]["seconds"] for w in res["workers"]]  # requests/s of each run, anew
+    assert one["ratio"] == 1.0 and two["ratio"] == pytest.approx(rate[1] / rate[0], rel=5e-3)
+    assert two["worker_shares"] == [x["share"] for x in res["workers"][1]["http"]["workers"]]
+    table = markdown(res)
+    assert "| isan-serve --workers | requests/s (200) | ratio to the first |" in table
+    assert f"| 2 | {two['requests_per_s']:,.1f} | {two['ratio']:.2f}x |" in table
+
+
+def test_bench_serve_url_takes_only_a_running_server_of_its_model(two_workers, small_bundle, text8_path):
+    """isan bench serve --url: what it cannot measure there, and an endpoint of another model, are
+    refused before any load (the two workers serve the default model)."""
+    from isan.bench.serve import run_bench
+
+    url = f"http://{two_workers}"
+    for kwargs, words in [({"which": ("http", "memory")}, "memory"), ({"workers": (1, 2)}, "--workers"),
+                          ({"url": "ws://127.0.0.1:1/v1/stream"}, "http://HOST"),
+                          ({"model": str(small_bundle)}, "another model")]:
+        with pytest.raises(IsanError, match=words):
+            run_bench(**{"url": url, "data": str(text8_path), "which": ("http",), **kwargs})

@@ -22,8 +22,13 @@ do share the machine's cores). Measurements, each checked against the library's 
   (``--read-timeout``) and when the last one is closed; then whether a normal request is served.
 
 With ``workers`` (``isan bench serve --workers 1,2``) the measurements run against ``isan-serve
---workers N`` for each count in turn, in one run, and ``scaling`` gives each count's requests/s and
-its ratio to the first count's (memory is then summed over the server's processes).
+--workers N`` for each count in turn, in one run, each once every worker has answered ``/healthz``,
+and ``scaling`` gives each count's requests/s, its ratio to the first count's and each worker's
+share of the HTTP load (memory is then summed over the server's processes).
+
+With ``url`` (``isan bench serve --url http://HOST:PORT``) no server is started: the HTTP and
+stream load go to the server or load balancer already answering there (HAProxy in front of
+replicas, docs/guide/deployment.md), every answer checked against the library as above.
 
 Example:
     >>> res = run_bench(model=None, data="../shared/data/text8_head/text8_head.txt", clients=100)
@@ -92,6 +97,30 @@ def _rss_mib(pid: int) -> tuple[float, float]:
     return rss, hwm
 
 
+def _healthz(host: str, port: int) -> dict | None:
+    """``GET /healthz`` over a new connection: its JSON (whatever its status), or None."""
+    try:
+        with socket.create_connection((host, port), timeout=5) as s:
+            s.sendall(f"GET /healthz HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+        return json.loads(data.partition(b"\r\n\r\n")[2])
+    except (OSError, ValueError):
+        return None
+
+
+def _shares(before: dict[int, dict], after: dict[int, dict], pids, connections: dict[int, int]) -> list[dict]:
+    """Each worker's part of the characters scored between two :meth:`ServerProcess.worker_health`
+    readings: ``[{"pid", "connections", "chars_scored", "share"}]`` by pid (None for a worker that
+    did not answer); ``connections``: the load's connections each took."""
+    chars = {pid: after[pid]["server"]["chars_scored"] - before[pid]["server"]["chars_scored"]
+             if pid in before and pid in after else None for pid in sorted(pids)}
+    total = sum(c for c in chars.values() if c)
+    return [{"pid": pid, "connections": connections.get(pid, 0), "chars_scored": c,
+             "share": c / total if c is not None and total else None} for pid, c in chars.items()]
+
+
 def _workers_in(args: list[str]) -> int:
     """The ``--workers N`` of isan-serve's arguments (1 without it)."""
     for i, a in enumerate(args):
@@ -152,15 +181,7 @@ class ServerProcess:
 
     def healthz(self) -> dict | None:
         """``GET /healthz`` over a new connection (any worker may take it): its JSON, or None."""
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
-                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-                data = b""
-                while chunk := s.recv(65536):
-                    data += chunk
-            return json.loads(data.partition(b"\r\n\r\n")[2])
-        except (OSError, ValueError):
-            return None
+        return _healthz("127.0.0.1", self.port)
 
     def worker_health(self, tries: int = 2000) -> dict[int, dict]:
         """{pid: that worker's ``/healthz``} of every worker in :attr:`worker_pids` (new connections
@@ -262,15 +283,27 @@ def _completions_bits(answer: dict) -> float:
 
 
 async def _http_load(host, port, texts, expected, clients, duration_s, path="/v1/score", make_body=_score_body,
-                     bits_of=_score_bits):
+                     bits_of=_score_bits, connect_first=False):
+    """``clients`` closed-loop clients on keep-alive connections for ``duration_s``. ``connect_first``:
+    the clients connect one after another before the load (each connection answered a GET /healthz
+    before the next opens), as clients that arrive over time; else each connects at its first
+    request, all at once: with ``--workers``, one worker's accept loop may take such a burst whole
+    (it accepts every connection waiting when it wakes), and the load then measures that worker."""
     lat: list[float] = []
     statuses: dict[int, int] = {}
     worst = [0.0]
-    stop_at = time.perf_counter() + duration_s
     bodies = [json.dumps(make_body(t)).encode() for t in texts]
+    conns = [HttpConn(host, port) for _ in range(clients)]
+    by_pid: dict[int, int] = {}  # connections each worker took
+    if connect_first:
+        for conn in conns:
+            st, data = await conn.request("GET", "/healthz")
+            pid = json.loads(data)["worker"]["pid"]
+            by_pid[pid] = by_pid.get(pid, 0) + 1
+    stop_at = time.perf_counter() + duration_s
 
     async def client(k):
-        conn = HttpConn(host, port)
+        conn = conns[k]
         i = k
         while time.perf_counter() < stop_at:
             j = i % len(texts)
@@ -297,7 +330,7 @@ async def _http_load(host, port, texts, expected, clients, duration_s, path="/v1
             "requests": sum(statuses.values()),
             "ok": ok, "statuses": {str(k): v for k, v in sorted(statuses.items())},
             "requests_per_s": ok / wall, "chars_per_s": ok * len(texts[0]) / wall, "latency_s": _pct(lat),
-            "max_rel_bits_error": worst[0]}
+            "max_rel_bits_error": worst[0], **({"connections_by_pid": by_pid} if by_pid else {})}
 
 
 async def _stream_load(host, port, stream_texts, expected, plans, pid=None):
@@ -494,7 +527,7 @@ def run_bench(model: str | None = None, data: str = "../shared/data/text8_head/t
               chunk_chars="1-400", big_chars: int = 1_000_000, big_requests: int = 4, cancel_after_s: float = 0.5,
               slow_conns: int = 500, cancel_clients: int = 12, server_args: list[str] | None = None,
               which: tuple[str, ...] = ("http", "completions", "stream", "memory", "cancel", "slow"), seed: int = 0,
-              workers: tuple[int, ...] | None = None, progress=None) -> dict:
+              workers: tuple[int, ...] | None = None, url: str | None = None, progress=None) -> dict:
     """Start ``isan-serve`` and measure it (see the module docstring); returns a JSON-able dict.
 
     Texts come from the text8-10M valid split (``data``); the memory and cancel probes use the
@@ -505,11 +538,25 @@ def run_bench(model: str | None = None, data: str = "../shared/data/text8_head/t
             with each in turn, one after the other in this run; the answer then holds them under
             ``"workers"`` (one entry a count, with the server's memory summed over its processes)
             and, with ``http``, ``"scaling"``: each count's requests/s and its ratio to the first
-            count's, with the latency. None: one server as ``server_args`` start it.
+            count's, with the latency and each worker's share of the characters scored (also
+            under ``http.workers``: pid, chars_scored, share, from each worker's ``/healthz``).
+            None: one server as ``server_args`` start it.
+        url: measure the server or load balancer already answering there (``http://HOST:PORT``,
+            for example HAProxy in front of replicas) instead of starting one: the ``http``,
+            ``completions`` and ``stream`` measurements only (the others read one server's memory
+            or metrics), with the model of ``model`` (its ``params_sha256`` must be what the
+            endpoint's ``/healthz`` names). No memory figures then.
+
+    Raises:
+        IsanError: ``url`` with ``workers``, ``server_args`` or another measurement, a ``url``
+            that is not ``http://HOST[:PORT]``, or an endpoint that does not answer ``/healthz``
+            ready with the same model.
     """
     from isan.engine import load_engine
     from isan.data import read_text8_split
 
+    if url is not None:
+        host, port = _endpoint(url, which, workers, server_args)
     say = progress or (lambda msg: None)
     valid = read_text8_split(data, "valid")
     test = read_text8_split(data, "test")
@@ -519,6 +566,16 @@ def run_bench(model: str | None = None, data: str = "../shared/data/text8_head/t
     out: dict = {"benchmark": "serve", "machine": machine(), "command": " ".join(["isan"] + sys.argv[1:]),
                  "model": {"source": str(eng.source), "params_sha256": eng.params_sha256},
                  "server_args": list(server_args or [])}
+    if url is not None:
+        h = _healthz(host, port)
+        if h is None or h.get("status") != "ready":
+            raise IsanError(f"{url} does not answer GET /healthz as a ready isan-serve "
+                            f"({'no answer' if h is None else h.get('status') or h.get('error')})")
+        theirs = (h.get("model") or {}).get("params_sha256")
+        if theirs != eng.params_sha256:
+            raise IsanError(f"{url} serves another model (params_sha256 {theirs}) than the benchmark's "
+                            f"{eng.source} ({eng.params_sha256}): give its bundle with --model")
+        out["url"] = url
     args = list(server_args or [])
     if model:
         args += ["--model", str(model)]
@@ -532,13 +589,19 @@ def run_bench(model: str | None = None, data: str = "../shared/data/text8_head/t
     stream_texts = [valid[a : a + sum(p)] for a, p in zip(starts, plans)]
     big = (test * (big_chars // len(test) + 1))[:big_chars]
 
-    def measure(srv: ServerProcess) -> dict:
-        res: dict = {"server_pid_rss_mib_idle": round(_rss_mib(srv.pid)[0], 1)}
-        host, port = "127.0.0.1", srv.port
+    def measure(host: str, port: int, srv: ServerProcess | None = None) -> dict:
+        """The measurements against ``host:port``; ``srv``: the server started here (memory, workers)."""
+        pid = srv.pid if srv is not None else None
+        res: dict = {"server_pid_rss_mib_idle": round(_rss_mib(pid)[0], 1)} if pid else {}
         if "http" in which:
             say(f"http: {clients} clients posting {text_chars}-character texts for {duration_s:g} s")
             asyncio.run(_http_load(host, port, texts[:2], expected[:2], 2, 1.0))  # warm-up
-            res["http"] = asyncio.run(_http_load(host, port, texts, expected, clients, duration_s))
+            before = srv.worker_health() if workers and srv is not None else None
+            res["http"] = asyncio.run(_http_load(host, port, texts, expected, clients, duration_s,
+                                                 connect_first=before is not None))
+            if before is not None:  # how the kernel shared the connections among the workers
+                res["http"]["workers"] = _shares(before, srv.worker_health(), srv.worker_pids,
+                                                 res["http"].pop("connections_by_pid", {}))
         if "completions" in which:  # the same texts through the OpenAI-compatible API (echo, logprobs=1)
             say(f"completions: {clients} clients posting {text_chars}-character prompts (max_tokens 0, echo, "
                 f"logprobs 1) for {duration_s:g} s")
@@ -548,10 +611,10 @@ def run_bench(model: str | None = None, data: str = "../shared/data/text8_head/t
         if "stream" in which:
             say(f"stream: {streams} WebSocket streams x {chunks} chunks of {lo}-{hi} characters")
             want = [eng.score(t).bits for t in stream_texts]  # offline, on the engine's own path
-            res["stream"] = asyncio.run(_stream_load(host, port, stream_texts, want, plans, srv.pid))
+            res["stream"] = asyncio.run(_stream_load(host, port, stream_texts, want, plans, pid))
         if "memory" in which:
             say(f"memory: {big_requests} concurrent requests of {big_chars:,} characters")
-            res["memory"] = asyncio.run(_memory_probe(host, port, srv.pid, big, big_requests))
+            res["memory"] = asyncio.run(_memory_probe(host, port, pid, big, big_requests))
         if "cancel" in which:
             k = min(big_chars, 500_000)
             say(f"cancel: {cancel_clients} clients send {k:,} characters and leave after {cancel_after_s:g} s; then a "
@@ -560,42 +623,74 @@ def run_bench(model: str | None = None, data: str = "../shared/data/text8_head/t
         if "slow" in which:
             say(f"slow: {slow_conns} connections that send 14 of the 1,000 bytes they declare")
             res["slow"] = asyncio.run(_slow_probe(host, port, slow_conns))
-        res["server_rss_mib_end"], res["server_rss_mib_peak"] = (round(x, 1) for x in _rss_mib(srv.pid))
+        if pid:
+            res["server_rss_mib_end"], res["server_rss_mib_peak"] = (round(x, 1) for x in _rss_mib(pid))
         return res
 
+    if url is not None:
+        say(f"the endpoint at {url}")
+        out.update(measure(host, port))
+        return out
     if not workers:
         with ServerProcess(args) as srv:
-            out.update(measure(srv))
+            out.update(measure("127.0.0.1", srv.port, srv))
         return out
     out["workers"] = []
     for count in workers:
         say(f"isan-serve --workers {count}")
         with ServerProcess(args + ["--workers", str(count)]) as srv:
-            out["workers"].append({"workers": count, **measure(srv)})
+            out["workers"].append({"workers": count, **measure("127.0.0.1", srv.port, srv)})
     if "http" in which:
         base = out["workers"][0]["http"]["requests_per_s"]
         out["scaling"] = [{"workers": w["workers"], "requests_per_s": w["http"]["requests_per_s"],
                            "ratio": w["http"]["requests_per_s"] / base if base else None,
                            "latency_s": w["http"]["latency_s"], "statuses": w["http"]["statuses"],
-                           "max_rel_bits_error": w["http"]["max_rel_bits_error"]} for w in out["workers"]]
+                           "max_rel_bits_error": w["http"]["max_rel_bits_error"],
+                           "worker_shares": [x["share"] for x in w["http"]["workers"]]} for w in out["workers"]]
     return out
+
+
+#: the measurements ``run_bench(url=...)`` takes: the load, not one server's memory or metrics
+URL_MEASUREMENTS = ("http", "completions", "stream")
+
+
+def _endpoint(url: str, which, workers, server_args) -> tuple[str, int]:
+    """(host, port) of ``run_bench``'s ``url``, after checking what goes with it."""
+    from urllib.parse import urlsplit
+
+    if workers or server_args:
+        raise IsanError("--url measures a server that is already running: --workers and --server-args start one")
+    other = [w for w in which if w not in URL_MEASUREMENTS]
+    if other:
+        raise IsanError(f"--url takes the measurements {', '.join(URL_MEASUREMENTS)}, not {', '.join(other)} (they "
+                        "read one server's memory or metrics: run them without --url); choose with --only")
+    try:
+        parts = urlsplit(url)
+        port = parts.port or 80
+    except ValueError as e:
+        raise IsanError(f"--url {url!r}: {e}") from None
+    if parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/"):
+        raise IsanError(f"--url takes http://HOST[:PORT] (the server or balancer's address), not {url!r}")
+    return parts.hostname, port
 
 
 def markdown(res: dict) -> str:
     """The results as the README's tables (with worker counts: the scaling table, then each count's tables)."""
     lines = [f"Machine: {res['machine']['cpu']}, {res['machine']['cores']} cores, Python {res['machine']['python']}; "
-             f"server options: {' '.join(res['server_args']) or '(defaults)'}"]
+             + (f"endpoint {res['url']} (running already: not started by the benchmark)" if res.get("url") else
+                f"server options: {' '.join(res['server_args']) or '(defaults)'}")]
     if res.get("command"):
         lines.append(f"Command: `{res['command']}`")
     lines.append("")
     if "workers" not in res:
         return "\n".join(lines + [_tables(res)])
     if "scaling" in res:
-        lines += ["| isan-serve --workers | requests/s (200) | ratio to the first | latency p50 / p90 / p99 | statuses |",
-                  "|---:|---:|---:|---|---|"]
+        lines += ["| isan-serve --workers | requests/s (200) | ratio to the first | latency p50 / p90 / p99 | statuses "
+                  "| each worker's share |", "|---:|---:|---:|---|---|---|"]
         for w in res["scaling"]:
+            shares = " / ".join("-" if x is None else f"{100 * x:.0f}%" for x in w.get("worker_shares") or [])
             lines.append(f"| {w['workers']} | {w['requests_per_s']:,.1f} | {w['ratio']:.2f}x | {_pct_ms(w['latency_s'])} "
-                         f"| {w['statuses']} |")
+                         f"| {w['statuses']} | {shares or '-'} |")
         lines.append("")
     for w in res["workers"]:
         lines += [f"{w['workers']} worker{'s' if w['workers'] > 1 else ''}:", "", _tables(w)]

@@ -214,23 +214,31 @@ def bench_onnx_cmd(data, repeats, batch, device, out):
 @click.option("--cancel-clients", type=int, default=12, show_default=True,
               help="Clients of the cancel probe (each sends up to 500,000 characters and leaves).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the stream texts and chunk sizes.")
-@click.option("--only", default="http,completions,stream,memory,cancel,slow", show_default=True,
-              help="Which measurements, comma-separated.")
+@click.option("--only", default=None,
+              help="Which measurements, comma-separated (default: http,completions,stream,memory,cancel,slow; with "
+                   "--url: http,completions,stream).")
 @click.option("--server-args", default="", help='Options for isan-serve, e.g. "--no-batching --threads 1".')
 @click.option("--workers", default=None,
               help="Worker counts (e.g. 1,2): the measurements run against isan-serve --workers N for each in turn, "
                    "in one run, with the ratio of their requests/s.")
+@click.option("--url", default=None,
+              help="Measure the server or load balancer already answering at this address (http://HOST:PORT, e.g. "
+                   "HAProxy in front of replicas) instead of starting isan-serve: the HTTP and stream load only, "
+                   "with --model the endpoint's model.")
 @click.option("--out", default=None, help="Also write the results as JSON here.")
 @friendly
 def bench_serve_cmd(model, data, clients, text_chars, duration, streams, chunks, chunk_chars, big_chars, big_requests,
-                    slow_conns, cancel_clients, seed, only, server_args, workers, out):
-    """isan-serve under load (a real server process on localhost): HTTP requests/s and latency, WebSocket
+                    slow_conns, cancel_clients, seed, only, server_args, workers, url, out):
+    """isan-serve under load (a real server process on localhost, or with --url a server or balancer already
+    running): HTTP requests/s and latency, WebSocket
     chunk latency and memory, memory under concurrent big requests, the work dropped when a client leaves,
     and connections that send their body slowly; every answer is checked against the library's offline bits."""
     import shlex
 
-    from isan.bench.serve import markdown, run_bench, write_json
+    from isan.bench.serve import URL_MEASUREMENTS, markdown, run_bench, write_json
 
+    if only is None:
+        only = ",".join(URL_MEASUREMENTS) if url else "http,completions,stream,memory,cancel,slow"
     which = tuple(w.strip() for w in only.split(",") if w.strip())
     bad = [w for w in which if w not in ("http", "completions", "stream", "memory", "cancel", "slow")]
     if bad:
@@ -240,7 +248,7 @@ def bench_serve_cmd(model, data, clients, text_chars, duration, streams, chunks,
                        streams=streams, chunks=chunks, chunk_chars=chunk_chars, big_chars=big_chars,
                        big_requests=big_requests, slow_conns=slow_conns, cancel_clients=cancel_clients, seed=seed,
                        server_args=shlex.split(server_args), which=which,
-                       progress=lambda m: click.echo(m, err=True),
+                       progress=lambda m: click.echo(m, err=True), url=url,
                        workers=tuple(counts) if (counts := worker_counts(workers)) else None)
     click.echo(markdown(result))
     if out:
