@@ -479,12 +479,13 @@ def _stream_texts(text8_test: str, n: int) -> list[list[str]]:
     return out
 
 
-def _run_streams(cluster, chunks: list[list[str]], disrupt) -> tuple[list[list[dict]], list[list[float]], int]:
+def _run_streams(cluster, chunks: list[list[str]], disrupt):
     """Each stream scores chunks 0-2 one by one; then ``disrupt(cluster)``, a generator, runs to its
     first ``yield`` (the number of streams the replica it disturbs holds) and the streams send chunks
     3-5 ahead; once all have, it runs to its end (the replica gone) while they read their answers;
     then each stream scores chunk 6. Snapshots every 1, 2 or 4 frames. Returns each stream's
-    answers, its resume times and that number."""
+    answers, its resume times, that number, and each stream's (shutdown snapshots taken, answers
+    dropped as already delivered)."""
     n = len(chunks)
 
     async def main():
@@ -503,7 +504,7 @@ def _run_streams(cluster, chunks: list[list[str]], disrupt) -> tuple[list[list[d
                 out += [await s.recv() for _ in cs[3:6]]
                 await last.wait()
                 out.append(await s.score(cs[6]))
-                return out, s.resumes
+                return out, s.resumes, (s.handed_back, s.answers_dropped)
 
         tasks = [asyncio.ensure_future(stream(i, cs)) for i, cs in enumerate(chunks)]
         for _ in range(n):
@@ -516,7 +517,7 @@ def _run_streams(cluster, chunks: list[list[str]], disrupt) -> tuple[list[list[d
         await asyncio.to_thread(next, steps, None)  # the victim is gone
         last.set()
         results = await asyncio.gather(*tasks)
-        return [r[0] for r in results], [r[1] for r in results], held
+        return [r[0] for r in results], [r[1] for r in results], held, [r[2] for r in results]
 
     return asyncio.run(main())
 
@@ -558,26 +559,33 @@ def test_streams_survive_a_killed_replica(cluster, default_engine, text8_test):
         c.replicas[i].wait(30)
         yield
 
-    answers, resumes, held = _run_streams(cluster, chunks, disrupt)
+    answers, resumes, held, _ = _run_streams(cluster, chunks, disrupt)
     times = _check_streams(default_engine, chunks, answers, resumes, held)
     assert len(times) == held  # each stream of the victim resumed once; no other stream did
     assert sum(1 for r in resumes if r) == held
 
 
 def test_streams_survive_a_replica_shut_down_gracefully(cluster, default_engine, text8_test):
-    """SIGTERM to a replica holding streams while they send chunks ahead: it closes them (with the
-    shutdown frame and its last state, or without: either way, code 1012) and exits; each of its
-    streams resumes on the other replica, and every stream's bits are those of an undisturbed run."""
+    """The victim is stopped (SIGSTOP) while every stream on it sends three chunks ahead, then sent
+    SIGTERM and let go on (SIGCONT), so its shutdown finds chunks in flight: it answers the chunk it
+    is scoring, hands each stream back ({"event": "shutdown", "state"}, close 1012) and exits. Every
+    stream of the victim took that snapshot, resumed once on the other replica and re-sent only the
+    chunks it had no answer to (no answer dropped as a duplicate); no other stream resumed; every
+    stream's bits are those of an undisturbed run."""
     chunks = _stream_texts(text8_test, STREAMS)
 
     def disrupt(c):
         i, held = _victim(c)
-        c.replicas[i].send_signal(signal.SIGTERM)
+        c.replicas[i].send_signal(signal.SIGSTOP)
         yield held
+        c.replicas[i].send_signal(signal.SIGTERM)  # pending until it runs again
+        c.replicas[i].send_signal(signal.SIGCONT)
         # uvicorn ends a graceful shutdown by raising the signal it caught again
         assert c.replicas[i].wait(60) in (0, -signal.SIGTERM), c.log(f"replica{i + 1}")
         yield
 
-    answers, resumes, held = _run_streams(cluster, chunks, disrupt)
+    answers, resumes, held, counts = _run_streams(cluster, chunks, disrupt)
     times = _check_streams(default_engine, chunks, answers, resumes, held)
-    assert sum(1 for r in resumes if r) == held  # every stream of the victim moved, no other did
+    assert len(times) == held  # each stream of the victim resumed once; no other stream did
+    for r, (handed_back, dropped) in zip(resumes, counts):
+        assert handed_back == len(r) and dropped == 0, (len(r), handed_back, dropped)
