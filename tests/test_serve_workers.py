@@ -369,6 +369,20 @@ def test_the_benchmarks_server_is_stopped_with_its_workers_and_folder():
     assert not tmp.exists()
 
 
+def test_the_benchmarks_server_waits_for_every_worker_within_its_timeout(monkeypatch):
+    """ServerProcess is ready once as many workers as --workers says have answered /healthz; when
+    they do not within its timeout (here one process, counted as two), a clear error, the server stopped."""
+    import isan.bench.serve as bench_serve
+
+    monkeypatch.setattr(bench_serve, "_workers_in", lambda args: 2)
+    stopped = []
+    stop = bench_serve.ServerProcess.stop
+    monkeypatch.setattr(bench_serve.ServerProcess, "stop", lambda self: stopped.append(self.proc) or stop(self))
+    with pytest.raises(IsanError, match=r"not ready within 8 s \(1 of its 2 workers answered\)"):
+        bench_serve.ServerProcess(["--no-ui", "--no-docs"], timeout_s=8)
+    assert len(stopped) == 1 and stopped[0].poll() is not None
+
+
 def test_workers_that_cannot_load_the_model_end_the_server_with_its_message(small_bundle, tmp_path):
     """The manifest reads (the parent checks it) but the weights do not: each worker ends with
     uvicorn's startup failure, the parent stops and says why, with no traceback (a worker left

@@ -172,12 +172,11 @@ class ServerProcess:
                 self.worker_pids.add(h["worker"]["pid"])
                 if len(self.worker_pids) >= self.workers:
                     return
-                continue  # a new connection may reach another worker: at once
             if time.time() > deadline:
                 raise IsanError(f"isan-serve was not ready within {timeout_s:g} s"
                                 + (f" ({len(self.worker_pids)} of its {self.workers} workers answered)"
                                    if self.worker_pids else ""))
-            time.sleep(0.2)
+            time.sleep(0.02 if self.worker_pids else 0.2)  # once one answers, a new connection may reach another
 
     def healthz(self) -> dict | None:
         """``GET /healthz`` over a new connection (any worker may take it): its JSON, or None."""
