@@ -417,15 +417,19 @@ def test_an_empty_or_short_state_secret_is_refused_at_startup(tmp_path, secret, 
         (tmp_path / "secret").write_bytes(secret)
         args += ["--state-secret-file", str(tmp_path / "secret")]
     environ = {k: v for k, v in os.environ.items() if k != "ISAN_STATE_SECRET"}
+    environ["TMPDIR"] = str(tmp_path)  # a server that started leaves its run folder here
     if env is not None:
         environ["ISAN_STATE_SECRET"] = env
+    p = subprocess.Popen([sys.executable, "-m", "isan.engine.serve", *args], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, env=environ, start_new_session=True)
     try:
-        r = subprocess.run([sys.executable, "-m", "isan.engine.serve", *args], capture_output=True, text=True,
-                           timeout=90, env=environ)
+        _, stderr = p.communicate(timeout=90)
     except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)  # the parent and its workers
+        p.communicate()
         pytest.fail("isan-serve took the secret and started serving")
-    assert r.returncode == 1 and words in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert len([line for line in r.stderr.splitlines() if line.startswith("Error:")]) == 1, r.stderr
+    assert p.returncode == 1 and words in stderr and "Traceback" not in stderr, stderr[-2000:]
+    assert len([line for line in stderr.splitlines() if line.startswith("Error:")]) == 1, stderr
     with pytest.raises(IsanError, match=words):
         ServeConfig(state_secret=secret.strip() if secret is not None else env.encode())
 
