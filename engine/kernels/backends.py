@@ -21,6 +21,7 @@ CPU path stays torch-free. Nothing falls back silently: a device that cannot run
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 
 from isan.errors import BackendUnavailableError, IsanError, install_hint
@@ -57,17 +58,17 @@ class Backend:
         """``{"backend", "device", "dtype"}`` plus, on CUDA, ``"device_name"``: what ran."""
         out = {"backend": self.name, "device": self.device, "dtype": self.dtype}
         if self.name == "torch" and self.device.startswith("cuda"):
-            import torch
-
+            torch = _torch()
             out["device_name"] = torch.cuda.get_device_name(torch.device(self.device))
         return out
 
 
 def _torch(optional: bool = False):
-    """The torch module; None when ``optional`` and it cannot be imported, else a clear error (a
-    CUDA build whose libraries are missing fails with OSError, not ImportError)."""
+    """The torch module, imported here only, when a torch device is asked for (the CPU path stays
+    torch-free); None when ``optional`` and it cannot be imported, else a clear error (a CUDA build
+    whose libraries are missing fails with OSError, not ImportError)."""
     try:
-        import torch
+        torch = importlib.import_module("torch")
     except ImportError:
         if optional:
             return None
