@@ -159,13 +159,17 @@ def test_bench_gpu_quick_run_on_the_cpu_device(text8_path):
 
     r = bench_gpu(None, text8_path, device="cpu", repeats=1, sizes=QUICK_SIZES, log=lambda m: None)
     names = [row["name"] for row in r["rows"]]
-    assert len(names) == 6 and names[0].startswith("CPU compiled kernels") and r["gpu"]["device"] == "cpu"
+    # the CPU kernels' two rows, then three for each dtype (documents, steps only, long text)
+    assert len(names) == 8 and names[0].startswith("CPU compiled kernels") and r["gpu"]["device"] == "cpu"
     assert all(row["chars_per_s"] > 0 and row["chars"] > 0 for row in r["rows"])
     f = r["facts"]
-    assert f["docs_float64_max_rel_vs_reference"] <= 1e-12 and f["docs_float32_max_rel_vs_float64"] <= 1e-6
-    assert f["long_text_float32_rel_vs_float64"] <= 1e-6 and f["long_text_float64"]["bits_rel_vs_cpu"] <= 1e-6
+    assert "errors" not in f
+    assert f["docs float64 step mm: max rel vs the float64 reference (8 docs)"] <= 1e-12
+    assert f["docs float32 step mm: max rel vs float64 step mm"] <= 1e-6
+    assert f["long text float32 step mm: rel vs float64"] <= 1e-6 and f["long text float64 step mm"]["bits_rel_vs_cpu"] <= 1e-6
     md = markdown(r)
-    assert md.startswith("Machine:") and "docs float64 max rel vs reference" in md and md.count("\n| ") >= 10
+    assert md.startswith("Machine:") and "docs float64 step mm: max rel vs the float64 reference" in md
+    assert md.count("\n| ") >= 14
 
 
 def test_the_gpu_check_script_is_valid_bash():

@@ -16,10 +16,10 @@ ROOTS = {"isan": REPO / "isan", "isan.engine": REPO / "engine", "isan.export": R
          "isan.train": REPO / "train", "isan.trie_tables": REPO / "trie_tables"}
 CLI_COMMANDS = {"score", "train", "export", "model", "bench", "analyze", "studies", "corpus"}
 #: what no module of engine/ imports
-ENGINE_FORBIDDEN = ("isan.train", "isan.export", "torch")
+ENGINE_FORBIDDEN = ("isan.train", "isan.export", "torch", "triton")
 #: rooms of engine/ allowed a forbidden import, each by one line: {room (a module or a package): {imports}}
 ENGINE_ALLOWED: dict[str, set[str]] = {
-    "isan.engine.kernels.torch": {"torch"},  # the torch backend (issue #35), imported only when asked for
+    "isan.engine.kernels.torch": {"torch", "triton"},  # the torch backend (issue #35), imported only when asked for
     "isan.engine.kernels.backends": {"torch"},  # the registry: imports torch only when a torch device is asked for
 }
 #: what trie_tables/ may import besides the standard library, the root's modules (isan/*.py) and itself

@@ -20,24 +20,30 @@ def test_unknown_impl_is_refused():
         isan_scan(torch.zeros(2, 3, 3), torch.zeros(2, 3), torch.zeros(1, 3), torch.zeros(1, 1, dtype=torch.long), "x")
 
 
-def test_training_steps_of_the_same_seed_agree(text8_valid_head):
+CUDA = torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not CUDA, reason="no CUDA GPU")])])
+def test_training_steps_of_the_same_seed_agree(text8_valid_head, device):
     """Five Adam steps of a d = 64 ISAN on real text, B = 32 streams of 48 characters, the state
-    carried: the dense scan's losses and weights equal the per-symbol scan's within float32 rounding."""
+    carried: the dense scan's losses and weights (on ``device``: the GPU's trainer) equal the CPU's
+    per-symbol scan's within float32 rounding."""
     from isan.alphabet import Alphabet
 
     ids = Alphabet.text8().encode(text8_valid_head).astype(np.int64)
     B, T = 32, 48
     streams = torch.as_tensor(ids[: (len(ids) // B) * B].reshape(B, -1).T.copy())
     runs = {}
-    for impl in ("sorted", "dense"):
+    for impl, dev in (("sorted", "cpu"), ("dense", device)):
         torch.manual_seed(0)
-        model = ISAN(27, 27, 64, seed=0)
+        model = ISAN(27, 27, 64, seed=0).to(dev)
         model.scan_impl = impl
         opt = torch.optim.Adam(model.parameters(), lr=3e-3)
         h = model.initial_state(B)
         losses = []
         for step in range(5):
-            x = streams[step * T : (step + 1) * T]
+            x = streams[step * T : (step + 1) * T].to(dev)
             logits, h = model(x, h)
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 27), x.reshape(-1))
             opt.zero_grad()
@@ -45,7 +51,7 @@ def test_training_steps_of_the_same_seed_agree(text8_valid_head):
             opt.step()
             h = h.detach()
             losses.append(loss.item())
-        runs[impl] = (losses, {n: p.detach().clone() for n, p in model.named_parameters()})
+        runs[impl] = (losses, {n: p.detach().cpu().clone() for n, p in model.named_parameters()})
     np.testing.assert_allclose(runs["dense"][0], runs["sorted"][0], rtol=1e-5)
     for n, p in runs["sorted"][1].items():
         torch.testing.assert_close(runs["dense"][1][n], p, rtol=1e-4, atol=1e-5)

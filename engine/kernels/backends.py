@@ -55,11 +55,14 @@ class Backend:
         return self.device == "cpu"
 
     def describe(self) -> dict:
-        """``{"backend", "device", "dtype"}`` plus, on CUDA, ``"device_name"``: what ran."""
+        """``{"backend", "device", "dtype"}`` plus, on CUDA, ``"device_name"``, and ``"step"`` where
+        the torch backend runs its fused Triton step: what ran."""
         out = {"backend": self.name, "device": self.device, "dtype": self.dtype}
         if self.name == "torch" and self.device.startswith("cuda"):
             torch = _torch()
             out["device_name"] = torch.cuda.get_device_name(torch.device(self.device))
+        if self.name == "torch" and getattr(self.streams, "step", None) != "mm":
+            out["step"] = self.streams.step  # the fused Triton step (TorchStreams)
         return out
 
 

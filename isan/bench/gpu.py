@@ -5,8 +5,12 @@ Rows (medians over ``repeats`` timings after one untimed run each):
 
 * the CPU's compiled kernels (the baseline, all the CPUs this process may use): ``docs`` documents
   of ``doc_chars`` characters, and the long text;
-* the torch backend on ``device`` in float32 and float64: the same documents (one row a document,
-  one call), and the long text chunk-parallel (``Engine.score``).
+* the torch backend on ``device`` in float32 and float64, with each of its steps on a GPU (``mm``:
+  a torch GEMM per symbol between a gather and a scatter; ``triton``: one fused grouped kernel a
+  step, engine/kernels/torch/grouped.py): the same documents (one row a document, one call), the
+  same documents with the steps alone (no readout: where the time goes), and the long text
+  chunk-parallel (``Engine.score``). A step that fails (Triton cannot compile, say) is a row with
+  its error, not the end of the run.
 
 Facts: per-document bits of the float32 run against the float64 run on the device (relative), the
 float64 run against the numpy float64 reference on the first ``check_docs`` documents, the long
@@ -57,7 +61,23 @@ def bench_gpu(model: str | None, data: str | Path, device: str = "cuda", repeats
     device = resolve_device(device)
     src = model or default_model_path()
     cpu = Engine.load(src, progress_bar=False)
-    gpu = {dt: Engine.load(src, progress_bar=False, device=device, dtype=dt, kernels="torch") for dt in dtypes}
+    import dataclasses
+
+    from isan.engine.kernels.torch import TorchStreams
+
+    steps = ("mm", "triton") if device.startswith("cuda") else ("mm",)
+    gpu = {}
+    for dt in dtypes:
+        eng = Engine.load(src, progress_bar=False, device=device, dtype=dt, kernels="torch")
+        for st in steps:
+            try:
+                runner = TorchStreams(device, dt, step=st)
+            except ValueError as e:
+                gpu[dt, st] = e
+                continue
+            e2 = Engine.load(src, progress_bar=False, device=device, dtype=dt, kernels="torch")
+            e2.kernels = dataclasses.replace(eng.kernels, streams=runner)
+            gpu[dt, st] = e2
     text = Path(data).read_text(encoding="utf-8", errors="replace")
     ids_all = cpu.prepare(text[: sz["long_chars"]] if sz["long_chars"] else text).ids
     rng = np.random.default_rng(seed)
@@ -83,29 +103,48 @@ def bench_gpu(model: str | None, data: str | Path, device: str = "cuda", repeats
     base_docs = row(f"CPU compiled kernels: {len(docs):,} documents x {L}", n_doc_chars, sec, times)["chars_per_s"]
     sec, times, long_cpu = _median_time(lambda: cpu.score(ids_all), repeats)
     base_long = row(f"CPU compiled kernels: long text, {len(ids_all):,} chars", len(ids_all), sec, times)["chars_per_s"]
-    doc_bits, long_res = {}, {}
-    for dt, eng in gpu.items():
-        sec, times, (bits, _, rep) = _median_time(lambda: eng.score_ids(docs, h0, chunks="none"), repeats)
-        row(f"{device} {dt}: {len(docs):,} documents x {L}", n_doc_chars, sec, times, base_docs)
-        doc_bits[dt] = np.array([b.sum() for b in bits])
-        sec, times, res = _median_time(lambda: eng.score(ids_all), repeats)
-        row(f"{device} {dt}: long text, chunk-parallel", len(ids_all), sec, times, base_long)
-        long_res[dt] = res
-        facts[f"long_text_{dt}"] = {"scoring": res.scoring, "bits": res.bits,
-                                    "bits_rel_vs_cpu": abs(res.bits - long_cpu.bits) / long_cpu.bits}
+    doc_bits, long_res, errors = {}, {}, {}  # keyed by (dtype, step)
+    for (dt, st), eng in gpu.items():
+        tag = f"{device} {dt}, step {st}"
+        try:
+            if isinstance(eng, Exception):
+                raise eng
+            sec, times, (bits, _, rep) = _median_time(lambda: eng.score_ids(docs, h0, chunks="none"), repeats)
+            row(f"{tag}: {len(docs):,} documents x {L}", n_doc_chars, sec, times, base_docs)
+            doc_bits[dt, st] = np.array([b.sum() for b in bits])
+            sec, times, _ = _median_time(lambda: eng.score_ids(docs, h0, chunks="none", want_bits=False), repeats)
+            row(f"{tag}: the same, steps only (no readout)", n_doc_chars, sec, times, base_docs)
+            sec, times, res = _median_time(lambda: eng.score(ids_all), repeats)
+            row(f"{tag}: long text, chunk-parallel", len(ids_all), sec, times, base_long)
+            long_res[dt, st] = res
+        except Exception as e:  # noqa: BLE001 - a step that cannot run is reported, and the others still run
+            errors[tag] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+            log(f"  {tag}: FAILED: {errors[tag]}")
+    if errors:
+        facts["errors"] = errors
+    if any(st == "triton" for _, st in doc_bits):
+        from isan.engine.kernels.torch import grouped
+
+        facts["triton_configs"] = grouped.tuned_configs()
+
+    def rel(a, b):
+        return float(np.max(np.abs(a - b) / b))
+
     cpu_doc_bits = np.array([b.sum() for b in bits_cpu])
-    for dt in doc_bits:
-        facts[f"docs_{dt}_max_rel_vs_cpu"] = float(np.max(np.abs(doc_bits[dt] - cpu_doc_bits) / cpu_doc_bits))
-    if "float64" in doc_bits:
-        ref64 = np.array([score_ref(cpu.params, docs[i].astype(np.int64), cpu.params.h0)[0].sum()
-                          for i in range(min(sz["check_docs"], len(docs)))])
-        facts["docs_float64_max_rel_vs_reference"] = float(np.max(np.abs(doc_bits["float64"][: len(ref64)] - ref64) / ref64))
-        facts["check_docs"] = len(ref64)
-        if "float32" in doc_bits:
-            facts["docs_float32_max_rel_vs_float64"] = float(np.max(np.abs(doc_bits["float32"] - doc_bits["float64"])
-                                                                    / doc_bits["float64"]))
-        if "float32" in long_res:
-            facts["long_text_float32_rel_vs_float64"] = abs(long_res["float32"].bits - long_res["float64"].bits) / long_res["float64"].bits
+    n_ref = min(sz["check_docs"], len(docs))
+    ref64 = np.array([score_ref(cpu.params, docs[i].astype(np.int64), cpu.params.h0)[0].sum() for i in range(n_ref)])
+    facts["check_docs"] = n_ref
+    for (dt, st), bits in doc_bits.items():
+        facts[f"docs {dt} step {st}: max rel vs the CPU kernels"] = rel(bits, cpu_doc_bits)
+        facts[f"docs {dt} step {st}: max rel vs the float64 reference ({n_ref} docs)"] = rel(bits[:n_ref], ref64)
+        if dt == "float32" and ("float64", st) in doc_bits:
+            facts[f"docs float32 step {st}: max rel vs float64 step {st}"] = rel(bits, doc_bits["float64", st])
+    for (dt, st), res in long_res.items():
+        facts[f"long text {dt} step {st}"] = {"scoring": res.scoring, "bits": res.bits,
+                                              "bits_rel_vs_cpu": abs(res.bits - long_cpu.bits) / long_cpu.bits}
+        if dt == "float32" and ("float64", st) in long_res:
+            b64 = long_res["float64", st].bits
+            facts[f"long text float32 step {st}: rel vs float64"] = abs(res.bits - b64) / b64
     dev = {"device": device, "torch": torch.__version__, "cuda": torch.version.cuda}
     if device.startswith("cuda"):
         dev["device_name"] = torch.cuda.get_device_name(torch.device(device))
@@ -127,14 +166,16 @@ def markdown(result: dict) -> str:
         lines.append(f"| {r['name']} | {r['chars']:,} | {r['chars_per_s']:,.0f} | {r['ratio']:.2f}x | "
                      f"{r['useful_tflops']:.2f} |")
     lines += ["", "| exactness | value |", "|---|---|"]
-    for k in ("docs_float32_max_rel_vs_float64", "docs_float64_max_rel_vs_reference", "docs_float32_max_rel_vs_cpu",
-              "long_text_float32_rel_vs_float64"):
-        if k in f:
-            lines.append(f"| {k.replace('_', ' ')} | {f[k]:.1e} |")
-    for dt in ("float32", "float64"):
-        lt = f.get(f"long_text_{dt}")
-        if lt:
+    for k, v in f.items():
+        if isinstance(v, float) and ("max rel" in k or k.endswith("rel vs float64")):
+            lines.append(f"| {k} | {v:.1e} |")
+    for k, lt in f.items():
+        if k.startswith("long text ") and isinstance(lt, dict):
             sc = lt["scoring"]
-            lines.append(f"| long text {dt}: chunks, extra work, total vs the CPU's (relative) | {sc.get('chunks')}, "
-                         f"{sc.get('extra_fraction', 0):.1%}, {lt['bits_rel_vs_cpu']:.1e} |")
+            lines.append(f"| {k}: chunks, extra work, total vs the CPU's (relative) | "
+                         f"{sc.get('chunks')}, {sc.get('extra_fraction', 0):.1%}, {lt['bits_rel_vs_cpu']:.1e} |")
+    for key, cfg in f.get("triton_configs", {}).items():
+        lines.append(f"| Triton step's tuned tile ({key}) | {cfg} |")
+    for tag, err in f.get("errors", {}).items():
+        lines.append(f"| {tag}: FAILED | {err} |")
     return "\n".join(lines)

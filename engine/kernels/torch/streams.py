@@ -53,6 +53,8 @@ from isan.engine.kernels.streams import SCHED_FRAC, StreamModel, StreamsResult, 
 
 #: Steps a block runs between synchronisations when rows are not in pairs (with pairs: ``check_every``).
 BLOCK_STEPS = 64
+#: How a step runs (see :class:`TorchStreams`).
+STEPS = ("auto", "mm", "triton")
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -68,6 +70,9 @@ class _DeviceModel:
     K: int
     key: tuple = field(repr=False)
     source: object = field(repr=False)  # the StreamModel itself: held, so its id is not reused while cached
+    WT_ext: torch.Tensor | None = field(default=None, repr=False)  # WT and an identity for symbol K (triton)
+    width: int = 0  # the row stride of the states: d + 1, or padded for the Triton step
+    RoT_w: torch.Tensor | None = field(default=None, repr=False)  # RoT with zero rows to the width
 
 
 class TorchStreams:
@@ -77,9 +82,15 @@ class TorchStreams:
         device: a torch device (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...).
         dtype: ``"float32"`` (default) or ``"float64"``: the arithmetic of states and products.
         block: steps between synchronisations without pairs (default :data:`BLOCK_STEPS`).
+        step: how a step runs: ``"mm"`` (one torch GEMM per symbol between a gather and a scatter;
+            any device), ``"triton"`` (one fused grouped kernel a step,
+            :mod:`~isan.engine.kernels.torch.grouped`; a GPU, or the CPU device under Triton's
+            interpreter) or ``"auto"`` (default: ``"triton"`` on a GPU in float32 where Triton
+            imports, else ``"mm"``). The attribute ``step`` says which was chosen.
 
     Raises:
-        ValueError: an unknown dtype, or a block under 1.
+        ValueError: an unknown dtype or step, a block under 1, or ``step="triton"`` where Triton
+            cannot run on the device.
 
     The runner keeps the last model's weights on the device (keyed by the model object), so many
     calls with one model copy them once. It holds no other state between calls: a call that raises
@@ -88,19 +99,39 @@ class TorchStreams:
 
     name = "torch"
 
-    def __init__(self, device: str | torch.device = "cpu", dtype: str = "float32", block: int = BLOCK_STEPS):
+    def __init__(self, device: str | torch.device = "cpu", dtype: str = "float32", block: int = BLOCK_STEPS,
+                 step: str = "auto"):
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}; got {dtype!r}")
         if int(block) < 1:
             raise ValueError(f"block must be at least 1; got {block}")
+        if step not in STEPS:
+            raise ValueError(f"step must be one of {', '.join(STEPS)}; got {step!r}")
         self.device = torch.device(device)
         self.dtype = dtype
         self.block = int(block)
         self._tdtype = _DTYPES[dtype]
         self._model: _DeviceModel | None = None
+        self.step = self._choose_step(step)
+
+    def _choose_step(self, step: str) -> str:
+        """``"auto"``: the fused Triton step on a GPU in float32 where Triton imports, else ``"mm"``.
+        ``"triton"`` asked for where it cannot run raises (nothing is silently replaced)."""
+        if step == "mm" or (step == "auto" and (self.device.type == "cpu" or self.dtype != "float32")):
+            return "mm"
+        try:
+            from isan.engine.kernels.torch import grouped
+        except ImportError as e:  # triton missing, or it cannot load
+            if step == "auto":
+                return "mm"
+            raise ValueError(f"step 'triton' needs Triton, which cannot be imported ({e}); use step='mm'") from None
+        if step == "auto" and grouped.interpreted():
+            return "mm"
+        grouped.check_device(self.device)
+        return "triton"
 
     def __repr__(self) -> str:
-        return f"TorchStreams(device={str(self.device)!r}, dtype={self.dtype!r})"
+        return f"TorchStreams(device={str(self.device)!r}, dtype={self.dtype!r}, step={self.step!r})"
 
     #: chunk-parallel scoring keeps its state rows in this dtype (:mod:`isan.engine.kernels.chunked`)
     @property
@@ -118,6 +149,14 @@ class TorchStreams:
             RoT = torch.from_numpy(np.ascontiguousarray(model.RoT[: d + 1, :V]))
             dm = _DeviceModel(WT.to(self.device, self._tdtype), RoT.to(self.device, self._tdtype), d, V, model.K, key,
                               model)
+            dm.width, dm.RoT_w = d + 1, dm.RoT
+            if self.step == "triton":
+                from isan.engine.kernels.torch.grouped import padded, with_identity
+
+                dm.WT_ext = with_identity(dm.WT)
+                dm.width = padded(d + 1)
+                dm.RoT_w = torch.zeros((dm.width, V), dtype=dm.RoT.dtype, device=dm.RoT.device)
+                dm.RoT_w[: d + 1] = dm.RoT
             self._model = dm
         return dm
 
@@ -174,7 +213,10 @@ class TorchStreams:
         start_d = torch.from_numpy(start - lo).to(dev)
         length_d = torch.from_numpy(length).to(dev)
         Hall = torch.from_numpy(H[:, : d + 1].copy()).to(dev, tdt)  # (P or 2P, d + 1), never the caller's H
-        bits_d = torch.from_numpy(bits[lo:hi]).to(dev, copy=True) if bits is not None else None  # never the caller's
+        bits_d = None
+        if bits is not None:  # never the caller's; one slot more, where steps not kept write (no sync to mask them)
+            bits_d = torch.empty(hi - lo + 1, dtype=torch.float64, device=dev)
+            bits_d[: hi - lo] = torch.from_numpy(bits[lo:hi]).to(dev)
         steps_d = torch.zeros(P, dtype=torch.int64, device=dev)
         div_d = torch.full((P,), -1, dtype=torch.int64, device=dev)
         res_d = torch.full((P,), math.inf, dtype=torch.float32, device=dev)
@@ -211,27 +253,31 @@ class TorchStreams:
         div_d = torch.where((div_d < 0) & ~(m <= limit), steps_d, div_d)
         H[:, : d + 1] = Hall.cpu().numpy()
         if bits is not None:
-            bits[lo:hi] = bits_d.cpu().numpy()
+            bits[lo:hi] = bits_d[: hi - lo].cpu().numpy()
         steps_done[:] = steps_d.cpu().numpy()
         residual[:] = res_d.cpu().numpy()
         diverged[:] = div_d.cpu().numpy()
         return int(total)
 
 
-#: Bytes of saved states a block reads out at once (the readout runs every so many steps).
-READOUT_BYTES = 256 << 20
+#: Bytes of saved states a block keeps before it reads them out (the readout runs every so many steps).
+READOUT_BYTES = 1 << 30
 
 _LOG2E = 1.0 / math.log(2.0)
 
 
 class _Block:
-    """One block of steps of the rows ``act`` (and their error rows ``act + P`` when ``P``)."""
+    """One block of steps of the rows ``act`` (and their error rows ``act + P`` when ``P``).
+
+    The states of the block's steps live in one buffer ``hist`` (steps + 1, rows, d + 1): a step
+    reads its slot and writes the next, and the readout reads the slots of the steps since the last
+    one, so no state is copied to be kept. Nothing in a step waits for the host."""
 
     def __init__(self, runner: TorchStreams, dm: _DeviceModel, Hall, act, P: int, ids_d, start_d, length_d,
                  t0: int, blk: int, limit: float):
         dev = Hall.device
         K = dm.K
-        self.dm, self.Hall, self.act, self.P, self.limit = dm, Hall, act, P, limit
+        self.runner, self.dm, self.Hall, self.act, self.P, self.limit = runner, dm, Hall, act, P, limit
         A = self.A = int(act.numel())
         self.rows = torch.cat([act, act + P]) if P else act
         steps = torch.arange(blk, device=dev)
@@ -246,46 +292,65 @@ class _Block:
         counts.scatter_add_(1, order.values, torch.ones_like(order.values))
         self.counts = counts.cpu().numpy()  # one transfer for the whole block
         self.n_steps = int((self.counts[:, :K].sum(axis=1) > 0).sum())  # steps with a live row
+        if runner.step == "triton":
+            from isan.engine.kernels.torch.grouped import tile_layout
+
+            self.tile_rows, self.tile_sym = tile_layout(order.values[: self.n_steps], self.perm[: self.n_steps], K + 1)
         itemsize = 8 if Hall.dtype == torch.float64 else 4
-        self.ro_steps = max(1, min(self.n_steps, READOUT_BYTES // max(1, A * (dm.d + 1) * itemsize)))
+        self.ro_steps = max(1, min(self.n_steps, READOUT_BYTES // max(1, len(self.rows) * dm.width * itemsize)))
         self.kept = torch.zeros((), dtype=torch.int64, device=dev)
 
     def run(self, bits_d) -> torch.Tensor:
         """Run the block; returns (A,) the step at which each row left the range (``n_steps`` if none)."""
-        dm, A, K = self.dm, self.A, self.dm.K
-        h = self.Hall.index_select(0, self.rows)  # (rows, d + 1)
-        n_rows = len(h)
-        out = torch.empty_like(h)
-        stopped_at = torch.full((A,), self.n_steps, dtype=torch.int64, device=h.device)
-        hist = torch.empty((self.ro_steps, A, dm.d + 1), dtype=h.dtype, device=h.device)
-        j0 = 0
+        dm, A = self.dm, self.A
+        n_rows = len(self.rows)
+        # zeros: a padded row's columns past d + 1 are never written, and the readout multiplies them by 0
+        alloc = torch.empty if dm.width == dm.d + 1 else torch.zeros
+        hist = alloc((self.ro_steps + 1, n_rows, dm.width), dtype=self.Hall.dtype, device=self.Hall.device)
+        hist[0, :, : dm.d + 1] = self.Hall.index_select(0, self.rows)
+        out = torch.empty_like(hist[0]) if self.runner.step == "mm" else None
+        stopped_at = torch.full((A,), self.n_steps, dtype=torch.int64, device=hist.device)
+        j0 = slot = 0
         for j in range(self.n_steps):
-            hist[j - j0] = h[:A]
-            p = self.perm[j]
-            hp = h.index_select(0, p)
-            s = 0
-            for k in np.flatnonzero(self.counts[j, :K]).tolist():
-                e = s + int(self.counts[j, k])
-                torch.mm(hp[s:e], dm.WT[k], out=out[s:e])
-                s = e
-            if s < n_rows:  # rows past their end: carried unchanged
-                out[s:] = hp[s:]
-            h = torch.empty_like(h).index_copy_(0, p, out)
-            if j + 1 - j0 == self.ro_steps or j + 1 == self.n_steps:
-                stopped_at = self._read_out(hist[: j + 1 - j0], j0, stopped_at, bits_d)
+            self._step(j, hist[slot], hist[slot + 1], out)
+            slot += 1
+            if slot == self.ro_steps or j + 1 == self.n_steps:
+                stopped_at = self._read_out(hist[:slot, :A], j0, stopped_at, bits_d)
                 j0 = j + 1
-        self.Hall.index_copy_(0, self.rows, h)
+                if j + 1 < self.n_steps:
+                    hist[0] = hist[slot]
+                    slot = 0
+        self.Hall.index_copy_(0, self.rows, hist[slot, :, : dm.d + 1])
         return stopped_at
 
+    def _step(self, j: int, h_in, h_out, out) -> None:
+        """Step ``j`` of the block: ``h_out[r] = h_in[r] @ WT[x_r]`` for every row (sentinel: a copy)."""
+        dm, K = self.dm, self.dm.K
+        if self.runner.step == "triton":
+            from isan.engine.kernels.torch.grouped import grouped_step
+
+            grouped_step(h_in, h_out, dm.WT_ext, self.tile_rows[j], self.tile_sym[j], n_cols=dm.d + 1)
+            return
+        p = self.perm[j]
+        hp = h_in.index_select(0, p)
+        s = 0
+        for k in np.flatnonzero(self.counts[j, :K]).tolist():
+            e = s + int(self.counts[j, k])
+            torch.mm(hp[s:e], dm.WT[k], out=out[s:e])
+            s = e
+        if s < len(hp):  # rows past their end: carried unchanged
+            out[s:] = hp[s:]
+        h_out.index_copy_(0, p, out)
+
     def _read_out(self, hist, j0: int, stopped_at, bits_d):
-        """Range checks and bits of steps ``j0 ..`` from the states before them (n, A, d + 1)."""
+        """Range checks and bits of steps ``j0 ..`` from the states before them (n, A, width)."""
         dm, K = self.dm, self.dm.K
         n = len(hist)
         steps = torch.arange(j0, j0 + n, device=hist.device)
         live = self.live[j0 : j0 + n]
         bad = ~(hist[:, :, : dm.d].abs().amax(dim=2) <= self.limit)
         if bits_d is not None:
-            L = (hist.reshape(-1, dm.d + 1) @ dm.RoT).to(torch.float64).reshape(n, self.A, dm.V)
+            L = (hist.reshape(-1, dm.width) @ dm.RoT_w).to(torch.float64).reshape(n, self.A, dm.V)
             tgt = self.sym[j0 : j0 + n].clamp(max=K - 1)
             b = (torch.logsumexp(L, dim=2) - L.gather(2, tgt[:, :, None]).squeeze(2)) * _LOG2E
             bad |= ~torch.isfinite(b)
@@ -293,8 +358,8 @@ class _Block:
         first = torch.where(bad.any(dim=0), bad.to(torch.int8).argmax(dim=0) + j0, stopped_at)
         stopped_at = torch.minimum(stopped_at, first)
         keep = live & (steps[:, None] <= stopped_at[None, :])  # bits up to and including a bad step
-        if bits_d is not None:
-            bits_d[self.pos[j0 : j0 + n][keep]] = b[keep]
+        if bits_d is not None:  # steps not kept write the trash slot at the end (no mask, so no sync)
+            idx = torch.where(keep, self.pos[j0 : j0 + n], len(bits_d) - 1)
+            bits_d.index_put_((idx.reshape(-1),), b.reshape(-1))
         self.kept += keep.sum()
         return stopped_at
-
