@@ -63,6 +63,8 @@ class Backend:
             out["device_name"] = torch.cuda.get_device_name(torch.device(self.device))
         if self.name == "torch" and getattr(self.streams, "step", None) != "mm":
             out["step"] = self.streams.step  # the fused Triton step (TorchStreams)
+            if self.streams.precision != "ieee":
+                out["precision"] = self.streams.precision
         return out
 
 

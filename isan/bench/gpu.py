@@ -43,10 +43,20 @@ def _median_time(fn, repeats: int) -> tuple[float, list[float], object]:
     return med, times, out["r"]
 
 
+#: Every (dtype, step) run a GPU has; the CPU device runs the torch step only.
+GPU_RUNS = (("float32", "mm"), ("float32", "triton"), ("float32", "triton-tf32x3"), ("float64", "mm"),
+            ("float64", "triton"))
+
+
 def bench_gpu(model: str | None, data: str | Path, device: str = "cuda", repeats: int = 3,
-              sizes: dict | None = None, dtypes: tuple[str, ...] = ("float32", "float64"), seed: int = 0,
-              log=print) -> dict:
+              sizes: dict | None = None, runs: list[tuple[str, str]] | None = None, profile: bool = False,
+              seed: int = 0, log=print) -> dict:
     """Run the benchmark; returns a JSON-ready dict (see the module docstring).
+
+    ``runs``: (dtype, step) pairs, step ``"mm"``, ``"triton"`` or ``"triton-tf32x3"`` (default:
+    :data:`GPU_RUNS` on a GPU, the float32 and float64 ``"mm"`` runs on the CPU device). ``profile``:
+    profile one call of the documents of the first run with torch.profiler, its top kernels by
+    device time in the result (``facts["profile"]``).
 
     Raises:
         BackendUnavailableError: no such device (or no torch).
@@ -65,19 +75,19 @@ def bench_gpu(model: str | None, data: str | Path, device: str = "cuda", repeats
 
     from isan.engine.kernels.torch import TorchStreams
 
-    steps = ("mm", "triton") if device.startswith("cuda") else ("mm",)
+    if runs is None:
+        runs = list(GPU_RUNS) if device.startswith("cuda") else [("float32", "mm"), ("float64", "mm")]
     gpu = {}
-    for dt in dtypes:
+    for dt, st in runs:
+        step, _, precision = st.partition("-")
+        try:
+            runner = TorchStreams(device, dt, step=step, precision=precision or "ieee")
+        except ValueError as e:
+            gpu[dt, st] = e
+            continue
         eng = Engine.load(src, progress_bar=False, device=device, dtype=dt, kernels="torch")
-        for st in steps:
-            try:
-                runner = TorchStreams(device, dt, step=st)
-            except ValueError as e:
-                gpu[dt, st] = e
-                continue
-            e2 = Engine.load(src, progress_bar=False, device=device, dtype=dt, kernels="torch")
-            e2.kernels = dataclasses.replace(eng.kernels, streams=runner)
-            gpu[dt, st] = e2
+        eng.kernels = dataclasses.replace(eng.kernels, streams=runner)
+        gpu[dt, st] = eng
     text = Path(data).read_text(encoding="utf-8", errors="replace")
     ids_all = cpu.prepare(text[: sz["long_chars"]] if sz["long_chars"] else text).ids
     rng = np.random.default_rng(seed)
@@ -112,6 +122,13 @@ def bench_gpu(model: str | None, data: str | Path, device: str = "cuda", repeats
             sec, times, (bits, _, rep) = _median_time(lambda: eng.score_ids(docs, h0, chunks="none"), repeats)
             row(f"{tag}: {len(docs):,} documents x {L}", n_doc_chars, sec, times, base_docs)
             doc_bits[dt, st] = np.array([b.sum() for b in bits])
+            if profile and "profile" not in facts:
+                try:
+                    table = _profile(lambda: eng.score_ids(docs, h0, chunks="none"), device)
+                except Exception as e:  # noqa: BLE001 - the profiler is an extra: its failure ends nothing
+                    table = f"the profiler failed: {type(e).__name__}: {e}"
+                facts["profile"] = {"run": tag, "table": table}
+                log(table)
             sec, times, _ = _median_time(lambda: eng.score_ids(docs, h0, chunks="none", want_bits=False), repeats)
             row(f"{tag}: the same, steps only (no readout)", n_doc_chars, sec, times, base_docs)
             sec, times, res = _median_time(lambda: eng.score(ids_all), repeats)
@@ -155,6 +172,21 @@ def bench_gpu(model: str | None, data: str | Path, device: str = "cuda", repeats
             "rows": rows, "facts": facts}
 
 
+def _profile(fn, device: str, rows: int = 15) -> str:
+    """torch.profiler's table of one call of ``fn``: the top ``rows`` operations by device time
+    (by CPU time on the CPU device)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    with profile(activities=acts) as prof:
+        fn()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+    key = "self_device_time_total" if device.startswith("cuda") else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60)
+
+
 def markdown(result: dict) -> str:
     m, g, f = result["machine"], result["gpu"], result["facts"]
     lines = [f"Machine: {m['cpu']}, {m['cores']} cores; {g.get('device_name', g['device'])}, torch {g['torch']} "
@@ -174,6 +206,8 @@ def markdown(result: dict) -> str:
             sc = lt["scoring"]
             lines.append(f"| {k}: chunks, extra work, total vs the CPU's (relative) | "
                          f"{sc.get('chunks')}, {sc.get('extra_fraction', 0):.1%}, {lt['bits_rel_vs_cpu']:.1e} |")
+    if "profile" in f:
+        lines += ["", f"Profile of one call ({f['profile']['run']}, documents):", "", "```", f["profile"]["table"], "```"]
     for key, cfg in f.get("triton_configs", {}).items():
         lines.append(f"| Triton step's tuned tile ({key}) | {cfg} |")
     for tag, err in f.get("errors", {}).items():

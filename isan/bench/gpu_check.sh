@@ -11,6 +11,9 @@
 #                                              # shared data into .gpu/ (ignored by git, ~16 MB)
 #   bash isan/bench/gpu_check.sh               # there, with .gpu carried (the device tool's carry)
 #   bash isan/bench/gpu_check.sh --no-scaling  # the same without the CPU scaling tables (~2 minutes less)
+#   bash isan/bench/gpu_check.sh --gpu-only    # no scaling tables, and only the tests marked gpu
+#
+# ISAN_GPU_BENCH_ARGS adds options to `isan bench gpu` (for example "--profile --steps float32:triton").
 #
 # The check installs the carried wheels and isan itself (--no-deps --no-build-isolation: the C
 # kernels compile there), runs the tests of the torch backend (those marked gpu run on CUDA), then
@@ -58,10 +61,12 @@ status=()
 step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
          if timeout "$limit" "$@"; then status+=("$name: ok ($((SECONDS - t0)) s)")
          else status+=("$name: FAILED ($? after $((SECONDS - t0)) s; 124 = over its ${limit} s)"); fi; }
-step tests 150 bash -c "python3 -m pytest -q -p no:cacheprovider -rs tests/test_torch_backend.py tests/test_backends.py tests/test_scan_dense.py 2>&1 | tee '$OUT_DIR/gpu_tests.log' | tail -15; exit \${PIPESTATUS[0]}"
-step "bench gpu" 240 bash -c "$ISAN bench gpu --data '$TEXT8' --out '$OUT_DIR/gpu.json' 2>&1 | tee -a '$OUT_DIR/check.log'; exit \${PIPESTATUS[0]}"
+MODE=${1:-}
+MARK=""; [ "$MODE" = "--gpu-only" ] && MARK="-m gpu"
+step tests 150 bash -c "python3 -m pytest -q -p no:cacheprovider -rs $MARK tests/test_torch_backend.py tests/test_backends.py tests/test_scan_dense.py 2>&1 | tee '$OUT_DIR/gpu_tests.log' | tail -15; exit \${PIPESTATUS[0]}"
+step "bench gpu" 240 bash -c "$ISAN bench gpu --data '$TEXT8' ${ISAN_GPU_BENCH_ARGS:-} --out '$OUT_DIR/gpu.json' 2>&1 | tee -a '$OUT_DIR/check.log'; exit \${PIPESTATUS[0]}"
 step "bench train" 60 bash -c "$ISAN bench train --data '$TEXT8' --device cuda --batch 256 --models isan --budgets 1.28e6 --no-reference --out '$OUT_DIR/gpu_train.json' 2>&1 | tee -a '$OUT_DIR/check.log'; exit \${PIPESTATUS[0]}"
-if [ "${1:-}" != "--no-scaling" ]; then
+if [ "$MODE" != "--no-scaling" ] && [ "$MODE" != "--gpu-only" ]; then
 CORES=$(nproc)
 COUNTS=$(python3 -c "n=$CORES; c=[1]; [c.append(c[-1]*2) for _ in range(8) if c[-1]*2<=n]; print(','.join(map(str,c+([n] if c[-1]!=n else []))))")
 step "corpus scaling" 90 bash -c "$ISAN bench corpus --data-dir '$GPU_DIR/data' --mb 20 --no-ray --workers $COUNTS --out '$OUT_DIR/scaling_corpus.json' 2>&1 | tee -a '$OUT_DIR/check.log'; exit \${PIPESTATUS[0]}"

@@ -81,9 +81,14 @@ def bench_engine_cmd(model, data, repeats, threads, peers, quick, progress, out,
 @click.option("--docs", type=int, default=None, help="Documents (default 65,536).")
 @click.option("--doc-chars", type=int, default=None, help="Characters a document (default 512).")
 @click.option("--quick", is_flag=True, help="Small sizes on any device: a check that it runs, not a measurement.")
+@click.option("--steps", default=None,
+              help="Comma-separated DTYPE:STEP runs (STEP mm, triton or triton-tf32x3; default: every one the "
+                   "device has: float32:mm,float32:triton,float32:triton-tf32x3,float64:mm,float64:triton on a GPU).")
+@click.option("--profile", is_flag=True, help="Also profile one call of the documents on the first run (torch.profiler): "
+                                              "where the time goes, by kernel.")
 @click.option("--out", default=None, help="Write the JSON results here (nothing is written without it).")
 @friendly
-def bench_gpu_cmd(model, data, device, repeats, docs, doc_chars, quick, out):
+def bench_gpu_cmd(model, data, device, repeats, docs, doc_chars, quick, steps, profile, out):
     """The torch backend on a GPU against the CPU's compiled kernels in the same process:
     documents (65,536 x 512 by default) and one long text chunk-parallel, float32 and float64, with
     the exactness of each against the float64 reference. Needs torch (the gpu extra)."""
@@ -95,7 +100,17 @@ def bench_gpu_cmd(model, data, device, repeats, docs, doc_chars, quick, out):
         sizes["docs"] = docs
     if doc_chars is not None:
         sizes["doc_chars"] = doc_chars
-    result = bench_gpu(model, data, device=device, repeats=repeats, sizes=sizes, log=lambda m: click.echo(m, err=True))
+    runs = None
+    if steps:
+        runs = []
+        for item in steps.split(","):
+            dt, _, st = item.strip().partition(":")
+            if dt not in ("float32", "float64") or st not in ("mm", "triton", "triton-tf32x3"):
+                raise click.BadParameter(f"{item!r}: want DTYPE:STEP, DTYPE float32 or float64, STEP mm, triton or "
+                                         "triton-tf32x3", param_hint="--steps")
+            runs.append((dt, st))
+    result = bench_gpu(model, data, device=device, repeats=repeats, sizes=sizes, runs=runs, profile=profile,
+                       log=lambda m: click.echo(m, err=True))
     click.echo(markdown(result))
     if out:
         write_json(result, out)

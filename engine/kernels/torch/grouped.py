@@ -16,12 +16,12 @@ The layout of a whole block of steps (:func:`tile_layout`) is made on the device
 symbols, with a static upper bound on the number of tiles, so a step costs one launch and no
 transfer to the host.
 
-``float32`` products are IEEE float32 (``input_precision="ieee"``: never TF32, which would err by
-about 1e-3); ``float64`` runs float64 products (tensor-core DMMA where the card has it). On torch CPU
-tensors the kernel runs in Triton's interpreter (numpy; ``TRITON_INTERPRET=1`` set before Triton is
-imported): that is how CI tests it without a GPU.
-Triton is imported when this module is (the torch backend imports it only when this step is asked
-for).
+``float32`` products are IEEE float32 by default (``input_precision="ieee"``: never plain TF32,
+which would err by about 1e-3), or three TF32 tensor-core products (``"tf32x3"``,
+:data:`PRECISIONS`); ``float64`` runs float64 products. On torch CPU tensors the kernel runs in
+Triton's interpreter (numpy; ``TRITON_INTERPRET=1`` set before Triton is imported): that is how CI
+tests it without a GPU. Triton is imported when this module is (the torch backend imports it only
+when this step is asked for).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ PAD = 16
 
 
 def _grouped_step_kernel(h_in, h_out, WT, rows_ptr, tile_sym_ptr, stride_h, stride_wk, stride_wr,
-                         n_cols: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):  # noqa: N803
+                         n_cols: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,  # noqa: N803
+                         PREC: tl.constexpr):
     """Program (t, n): rows ``rows[t BM : (t + 1) BM]`` (``-1``: padding) of ``h_in`` times columns
     ``n BN ..`` of ``WT[tile_sym[t]]``, into the same rows of ``h_out``; a tile of symbol -1 is empty."""
     t = tl.program_id(0)
@@ -62,17 +63,22 @@ def _grouped_step_kernel(h_in, h_out, WT, rows_ptr, tile_sym_ptr, stride_h, stri
             a = tl.load(h_in + rows[:, None] * stride_h + offs_k[None, :], mask=m_row[:, None] & m_k[None, :], other=0.0)
             b = tl.load(w_base + offs_k[:, None] * stride_wr + offs_n[None, :], mask=m_k[:, None] & m_n[None, :],
                         other=0.0)
-            acc += tl.dot(a, b, input_precision="ieee")
+            acc += tl.dot(a, b, input_precision=PREC)
         tl.store(h_out + rows[:, None] * stride_h + offs_n[None, :], acc, mask=m_row[:, None] & m_n[None, :])
 
 
 _KERNEL = triton.jit(_grouped_step_kernel)
 #: The GPU's choices of (columns a program, slice depth, warps, pipeline stages), timed once per
-#: width and dtype by Triton's autotuner (the step writes only ``h_out``, so a timed rerun is harmless).
+#: width, dtype and precision by Triton's autotuner (the step writes only ``h_out``, so a timed rerun
+#: is harmless). On the H200 (isan/bench/gpu_check.sh) 128 columns and slices of 32 won in float32
+#: (8 warps) and float64 (4 warps) out of seven; these four are kept to bound the tuning time.
 CONFIGS = [triton.Config({"BN": bn, "BK": bk}, num_warps=w, num_stages=st)
-           for bn, bk, w, st in ((64, 32, 4, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 32, 8, 3), (32, 32, 4, 3),
-                                 (64, 16, 4, 4), (128, 64, 8, 3))]
-_TUNED = triton.autotune(CONFIGS, key=["n_cols"])(_KERNEL)
+           for bn, bk, w, st in ((64, 32, 4, 3), (128, 32, 4, 3), (128, 32, 8, 3), (64, 64, 4, 3))]
+_TUNED = triton.autotune(CONFIGS, key=["n_cols", "PREC"])(_KERNEL)
+#: The products' precisions: ``"ieee"`` (float32 or float64 arithmetic) and, for float32 on a GPU,
+#: ``"tf32x3"`` (each float32 split into a TF32 high and low part, three TF32 tensor-core products
+#: summed: about float32's accuracy, not its rounding; the interpreter computes it in float32).
+PRECISIONS = ("ieee", "tf32x3")
 
 
 def interpreted() -> bool:
@@ -151,7 +157,7 @@ def tile_layout(sorted_sym: torch.Tensor, perm: torch.Tensor, n_syms: int) -> tu
 
 
 def grouped_step(h_in: torch.Tensor, h_out: torch.Tensor, WT_ext: torch.Tensor, rows: torch.Tensor,
-                 tile_sym: torch.Tensor, n_cols: int | None = None) -> None:
+                 tile_sym: torch.Tensor, n_cols: int | None = None, precision: str = "ieee") -> None:
     """``h_out[r, :n] = h_in[r, :n] @ WT_ext[s, :n, :n]`` for every row r of symbol s in the layout
     (one launch; n = ``n_cols``, the state width d + 1).
 
@@ -161,13 +167,19 @@ def grouped_step(h_in: torch.Tensor, h_out: torch.Tensor, WT_ext: torch.Tensor, 
         WT_ext: (S, w', w') with w' >= n, contiguous, same dtype (:func:`with_identity`).
         rows, tile_sym: one step of :func:`tile_layout` ((T * BM,) and (T,) int32).
         n_cols: n (default: the width of ``h_in``).
+        precision: one of :data:`PRECISIONS` (``"tf32x3"``: float32 only).
+    Raises:
+        ValueError: an unknown precision, or ``"tf32x3"`` in float64.
     Every row the layout names is written; a row it does not name is left as it was.
     """
     n_cols = int(n_cols or h_in.shape[1])
+    if precision not in PRECISIONS or (precision != "ieee" and h_in.dtype != torch.float32):
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)} (tf32x3: float32 only); got {precision!r}")
     assert h_in.stride(1) == h_out.stride(1) == WT_ext.stride(2) == 1 and h_in.stride(0) == h_out.stride(0)
     args = (h_in, h_out, WT_ext, rows, tile_sym, h_in.stride(0), WT_ext.stride(0), WT_ext.stride(1))
     if h_in.device.type == "cpu":  # the interpreter pays per program and per slice: one of each a tile
         w = triton.next_power_of_2(n_cols)
-        _KERNEL[(tile_sym.numel(), 1)](*args, n_cols=n_cols, BM=BM, BN=w, BK=w)
+        _KERNEL[(tile_sym.numel(), 1)](*args, n_cols=n_cols, BM=BM, BN=w, BK=w, PREC=precision)
     else:
-        _TUNED[lambda meta: (tile_sym.numel(), triton.cdiv(n_cols, meta["BN"]))](*args, n_cols=n_cols, BM=BM)
+        _TUNED[lambda meta: (tile_sym.numel(), triton.cdiv(n_cols, meta["BN"]))](*args, n_cols=n_cols, BM=BM,
+                                                                                PREC=precision)

@@ -87,6 +87,8 @@ class TorchStreams:
             :mod:`~isan.engine.kernels.torch.grouped`; a GPU, or the CPU device under Triton's
             interpreter) or ``"auto"`` (default: ``"triton"`` on a GPU in float32 where Triton
             imports, else ``"mm"``). The attribute ``step`` says which was chosen.
+        precision: the Triton step's products in float32: ``"ieee"`` (default) or ``"tf32x3"``
+            (three TF32 tensor-core products: about float32's accuracy; measured by ``isan bench gpu``).
 
     Raises:
         ValueError: an unknown dtype or step, a block under 1, or ``step="triton"`` where Triton
@@ -100,7 +102,7 @@ class TorchStreams:
     name = "torch"
 
     def __init__(self, device: str | torch.device = "cpu", dtype: str = "float32", block: int = BLOCK_STEPS,
-                 step: str = "auto"):
+                 step: str = "auto", precision: str = "ieee"):
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}; got {dtype!r}")
         if int(block) < 1:
@@ -113,6 +115,10 @@ class TorchStreams:
         self._tdtype = _DTYPES[dtype]
         self._model: _DeviceModel | None = None
         self.step = self._choose_step(step)
+        if precision not in ("ieee", "tf32x3") or (precision != "ieee" and (self.step != "triton" or dtype != "float32")):
+            raise ValueError(f"precision must be 'ieee' or, with the Triton step in float32, 'tf32x3'; got {precision!r} "
+                             f"(step {self.step}, {dtype})")
+        self.precision = precision
 
     def _choose_step(self, step: str) -> str:
         """``"auto"``: the fused Triton step on a GPU in float32 where Triton imports, else ``"mm"``.
@@ -131,7 +137,8 @@ class TorchStreams:
         return "triton"
 
     def __repr__(self) -> str:
-        return f"TorchStreams(device={str(self.device)!r}, dtype={self.dtype!r}, step={self.step!r})"
+        return (f"TorchStreams(device={str(self.device)!r}, dtype={self.dtype!r}, step={self.step!r}"
+                + (f", precision={self.precision!r})" if self.precision != "ieee" else ")"))
 
     #: chunk-parallel scoring keeps its state rows in this dtype (:mod:`isan.engine.kernels.chunked`)
     @property
@@ -329,7 +336,8 @@ class _Block:
         if self.runner.step == "triton":
             from isan.engine.kernels.torch.grouped import grouped_step
 
-            grouped_step(h_in, h_out, dm.WT_ext, self.tile_rows[j], self.tile_sym[j], n_cols=dm.d + 1)
+            grouped_step(h_in, h_out, dm.WT_ext, self.tile_rows[j], self.tile_sym[j], n_cols=dm.d + 1,
+                         precision=self.runner.precision)
             return
         p = self.perm[j]
         hp = h_in.index_select(0, p)
