@@ -442,7 +442,7 @@ class Engine:
         kernel, model, planned, kw = self._batch_plan(lengths, threads, chunks == "auto", kernel)
         plan = planned if isinstance(chunks, str) else list(chunks)
         bits, finals, rep, div = score_texts_chunked(
-            model, [np.asarray(x, dtype=np.int32) for x in ids_list], np.asarray(hs, dtype=np.float64),
+            model, ids_list, np.asarray(hs, dtype=np.float64),
             chunks=plan, threads=threads, want_bits=want_bits, fallback=self._chunk_fallback(), **kw)
         if div:
             i, off, h_start, t = div[0]

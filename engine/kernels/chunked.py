@@ -175,25 +175,30 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
     if any(n == 0 for n in lens):
         raise ValueError("every text must have at least one character")
     chunks = list(chunks) if chunks is not None else plan_chunks(lens, target_rows=ROWS_PER_THREAD * max(1, threads))
-    ids = np.concatenate([np.asarray(t, dtype=np.int32) for t in texts]) if B else np.zeros(0, np.int32)
+    ids = _concat_ids(texts)
     base = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
     # chunk table: text, start (global), length
-    c_text, c_start, c_len = [], [], []
-    for i, (n, P) in enumerate(zip(lens, chunks)):
-        if P <= 1:
-            c_text.append(i)
-            c_start.append(base[i])
-            c_len.append(n)
-            continue
-        cuts = np.linspace(0, n, P + 1).round().astype(np.int64)
-        for a, b in zip(cuts[:-1], cuts[1:]):
-            if b > a:
+    if max(chunks, default=1) <= 1:  # one row a text (documents): no cut, built at once
+        c_text = np.arange(B, dtype=np.int64)
+        c_start = base[:-1].copy()
+        c_len = np.asarray(lens, dtype=np.int64)
+    else:
+        c_text, c_start, c_len = [], [], []
+        for i, (n, P) in enumerate(zip(lens, chunks)):
+            if P <= 1:
                 c_text.append(i)
-                c_start.append(base[i] + a)
-                c_len.append(b - a)
-    c_text = np.asarray(c_text, dtype=np.int64)
-    c_start = np.asarray(c_start, dtype=np.int64)
-    c_len = np.asarray(c_len, dtype=np.int64)
+                c_start.append(base[i])
+                c_len.append(n)
+                continue
+            cuts = np.linspace(0, n, P + 1).round().astype(np.int64)
+            for a, b in zip(cuts[:-1], cuts[1:]):
+                if b > a:
+                    c_text.append(i)
+                    c_start.append(base[i] + a)
+                    c_len.append(b - a)
+        c_text = np.asarray(c_text, dtype=np.int64)
+        c_start = np.asarray(c_start, dtype=np.int64)
+        c_len = np.asarray(c_len, dtype=np.int64)
     C = len(c_len)
     first = np.ones(C, dtype=bool)
     first[1:] = c_text[1:] != c_text[:-1]
@@ -241,6 +246,10 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
     # 3. in order along each text: keep the work done from exact starts, redo the rest
     finals = np.empty((B, d), dtype=sdt)
     divergences: list[tuple[int, int, np.ndarray, int]] = []
+    if first.all() and (div1 < 0).all():  # one row a text, none left the range: each final is its row's
+        finals[c_text] = F
+        C = 0  # nothing for the loop below
+
     exact_prev = None  # exact final state of the previous chunk
     prev_matches = True  # F[p - 1] (the start chunk p's correction used) equals exact_prev
     for p in range(C):
@@ -295,8 +304,18 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
             exact_prev, prev_matches = h64.astype(sdt), False
         if p == C - 1 or c_text[p + 1] != c_text[p]:
             finals[c_text[p]] = exact_prev
-    out_bits = [bits[base[i] : base[i + 1]] for i in range(B)] if want_bits else [np.zeros(0)] * B
+    bl = base.tolist()
+    out_bits = [bits[bl[i] : bl[i + 1]] for i in range(B)] if want_bits else [np.zeros(0)] * B
     return out_bits, finals, report, divergences
+
+
+def _concat_ids(texts: Sequence[np.ndarray]) -> np.ndarray:
+    """The texts' ids end to end, int32 (one copy; texts may be arrays of any integer dtype or lists)."""
+    if not len(texts):
+        return np.zeros(0, np.int32)
+    if all(isinstance(t, np.ndarray) for t in texts):
+        return np.concatenate(texts, dtype=np.int32, casting="unsafe")
+    return np.concatenate([np.asarray(t, dtype=np.int32) for t in texts])
 
 
 def _first_bad(fallback, seg, h, limit):
