@@ -117,6 +117,34 @@ def bench_gpu_cmd(model, data, device, repeats, docs, doc_chars, quick, steps, p
         click.echo(f"\nwrote {out}")
 
 
+@bench.command("frontier", short_help="Certified models of several widths: test bpc against chars/s, and KenLM.")
+@click.option("--models", default=None,
+              help="Comma-separated bundle directories (default: the shipped text8 model). Ratios are against the first.")
+@click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8 file: its test split and unseen text.")
+@click.option("--repeats", type=int, default=3, show_default=True)
+@click.option("--long-chars", type=int, default=2_500_000, show_default=True, help="Unseen characters a timing scores.")
+@click.option("--kenlm/--no-kenlm", default=True, show_default=True, help="KenLM's point (its order-8 n-gram; needs kenlm).")
+@click.option("--out", default=None, help="Write the JSON results here (nothing is written without it).")
+@click.option("--plot", "plot_out", default=None, help="Write the plot of bpc against chars/s here (PNG; the plot extra).")
+@friendly
+def bench_frontier_cmd(models, data, repeats, long_chars, kenlm, out, plot_out):
+    """The size-speed frontier (issue 37): each bundle's exact test bpc and its scoring speed (all
+    threads and one) in one process, with KenLM's point beside them."""
+    from isan.bench.engine import write_json
+    from isan.bench.frontier import bench_frontier, markdown, plot
+
+    paths = [m.strip() for m in models.split(",") if m.strip()] if models else None
+    result = bench_frontier(paths, data, repeats=repeats, long_chars=long_chars, kenlm=kenlm,
+                            log=lambda m: click.echo(m, err=True))
+    click.echo(markdown(result))
+    if out:
+        write_json(result, out)
+        click.echo(f"\nwrote {out}")
+    if plot_out:
+        plot(result, plot_out)
+        click.echo(f"wrote {plot_out}")
+
+
 @bench.command("budgets", short_help="Streaming speed against the table's size and storage type.")
 @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8 file: mined on train, timed on test.")
