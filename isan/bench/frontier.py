@@ -100,8 +100,12 @@ def markdown(result: dict) -> str:
 
 def plot(result: dict, out: str | Path) -> None:
     """bpc against chars/s (all threads), one point a model and KenLM's (matplotlib, the plot extra)."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        from isan.errors import IsanError, install_hint
 
+        raise IsanError(f"the frontier's plot needs matplotlib: {install_hint('plot')}") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
