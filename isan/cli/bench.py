@@ -28,6 +28,19 @@ def worker_counts(workers: str | None) -> list[int] | None:
     return counts
 
 
+def _report(table: str, result: dict, out: str | None, plot_fn=None, plot_path: str | None = None) -> None:
+    """Print a benchmark's table, then write its JSON (``out``) and its plot (``plot_path``) where asked."""
+    from isan.bench.engine import write_json
+
+    click.echo(table)
+    if out:
+        write_json(result, out)
+        click.echo(f"\nwrote {out}")
+    if plot_path:
+        plot_fn(result, plot_path)
+        click.echo(f"wrote {plot_path}")
+
+
 @bench.command("engine", short_help="Scoring throughput: long text, streaming, batched, peers.")
 @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True,
@@ -50,7 +63,7 @@ def bench_engine_cmd(model, data, repeats, threads, peers, quick, progress, out,
     2,000, both kernels) and ingestion throughput against the per-character reference in the same
     process, useful GFLOP/s against the measured FMA peak, a sweep over rows and threads, with
     onnxruntime's LSTM and KenLM as peers; start-up, memory, exactness and where the time goes."""
-    from isan.bench.engine import QUICK_SIZES, bench_engine, markdown, plot_sweep, write_json
+    from isan.bench.engine import QUICK_SIZES, bench_engine, markdown, plot_sweep
 
     scaling = None
     if threads is not None:
@@ -63,13 +76,7 @@ def bench_engine_cmd(model, data, repeats, threads, peers, quick, progress, out,
         threads, scaling = max(counts), (counts if len(counts) > 1 else None)
     result = bench_engine(model, data, repeats=repeats, threads=threads, peers=peers, progress=progress,
                           log=lambda m: click.echo(m, err=True), sizes=QUICK_SIZES if quick else None, scaling=scaling)
-    click.echo(markdown(result))
-    if out:
-        write_json(result, out)
-        click.echo(f"\nwrote {out}")
-    if plot:
-        plot_sweep(result, plot)
-        click.echo(f"wrote {plot}")
+    _report(markdown(result), result, out, plot_sweep, plot)
 
 
 @bench.command("gpu", short_help="GPU scoring (torch backend) against the CPU, and its exactness.")
@@ -130,19 +137,12 @@ def bench_gpu_cmd(model, data, device, repeats, docs, doc_chars, quick, steps, p
 def bench_frontier_cmd(models, data, repeats, long_chars, kenlm, out, plot_out):
     """The size-speed frontier (issue 37): each bundle's exact test bpc and its scoring speed (all
     threads and one) in one process, with KenLM's point beside them."""
-    from isan.bench.engine import write_json
     from isan.bench.frontier import bench_frontier, markdown, plot
 
     paths = [m.strip() for m in models.split(",") if m.strip()] if models else None
     result = bench_frontier(paths, data, repeats=repeats, long_chars=long_chars, kenlm=kenlm,
                             log=lambda m: click.echo(m, err=True))
-    click.echo(markdown(result))
-    if out:
-        write_json(result, out)
-        click.echo(f"\nwrote {out}")
-    if plot_out:
-        plot(result, plot_out)
-        click.echo(f"wrote {plot_out}")
+    _report(markdown(result), result, out, plot, plot_out)
 
 
 @bench.command("budgets", short_help="Streaming speed against the table's size and storage type.")
