@@ -19,12 +19,15 @@ expert, and a row never gathers its own ``W[x]``, 187 KB a row a step at d = 216
   end reads a sentinel symbol that sorts last and is carried unchanged). The group sizes of the
   whole block cross to the host in one transfer; the steps themselves run without waiting for the
   host (the block's bookkeeping, compaction and masked writes, waits a few times a block).
-* Each step gathers the rows in symbol order, runs one GEMM per symbol present on a contiguous
-  slice (``rows @ WT[x]`` in the homogeneous row layout ``[h, 1]``, so the bias rides in the
-  product), and scatters them back.
-* The states before each step are kept for the block and read out with one GEMM for the whole
-  block; the log-softmax runs in float64 (as the numpy twin's), and bits, range checks and the
-  stopping step of a row that leaves the range are worked out on the device for the block.
+* A step is ``rows @ WT[x]`` in the homogeneous row layout ``[h, 1]`` (the bias rides in the
+  product), run one of two ways (``step``): one fused Triton kernel that gathers, multiplies and
+  scatters each symbol's rows (:mod:`~isan.engine.kernels.torch.grouped`, the default on a GPU in
+  float32), or a gather of the rows in symbol order, one torch GEMM per symbol present on a
+  contiguous slice, and a scatter back (``"mm"``, any device).
+* The states of the block's steps live in one buffer and are read out with one GEMM every so many
+  steps; the log-softmax runs in float64 (as the numpy twin's), and bits, range checks and the
+  stopping step of a row that leaves the range are worked out on the device, the bits written
+  without a host synchronisation. Results come back through page-locked memory.
 
 ``dtype`` is the arithmetic of the states and products: float32 (the default, as the compiled
 kernel; TF32 is switched off for the call, whatever the process set) or float64 (the exact
@@ -278,8 +281,9 @@ def _to_host(t: torch.Tensor) -> np.ndarray:
     return buf.numpy()
 
 
-#: Bytes of saved states a block keeps before it reads them out (the readout runs every so many steps).
-READOUT_BYTES = 1 << 30
+#: Bytes of saved states a block keeps before it reads them out (the readout runs every so many
+#: steps), by device type: fewer, larger readouts on a GPU; the host's memory spared on the CPU.
+READOUT_BYTES = {"cuda": 1 << 30, "cpu": 256 << 20}
 
 _LOG2E = 1.0 / math.log(2.0)
 
@@ -315,7 +319,8 @@ class _Block:
 
             self.tile_rows, self.tile_sym = tile_layout(order.values[: self.n_steps], self.perm[: self.n_steps], K + 1)
         itemsize = 8 if Hall.dtype == torch.float64 else 4
-        self.ro_steps = max(1, min(self.n_steps, READOUT_BYTES // max(1, len(self.rows) * dm.width * itemsize)))
+        budget = READOUT_BYTES.get(dev.type, READOUT_BYTES["cpu"])
+        self.ro_steps = max(1, min(self.n_steps, budget // max(1, len(self.rows) * dm.width * itemsize)))
         self.kept = torch.zeros((), dtype=torch.int64, device=dev)
 
     def run(self, bits_d, written) -> torch.Tensor:
