@@ -124,7 +124,7 @@ def bench_gpu_cmd(model, data, device, repeats, docs, doc_chars, quick, steps, p
         click.echo(f"\nwrote {out}")
 
 
-@bench.command("frontier", short_help="Certified models of several widths: test bpc against chars/s, and KenLM.")
+@bench.command("frontier", short_help="Models of several widths: test bpc, chars/s, KenLM.")
 @click.option("--models", default=None,
               help="Comma-separated bundle directories (default: the shipped text8 model). Ratios are against the first.")
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8 file: its test split and unseen text.")

@@ -177,9 +177,9 @@ def grouped_step(h_in: torch.Tensor, h_out: torch.Tensor, WT_ext: torch.Tensor, 
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)} (tf32x3: float32 only); got {precision!r}")
     assert h_in.stride(1) == h_out.stride(1) == WT_ext.stride(2) == 1 and h_in.stride(0) == h_out.stride(0)
     args = (h_in, h_out, WT_ext, rows, tile_sym, h_in.stride(0), WT_ext.stride(0), WT_ext.stride(1))
-    if h_in.device.type == "cpu":  # the interpreter pays per program and per slice: one of each a tile
-        w = triton.next_power_of_2(n_cols)
-        _KERNEL[(tile_sym.numel(), 1)](*args, n_cols=n_cols, BM=BM, BN=w, BK=w, PREC=precision)
+    if h_in.device.type == "cpu":  # the interpreter pays per program and per slice: one of each a tile,
+        w = triton.next_power_of_2(n_cols)  # and no program for the empty tiles at the end (-1: last)
+        _KERNEL[(int((tile_sym >= 0).sum()), 1)](*args, n_cols=n_cols, BM=BM, BN=w, BK=w, PREC=precision)
     else:
         _TUNED[lambda meta: (tile_sym.numel(), triton.cdiv(n_cols, meta["BN"]))](*args, n_cols=n_cols, BM=BM,
                                                                                 PREC=precision)
