@@ -1,5 +1,5 @@
 """The house's rules (docs/ARCHITECTURE.md): every module imports alone, with no import circle;
-engine/ never imports train/, export/ or torch (but the rooms ENGINE_ALLOWED names); trie_tables/
+engine/ never imports train/, export/, torch or triton (but the rooms ENGINE_ALLOWED names); trie_tables/
 imports only the standard library, numpy, marisa-trie, tqdm and the root; no CLI command module
 imports another. Imports are read from each module's source (ast), wherever they stand: at the
 top, inside a function, a try or an if (the lazy imports too)."""
