@@ -239,8 +239,8 @@ class TorchStreams:
             steps_d = torch.where(fin, length_d, steps_d)
             running &= ~fin
             if pairs and t0 > 0 and t0 % check_every == 0:
-                mh = Hall[:P].abs().amax(dim=1)  # whole rows: the homogeneous 1 floors max|h| at 1
-                me = Hall[P:].abs().amax(dim=1)
+                mh = _max_abs(Hall[:P], 1)  # whole rows: the homogeneous 1 floors max|h| at 1
+                me = _max_abs(Hall[P:], 1)
                 r = (me / mh).to(torch.float32)
                 res_d = torch.where(running, r, res_d)
                 conv = running & (r <= stop_ratio)
@@ -259,7 +259,7 @@ class TorchStreams:
             running[act[bad]] = False
             t0 += blk
         # rows whose final state is out of range (the kernel's final check)
-        m = Hall[:P, :d].abs().amax(dim=1)
+        m = _max_abs(Hall[:P, :d], 1)
         div_d = torch.where((div_d < 0) & ~(m <= limit), steps_d, div_d)
         H[:, : d + 1] = _to_host(Hall)
         if bits is not None:
@@ -268,6 +268,12 @@ class TorchStreams:
         residual[:] = _to_host(res_d)
         diverged[:] = _to_host(div_d)
         return int(total)
+
+
+def _max_abs(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """``max |x|`` along ``dim`` in one reduction (no ``|x|`` made first: a gigabyte at a GPU
+    readout); NaN where a NaN is, as ``x.abs().amax(dim)``."""
+    return torch.linalg.vector_norm(x, ord=math.inf, dim=dim)
 
 
 def _to_host(t: torch.Tensor) -> np.ndarray:
@@ -372,7 +378,7 @@ class _Block:
         n = len(hist)
         steps = torch.arange(j0, j0 + n, device=hist.device)
         live = self.live[j0 : j0 + n]
-        bad = ~(hist[:, :, : dm.d].abs().amax(dim=2) <= self.limit)
+        bad = ~(_max_abs(hist[:, :, : dm.d], 2) <= self.limit)
         if bits_d is not None:
             L = (hist.reshape(-1, dm.width) @ dm.RoT_w).to(torch.float64).reshape(n, self.A, dm.V)
             tgt = self.sym[j0 : j0 + n].clamp(max=K - 1)
