@@ -99,7 +99,8 @@ def markdown(result: dict) -> str:
 
 
 def plot(result: dict, out: str | Path) -> None:
-    """bpc against chars/s (all threads), one point a model and KenLM's (matplotlib, the plot extra)."""
+    """bpc against chars/s, each model on all threads and on one, and KenLM's point (matplotlib, the
+    plot extra)."""
     try:
         import matplotlib
     except ImportError:
@@ -111,14 +112,18 @@ def plot(result: dict, out: str | Path) -> None:
 
     from isan.atomic import atomic_path
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    rs = result["rows"]
-    ax.plot([r["chars_per_s"] for r in rs], [r["test_bpc"] for r in rs], "o-", label="certified ISAN")
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    rs = sorted(result["rows"], key=lambda r: r["chars_per_s"])
+    bpc = [r["test_bpc"] for r in rs]
+    ax.plot([r["chars_per_s"] for r in rs], bpc, "o-", label=f"certified ISAN, {rs[0]['threads']} threads")
+    ax.plot([r["chars_per_s_1_thread"] for r in rs], bpc, "o--", color="C0", alpha=0.5, label="certified ISAN, 1 thread")
     for r in rs:
-        ax.annotate(f"d = {r['d']}", (r["chars_per_s"], r["test_bpc"]), textcoords="offset points", xytext=(5, 5))
+        ax.annotate(f"d = {r['d']}", (r["chars_per_s"], r["test_bpc"]), textcoords="offset points", xytext=(-8, 8),
+                    ha="right")
     k = result.get("kenlm")
     if k and "not_run" not in k:
-        ax.plot([k["chars_per_s"]], [k["test_bpc"]], "s", label="KenLM order 8 (1 thread)")
+        ax.plot([k["chars_per_s"]], [k["test_bpc"]], "s", color="C1", label="KenLM order 8, 1 thread")
+    ax.margins(x=0.1, y=0.15)
     ax.set_xscale("log")
     ax.set_xlabel("characters a second (log scale)")
     ax.set_ylabel("test bpc (text8-10M)")
