@@ -139,7 +139,7 @@ def bench_gpu(model: str | None, data: str | Path, device: str = "cuda", repeats
             log(f"  {tag}: FAILED: {errors[tag]}")
     if errors:
         facts["errors"] = errors
-    if any(st == "triton" for _, st in doc_bits):
+    if any(st.startswith("triton") for _, st in doc_bits):
         from isan.engine.kernels.torch import grouped
 
         facts["triton_configs"] = grouped.tuned_configs()
