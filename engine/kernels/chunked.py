@@ -246,13 +246,12 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
     # 3. in order along each text: keep the work done from exact starts, redo the rest
     finals = np.empty((B, d), dtype=sdt)
     divergences: list[tuple[int, int, np.ndarray, int]] = []
-    if first.all() and (div1 < 0).all():  # one row a text, none left the range: each final is its row's
+    uncut = bool(first.all() and (div1 < 0).all())  # one row a text, none left the range
+    if uncut:  # each text's final is its row's: the loop below has nothing to keep or redo
         finals[c_text] = F
-        C = 0  # nothing for the loop below
-
     exact_prev = None  # exact final state of the previous chunk
     prev_matches = True  # F[p - 1] (the start chunk p's correction used) equals exact_prev
-    for p in range(C):
+    for p in range(0 if uncut else C):
         off = int(c_start[p] - base[c_text[p]])
         if first[p]:
             if div1[p] >= 0:

@@ -50,9 +50,8 @@ def bench_frontier(models: list[str | Path] | None, data: str | Path, repeats: i
         sec_all, times_all = median_time(lambda: eng.score(long_ids, normalize="none"), repeats)
         sec_one, times_one = median_time(lambda: eng.score(long_ids, normalize="none", threads=1), repeats)
         cert = eng.certificate() or {}
-        p = eng.params
-        n_params = int(p.W.size + p.b.size + p.W_ro.size + p.b_ro.size + p.h0.size)
-        row = {"model": str(path), "name": Path(path).name, "d": eng.d, "params": n_params, "test_bpc": float(bpc),
+        row = {"model": str(path), "name": Path(path).name, "d": eng.d, "params": eng.params.n_params(),
+               "test_bpc": float(bpc),
                "chars_per_s": len(long_ids) / sec_all, "chars_per_s_1_thread": len(long_ids) / sec_one,
                "threads": eng.threads, "times": times_all, "times_1_thread": times_one,
                "rho": cert.get("rho"), "state_bound": cert.get("state_bound"), "params_sha256": eng.params_sha256}

@@ -99,8 +99,7 @@ def bench_gpu_cmd(model, data, device, repeats, docs, doc_chars, quick, steps, p
     """The torch backend on a GPU against the CPU's compiled kernels in the same process:
     documents (65,536 x 512 by default) and one long text chunk-parallel, float32 and float64, with
     the exactness of each against the float64 reference. Needs torch (the gpu extra)."""
-    from isan.bench.engine import write_json
-    from isan.bench.gpu import QUICK_SIZES, bench_gpu, markdown
+    from isan.bench.gpu import GPU_RUNS, QUICK_SIZES, bench_gpu, markdown
 
     sizes = dict(QUICK_SIZES) if quick else {}
     if docs is not None:
@@ -112,16 +111,14 @@ def bench_gpu_cmd(model, data, device, repeats, docs, doc_chars, quick, steps, p
         runs = []
         for item in steps.split(","):
             dt, _, st = item.strip().partition(":")
-            if dt not in ("float32", "float64") or st not in ("mm", "triton", "triton-tf32x3"):
-                raise click.BadParameter(f"{item!r}: want DTYPE:STEP, DTYPE float32 or float64, STEP mm, triton or "
-                                         "triton-tf32x3", param_hint="--steps")
+            dtypes, step_names = sorted({d for d, _ in GPU_RUNS}), sorted({x for _, x in GPU_RUNS})
+            if dt not in dtypes or st not in step_names:
+                raise click.BadParameter(f"{item!r}: want DTYPE:STEP, DTYPE {' or '.join(dtypes)}, STEP "
+                                         f"{', '.join(step_names)}", param_hint="--steps")
             runs.append((dt, st))
     result = bench_gpu(model, data, device=device, repeats=repeats, sizes=sizes, runs=runs, profile=profile,
                        log=lambda m: click.echo(m, err=True))
-    click.echo(markdown(result))
-    if out:
-        write_json(result, out)
-        click.echo(f"\nwrote {out}")
+    _report(markdown(result), result, out)
 
 
 @bench.command("frontier", short_help="Models of several widths: test bpc, chars/s, KenLM.")

@@ -126,13 +126,16 @@ def max_tiles(n_rows: int, n_syms: int) -> int:
     return -(-n_rows // BM) + n_syms
 
 
-def tile_layout(sorted_sym: torch.Tensor, perm: torch.Tensor, n_syms: int) -> tuple[torch.Tensor, torch.Tensor]:
+def tile_layout(sorted_sym: torch.Tensor, perm: torch.Tensor, n_syms: int,
+                counts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The tiles of each step of a block, on the device.
 
     Args:
         sorted_sym: (steps, R) int64, each step's symbols (0 .. n_syms - 1) sorted ascending.
         perm: (steps, R) int64, the rows in that order (``sorted_sym[j] = sym[j][perm[j]]``).
         n_syms: symbols (with the sentinel of rows past their end).
+        counts: (steps, n_syms) int64, each step's rows of each symbol, where the caller has them
+            (else counted here).
     Returns:
         rows (steps, T * BM) int32, the row of each slot or -1 (padding), and tile_sym (steps, T)
         int32, each tile's symbol or -1 (past the step's last tile); T = :func:`max_tiles`.
@@ -140,8 +143,9 @@ def tile_layout(sorted_sym: torch.Tensor, perm: torch.Tensor, n_syms: int) -> tu
     steps, R = perm.shape
     dev = perm.device
     T = max_tiles(R, n_syms)
-    counts = torch.zeros(steps, n_syms, dtype=torch.int64, device=dev)
-    counts.scatter_add_(1, sorted_sym, torch.ones_like(sorted_sym))
+    if counts is None:
+        counts = torch.zeros(steps, n_syms, dtype=torch.int64, device=dev)
+        counts.scatter_add_(1, sorted_sym, torch.ones_like(sorted_sym))
     padded = (counts + BM - 1) // BM * BM
     pend = torch.cumsum(padded, dim=1)
     pstart = pend - padded

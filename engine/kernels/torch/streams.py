@@ -117,6 +117,7 @@ class TorchStreams:
         self.block = int(block)
         self._tdtype = _DTYPES[dtype]
         self._model: _DeviceModel | None = None
+        self._grouped = None  # the Triton step's module, where it runs
         self.step = self._choose_step(step)
         if precision not in ("ieee", "tf32x3") or (precision != "ieee" and (self.step != "triton" or dtype != "float32")):
             raise ValueError(f"precision must be 'ieee' or, with the Triton step in float32, 'tf32x3'; got {precision!r} "
@@ -137,6 +138,7 @@ class TorchStreams:
         if step == "auto" and grouped.interpreted():
             return "mm"
         grouped.check_device(self.device)
+        self._grouped = grouped
         return "triton"
 
     def __repr__(self) -> str:
@@ -161,10 +163,8 @@ class TorchStreams:
                               model)
             dm.width, dm.RoT_w = d + 1, dm.RoT
             if self.step == "triton":
-                from isan.engine.kernels.torch.grouped import padded, with_identity
-
-                dm.WT_ext = with_identity(dm.WT)
-                dm.width = padded(d + 1)
+                dm.WT_ext = self._grouped.with_identity(dm.WT)
+                dm.width = self._grouped.padded(d + 1)
                 dm.RoT_w = torch.zeros((dm.width, V), dtype=dm.RoT.dtype, device=dm.RoT.device)
                 dm.RoT_w[: d + 1] = dm.RoT
             self._model = dm
@@ -321,9 +321,8 @@ class _Block:
         self.counts = counts.cpu().numpy()  # one transfer for the whole block
         self.n_steps = int((self.counts[:, :K].sum(axis=1) > 0).sum())  # steps with a live row
         if runner.step == "triton":
-            from isan.engine.kernels.torch.grouped import tile_layout
-
-            self.tile_rows, self.tile_sym = tile_layout(order.values[: self.n_steps], self.perm[: self.n_steps], K + 1)
+            self.tile_rows, self.tile_sym = runner._grouped.tile_layout(
+                order.values[: self.n_steps], self.perm[: self.n_steps], K + 1, counts=counts[: self.n_steps])
         itemsize = 8 if Hall.dtype == torch.float64 else 4
         budget = READOUT_BYTES.get(dev.type, READOUT_BYTES["cpu"])
         self.ro_steps = max(1, min(self.n_steps, budget // max(1, len(self.rows) * dm.width * itemsize)))
@@ -356,9 +355,7 @@ class _Block:
         """Step ``j`` of the block: ``h_out[r] = h_in[r] @ WT[x_r]`` for every row (sentinel: a copy)."""
         dm, K = self.dm, self.dm.K
         if self.runner.step == "triton":
-            from isan.engine.kernels.torch.grouped import grouped_step
-
-            grouped_step(h_in, h_out, dm.WT_ext, self.tile_rows[j], self.tile_sym[j], n_cols=dm.d + 1,
+            self.runner._grouped.grouped_step(h_in, h_out, dm.WT_ext, self.tile_rows[j], self.tile_sym[j], n_cols=dm.d + 1,
                          precision=self.runner.precision)
             return
         p = self.perm[j]
