@@ -57,6 +57,7 @@ from isan.atomic import atomic_directory, atomic_path, write_json_atomic
 from isan.errors import CheckpointError, IsanError
 from isan.tokens import alphabet_to_json
 from isan.train.data import Corpus, load_corpus
+from isan.train.distill import soft_cross_entropy
 from isan.train.models import build_model
 from isan.train.tasks.parentheses import task_for
 
@@ -105,6 +106,10 @@ class TrainConfig:
     ema: float = 0.0  # decay of an exponential moving average of the weights (0: none); any model
     lr_schedule: str = "plateau"  # plateau: times lr_decay when valid does not improve; cosine: over the budget
     lr_min: float = 0.02  # cosine: the final rate as a fraction of lr
+    # ---- distillation (issue 37; train/distill.py; language models only) ----
+    teacher: str | None = None  # an exported ISAN bundle with the same alphabet, trained on the same split
+    distill: float = 0.0  # the loss is (1 - distill) CE(x) + distill CE(teacher's q, p)
+    teacher_sha256: str | None = None  # the teacher's params_sha256, recorded at the start; a resume checks it
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -232,6 +237,9 @@ class Trainer:
             raise IsanError(f"unknown lr schedule {cfg.lr_schedule!r}; choose plateau or cosine")
         if cfg.state_dropout:
             init["state_dropout"] = cfg.state_dropout
+        self.teacher_logq = None  # (N, V) float16 log q over the train split (train/distill.py)
+        if cfg.teacher or cfg.distill:
+            cfg = self.cfg = self._with_teacher(cfg, alphabet)
         if cfg.stable_rho:
             from isan.train.models import ISAN
             from isan.train.stable import StableISAN
@@ -284,6 +292,30 @@ class Trainer:
                 **alpha, "corpus": self.corpus.name,
                 "train": asdict(cfg), **({"task": self.task.config()} if self.task else {}),
             })
+
+    def _with_teacher(self, cfg: TrainConfig, alphabet) -> TrainConfig:
+        """Check the distillation options, compute the teacher's distributions over the train split, and
+        return ``cfg`` with the teacher's ``params_sha256`` recorded (a resume must find the same teacher)."""
+        from isan.train.distill import load_teacher, teacher_log_probs
+
+        if not cfg.teacher or not 0.0 < cfg.distill <= 1.0:
+            raise IsanError("--distill A (0 < A <= 1) goes with --teacher BUNDLE")
+        if self.task:
+            raise IsanError(f"--teacher applies to language models, not to the {cfg.model} task")
+        manifest, teacher, t_alphabet = load_teacher(cfg.teacher)
+        if alphabet_config(t_alphabet) != alphabet_config(alphabet):
+            raise IsanError(f"the teacher {cfg.teacher} has another alphabet than the training data "
+                            f"({len(t_alphabet)} against {len(alphabet)} symbols); distil with a teacher trained on this data")
+        sha = manifest["params_sha256"]
+        if cfg.teacher_sha256 is not None and cfg.teacher_sha256 != sha:
+            raise CheckpointError(f"the teacher {cfg.teacher} is not the one this run started with "
+                                  f"(params_sha256 {sha[:12]} against {cfg.teacher_sha256[:12]}); "
+                                  f"resume with that teacher or start a new --out")
+        t0 = time.perf_counter()
+        self.teacher_logq = teacher_log_probs(teacher, self.corpus.train, input_map=self.input_map)
+        log.info("teacher %s (d = %d): distributions over %s train characters in %.1f s", cfg.teacher,
+                 teacher.d, f"{len(self.corpus.train):,}", time.perf_counter() - t0)
+        return TrainConfig.from_dict({**asdict(cfg), "teacher_sha256": sha})
 
     def _read_run_dir(self):
         """What a resume needs from ``out`` ({"config", "latest": (weights, optimizer, progress)}), None
@@ -392,13 +424,19 @@ class Trainer:
             g["lr"] = lr
 
     # ---- the loop ----------------------------------------------------------------------
-    def _epoch_streams(self, epoch: int) -> torch.Tensor:
+    def _epoch_streams(self, epoch: int) -> tuple[torch.Tensor, np.ndarray | None]:
+        """(this rank's streams of the epoch (L, B / W) ids, the teacher's log q at the same positions
+        (L, B / W, V) float16 view, or None without a teacher)."""
         cfg = self.cfg
         ids = self.task.epoch_ids(epoch, cfg.seed) if self.task else self.corpus.train
         shift = int(np.random.default_rng(cfg.seed * 100003 + epoch).integers(0, cfg.bptt))
         L = (len(ids) - cfg.bptt) // cfg.batch_size
         X = ids[shift : shift + L * cfg.batch_size].reshape(cfg.batch_size, L).T  # (L, B)
-        return torch.as_tensor(X[:, self.streams].copy(), device=cfg.device)  # this rank's streams (L, B / W)
+        Q = None
+        if self.teacher_logq is not None:
+            Q = self.teacher_logq[shift : shift + L * cfg.batch_size].reshape(cfg.batch_size, L, -1)
+            Q = Q.transpose(1, 0, 2)[:, self.streams]  # (L, B / W, V), a view
+        return torch.as_tensor(X[:, self.streams].copy(), device=cfg.device), Q
 
     def _evaluate(self) -> tuple[float, dict]:
         """(the validation metric: bits per token, or a task's loss; a task's further numbers for the log).
@@ -502,7 +540,7 @@ class Trainer:
             if p.epoch >= cfg.max_epochs:
                 p.done, p.stop_reason = True, "max_epochs"
                 break
-            X = self._epoch_streams(p.epoch)
+            X, Q = self._epoch_streams(p.epoch)
             Y = self.task.stream_targets(X) if self.task else None  # a task's targets, (L, B, outputs)
             n_chunks = X.shape[0] // cfg.bptt
             if p.chunk == 0 or self.carry is None:
@@ -510,6 +548,7 @@ class Trainer:
             bar = tqdm(total=n_chunks, initial=p.chunk, desc=f"epoch {p.epoch + 1}", unit="chunk",
                        disable=not self.progress_bar, dynamic_ncols=True)
             window_nats, window_chars, window_aux, window_steps, t_window = 0.0, 0, 0.0, 0, time.perf_counter()
+            window_soft = 0.0
             while p.chunk < n_chunks and not p.done:
                 x = X[p.chunk * cfg.bptt : (p.chunk + 1) * cfg.bptt]  # output ids (T, B / W)
                 t0 = time.perf_counter()
@@ -523,8 +562,13 @@ class Trainer:
                     loss = self.task.loss(logits, Y[p.chunk * cfg.bptt : (p.chunk + 1) * cfg.bptt])
                 else:
                     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x.reshape(-1))
+                objective = loss
+                if Q is not None:  # distillation: (1 - A) CE(x) + A CE(q, p) (train/distill.py)
+                    log_q = torch.from_numpy(np.ascontiguousarray(Q[p.chunk * cfg.bptt : (p.chunk + 1) * cfg.bptt]))
+                    soft = soft_cross_entropy(logits, log_q.to(cfg.device))
+                    objective = (1.0 - cfg.distill) * loss + cfg.distill * soft
                 aux = self.aux(self._progress_fraction()) if self.aux is not None else None
-                total = loss if aux is None else loss + aux
+                total = objective if aux is None else objective + aux
                 self.opt.zero_grad(set_to_none=True)
                 total.backward()
                 gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
@@ -558,11 +602,13 @@ class Trainer:
                 window_steps += 1
                 if aux is not None:
                     window_aux += float(aux.detach())
+                if Q is not None:
+                    window_soft += float(soft.detach()) * x.numel()
                 bar.update(1)
                 if p.step % cfg.log_every == 0:
                     dt = time.perf_counter() - t_window
                     if self.dist is not None:  # every rank's streams
-                        window_nats, window_chars = self.dist.sum(window_nats, window_chars)
+                        window_nats, window_chars, window_soft = self.dist.sum(window_nats, window_chars, window_soft)
                     m = self.metric
                     bpc = window_nats / window_chars / (LN2 if m == "bpc" else 1.0)  # a task's loss is its mean
                     bar.set_postfix({m: f"{bpc:.3g}", "chars_s": f"{window_chars / dt:,.0f}"})
@@ -570,8 +616,11 @@ class Trainer:
                                f"train_{m}": round(bpc, 5 if m == "bpc" else 8), "lr": p.lr,
                                "chars_per_s": round(window_chars / dt),
                                **({"aux_loss": round(window_aux / max(window_steps, 1), 8)}
-                                  if self.aux is not None else {})})
+                                  if self.aux is not None else {}),
+                               **({"train_soft_bits": round(window_soft / window_chars / LN2, 5)}
+                                  if Q is not None else {})})
                     window_nats, window_chars, window_aux, window_steps, t_window = 0.0, 0, 0.0, 0, time.perf_counter()
+                    window_soft = 0.0
                 if p.chars_seen >= p.next_eval_chars:
                     p.next_eval_chars += int(cfg.eval_every * len(self.corpus.train))
                     self._after_eval(*self._evaluate())

@@ -1,0 +1,132 @@
+"""Distillation (issue 37, train/distill.py): the teacher's distributions equal the numpy reference's on
+real text, they line up with the training streams position by position, the loss reaches the gradient,
+and a resume checks that the teacher is the same."""
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from isan.alphabet import Alphabet  # noqa: E402
+from isan.engine.bundle import write_bundle  # noqa: E402
+from isan.engine.reference import log_softmax, logits_ref, states_ref  # noqa: E402
+from isan.errors import CheckpointError, IsanError  # noqa: E402
+from isan.train.distill import load_teacher, soft_cross_entropy, teacher_log_probs  # noqa: E402
+from isan.train.loop import TrainConfig, Trainer  # noqa: E402
+
+from conftest import random_params  # noqa: E402
+
+
+def tiny(text_path, teacher, **kw):
+    base = dict(d=16, params=None, data=str(text_path), dataset="text", batch_size=32, bptt=32, lr=1e-2, eval_every=0.1, patience=1000,
+                max_valid_chars=10_000, valid_streams=10, ckpt_every=10, log_every=10, max_steps=40,
+                teacher=str(teacher), distill=1.0, max_epochs=5)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def small_text(tmp_path_factory, text8_path):
+    """The first 300k characters of text8 (the 90/10 split of --dataset text), so a teacher pass is short."""
+    path = tmp_path_factory.mktemp("text") / "text8_300k.txt"
+    with open(text8_path) as f:
+        path.write_text(f.read(300_000))
+    return path
+
+
+@pytest.fixture(scope="module")
+def teacher_bundle(tmp_path_factory):
+    out = tmp_path_factory.mktemp("teacher") / "t"
+    write_bundle(out, random_params(d=12, seed=3, scale=0.9).as_dict(), Alphabet.text8(), kind="isan")
+    return out
+
+
+def test_teacher_log_probs_equal_the_reference(teacher_bundle, text8_valid_head):
+    """Every position, every class, against one float64 pass from h0 over the whole text: the pieces after
+    the first start after a warm-up, so they differ by the forgotten context (0.9^warmup) and float16."""
+    alphabet = Alphabet.text8()
+    ids = alphabet.encode(text8_valid_head[:6000])
+    _, model, _ = load_teacher(teacher_bundle)
+    got = teacher_log_probs(model, ids, streams=7, warmup=200, bptt=64)
+    assert got.dtype == np.float16 and got.shape == (len(ids), 27) and np.isfinite(got).all()
+    p = random_params(d=12, seed=3, scale=0.9)
+    p64 = type(p)(**{n: np.asarray(v, dtype=np.float64) for n, v in p.as_dict().items()})
+    H = states_ref(p64, ids, p64.h0)
+    S = np.vstack([p64.h0[None, :], H[:-1]])  # the state before each character
+    want = log_softmax(logits_ref(p64, S))
+    np.testing.assert_allclose(got.astype(np.float64), want, atol=2e-2, rtol=2e-3)
+    # one stream, no warm-up: the same pass as the reference's
+    one = teacher_log_probs(model, ids, streams=1, warmup=0, bptt=1000)
+    np.testing.assert_allclose(one.astype(np.float64), want, atol=1e-2, rtol=2e-3)
+
+
+def test_the_targets_line_up_with_the_streams(tmp_path, small_text, teacher_bundle):
+    """A teacher that is certain of the true next character: its argmax is X itself, at every (t, b)."""
+    tr = Trainer(tiny(small_text, teacher_bundle), tmp_path / "a", progress_bar=False)
+    ids = tr.corpus.train
+    onehot = np.full((len(ids), 27), -60.0, dtype=np.float16)
+    onehot[np.arange(len(ids)), ids] = 0.0
+    tr.teacher_logq = onehot
+    for epoch in (0, 1, 2):  # the epochs start at different shifts
+        X, Q = tr._epoch_streams(epoch)
+        assert Q.shape == (*X.shape, 27)
+        np.testing.assert_array_equal(Q.argmax(-1), X.numpy())
+
+
+def test_distillation_reaches_the_gradient(tmp_path, small_text, teacher_bundle):
+    """With distill = 1 the only signal is the teacher's: the student's distance to it falls."""
+    out = tmp_path / "d"
+    p = Trainer(tiny(small_text, teacher_bundle, max_steps=60), out, progress_bar=False).run()
+    assert p.step == 60
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    soft = [e["train_soft_bits"] for e in log if e["event"] == "step"]
+    assert len(soft) == 6 and soft[-1] < soft[0] - 0.1
+    cfg = json.loads((out / "config.json").read_text())["train"]
+    assert cfg["teacher"] == str(teacher_bundle) and cfg["distill"] == 1.0 and len(cfg["teacher_sha256"]) == 64
+
+
+def test_soft_cross_entropy_is_the_cross_entropy():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 3, 7, generator=g)
+    log_q = torch.log_softmax(torch.randn(5, 3, 7, generator=g), -1)
+    want = -(log_q.exp() * torch.log_softmax(logits, -1)).sum(-1).mean()
+    torch.testing.assert_close(soft_cross_entropy(logits, log_q.half()), want, atol=2e-3, rtol=1e-3)
+    hard = torch.randint(0, 7, (5, 3), generator=g)  # a one-hot q is the ordinary cross-entropy
+    onehot = torch.full((5, 3, 7), -60.0).scatter_(-1, hard.unsqueeze(-1), 0.0)
+    torch.testing.assert_close(soft_cross_entropy(logits, onehot),
+                               torch.nn.functional.cross_entropy(logits.reshape(-1, 7), hard.reshape(-1)))
+
+
+def test_resume_checks_the_teacher(tmp_path, small_text, teacher_bundle):
+    out = tmp_path / "r"
+    Trainer(tiny(small_text, teacher_bundle, max_steps=10), out, progress_bar=False).run()
+    other = tmp_path / "other"
+    write_bundle(other, random_params(d=12, seed=4).as_dict(), Alphabet.text8(), kind="isan")
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["train"]["teacher"] = str(other)  # the run's teacher replaced by another model
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="not the one this run started with"):
+        Trainer(tiny(small_text, teacher_bundle), out, progress_bar=False)
+    cfg["train"]["teacher"] = str(teacher_bundle)
+    (out / "config.json").write_text(json.dumps(cfg))
+    tr = Trainer(tiny(small_text, teacher_bundle, max_steps=20), out, progress_bar=False,
+                 overrides={"max_steps": 20})
+    assert tr.resumed and tr.run().step == 20  # the same teacher: the run goes on
+
+
+def test_bad_options_are_refused(tmp_path, small_text, teacher_bundle):
+    with pytest.raises(IsanError, match="goes with --teacher"):
+        Trainer(tiny(small_text, teacher_bundle, distill=0.0), tmp_path / "a", progress_bar=False)
+    abc = tmp_path / "abc"
+    write_bundle(abc, random_params(K=5, V=5, d=4).as_dict(), Alphabet(tuple(" abcd")), kind="isan")
+    with pytest.raises(IsanError, match="another alphabet"):
+        Trainer(tiny(small_text, abc), tmp_path / "b", progress_bar=False)
+    from click.testing import CliRunner
+
+    from isan.cli import main
+
+    r = CliRunner().invoke(main, ["train", "--out", str(tmp_path / "c"), "--data", str(small_text), "--dataset", "text", "--d", "8",
+                                  "--max-steps", "2", "--teacher", str(teacher_bundle), "--no-progress"])
+    assert r.exit_code != 0 and "goes with --teacher" in r.output and "Traceback" not in r.output

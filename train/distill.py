@@ -1,0 +1,106 @@
+"""Distillation targets: a trained ISAN bundle's next-character distributions over the train split.
+
+``isan train --teacher BUNDLE --distill A`` (issue 37) trains on ``(1 - A) CE(x) + A CE(q, p)``: the
+usual cross-entropy against the next character plus the cross-entropy against the teacher's
+distribution ``q`` at the same position (Hinton et al. 2015, temperature 1). The teacher is any
+exported ISAN bundle with the student's alphabet, trained on the same train split; the student stays
+an ISAN (with its certificate, if it is trained with one): only the loss changes.
+
+The teacher's distributions are computed once, before training, over the whole train split: the
+split is cut into ``streams`` contiguous pieces and each piece is read after a warm-up over the
+``warmup`` characters before it (from ``h0``), so each position sees at least ``warmup`` characters
+of context (the first piece: the text from its start). They are stored as float16 log-probabilities,
+(N, V): 9M characters x 27 classes is 486 MB.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from isan.errors import IsanError
+
+
+def load_teacher(bundle: str | Path):
+    """(manifest, torch ISAN in eval mode, alphabet) from an exported ISAN bundle (integrity checked).
+
+    Raises:
+        BundleFormatError: the bundle is missing, corrupt or not an ISAN.
+    """
+    from isan.engine.bundle import load_isan_bundle
+    from isan.train.models import ISAN
+
+    manifest, params, alphabet = load_isan_bundle(bundle, verify="full")
+    model = ISAN(params.K, params.V, params.d)
+    with torch.no_grad():
+        for name, value in params.as_dict().items():
+            getattr(model, name).copy_(torch.from_numpy(np.array(value, dtype=np.float32)))
+    return manifest, model.eval(), alphabet
+
+
+@torch.no_grad()
+def teacher_log_probs(model, ids: np.ndarray, input_map=None, streams: int = 256, warmup: int = 256,
+                      bptt: int = 256) -> np.ndarray:
+    """The teacher's ``log q(x_i | x_<i)`` for every class at every position of ``ids``.
+
+    Args:
+        model: a torch model with ``initial_state(B)`` and ``forward(x (T, B), h) -> (logits (T, B, V), h)``.
+        ids: (N,) int output ids (the train split).
+        input_map: (V,) output id -> input id, or None (the same ids).
+        streams: contiguous pieces read in parallel.
+        warmup: characters of context read before each piece (their outputs are dropped).
+        bptt: steps a forward call.
+
+    Returns:
+        (N, V) float16 natural-log probabilities; finite (a log-probability below float16's range is
+        clipped at -60, e^-60 ~ 1e-26).
+
+    Raises:
+        IsanError: the teacher's logits are not finite.
+    """
+    ids = np.asarray(ids, dtype=np.int64)
+    N = len(ids)
+    if N == 0:
+        raise IsanError("no characters to distil on")
+    streams = max(1, min(streams, N))
+    L = math.ceil(N / streams)
+    starts = np.arange(streams) * L
+    begin = np.maximum(starts - warmup, 0)
+    span = (starts - begin) + L  # warm-up plus the piece
+    T_all = int(span.max())
+    pad = np.zeros((T_all, streams), dtype=np.int64)  # (T, B): stream s reads ids[begin[s] : begin[s] + span]
+    for s in range(streams):
+        piece = ids[begin[s] : min(begin[s] + span[s], N)]
+        pad[: len(piece), s] = piece
+    x_all = torch.from_numpy(pad)
+    if input_map is not None:
+        x_all = torch.as_tensor(np.asarray(input_map), dtype=torch.int64)[x_all]
+    V = model.V
+    out = np.empty((N, V), dtype=np.float16)
+    h = model.initial_state(streams)
+    for t0 in range(0, T_all, bptt):
+        logits, h = model(x_all[t0 : t0 + bptt], h)
+        logq = torch.log_softmax(logits.float(), dim=-1)
+        if not bool(torch.isfinite(logq).all()):
+            raise IsanError("the teacher's logits are not finite; is it a trained, exported ISAN?")
+        logq = logq.clamp_min(-60.0).numpy()
+        T = logq.shape[0]
+        for s in range(streams):
+            # rows t0..t0+T of stream s are positions begin[s] + t; keep those at or after starts[s], before N
+            lo = max(t0, int(starts[s] - begin[s]))
+            hi = min(t0 + T, int(starts[s] - begin[s] + L), N - int(begin[s]))
+            if hi > lo:
+                out[begin[s] + lo : begin[s] + hi] = logq[lo - t0 : hi - t0, s]
+    return out
+
+
+def soft_cross_entropy(logits: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """Mean over positions of ``-sum_v q_v log p_v``, p = softmax(logits); nats.
+
+    logits: (..., V) float; log_q: (..., V) the teacher's log-probabilities (any float dtype).
+    """
+    log_p = torch.log_softmax(logits, dim=-1)
+    return -(log_q.float().exp() * log_p).sum(-1).mean()
