@@ -382,7 +382,9 @@ class Engine:
         if self.kernels.name == "torch":  # one runner for everything: the torch backend's per-symbol rows
             from isan.engine.kernels.torch import plan
 
-            chunks = plan.chunks(lengths, self.device, threads, self.kernels.dtype) if cut else [1] * len(lengths)
+            dtype = self.kernels.dtype
+            chunks = plan.chunks(lengths, self.device, threads, dtype, self.forget_bound_chars(rtol=plan.rtol(dtype))) \
+                if cut else [1] * len(lengths)
             return "torch", self._streams(), chunks, {"runner": self.kernels.streams, "path": "chunked",
                                                       "rtol": plan.rtol(self.kernels.dtype)}
         jump_chunks = plan_chunks(lengths, target_rows=ROWS_PER_THREAD * threads) if cut else [1] * len(lengths)

@@ -9,6 +9,8 @@ targets) and 1e-9 bits per character.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -22,6 +24,8 @@ from isan.engine.kernels.streams import StreamModel, run_streams_ref  # noqa: E4
 from isan.engine.kernels.torch import TorchStreams  # noqa: E402
 from isan.engine.reference import score_ref  # noqa: E402
 from isan.errors import BackendUnavailableError, IsanError  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
 
 CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
@@ -282,6 +286,29 @@ def test_the_gpu_plan_corrects_inside_every_chunk(model, default_engine, p64, te
     bits_ref, _ = score_ref(p64, ids.astype(np.int64), p64.h0)
     assert not div and rep.fallback_chunks == 0
     assert abs(bits[0].sum() - bits_ref.sum()) <= (1e-12 if dtype == "float64" else 1e-6) * bits_ref.sum()
+
+
+def test_the_gpu_plan_follows_a_model_that_forgets_more_slowly(text8_test):
+    """A certified model whose bound is above the plan's minimum (text8-d216-distil: 1,064 characters
+    in float32) gets chunks at least that long, and they correct inside every chunk on the CPU device;
+    a model that forgets sooner keeps the plan's minimum."""
+    from isan.engine import Engine
+    from isan.engine.kernels.torch import plan
+
+    eng = Engine.load(REPO / "isan" / "models" / "text8-d216-distil", progress_bar=False)
+    bound = eng.forget_bound_chars(rtol=plan.rtol("float32"))
+    assert bound > plan.GPU_MIN_CHUNK["float32"]  # the case under test
+    assert plan.min_chunk("float32", bound) == 1280 and plan.min_chunk("float32", 500) == plan.GPU_MIN_CHUNK["float32"]
+    ids = eng.encode(text8_test[:40_000]).astype(np.int32)
+    chunks = plan.chunks([len(ids)], "cuda", dtype="float32", forget_chars=bound)
+    assert len(ids) // chunks[0] >= bound and chunks[0] == len(ids) // 1280
+    p64 = eng.params.astype(np.float64)
+    bits, _, rep, div = score_texts_chunked(eng._streams(), [ids], p64.h0[None], chunks=chunks,
+                                            runner=TorchStreams("cpu", "float32"), rtol=plan.rtol("float32"),
+                                            fallback=eng._chunk_fallback())
+    bits_ref, _ = score_ref(p64, ids.astype(np.int64), p64.h0)
+    assert not div and rep.fallback_chunks == 0
+    assert abs(bits[0].sum() - bits_ref.sum()) <= 1e-6 * bits_ref.sum()
 
 
 def test_a_call_that_fails_midway_leaves_the_runner_working(model, default_engine, test_ids, monkeypatch):

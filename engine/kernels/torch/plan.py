@@ -7,7 +7,9 @@ chunk is redone sequentially in float64 on the host (:class:`~isan.engine.kernel
 which a GPU must never wait for. The shipped model's certificate proves the error below the
 float32 runner's stopping rule (1e-6 / 4 of the state) within 984 characters and below the float64
 runner's (1e-13 / 4) within about 1,700 (``Engine.forget_bound_chars``), so chunks are at least
-1,024 characters in float32 and 2,048 in float64. On the CPU device (the tests and CI) the CPU
+1,024 characters in float32 and 2,048 in float64; a model whose certificate proves less (a larger
+rho or state bound: text8-d216-distil needs 1,064 in float32) gets chunks at least as long as its
+own bound (:func:`min_chunk`). On the CPU device (the tests and CI) the CPU
 kernels' plan applies. The row target is a starting point, to be set by the GPU check
 (``isan/bench/gpu_check.sh``) on a real card; nothing here is measured on one yet.
 
@@ -29,13 +31,25 @@ GPU_MIN_CHUNK = {"float32": MIN_CHUNK, "float64": 2 * MIN_CHUNK}
 FLOAT64_RTOL = 1e-13
 
 
-def chunks(lengths: Sequence[int], device: str, threads: int = 1, dtype: str = "float32") -> list[int]:
+def min_chunk(dtype: str = "float32", forget_chars: int | None = None) -> int:
+    """The shortest chunk to cut in ``dtype``: :data:`GPU_MIN_CHUNK`, or, for a model whose certificate
+    proves forgetting only after more characters (``forget_chars``: ``Engine.forget_bound_chars`` at
+    :func:`rtol` of ``dtype``), that many rounded up to a multiple of 256, so that no chunk falls back."""
+    m = GPU_MIN_CHUNK[dtype]
+    if forget_chars is not None and forget_chars > m:
+        m = -(-int(forget_chars) // 256) * 256
+    return m
+
+
+def chunks(lengths: Sequence[int], device: str, threads: int = 1, dtype: str = "float32",
+           forget_chars: int | None = None) -> list[int]:
     """Chunks per text for the torch runner on ``device`` in ``dtype`` (``"cpu"``: the CPU kernels'
-    row target)."""
-    min_chunk = GPU_MIN_CHUNK[dtype]
+    row target), none shorter than :func:`min_chunk` of ``dtype`` and ``forget_chars`` (the model's
+    proven forgetting; None: the plan's minimum alone)."""
+    shortest = min_chunk(dtype, forget_chars)
     if str(device).startswith("cuda"):
-        return plan_chunks(lengths, target_rows=GPU_TARGET_ROWS, min_chunk=min_chunk)
-    return plan_chunks(lengths, target_rows=ROWS_PER_THREAD * max(1, threads), min_chunk=min_chunk)
+        return plan_chunks(lengths, target_rows=GPU_TARGET_ROWS, min_chunk=shortest)
+    return plan_chunks(lengths, target_rows=ROWS_PER_THREAD * max(1, threads), min_chunk=shortest)
 
 
 def rtol(dtype: str) -> float:
