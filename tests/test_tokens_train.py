@@ -122,7 +122,7 @@ def test_byte_model_reads_input_map(shakespeare_head, tmp_path):
     tr.run()
     x_in = seen[0]
     assert x_in.max() < 12 and (x_in == 11).any()  # inputs in [0, K), 'other' among them
-    X = tr._epoch_streams(0)[: tr.cfg.bptt]
+    X = tr._epoch_streams(0)[0][: tr.cfg.bptt]  # (ids, teacher log q or None)
     assert torch.equal(x_in, torch.as_tensor(tr.corpus.input_map)[X])
 
 
