@@ -382,11 +382,10 @@ class Engine:
         if self.kernels.name == "torch":  # one runner for everything: the torch backend's per-symbol rows
             from isan.engine.kernels.torch import plan
 
-            dtype = self.kernels.dtype
-            chunks = plan.chunks(lengths, self.device, threads, dtype, self.forget_bound_chars(rtol=plan.rtol(dtype))) \
+            rtol = plan.rtol(self.kernels.dtype)
+            chunks = plan.chunks(lengths, self.device, threads, self.kernels.dtype, self.forget_bound_chars(rtol=rtol)) \
                 if cut else [1] * len(lengths)
-            return "torch", self._streams(), chunks, {"runner": self.kernels.streams, "path": "chunked",
-                                                      "rtol": plan.rtol(self.kernels.dtype)}
+            return "torch", self._streams(), chunks, {"runner": self.kernels.streams, "path": "chunked", "rtol": rtol}
         jump_chunks = plan_chunks(lengths, target_rows=ROWS_PER_THREAD * threads) if cut else [1] * len(lengths)
         if kernel == "auto":
             enough = sum(jump_chunks) >= MIN_ROWS_PER_THREAD * threads

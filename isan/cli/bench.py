@@ -109,9 +109,9 @@ def bench_gpu_cmd(model, data, device, repeats, docs, doc_chars, quick, steps, p
     runs = None
     if steps:
         runs = []
+        dtypes, step_names = sorted({d for d, _ in GPU_RUNS}), sorted({x for _, x in GPU_RUNS})
         for item in steps.split(","):
             dt, _, st = item.strip().partition(":")
-            dtypes, step_names = sorted({d for d, _ in GPU_RUNS}), sorted({x for _, x in GPU_RUNS})
             if dt not in dtypes or st not in step_names:
                 raise click.BadParameter(f"{item!r}: want DTYPE:STEP, DTYPE {' or '.join(dtypes)}, STEP "
                                          f"{', '.join(step_names)}", param_hint="--steps")

@@ -355,8 +355,8 @@ class _Block:
         """Step ``j`` of the block: ``h_out[r] = h_in[r] @ WT[x_r]`` for every row (sentinel: a copy)."""
         dm, K = self.dm, self.dm.K
         if self.runner.step == "triton":
-            self.runner._grouped.grouped_step(h_in, h_out, dm.WT_ext, self.tile_rows[j], self.tile_sym[j], n_cols=dm.d + 1,
-                         precision=self.runner.precision)
+            self.runner._grouped.grouped_step(h_in, h_out, dm.WT_ext, self.tile_rows[j], self.tile_sym[j],
+                                              n_cols=dm.d + 1, precision=self.runner.precision)
             return
         p = self.perm[j]
         hp = h_in.index_select(0, p)
