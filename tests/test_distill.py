@@ -62,6 +62,46 @@ def test_teacher_log_probs_equal_the_reference(teacher_bundle, text8_valid_head)
     np.testing.assert_allclose(one.astype(np.float64), want, atol=1e-2, rtol=2e-3)
 
 
+def test_an_ensemble_is_the_mixture_of_its_teachers(tmp_path, teacher_bundle, text8_valid_head):
+    """Two teachers: log q = log((q_1 + q_2) / 2) at every position and class, against the float64 reference
+    of each; a teacher twice over is that teacher; the teachers are left where they were."""
+    alphabet = Alphabet.text8()
+    ids = alphabet.encode(text8_valid_head[:3000])
+    second = tmp_path / "t2"
+    write_bundle(second, random_params(d=20, seed=5, scale=0.9).as_dict(), alphabet, kind="isan")
+    models = [load_teacher(teacher_bundle)[1], load_teacher(second)[1]]
+    got = teacher_log_probs(models, ids, streams=1, warmup=0, bptt=500)
+    want = []
+    for p in (random_params(d=12, seed=3, scale=0.9), random_params(d=20, seed=5, scale=0.9)):
+        p64 = type(p)(**{n: np.asarray(v, dtype=np.float64) for n, v in p.as_dict().items()})
+        S = np.vstack([p64.h0[None, :], states_ref(p64, ids, p64.h0)[:-1]])
+        want.append(np.exp(log_softmax(logits_ref(p64, S))))
+    mix = np.log((want[0] + want[1]) / 2)
+    np.testing.assert_allclose(got.astype(np.float64), mix, atol=1e-2, rtol=2e-3)
+    assert np.abs(np.log(want[0]) - mix).max() > 0.1  # the mixture is not either member
+    twice = teacher_log_probs([models[0], models[0]], ids, streams=3, warmup=100, bptt=64)
+    np.testing.assert_array_equal(twice, teacher_log_probs(models[0], ids, streams=3, warmup=100, bptt=64))
+    assert all(next(m.parameters()).device.type == "cpu" for m in models)
+
+
+def test_training_with_an_ensemble_records_every_teacher(tmp_path, small_text, teacher_bundle):
+    second = tmp_path / "t2"
+    write_bundle(second, random_params(d=20, seed=5, scale=0.9).as_dict(), Alphabet.text8(), kind="isan")
+    out = tmp_path / "e"
+    from click.testing import CliRunner
+
+    from isan.cli import main
+
+    r = CliRunner().invoke(main, ["train", "--out", str(out), "--data", str(small_text), "--dataset", "text", "--d", "8",
+                                  "--max-steps", "3", "--teacher", str(teacher_bundle), "--teacher", str(second),
+                                  "--distill", "0.5", "--no-progress", "--batch-size", "16", "--bptt", "16"])
+    assert r.exit_code == 0, r.output
+    cfg = json.loads((out / "config.json").read_text())["train"]
+    assert cfg["teacher"] == f"{teacher_bundle},{second}"
+    shas = cfg["teacher_sha256"].split(",")
+    assert len(shas) == 2 and all(len(x) == 64 for x in shas) and shas[0] != shas[1]
+
+
 def test_the_targets_line_up_with_the_streams(tmp_path, small_text, teacher_bundle):
     """A teacher that is certain of the true next character: its argmax is X itself, at every (t, b)."""
     tr = Trainer(tiny(small_text, teacher_bundle), tmp_path / "a", progress_bar=False)

@@ -1,4 +1,5 @@
-"""Distillation targets: a trained ISAN bundle's next-character distributions over the train split.
+"""Distillation targets: the next-character distributions of a trained ISAN bundle (or of an ensemble
+of them, their mixture) over the train split.
 
 ``isan train --teacher BUNDLE --distill A`` (issue 37) trains on ``(1 - A) CE(x) + A CE(q, p)``: the
 usual cross-entropy against the next character plus the cross-entropy against the teacher's
@@ -43,16 +44,22 @@ def load_teacher(bundle: str | Path):
 
 @torch.no_grad()
 def teacher_log_probs(model, ids: np.ndarray, input_map=None, streams: int = 256, warmup: int = 256,
-                      bptt: int = 256) -> np.ndarray:
+                      bptt: int = 256, device: str = "cpu") -> np.ndarray:
     """The teacher's ``log q(x_i | x_<i)`` for every class at every position of ``ids``.
 
+    An ensemble of teachers (a list of models) gives the mixture of their distributions, ``q = (1/M)
+    sum_m q_m`` (``log q = logsumexp_m log q_m - log M``, computed in float32 before storing): an average of
+    models is a better predictor than its members, and a better target (Hinton et al. 2015, section 1).
+
     Args:
-        model: a torch model with ``initial_state(B)`` and ``forward(x (T, B), h) -> (logits (T, B, V), h)``.
+        model: a torch model with ``initial_state(B)`` and ``forward(x (T, B), h) -> (logits (T, B, V), h)``,
+            or a list of such models with the same V (an ensemble).
         ids: (N,) int output ids (the train split).
         input_map: (V,) output id -> input id, or None (the same ids).
         streams: contiguous pieces read in parallel.
         warmup: characters of context read before each piece (their outputs are dropped).
         bptt: steps a forward call.
+        device: where the teachers run ("cpu", "cuda"); each is moved there and back to where it was.
 
     Returns:
         (N, V) float16 natural-log probabilities; finite (a log-probability below float16's range is
@@ -78,22 +85,36 @@ def teacher_log_probs(model, ids: np.ndarray, input_map=None, streams: int = 256
     x_all = torch.from_numpy(pad)
     if input_map is not None:
         x_all = torch.as_tensor(np.asarray(input_map), dtype=torch.int64)[x_all]
-    V = model.V
+    models = list(model) if isinstance(model, (list, tuple)) else [model]
+    if not models or len({m.V for m in models}) != 1:
+        raise IsanError("the teachers of an ensemble must share one output alphabet")
+    V = models[0].V
+    homes = [next(m.parameters()).device for m in models]
+    x_all = x_all.to(device)
     out = np.empty((N, V), dtype=np.float16)
-    h = model.initial_state(streams)
-    for t0 in range(0, T_all, bptt):
-        logits, h = model(x_all[t0 : t0 + bptt], h)
-        logq = torch.log_softmax(logits.float(), dim=-1)
-        if not bool(torch.isfinite(logq).all()):
-            raise IsanError("the teacher's logits are not finite; is it a trained, exported ISAN?")
-        logq = logq.clamp_min(-60.0).numpy()
-        T = logq.shape[0]
-        for s in range(streams):
-            # rows t0..t0+T of stream s are positions begin[s] + t; keep those at or after starts[s], before N
-            lo = max(t0, int(starts[s] - begin[s]))
-            hi = min(t0 + T, int(starts[s] - begin[s] + L), N - int(begin[s]))
-            if hi > lo:
-                out[begin[s] + lo : begin[s] + hi] = logq[lo - t0 : hi - t0, s]
+    try:
+        for m in models:
+            m.to(device)
+        hs = [m.initial_state(streams) for m in models]
+        for t0 in range(0, T_all, bptt):
+            parts = []
+            for i, m in enumerate(models):
+                logits, hs[i] = m(x_all[t0 : t0 + bptt], hs[i])
+                parts.append(torch.log_softmax(logits.float(), dim=-1))
+            logq = parts[0] if len(parts) == 1 else torch.logsumexp(torch.stack(parts), 0) - math.log(len(parts))
+            if not bool(torch.isfinite(logq).all()):
+                raise IsanError("the teacher's logits are not finite; is it a trained, exported ISAN?")
+            logq = logq.clamp_min(-60.0).cpu().numpy()
+            T = logq.shape[0]
+            for s in range(streams):
+                # rows t0..t0+T of stream s are positions begin[s] + t; keep those at or after starts[s], before N
+                lo = max(t0, int(starts[s] - begin[s]))
+                hi = min(t0 + T, int(starts[s] - begin[s] + L), N - int(begin[s]))
+                if hi > lo:
+                    out[begin[s] + lo : begin[s] + hi] = logq[lo - t0 : hi - t0, s]
+    finally:
+        for m, home in zip(models, homes):
+            m.to(home)
     return out
 
 

@@ -107,9 +107,10 @@ class TrainConfig:
     lr_schedule: str = "plateau"  # plateau: times lr_decay when valid does not improve; cosine: over the budget
     lr_min: float = 0.02  # cosine: the final rate as a fraction of lr
     # ---- distillation (issue 37; train/distill.py; language models only) ----
-    teacher: str | None = None  # an exported ISAN bundle with the same alphabet, trained on the same split
+    teacher: str | None = None  # an exported ISAN bundle with the same alphabet, trained on the same split;
+    #                             several, comma-separated: an ensemble, distilled as the mixture of their q
     distill: float = 0.0  # the loss is (1 - distill) CE(x) + distill CE(teacher's q, p)
-    teacher_sha256: str | None = None  # the teacher's params_sha256, recorded at the start; a resume checks it
+    teacher_sha256: str | None = None  # the teachers' params_sha256 (comma-separated), recorded at the start; a resume checks it
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -302,19 +303,26 @@ class Trainer:
             raise IsanError("--distill A (0 < A <= 1) goes with --teacher BUNDLE")
         if self.task:
             raise IsanError(f"--teacher applies to language models, not to the {cfg.model} task")
-        manifest, teacher, t_alphabet = load_teacher(cfg.teacher)
-        if alphabet_config(t_alphabet) != alphabet_config(alphabet):
-            raise IsanError(f"the teacher {cfg.teacher} has another alphabet than the training data "
-                            f"({len(t_alphabet)} against {len(alphabet)} symbols); distil with a teacher trained on this data")
-        sha = manifest["params_sha256"]
+        paths = [t.strip() for t in cfg.teacher.split(",") if t.strip()]  # several: an ensemble (their mixture)
+        teachers, shas = [], []
+        for path in paths:
+            manifest, teacher, t_alphabet = load_teacher(path)
+            if alphabet_config(t_alphabet) != alphabet_config(alphabet):
+                raise IsanError(f"the teacher {path} has another alphabet than the training data "
+                                f"({len(t_alphabet)} against {len(alphabet)} symbols); distil with a teacher trained on this data")
+            teachers.append(teacher)
+            shas.append(manifest["params_sha256"])
+        sha = ",".join(shas)
         if cfg.teacher_sha256 is not None and cfg.teacher_sha256 != sha:
             raise CheckpointError(f"the teacher {cfg.teacher} is not the one this run started with "
                                   f"(params_sha256 {sha[:12]} against {cfg.teacher_sha256[:12]}); "
                                   f"resume with that teacher or start a new --out")
         t0 = time.perf_counter()
-        self.teacher_logq = teacher_log_probs(teacher, self.corpus.train, input_map=self.input_map)
-        log.info("teacher %s (d = %d): distributions over %s train characters in %.1f s", cfg.teacher,
-                 teacher.d, f"{len(self.corpus.train):,}", time.perf_counter() - t0)
+        self.teacher_logq = teacher_log_probs(teachers, self.corpus.train, input_map=self.input_map,
+                                              device=cfg.device)
+        log.info("teacher %s (d = %s): distributions over %s train characters in %.1f s on %s", cfg.teacher,
+                 ", ".join(str(t.d) for t in teachers), f"{len(self.corpus.train):,}", time.perf_counter() - t0,
+                 cfg.device)
         return TrainConfig.from_dict({**asdict(cfg), "teacher_sha256": sha})
 
     def _read_run_dir(self):

@@ -64,9 +64,10 @@ from isan.cli.helpers import (DEFAULT_TEXT8, friendly, main)
               help="plateau: times --lr-decay when valid does not improve; cosine: from --lr to --lr-min x lr over "
                    "the budget (--max-chars, --max-steps or --max-epochs; a resume that raises it stretches the curve).")
 @click.option("--lr-min", type=float, default=0.02, show_default=True, help="cosine: the final rate as a fraction of --lr.")
-@click.option("--teacher", default=None, type=click.Path(file_okay=False),
+@click.option("--teacher", multiple=True, type=click.Path(file_okay=False),
               help="An exported ISAN bundle with the data's alphabet, trained on the same train split: distil "
-                   "from its next-character distributions (with --distill).")
+                   "from its next-character distributions (with --distill). Given several times: an ensemble, "
+                   "distilled as the mixture (mean) of their distributions.")
 @click.option("--distill", type=float, default=0.0, show_default=True,
               help="With --teacher: the loss is (1 - A) CE(next character) + A CE(teacher's distribution).")
 @friendly
@@ -102,7 +103,7 @@ def train(model, out_dir, data, dataset, params, d, batch_size, bptt, lr, lr_dec
                       threads=threads, init_scale=init_scale, alphabet=alphabet, inputs=inputs,
                       valid_data=valid_data, stable_rho=stable_rho, stable_basis=stable_basis,
                       stable_exact_every=stable_exact_every, state_dropout=state_dropout, ema=ema,
-                      lr_schedule=lr_schedule, lr_min=lr_min, teacher=teacher, distill=distill)
+                      lr_schedule=lr_schedule, lr_min=lr_min, teacher=",".join(teacher) or None, distill=distill)
     # on resume the saved config rules, except for the budget options given on this command line
     # (a default must not override: `--patience` defaulting to 2 ended a resumed run set to 1000)
     ctx = click.get_current_context()
