@@ -37,7 +37,7 @@ from isan.engine.reference import LOG2E, kappa_ref, log_softmax, logits_ref, seg
 from isan.engine.results import (Attribution, Sample, ScoreResult, State, finite_or_none,  # noqa: F401
                                  in_input_terms, with_prefix, with_repeat_hint)
 
-DEFAULT_MODEL = "text8-d216-stable"
+DEFAULT_MODEL = "text8-d216-distil"
 #: the model of the paper's analyses (results/paper): the first default, trained without a stability certificate
 PAPER_MODEL = "text8-d216-unconstrained"
 MAX_ATTRIBUTION_CHARS = 2000
@@ -398,8 +398,10 @@ class Engine:
     def _chunk_fallback(self):
         """What chunk-parallel scoring does with a chunk whose correction does not converge, built
         once: a certified model forgets any start-state error within ``forget_bound_chars()``
-        characters, so every chunk (at least MIN_CHUNK long) corrects itself and none can need the
-        float64 fallback (:class:`ProvenForgetting`); otherwise :class:`Float64Fallback`."""
+        characters; where that is at most MIN_CHUNK, every chunk (at least MIN_CHUNK long) corrects
+        itself and none can need the float64 fallback (:class:`ProvenForgetting`); otherwise (no
+        certificate, or a longer bound, as text8-d216-distil's 1,064) :class:`Float64Fallback`,
+        which redoes in float64 a chunk whose correction does not settle."""
         if self._fallback is None:
             from isan.engine.kernels.chunked import MIN_CHUNK, Float64Fallback
 

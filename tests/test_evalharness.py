@@ -18,6 +18,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("lm_eval")
 pytest.importorskip("tenacity")  # lm-eval's API models need lm-eval[api]
 
+from isan.engine import default_model_path  # noqa: E402
 from isan.engine.serve import ServeConfig, create_app  # noqa: E402
 from server_helpers import running  # noqa: E402
 
@@ -39,7 +40,7 @@ def test_lm_eval_local_completions(default_engine, tmp_path):
            "OPENAI_API_KEY": "none"}
     with running(app) as addr:
         cmd = [sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args",
-               f"model=text8-d216-stable,base_url=http://{addr}/v1/completions,max_length=1000000",
+               f"model={default_model_path().name},base_url=http://{addr}/v1/completions,max_length=1000000",
                "--include_path", str(tasks), "--tasks", "isan_shakespeare_lastword,isan_shakespeare_rolling",
                "--limit", str(LIMIT), "--output_path", str(tmp_path / "out"), "--log_samples"]
         run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)

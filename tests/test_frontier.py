@@ -29,7 +29,7 @@ def test_frontier_of_two_models(default_engine, small_bundle, text8_path, text8_
     assert big["speed_vs_first"] == 1.0 and small["speed_vs_first"] > 0
     assert all(x["chars_per_s"] > 0 and x["chars_per_s_1_thread"] > 0 for x in res["rows"])
     assert res["long_chars"] == 20_000 and res["kenlm"] is None
-    assert "| text8-d216-stable | 216 |" in r.output and "| small | 16 |" in r.output
+    assert f"| {default_model_path().name} | {default_engine.d} |" in r.output and "| small | 16 |" in r.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

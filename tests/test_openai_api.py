@@ -15,10 +15,11 @@ httpx = pytest.importorskip("httpx")
 
 from isan.engine.serve import ServeConfig, create_app  # noqa: E402
 from isan.engine.serve.completions import EOT  # noqa: E402
+from isan.engine.core import DEFAULT_MODEL  # noqa: E402
 from server_helpers import running  # noqa: E402
 
 LN2 = math.log(2)
-NAME = "text8-d216-stable"
+NAME = DEFAULT_MODEL  # the served name: the default bundle's directory name
 REL = 1e-6
 
 
@@ -164,7 +165,7 @@ def test_errors_have_openai_shape(server):
         assert set(e) == {"message", "type", "param", "code"} and e["code"] == status and e["message"]
         return e
 
-    assert "text8-d216-stable" in err(c.post("/v1/completions", json={"model": "gpt-4", "prompt": "x"}), 404)["message"]
+    assert NAME in err(c.post("/v1/completions", json={"model": "gpt-4", "prompt": "x"}), 404)["message"]
     assert err(c.post("/v1/completions", json={"prompt": [1, V, 2]}), 422)["param"] == "prompt"
     assert err(c.post("/v1/completions", json={"prompt": [V + 1]}), 400)["param"] == "prompt"
     err(c.post("/v1/completions", json={"prompt": "x", "logprobs": V + 1}), 400)

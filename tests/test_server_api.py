@@ -13,7 +13,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 from websockets.sync.client import connect  # noqa: E402
 
-from isan.engine import Engine  # noqa: E402
+from isan.engine import Engine, default_model_path  # noqa: E402
 from isan.engine.serve import ServeConfig, create_app  # noqa: E402
 from isan.engine.serve.service import ModelInfo  # noqa: E402
 from server_helpers import raw_http, running  # noqa: E402
@@ -48,7 +48,7 @@ def test_healthz_is_ready_and_shows_no_paths(api):
     r = httpx.get(url + "/healthz")
     body = r.json()
     assert r.status_code == 200 and body["status"] == "ready" and body["model"]["d"] == eng.d
-    assert body["model"]["source"] == "text8-d216-stable" and "path" not in body["model"].get("table", {})
+    assert body["model"]["source"] == default_model_path().name and "path" not in body["model"].get("table", {})
     assert "/work" not in r.text and "/root" not in r.text and "/home" not in r.text and ".cache" not in r.text
 
 

@@ -272,15 +272,17 @@ def test_backend_registry_and_its_errors(monkeypatch):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_the_gpu_plan_corrects_inside_every_chunk(model, default_engine, p64, test_ids, dtype):
-    """The chunks the torch backend cuts on a GPU (kernels/torch/plan.py: at least 1,024 characters
-    in float32, 2,048 in float64, where the certificate proves the correction converges), run here
-    on the CPU device: no chunk falls back to the host's sequential float64, and the bits are exact."""
+    """The chunks the torch backend cuts on a GPU for the default model (kernels/torch/plan.py: at
+    least 1,024 characters in float32, 2,048 in float64, and at least the characters within which
+    the model's certificate proves the correction converges), run here on the CPU device: no chunk
+    falls back to the host's sequential float64, and the bits are exact."""
     from isan.engine.kernels.torch import plan
 
     ids = test_ids[:40_000]
-    chunks = plan.chunks([len(ids)], "cuda", dtype=dtype)
-    assert chunks[0] == len(ids) // plan.GPU_MIN_CHUNK[dtype]
-    assert default_engine.forget_bound_chars(rtol=plan.rtol(dtype)) <= plan.GPU_MIN_CHUNK[dtype]
+    bound = default_engine.forget_bound_chars(rtol=plan.rtol(dtype))
+    chunks = plan.chunks([len(ids)], "cuda", dtype=dtype, forget_chars=bound)
+    assert chunks[0] == len(ids) // plan.min_chunk(dtype, bound) and len(ids) // chunks[0] >= bound
+    assert plan.min_chunk(dtype, bound) >= plan.GPU_MIN_CHUNK[dtype]
     bits, _, rep, div = score_texts_chunked(model, [ids], p64.h0[None], chunks=chunks, runner=TorchStreams("cpu", dtype),
                                             rtol=plan.rtol(dtype), fallback=default_engine._chunk_fallback())
     bits_ref, _ = score_ref(p64, ids.astype(np.int64), p64.h0)

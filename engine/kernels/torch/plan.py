@@ -4,12 +4,13 @@ A GPU wants many rows in flight (each step's per-symbol GEMMs are small: at 32,7
 1,200 rows a symbol), and chunk-parallel scoring pays a correction of a pair of rows a chunk until
 the start error dies out. A chunk must be long enough for it to die out inside the chunk, or the
 chunk is redone sequentially in float64 on the host (:class:`~isan.engine.kernels.chunked.Float64Fallback`),
-which a GPU must never wait for. The shipped model's certificate proves the error below the
-float32 runner's stopping rule (1e-6 / 4 of the state) within 984 characters and below the float64
-runner's (1e-13 / 4) within about 1,700 (``Engine.forget_bound_chars``), so chunks are at least
-1,024 characters in float32 and 2,048 in float64; a model whose certificate proves less (a larger
-rho or state bound: text8-d216-distil needs 1,064 in float32) gets chunks at least as long as its
-own bound (:func:`min_chunk`). On the CPU device (the tests and CI) the CPU
+which a GPU must never wait for. A certificate proves the error below the float32 runner's
+stopping rule (1e-6 / 4 of the state) within ``Engine.forget_bound_chars()`` characters and below
+the float64 runner's (1e-13 / 4) within ``forget_bound_chars(rtol=1e-13)``. Chunks are at least
+1,024 characters in float32 and 2,048 in float64, which covers text8-d216-stable (984 and 1,718); a
+model whose certificate proves less (a larger rho or state bound: the default, text8-d216-distil,
+needs 1,064 in float32 and 1,855 in float64) gets chunks at least as long as its own bound
+(:func:`min_chunk`: 1,280 characters in float32 for the default). On the CPU device (the tests and CI) the CPU
 kernels' plan applies. The row target is a starting point, to be set by the GPU check
 (``isan/bench/gpu_check.sh``) on a real card; nothing here is measured on one yet.
 
