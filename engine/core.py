@@ -386,31 +386,42 @@ class Engine:
             chunks = plan.chunks(lengths, self.device, threads, self.kernels.dtype, self.forget_bound_chars(rtol=rtol)) \
                 if cut else [1] * len(lengths)
             return "torch", self._streams(), chunks, {"runner": self.kernels.streams, "path": "chunked", "rtol": rtol}
-        jump_chunks = plan_chunks(lengths, target_rows=ROWS_PER_THREAD * threads) if cut else [1] * len(lengths)
+        jump_chunks = plan_chunks(lengths, target_rows=ROWS_PER_THREAD * threads, min_chunk=self.min_chunk()) \
+            if cut else [1] * len(lengths)
         if kernel == "auto":
             enough = sum(jump_chunks) >= MIN_ROWS_PER_THREAD * threads
             kernel = "jumps" if self._composed is not None and enough else "chunked"
         if kernel in ("jumps", "jumps-f16"):
             model = self._jump_table("float16" if kernel == "jumps-f16" else "float32")
             return kernel, model, jump_chunks, {"runner": self.kernels.jumps, "path": kernel}
-        return kernel, self._streams(), None if cut else [1] * len(lengths), {"runner": self.kernels.streams}
+        return kernel, self._streams(), jump_chunks, {"runner": self.kernels.streams}
 
-    def _chunk_fallback(self):
-        """What chunk-parallel scoring does with a chunk whose correction does not converge, built
-        once: a certified model forgets any start-state error within ``forget_bound_chars()``
-        characters; where that is at most MIN_CHUNK, every chunk (at least MIN_CHUNK long) corrects
-        itself and none can need the float64 fallback (:class:`ProvenForgetting`); otherwise (no
-        certificate, or a longer bound, as text8-d216-distil's 1,064) :class:`Float64Fallback`,
-        which redoes in float64 a chunk whose correction does not settle."""
+    def min_chunk(self) -> int:
+        """The shortest chunk chunk-parallel scoring cuts on the CPU kernels, in characters: MIN_CHUNK
+        (1,024), or, for a certified model whose certificate proves forgetting only after more
+        characters (``forget_bound_chars()``: 1,064 for text8-d216-distil), that many rounded up to a
+        multiple of 256, so that every chunk provably corrects itself (:class:`ProvenForgetting`)."""
+        from isan.engine.kernels.chunked import certified_min_chunk
+
+        return certified_min_chunk(self.forget_bound_chars())
+
+    def _chunk_fallback(self, lengths: Sequence[int] | None = None, chunks: Sequence[int] | None = None):
+        """What chunk-parallel scoring does with a chunk whose correction does not converge: a
+        certified model forgets any start-state error within ``forget_bound_chars()`` characters, so
+        where every chunk is at least that long (the plan's chunks are :meth:`min_chunk` or longer;
+        chunk counts a caller gives are checked: ``lengths`` and ``chunks``) none can need the float64
+        fallback (:class:`ProvenForgetting`); otherwise (no certificate, shorter chunks, or the torch
+        backend, whose chunks and tolerance are the device's) :class:`Float64Fallback`, which redoes
+        in float64 a chunk whose correction does not settle."""
         if self._fallback is None:
-            from isan.engine.kernels.chunked import MIN_CHUNK, Float64Fallback
+            from isan.engine.kernels.chunked import Float64Fallback
 
-            if self.kernels.name == "torch":  # its chunks and tolerance are the device's: no proof is claimed
-                self._fallback = Float64Fallback(self.params)
-                return self._fallback
-            bound = self.forget_bound_chars()
-            self._fallback = (ProvenForgetting(bound) if bound is not None and bound <= MIN_CHUNK
-                              else Float64Fallback(self.params))
+            self._float64_fallback = Float64Fallback(self.params)
+            bound = None if self.kernels.name == "torch" else self.forget_bound_chars()
+            self._fallback = ProvenForgetting(bound) if bound is not None else self._float64_fallback
+        if isinstance(self._fallback, ProvenForgetting) and chunks is not None:
+            if any(c > 1 and n // c < self._fallback.bound for n, c in zip(lengths, chunks)):
+                return self._float64_fallback  # a caller's chunks shorter than the proof: checked instead
         return self._fallback
 
     def score_ids(self, ids_list: Sequence[np.ndarray], hs: np.ndarray, *, chunks: str | Sequence[int] = "auto",
@@ -446,7 +457,7 @@ class Engine:
         plan = planned if isinstance(chunks, str) else list(chunks)
         bits, finals, rep, div = score_texts_chunked(
             model, ids_list, np.asarray(hs, dtype=np.float64),
-            chunks=plan, threads=threads, want_bits=want_bits, fallback=self._chunk_fallback(), **kw)
+            chunks=plan, threads=threads, want_bits=want_bits, fallback=self._chunk_fallback(lengths, plan), **kw)
         if div:
             i, off, h_start, t = div[0]
             try:

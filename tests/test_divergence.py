@@ -324,6 +324,50 @@ def test_a_certified_model_scores_chunk_parallel_without_the_float64_fallback(tm
     assert m["certificate"]["holds"] and m["letters"] == [] and m["pairs"] == []
 
 
+def test_chunks_follow_a_certificate_that_needs_more_than_the_minimum(tmp_path, text8_test):
+    """A certified model whose proof of forgetting needs more than MIN_CHUNK characters (rho 0.99): the
+    CPU plan cuts chunks at least that long, so none can need the float64 fallback and the bits are
+    exact; chunk counts a caller gives that make shorter chunks are scored with the fallback ready."""
+    from isan.engine.certificate import CERT_FILE, certificate
+    from isan.engine.kernels.chunked import MIN_CHUNK
+    from safetensors.numpy import save_file
+
+    p = random_params(d=16, seed=3, scale=0.99)
+    c = certificate(p.W, p.b, p.h0)
+    save_file({"P": np.eye(16)}, str(tmp_path / CERT_FILE))
+    b = write_bundle(tmp_path / "cert", p.as_dict(), A8, normalizer="text8",
+                     files={CERT_FILE: tmp_path / CERT_FILE},
+                     extra={"certificate": {"rho": c["rho"], "state_bound": c["state_bound"], "file": CERT_FILE}})
+    eng = Engine.load(b, path_mode="chunked")
+    bound = eng.forget_bound_chars()
+    assert eng.certificate()["holds"] and bound > MIN_CHUNK  # the case under test
+    assert eng.min_chunk() >= bound and eng.min_chunk() % 256 == 0 and eng.min_chunk() - bound < 256
+    text = text8_test[:80_000]
+    r = eng.score(text, per_char=True, threads=2)
+    assert r.scoring["forget_bound_chars"] == bound and r.scoring["fallback_chunks"] == 0
+    ref = Engine.load(b, path_mode="reference").score(text, per_char=True)
+    assert np.max(np.abs(r.per_char_bits - ref.per_char_bits)) < 1e-4
+    ids = eng.alphabet.encode(text)
+    short = [len(ids) // MIN_CHUNK]  # chunks of MIN_CHUNK characters, shorter than the proof
+    bits, _, rep = eng.score_ids([ids], eng.params.h0[None, :], chunks=short)
+    assert np.max(np.abs(bits[0] - ref.per_char_bits)) < 1e-4 and rep.chunks == short[0]
+    from isan.engine.kernels.chunked import Float64Fallback
+
+    assert isinstance(eng._chunk_fallback([len(ids)], short), Float64Fallback)
+    r2 = eng.score(text, per_char=True, threads=2)  # and the engine's own plan keeps its proof after
+    assert r2.scoring["forget_bound_chars"] == bound and r2.bits == r.bits
+
+
+def test_the_default_model_keeps_the_proof_in_chunk_parallel_scoring(default_engine, text8_test):
+    """The default's certificate needs more than MIN_CHUNK characters in float32 (text8-d216-distil:
+    1,064); its chunks are cut that long, so its scoring still says why no chunk can fall back."""
+    eng = default_engine
+    bound = eng.forget_bound_chars()
+    assert bound is not None and eng.min_chunk() >= bound
+    r = eng.score(text8_test[:100_000], threads=2)
+    assert r.scoring["forget_bound_chars"] == bound and r.scoring["fallback_chunks"] == 0
+
+
 def test_the_default_model_scores_every_text(default_engine):
     """Issue #20: no text, however made, makes the default model's state diverge. The certificate
     proves it (recomputed here from the bundle); the texts that broke the first default model score."""

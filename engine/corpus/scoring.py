@@ -6,10 +6,12 @@ numbers to the last bit:
 
 - documents of at most ``row_max_chars`` scored characters are scored together, chunk-parallel
   (:func:`isan.engine.kernels.chunked.score_texts_chunked`, the kernel of :meth:`Engine.score_batch`),
-  each cut into ``max(1, n // CHUNK_CHARS)`` chunks by its own length alone (score_batch plans the
-  cuts over the whole batch, which would make a document's last bits depend on its neighbours); the
-  kernel is fixed by the model (:func:`corpus_path`: composed jumps when it has a trie table), and a
-  row's arithmetic does not depend on the other rows, so a document under 2,048 characters is one
+  each cut into ``max(1, n // c)`` chunks by its own length alone (``c``: :meth:`Engine.min_chunk`,
+  1,024 characters, or more where the model's certificate needs more to prove that its chunks correct
+  themselves; score_batch plans the cuts over the whole batch, which would make a document's last bits
+  depend on its neighbours); the kernel is fixed by the model (:func:`corpus_path`: composed jumps
+  when it has a trie table), and a row's arithmetic does not depend on the other rows, so a document
+  under ``2 c`` characters is one
   row and equals ``Engine.score(text, path=corpus_path(engine))`` exactly;
 - a longer one is scored in blocks of a million characters with the state carried across them
   (:func:`isan.engine.blocks.score_blocks`) on the chunk-parallel path, whose chunk plan is fixed
@@ -40,8 +42,6 @@ ROW_MAX_CHARS = 65_536
 LONG_DOC_THREADS = 2
 #: characters of a block when a long document is scored block by block
 BLOCK_CHARS = 1_000_000
-#: a document of n characters is cut into max(1, n // CHUNK_CHARS) chunks of the chunk-parallel batch
-CHUNK_CHARS = 1024
 #: characters a batch of rows holds (bounds memory: ~40 bytes a character)
 DEFAULT_BATCH_CHARS = 2_000_000
 COUNT_KEYS = ("changed", "dropped", "skipped", "replaced")
@@ -191,11 +191,12 @@ class DocScorer:
     def _bits(self, ids_list: list) -> list:
         """Bits of each text, all texts' chunks as rows of one chunk-parallel batch
         (:meth:`Engine.score_ids`, by the kernel :func:`corpus_path` names). Each text is cut by its
-        own length alone (``CHUNK_CHARS`` a chunk), so its bits do not depend on the batch.
+        own length alone (:meth:`Engine.min_chunk` a chunk), so its bits do not depend on the batch.
         Raises StateDivergedError with ``text_index``."""
         eng = self.engine
         kernel = corpus_path(eng)
-        plan = [max(1, len(x) // CHUNK_CHARS) for x in ids_list]
+        c = eng.min_chunk()
+        plan = [max(1, len(x) // c) for x in ids_list]
         h0 = np.tile(eng.params.h0, (len(ids_list), 1))
         bits, _, _ = eng.score_ids(ids_list, h0, chunks=plan, threads=self.threads,
                                    kernel="chunked" if kernel.startswith("torch") else kernel)

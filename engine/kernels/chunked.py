@@ -97,6 +97,15 @@ class ChunkedReport:
         return out
 
 
+def certified_min_chunk(forget_chars: int | None, base: int = MIN_CHUNK) -> int:
+    """The shortest chunk to cut for a model whose certificate proves forgetting within ``forget_chars``
+    characters (``Engine.forget_bound_chars``; None: no certificate): ``base``, or that many characters
+    rounded up to a multiple of 256 where it is more, so that every chunk provably corrects itself."""
+    if forget_chars is not None and forget_chars > base:
+        return -(-int(forget_chars) // 256) * 256
+    return base
+
+
 def plan_chunks(lengths: Sequence[int], target_rows: int = 2 * ROWS_PER_THREAD, min_chunk: int = MIN_CHUNK) -> list[int]:
     """How many chunks to cut each text into: about ``target_rows`` rows in all for the batched
     kernel (ROWS_PER_THREAD a thread), chunks no shorter than ``min_chunk`` characters (so the

@@ -10,8 +10,8 @@ the float64 runner's (1e-13 / 4) within ``forget_bound_chars(rtol=1e-13)``. Chun
 1,024 characters in float32 and 2,048 in float64, which covers text8-d216-stable (984 and 1,718); a
 model whose certificate proves less (a larger rho or state bound: the default, text8-d216-distil,
 needs 1,064 in float32 and 1,855 in float64) gets chunks at least as long as its own bound
-(:func:`min_chunk`: 1,280 characters in float32 for the default). On the CPU device (the tests and CI) the CPU
-kernels' plan applies. The row target is a starting point, to be set by the GPU check
+(:func:`min_chunk`: 1,280 characters in float32 for the default), as the CPU kernels' plan does
+(``Engine.min_chunk``). On the CPU device (the tests and CI) the CPU kernels' row target applies. The row target is a starting point, to be set by the GPU check
 (``isan/bench/gpu_check.sh``) on a real card; nothing here is measured on one yet.
 
 The float64 runner is the exact reference on the device: its corrections run until the start
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from isan.engine.kernels.chunked import DEFAULT_RTOL, MIN_CHUNK, ROWS_PER_THREAD, plan_chunks
+from isan.engine.kernels.chunked import DEFAULT_RTOL, MIN_CHUNK, ROWS_PER_THREAD, certified_min_chunk, plan_chunks
 
 #: Rows a GPU batch aims at, and the shortest chunk it cuts by dtype (see the module docstring).
 GPU_TARGET_ROWS = 32_768
@@ -36,10 +36,7 @@ def min_chunk(dtype: str = "float32", forget_chars: int | None = None) -> int:
     """The shortest chunk to cut in ``dtype``: :data:`GPU_MIN_CHUNK`, or, for a model whose certificate
     proves forgetting only after more characters (``forget_chars``: ``Engine.forget_bound_chars`` at
     :func:`rtol` of ``dtype``), that many rounded up to a multiple of 256, so that no chunk falls back."""
-    m = GPU_MIN_CHUNK[dtype]
-    if forget_chars is not None and forget_chars > m:
-        m = -(-int(forget_chars) // 256) * 256
-    return m
+    return certified_min_chunk(forget_chars, GPU_MIN_CHUNK[dtype])
 
 
 def chunks(lengths: Sequence[int], device: str, threads: int = 1, dtype: str = "float32",
