@@ -57,13 +57,19 @@ def test_constraint_holds_after_every_step(tmp_path, text8_path, exact_every):
     assert np.linalg.svd(best["W"].astype(np.float64), compute_uv=False)[:, 0].max() <= rho * (1 + 1e-5)
 
 
-def test_projection_clips_only_the_large_singular_values():
-    """The nearest matrix in the ball: singular values above rho become rho, the others stay (no collapse)."""
+@pytest.mark.parametrize("eigh_dtype", [None, torch.float32, torch.float64])
+def test_projection_clips_only_the_large_singular_values(eigh_dtype):
+    """The nearest matrix in the ball: singular values above rho become rho, the others stay (no collapse);
+    the same with the eigendecomposition in float64 (as on a GPU, train/stable.py eigh_dtype_for)."""
     m = StableISAN(3, 3, 12, rho=0.9, seed=0)
     with torch.no_grad():
         m.W.copy_(torch.randn(3, 12, 12, generator=torch.Generator().manual_seed(1)) * 0.5)
     before = np.linalg.svd(m.W.detach().double().numpy(), compute_uv=False)
-    m.project_exact_()
+    m.project_exact_(eigh_dtype)
+    assert m.W.dtype == torch.float32
+    from isan.train.stable import eigh_dtype_for
+
+    assert eigh_dtype_for(torch.device("cuda")) == torch.float64 and eigh_dtype_for(torch.device("cpu")) == torch.float32
     after = np.linalg.svd(m.W.detach().double().numpy(), compute_uv=False)
     np.testing.assert_allclose(after, np.minimum(before, 0.9), atol=1e-5)
 

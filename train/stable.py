@@ -12,7 +12,7 @@ start-state error ``e`` is carried as ``P^-1 U... P e``: it shrinks at least as 
 How the constraint is kept (projected gradient descent): after every optimizer step each ``U_x`` is
 projected onto the spectral-norm ball, its singular values clipped at rho (``U V diag(min(1, rho / s_i))
 V^T`` from the eigendecomposition of ``U_x^T U_x``: 50-70 ms for 27 matrices of d = 216 on 1-2 cores,
-beside a training step of 16k characters of 100-250 ms). Rescaling the whole matrix by
+beside a training step of 16k characters of 100-250 ms; on a GPU, in float64: :func:`eigh_dtype_for`). Rescaling the whole matrix by
 ``rho / sigma_max`` instead (spectral normalisation) is cheaper but shrinks every other direction
 whenever the top one grows: measured at d = 216 after 6M characters (power iteration, exact norms
 every 25 steps) it collapsed the matrices to a
@@ -37,6 +37,15 @@ from torch import nn
 from isan.errors import IsanError
 from isan.train.models import ISAN
 
+
+
+def eigh_dtype_for(device: torch.device) -> torch.dtype:
+    """The dtype of the projection's eigendecomposition on ``device``. On an H100 (torch 2.11, CUDA 13;
+    results/distil/gpu_h100/) ``eigh`` of the 27 ``U^T U`` of a trained d = 216 model took 130 ms in
+    float32 and 48 ms in float64, against a training step of 16 ms: float32's iterative solver converges
+    slowly on a trained spectrum, many singular values clipped at rho (at initialisation, 4 ms). On the
+    CPU float32 is the faster (93 against 244 ms on 2 shared cores)."""
+    return torch.float64 if torch.device(device).type == "cuda" else torch.float32
 
 
 class StableISAN(ISAN):
@@ -89,10 +98,16 @@ class StableISAN(ISAN):
         return torch.linalg.eigvalsh(U.transpose(1, 2) @ U)[:, -1].clamp_min(0).sqrt()
 
     @torch.no_grad()
-    def project_exact_(self) -> None:
-        """Project every U_x onto ||U_x||_2 <= rho: clip its singular values at rho (the nearest such matrix)."""
+    def project_exact_(self, eigh_dtype: torch.dtype | None = None) -> None:
+        """Project every U_x onto ||U_x||_2 <= rho: clip its singular values at rho (the nearest such matrix).
+
+        ``eigh_dtype``: the eigendecomposition's dtype (default :func:`eigh_dtype_for` the weights' device:
+        float64 on a GPU, the weights' own on the CPU)."""
         U = self.contracted()
-        e, Q = torch.linalg.eigh(U.transpose(1, 2) @ U)  # U^T U = Q diag(s^2) Q^T
+        G = U.transpose(1, 2) @ U
+        G = G.to(eigh_dtype or eigh_dtype_for(U.device))
+        e, Q = torch.linalg.eigh(G)  # U^T U = Q diag(s^2) Q^T
+        e, Q = e.to(U.dtype), Q.to(U.dtype)
         f = (self.rho / e.clamp_min(1e-30).sqrt()).clamp(max=1.0)  # (K, d)
         if bool((f < 1).any()):
             # U Q diag(f) Q^T = U - U Q diag(1 - f) Q^T (zero on the directions that are not clipped)

@@ -17,7 +17,7 @@ cd "$(dirname "$0")/../.."
 OUT_DIR=${OUT:-.gpu/out}
 mkdir -p "$OUT_DIR" runs
 TRAIN_SECONDS=${ISAN_GPU_TRAIN_SECONDS:-390}  # from the launch of the runs to their end
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 ISAN_SHARED_DATA="$PWD/.gpu/data"  # the tests read text8 from there
 if [ -z "${ISAN_DRY_RUN:-}" ]; then  # ISAN_DRY_RUN=1: the script's own check on a CPU, on a small text
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/isan-site .gpu/whl/*.whl
 export PYTHONPATH=/tmp/isan-site${PYTHONPATH:+:$PYTHONPATH}
