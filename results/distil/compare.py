@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-DEFAULT = ["isan/models/text8-d216-stable/train_log.jsonl", "runs/text8-d216-distil/train_log.jsonl",
+DEFAULT = ["isan/models/text8-d216-stable/train_log.jsonl", "isan/models/text8-d216-distil/train_log.jsonl",
            "isan/models/text8-d320-stable/train_log.jsonl"]
 
 
