@@ -299,18 +299,22 @@ def test_server_answers_422_and_never_nan(unconstrained_engine):
 
 
 # ---- a certified model (issue #20) ---------------------------------------------------------------
-def test_a_certified_model_scores_chunk_parallel_without_the_float64_fallback(tmp_path, text8_test):
-    """Orthogonal W scaled to 0.9 is a contraction with P = I: the certificate holds, any start-state
-    error provably dies within the bound, every chunk corrects itself, and the bits are exact."""
+def certified_bundle(tmp_path, scale: float):
+    """A bundle of orthogonal W scaled to ``scale`` (a contraction with P = I) and its certificate."""
     from isan.engine.certificate import CERT_FILE, certificate
     from safetensors.numpy import save_file
 
-    p = random_params(d=16, seed=3, scale=0.9)
+    p = random_params(d=16, seed=3, scale=scale)
     c = certificate(p.W, p.b, p.h0)
     save_file({"P": np.eye(16)}, str(tmp_path / CERT_FILE))
-    b = write_bundle(tmp_path / "cert", p.as_dict(), A8, normalizer="text8",
-                     files={CERT_FILE: tmp_path / CERT_FILE},
-                     extra={"certificate": {"rho": c["rho"], "state_bound": c["state_bound"], "file": CERT_FILE}})
+    return write_bundle(tmp_path / "cert", p.as_dict(), A8, normalizer="text8", files={CERT_FILE: tmp_path / CERT_FILE},
+                        extra={"certificate": {"rho": c["rho"], "state_bound": c["state_bound"], "file": CERT_FILE}})
+
+
+def test_a_certified_model_scores_chunk_parallel_without_the_float64_fallback(tmp_path, text8_test):
+    """Orthogonal W scaled to 0.9 is a contraction with P = I: the certificate holds, any start-state
+    error provably dies within the bound, every chunk corrects itself, and the bits are exact."""
+    b = certified_bundle(tmp_path, scale=0.9)
     eng = Engine.load(b, path_mode="chunked")
     assert eng.certificate()["holds"] and eng.certificate()["rho"] == pytest.approx(0.9, rel=1e-5)
     bound = eng.forget_bound_chars()
@@ -328,16 +332,9 @@ def test_chunks_follow_a_certificate_that_needs_more_than_the_minimum(tmp_path, 
     """A certified model whose proof of forgetting needs more than MIN_CHUNK characters (rho 0.99): the
     CPU plan cuts chunks at least that long, so none can need the float64 fallback and the bits are
     exact; chunk counts a caller gives that make shorter chunks are scored with the fallback ready."""
-    from isan.engine.certificate import CERT_FILE, certificate
     from isan.engine.kernels.chunked import MIN_CHUNK
-    from safetensors.numpy import save_file
 
-    p = random_params(d=16, seed=3, scale=0.99)
-    c = certificate(p.W, p.b, p.h0)
-    save_file({"P": np.eye(16)}, str(tmp_path / CERT_FILE))
-    b = write_bundle(tmp_path / "cert", p.as_dict(), A8, normalizer="text8",
-                     files={CERT_FILE: tmp_path / CERT_FILE},
-                     extra={"certificate": {"rho": c["rho"], "state_bound": c["state_bound"], "file": CERT_FILE}})
+    b = certified_bundle(tmp_path, scale=0.99)
     eng = Engine.load(b, path_mode="chunked")
     bound = eng.forget_bound_chars()
     assert eng.certificate()["holds"] and bound > MIN_CHUNK  # the case under test

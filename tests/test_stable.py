@@ -69,7 +69,8 @@ def test_projection_clips_only_the_large_singular_values(eigh_dtype):
     assert m.W.dtype == torch.float32
     from isan.train.stable import eigh_dtype_for
 
-    assert eigh_dtype_for(torch.device("cuda")) == torch.float64 and eigh_dtype_for(torch.device("cpu")) == torch.float32
+    assert eigh_dtype_for(torch.device("cuda")) == torch.float64
+    assert eigh_dtype_for(torch.device("cpu")) == torch.float32
     after = np.linalg.svd(m.W.detach().double().numpy(), compute_uv=False)
     np.testing.assert_allclose(after, np.minimum(before, 0.9), atol=1e-5)
 

@@ -110,7 +110,8 @@ class TrainConfig:
     teacher: str | None = None  # an exported ISAN bundle with the same alphabet, trained on the same split;
     #                             several, comma-separated: an ensemble, distilled as the mixture of their q
     distill: float = 0.0  # the loss is (1 - distill) CE(x) + distill CE(teacher's q, p)
-    teacher_sha256: str | None = None  # the teachers' params_sha256 (comma-separated), recorded at the start; a resume checks it
+    teacher_sha256: str | None = None  # the teachers' params_sha256 (comma-separated), recorded at the
+    #                                    start; a resume checks it
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -309,7 +310,8 @@ class Trainer:
             manifest, teacher, t_alphabet = load_teacher(path)
             if alphabet_config(t_alphabet) != alphabet_config(alphabet):
                 raise IsanError(f"the teacher {path} has another alphabet than the training data "
-                                f"({len(t_alphabet)} against {len(alphabet)} symbols); distil with a teacher trained on this data")
+                                f"({len(t_alphabet)} against {len(alphabet)} symbols); "
+                                "distil with a teacher trained on this data")
             teachers.append(teacher)
             shas.append(manifest["params_sha256"])
         sha = ",".join(shas)

@@ -12,11 +12,11 @@ start-state error ``e`` is carried as ``P^-1 U... P e``: it shrinks at least as 
 How the constraint is kept (projected gradient descent): after every optimizer step each ``U_x`` is
 projected onto the spectral-norm ball, its singular values clipped at rho (``U V diag(min(1, rho / s_i))
 V^T`` from the eigendecomposition of ``U_x^T U_x``: 50-70 ms for 27 matrices of d = 216 on 1-2 cores,
-beside a training step of 16k characters of 100-250 ms; on a GPU, in float64: :func:`eigh_dtype_for`). Rescaling the whole matrix by
-``rho / sigma_max`` instead (spectral normalisation) is cheaper but shrinks every other direction
-whenever the top one grows: measured at d = 216 after 6M characters (power iteration, exact norms
-every 25 steps) it collapsed the matrices to a
-few directions (median singular value 0.001) and valid bpc stalled at 2.89 against 2.03 unconstrained.
+beside a training step of 16k characters of 100-250 ms; on a GPU, in float64: :func:`eigh_dtype_for`).
+Rescaling the whole matrix by ``rho / sigma_max`` instead (spectral normalisation) is cheaper but
+shrinks every other direction whenever the top one grows: measured at d = 216 after 6M characters
+(power iteration, exact norms every 25 steps) it collapsed the matrices to a few directions (median
+singular value 0.001) and valid bpc stalled at 2.89 against 2.03 unconstrained.
 With ``exact_every`` N > 1 the projection runs every N steps only (the bound then holds at those
 steps, and for the evaluated and saved weights, which are always projected). Without a
 basis ``U_x`` *is* ``W_x`` and the model's tensors are exactly the plain ISAN's; with a basis the
