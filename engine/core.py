@@ -386,15 +386,15 @@ class Engine:
             chunks = plan.chunks(lengths, self.device, threads, self.kernels.dtype, self.forget_bound_chars(rtol=rtol)) \
                 if cut else [1] * len(lengths)
             return "torch", self._streams(), chunks, {"runner": self.kernels.streams, "path": "chunked", "rtol": rtol}
-        jump_chunks = plan_chunks(lengths, target_rows=ROWS_PER_THREAD * threads, min_chunk=self.min_chunk()) \
+        planned_chunks = plan_chunks(lengths, target_rows=ROWS_PER_THREAD * threads, min_chunk=self.min_chunk()) \
             if cut else [1] * len(lengths)
         if kernel == "auto":
-            enough = sum(jump_chunks) >= MIN_ROWS_PER_THREAD * threads
+            enough = sum(planned_chunks) >= MIN_ROWS_PER_THREAD * threads
             kernel = "jumps" if self._composed is not None and enough else "chunked"
         if kernel in ("jumps", "jumps-f16"):
             model = self._jump_table("float16" if kernel == "jumps-f16" else "float32")
-            return kernel, model, jump_chunks, {"runner": self.kernels.jumps, "path": kernel}
-        return kernel, self._streams(), jump_chunks, {"runner": self.kernels.streams}
+            return kernel, model, planned_chunks, {"runner": self.kernels.jumps, "path": kernel}
+        return kernel, self._streams(), planned_chunks, {"runner": self.kernels.streams}
 
     def min_chunk(self) -> int:
         """The shortest chunk chunk-parallel scoring cuts on the CPU kernels, in characters: MIN_CHUNK
