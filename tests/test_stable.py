@@ -71,6 +71,7 @@ def test_projection_clips_only_the_large_singular_values(eigh_dtype):
 
     assert eigh_dtype_for(torch.device("cuda")) == torch.float64
     assert eigh_dtype_for(torch.device("cpu")) == torch.float32
+    assert eigh_dtype_for(torch.device("cpu"), torch.float64) == torch.float64  # weights' own dtype kept
     after = np.linalg.svd(m.W.detach().double().numpy(), compute_uv=False)
     np.testing.assert_allclose(after, np.minimum(before, 0.9), atol=1e-5)
 

@@ -39,13 +39,14 @@ from isan.train.models import ISAN
 
 
 
-def eigh_dtype_for(device: torch.device) -> torch.dtype:
-    """The dtype of the projection's eigendecomposition on ``device``. On an H100 (torch 2.11, CUDA 13;
-    results/distil/gpu_h100/) ``eigh`` of the 27 ``U^T U`` of a trained d = 216 model took 130 ms in
-    float32 and 48 ms in float64, against a training step of 16 ms: float32's iterative solver converges
-    slowly on a trained spectrum, many singular values clipped at rho (at initialisation, 4 ms). On the
-    CPU float32 is the faster (93 against 244 ms on 2 shared cores)."""
-    return torch.float64 if torch.device(device).type == "cuda" else torch.float32
+def eigh_dtype_for(device: torch.device, dtype: torch.dtype = torch.float32) -> torch.dtype:
+    """The dtype of the projection's eigendecomposition for weights of ``dtype`` on ``device``: float64 on
+    a GPU, ``dtype`` elsewhere. On an H100 (torch 2.11, CUDA 13; results/distil/gpu_h100/) ``eigh`` of the
+    27 ``U^T U`` of a trained d = 216 model took 130 ms in float32 and 48 ms in float64, against a
+    training step of 16 ms: float32's iterative solver converges slowly on a trained spectrum, many
+    singular values clipped at rho (at initialisation, 4 ms). On the CPU float32 is the faster (93
+    against 244 ms on 2 shared cores)."""
+    return torch.float64 if torch.device(device).type == "cuda" else dtype
 
 
 class StableISAN(ISAN):
@@ -105,7 +106,7 @@ class StableISAN(ISAN):
         float64 on a GPU, the weights' own on the CPU)."""
         U = self.contracted()
         G = U.transpose(1, 2) @ U
-        G = G.to(eigh_dtype or eigh_dtype_for(U.device))
+        G = G.to(eigh_dtype or eigh_dtype_for(U.device, U.dtype))
         e, Q = torch.linalg.eigh(G)  # U^T U = Q diag(s^2) Q^T
         e, Q = e.to(U.dtype), Q.to(U.dtype)
         f = (self.rho / e.clamp_min(1e-30).sqrt()).clamp(max=1.0)  # (K, d)

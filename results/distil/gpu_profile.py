@@ -10,27 +10,23 @@ Prints one table; no file is written.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
+from isan.bench.engine import median_time
 from isan.train.stable import StableISAN
 
 
 def timed(fn, device, repeats=20, warmup=5):
+    """Median seconds of ``fn`` (:func:`isan.bench.engine.median_time`), each call waited for on a GPU."""
+    def synced():
+        fn()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
     for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(repeats):
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
+        synced()
+    return median_time(synced, repeats)[0]
 
 
 def main():

@@ -11,8 +11,9 @@ the float64 runner's (1e-13 / 4) within ``forget_bound_chars(rtol=1e-13)``. Chun
 model whose certificate proves less (a larger rho or state bound: the default, text8-d216-distil,
 needs 1,064 in float32 and 1,855 in float64) gets chunks at least as long as its own bound
 (:func:`min_chunk`: 1,280 characters in float32 for the default), as the CPU kernels' plan does
-(``Engine.min_chunk``). On the CPU device (the tests and CI) the CPU kernels' row target applies. The row target is a starting point, to be set by the GPU check
-(``isan/bench/gpu_check.sh``) on a real card; nothing here is measured on one yet.
+(``Engine.min_chunk``). On the CPU device (the tests and CI) the CPU kernels' row target applies.
+The row target is a starting point, to be set by the GPU check (``isan/bench/gpu_check.sh``) on a
+real card; nothing here is measured on one yet.
 
 The float64 runner is the exact reference on the device: its corrections run until the start
 error is below 1e-13 of the state (float32: 1e-6, as the compiled kernels), so chunk-parallel bits
