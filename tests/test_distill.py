@@ -13,7 +13,7 @@ from isan.alphabet import Alphabet  # noqa: E402
 from isan.engine.bundle import write_bundle  # noqa: E402
 from isan.engine.reference import log_softmax, logits_ref, states_ref  # noqa: E402
 from isan.errors import CheckpointError, IsanError  # noqa: E402
-from isan.train.distill import load_teacher, soft_cross_entropy, teacher_log_probs  # noqa: E402
+from isan.train.distill import load_teacher, soft_cross_entropy, teacher_log_probs, teacher_samples  # noqa: E402
 from isan.train.loop import TrainConfig, Trainer  # noqa: E402
 
 from conftest import random_params  # noqa: E402
@@ -22,7 +22,7 @@ from conftest import random_params  # noqa: E402
 def tiny(text_path, teacher, **kw):
     base = dict(d=16, params=None, data=str(text_path), dataset="text", batch_size=32, bptt=32, lr=1e-2, eval_every=0.1, patience=1000,
                 max_valid_chars=10_000, valid_streams=10, ckpt_every=10, log_every=10, max_steps=40,
-                teacher=str(teacher), distill=1.0, max_epochs=5)
+                teacher=str(teacher) if teacher else None, distill=1.0, max_epochs=5)
     base.update(kw)
     return TrainConfig(**base)
 
@@ -127,6 +127,85 @@ def test_distillation_reaches_the_gradient(tmp_path, small_text, teacher_bundle)
     assert cfg["teacher"] == str(teacher_bundle) and cfg["distill"] == 1.0 and len(cfg["teacher_sha256"]) == 64
 
 
+def _mixture_ref(params, ids):
+    """float64 reference: the mixture's log q(x_i | x_<i) at every position of one stream from h0."""
+    qs = []
+    for p in params:
+        p64 = type(p)(**{n: np.asarray(v, dtype=np.float64) for n, v in p.as_dict().items()})
+        S = np.vstack([p64.h0[None, :], states_ref(p64, ids, p64.h0)[:-1]])
+        qs.append(np.exp(log_softmax(logits_ref(p64, S))))
+    return np.log(np.mean(qs, axis=0))
+
+
+def test_teacher_samples_are_drawn_from_the_recorded_distributions(tmp_path, teacher_bundle):
+    """Two teachers' text: each stream's recorded log q equals the float64 mixture's along the sampled text
+    (from h0, stream after stream); the characters follow q (their frequencies against the mean of q);
+    a seed gives the same text, another seed another; the teachers stay where they were."""
+    second = tmp_path / "t2"
+    params = [random_params(d=12, seed=3, scale=0.9), random_params(d=20, seed=5, scale=0.9)]
+    write_bundle(second, params[1].as_dict(), Alphabet.text8(), kind="isan")
+    models = [load_teacher(teacher_bundle)[1], load_teacher(second)[1]]
+    ids, logq = teacher_samples(models, 1200, streams=2, seed=7)  # two streams of 600 steps
+    assert ids.shape == (1200,) and ids.dtype == np.int64 and logq.shape == (1200, 27) and logq.dtype == np.float16
+    assert np.isfinite(logq).all() and ids.min() >= 0 and ids.max() < 27
+    for s in (0, 1):
+        piece = slice(s * 600, (s + 1) * 600)
+        np.testing.assert_allclose(logq[piece].astype(np.float64), _mixture_ref(params, ids[piece]),
+                                   atol=1e-2, rtol=2e-3)
+    n = 40_000  # 4,000 streams of 10 steps: the characters' frequencies against the mean of their q
+    many, many_q = teacher_samples(models, n, streams=4000, seed=7)
+    freq = np.bincount(many, minlength=27) / n
+    assert np.abs(freq - np.exp(many_q.astype(np.float64)).mean(0)).max() < 0.015  # a frequency's sd < 0.0025
+    again, _ = teacher_samples(models, n, streams=4000, seed=7)
+    other, _ = teacher_samples(models, n, streams=4000, seed=8)
+    np.testing.assert_array_equal(again, many)
+    assert (other != many).mean() > 0.5
+    assert all(next(m.parameters()).device.type == "cpu" for m in models)
+    with pytest.raises(IsanError, match="positive"):
+        teacher_samples(models, 0)
+
+
+def test_synthetic_text_is_kept_checked_and_read_on_resume(tmp_path, small_text, teacher_bundle):
+    """--synthetic-chars: the teacher's text follows the train split in an epoch's streams with its own
+    distributions; the file's sha256 is recorded; a resume reads it; a changed or lost file is refused (and
+    the run goes on once it is back)."""
+    out = tmp_path / "s"
+    tr = Trainer(tiny(small_text, teacher_bundle, synthetic_chars=5000, max_steps=4, distill=0.8), out,
+                 progress_bar=False)
+    N = len(tr.corpus.train)
+    assert len(tr.train_ids) == N + 5000 and tr.teacher_logq.shape == (N + 5000, 27)
+    np.testing.assert_array_equal(tr.train_ids[:N], tr.corpus.train)
+    path = out / Trainer.SYNTHETIC
+    from safetensors.numpy import load_file
+
+    kept = load_file(str(path))
+    np.testing.assert_array_equal(tr.train_ids[N:], kept["ids"])
+    np.testing.assert_array_equal(tr.teacher_logq[N:], kept["logq"])
+    p = random_params(d=12, seed=3, scale=0.9)  # the teacher's q along its own text, stream by stream from h0
+    T = -(-5000 // 2048)
+    for s in range(0, 5000 // T, 97):
+        piece = slice(N + s * T, N + (s + 1) * T)
+        np.testing.assert_allclose(tr.teacher_logq[piece].astype(np.float64), _mixture_ref([p], tr.train_ids[piece]),
+                                   atol=1e-2, rtol=2e-3)
+    tr.run()
+    cfg = json.loads((out / "config.json").read_text())["train"]
+    from isan.jsonfile import file_sha256
+
+    assert cfg["synthetic_chars"] == 5000 and cfg["synthetic_sha256"] == file_sha256(path)
+    resumed = Trainer(tiny(small_text, teacher_bundle), out, progress_bar=False, overrides={"max_steps": 6})
+    assert resumed.resumed and len(resumed.train_ids) == N + 5000 and resumed.run().step == 6
+    good = path.read_bytes()
+    path.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    with pytest.raises(CheckpointError, match="not the synthetic text this run wrote"):
+        Trainer(tiny(small_text, teacher_bundle), out, progress_bar=False)
+    path.unlink()
+    with pytest.raises(CheckpointError, match="is missing"):
+        Trainer(tiny(small_text, teacher_bundle), out, progress_bar=False)
+    path.write_bytes(good)
+    again = Trainer(tiny(small_text, teacher_bundle), out, progress_bar=False, overrides={"max_steps": 8})
+    assert again.run().step == 8
+
+
 def test_soft_cross_entropy_is_the_cross_entropy():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(5, 3, 7, generator=g)
@@ -159,6 +238,8 @@ def test_resume_checks_the_teacher(tmp_path, small_text, teacher_bundle):
 def test_bad_options_are_refused(tmp_path, small_text, teacher_bundle):
     with pytest.raises(IsanError, match="goes with --teacher"):
         Trainer(tiny(small_text, teacher_bundle, distill=0.0), tmp_path / "a", progress_bar=False)
+    with pytest.raises(IsanError, match="and so does --synthetic-chars"):
+        Trainer(tiny(small_text, None, distill=0.0, synthetic_chars=100), tmp_path / "a2", progress_bar=False)
     abc = tmp_path / "abc"
     write_bundle(abc, random_params(K=5, V=5, d=4).as_dict(), Alphabet(tuple(" abcd")), kind="isan")
     with pytest.raises(IsanError, match="another alphabet"):

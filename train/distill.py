@@ -12,6 +12,11 @@ split is cut into ``streams`` contiguous pieces and each piece is read after a w
 ``warmup`` characters before it (from ``h0``), so each position sees at least ``warmup`` characters
 of context (the first piece: the text from its start). They are stored as float16 log-probabilities,
 (N, V): 9M characters x 27 classes is 486 MB.
+
+``--synthetic-chars N`` adds text written by the teacher (:func:`teacher_samples`): N characters sampled
+from the teacher's (or the ensemble's mixture) distribution, stored with those distributions and appended
+to the train split. The student sees more inputs than the 9M characters hold; everything it learns still
+comes from the train split, through the teacher (sequence-level distillation; Kim and Rush 2016).
 """
 
 from __future__ import annotations
@@ -116,6 +121,81 @@ def teacher_log_probs(model, ids: np.ndarray, input_map=None, streams: int = 256
         for m, home in zip(models, homes):
             m.to(home)
     return out
+
+
+@torch.no_grad()
+def teacher_samples(model, n: int, streams: int = 2048, seed: int = 0, input_map=None,
+                    device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:
+    """Text sampled from the teacher (an ensemble: from the mixture of its members), with its distributions.
+
+    ``streams`` independent streams each start from the teachers' ``h0`` and run ``ceil(n / streams)``
+    steps; at every step each teacher reads out ``log q_m = log softmax(W_ro h + b_ro)``, the mixture
+    ``log q = logsumexp_m log q_m - log M`` is recorded, a character ``x ~ q`` is drawn (Gumbel-max,
+    a seeded generator) and every teacher's state steps, ``h <- W[x] h + b[x]`` (rows grouped by ``x``).
+    The streams are concatenated, stream after stream; ``logq[i]`` is the distribution ``ids[i]`` was
+    drawn from, the convention of :func:`teacher_log_probs` (``log q(x_i | x_<i)``).
+
+    Args:
+        model: a torch ISAN (``W`` (K, d, d), ``b``, ``W_ro``, ``b_ro``, ``h0``) or a list of them with
+            one V (an ensemble).
+        n: characters to write (> 0).
+        streams: streams sampled in parallel.
+        seed: the sampling generator's seed.
+        input_map: (V,) output id -> input id, or None (the same ids).
+        device: where the teachers run; each is moved there and back.
+
+    Returns:
+        ``(ids (n,) int64 output ids, logq (n, V) float16 natural-log probabilities)``, finite
+        (clipped at -60 as :func:`teacher_log_probs`).
+
+    Raises:
+        IsanError: ``n`` is not positive, the teachers' outputs differ, or a state or a logit is not finite.
+    """
+    if n <= 0:
+        raise IsanError("--synthetic-chars must be positive")
+    models = list(model) if isinstance(model, (list, tuple)) else [model]
+    if not models or len({m.V for m in models}) != 1:
+        raise IsanError("the teachers of an ensemble must share one output alphabet")
+    V = models[0].V
+    streams = max(1, min(streams, n))
+    T = math.ceil(n / streams)
+    imap = None if input_map is None else torch.as_tensor(np.asarray(input_map), dtype=torch.int64, device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    homes = [next(m.parameters()).device for m in models]
+    ids = torch.empty((T, streams), dtype=torch.int64)
+    logq_out = np.empty((T, streams, V), dtype=np.float16)
+    try:
+        for m in models:
+            m.to(device)
+        hs = [m.h0.detach().unsqueeze(0).expand(streams, m.d).clone() for m in models]
+        for t in range(T):
+            parts = [torch.log_softmax(h @ m.W_ro.T + m.b_ro, dim=-1) for m, h in zip(models, hs)]
+            logq = parts[0] if len(parts) == 1 else torch.logsumexp(torch.stack(parts), 0) - math.log(len(parts))
+            if not bool(torch.isfinite(logq).all()):
+                raise IsanError(f"the teacher's logits are not finite at step {t} of its samples")
+            gumbel = -torch.log(-torch.log(torch.rand(logq.shape, generator=gen, device=device).clamp_min(1e-20)))
+            x = torch.argmax(logq + gumbel, dim=-1)  # x ~ q
+            ids[t] = x.cpu()
+            logq_out[t] = logq.clamp_min(-60.0).cpu().numpy()
+            xin = x if imap is None else imap[x]
+            order = torch.argsort(xin, stable=True)  # stable: the same rows in the same GEMM places
+            counts = torch.bincount(xin, minlength=models[0].W.shape[0]).tolist()
+            for i, m in enumerate(models):
+                h = hs[i]
+                new = torch.empty_like(h)
+                lo = 0
+                for k, c in enumerate(counts):
+                    if c:
+                        rows = order[lo : lo + c]
+                        new[rows] = torch.addmm(m.b[k], h[rows], m.W[k].T)
+                        lo += c
+                hs[i] = new
+    finally:
+        for m, home in zip(models, homes):
+            m.to(home)
+    out_ids = ids.T.reshape(-1)[:n].numpy().copy()
+    out_logq = logq_out.transpose(1, 0, 2).reshape(-1, V)[:n].copy()
+    return out_ids, out_logq
 
 
 def soft_cross_entropy(logits: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:

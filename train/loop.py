@@ -112,6 +112,9 @@ class TrainConfig:
     distill: float = 0.0  # the loss is (1 - distill) CE(x) + distill CE(teacher's q, p)
     teacher_sha256: str | None = None  # the teachers' params_sha256 (comma-separated), recorded at the
     #                                    start; a resume checks it
+    synthetic_chars: int = 0  # characters sampled from the teacher(s), appended to the train split with their
+    #                           distributions (train/distill.py teacher_samples); 0: none
+    synthetic_sha256: str | None = None  # sha256 of the run's synthetic.safetensors, recorded when it is written
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -240,7 +243,10 @@ class Trainer:
         if cfg.state_dropout:
             init["state_dropout"] = cfg.state_dropout
         self.teacher_logq = None  # (N, V) float16 log q over the train split (train/distill.py)
-        if cfg.teacher or cfg.distill:
+        self.train_ids = self.corpus.train  # what an epoch reads: the train split, and any synthetic text
+        if cfg.synthetic_chars and dist is not None:
+            raise IsanError("--synthetic-chars is not supported with --distributed training")
+        if cfg.teacher or cfg.distill or cfg.synthetic_chars:
             cfg = self.cfg = self._with_teacher(cfg, alphabet)
         if cfg.stable_rho:
             from isan.train.models import ISAN
@@ -301,7 +307,8 @@ class Trainer:
         from isan.train.distill import load_teacher, teacher_log_probs
 
         if not cfg.teacher or not 0.0 < cfg.distill <= 1.0:
-            raise IsanError("--distill A (0 < A <= 1) goes with --teacher BUNDLE")
+            raise IsanError("--distill A (0 < A <= 1) goes with --teacher BUNDLE"
+                            + (", and so does --synthetic-chars" if cfg.synthetic_chars else ""))
         if self.task:
             raise IsanError(f"--teacher applies to language models, not to the {cfg.model} task")
         paths = [t.strip() for t in cfg.teacher.split(",") if t.strip()]  # several: an ensemble (their mixture)
@@ -325,7 +332,54 @@ class Trainer:
         log.info("teacher %s (d = %s): distributions over %s train characters in %.1f s on %s", cfg.teacher,
                  ", ".join(str(t.d) for t in teachers), f"{len(self.corpus.train):,}", time.perf_counter() - t0,
                  cfg.device)
-        return TrainConfig.from_dict({**asdict(cfg), "teacher_sha256": sha})
+        cfg = TrainConfig.from_dict({**asdict(cfg), "teacher_sha256": sha})
+        if cfg.synthetic_chars:
+            cfg = self._with_synthetic(cfg, teachers)
+        return cfg
+
+    #: the teacher's text of a run with --synthetic-chars, in its run directory
+    SYNTHETIC = "synthetic.safetensors"
+
+    def _with_synthetic(self, cfg: TrainConfig, teachers) -> TrainConfig:
+        """Sample (or, on resume, read and check) ``cfg.synthetic_chars`` characters of the teachers' text
+        with their distributions, append both to the train split, and return ``cfg`` with the file's sha256."""
+        from safetensors.numpy import load_file, save_file
+
+        from isan.atomic import atomic_path
+        from isan.jsonfile import file_sha256
+        from isan.train.distill import teacher_samples
+
+        if cfg.synthetic_chars < 0:
+            raise IsanError("--synthetic-chars must be positive")
+        path = self.out / self.SYNTHETIC
+        t0 = time.perf_counter()
+        if cfg.synthetic_sha256:  # a resume: the text the run started with, or nothing
+            if not path.exists():
+                raise CheckpointError(f"{path}, the synthetic text this run trained on, is missing (sampling it "
+                                      f"again need not give the same text); restore it or start a new --out")
+            got = file_sha256(path)
+            if got != cfg.synthetic_sha256:
+                raise CheckpointError(f"{path} is not the synthetic text this run wrote (sha256 {got[:12]} against "
+                                      f"{cfg.synthetic_sha256[:12]}); restore it or start a new --out")
+            arrays = load_file(str(path))
+            ids, logq = arrays["ids"].astype(np.int64), arrays["logq"]
+            if len(ids) != cfg.synthetic_chars or logq.shape != (len(ids), self.teacher_logq.shape[1]):
+                raise CheckpointError(f"{path} holds {len(ids):,} characters, the run asks for "
+                                      f"{cfg.synthetic_chars:,}")
+            how = "read"
+        else:
+            ids, logq = teacher_samples(teachers, cfg.synthetic_chars, seed=cfg.seed, input_map=self.input_map,
+                                        device=cfg.device)
+            with atomic_path(path) as tmp:
+                save_file({"ids": ids.astype(np.uint8 if logq.shape[1] <= 256 else np.int32), "logq": logq},
+                          str(tmp), metadata={"teacher_sha256": cfg.teacher_sha256 or "", "seed": str(cfg.seed)})
+            cfg = TrainConfig.from_dict({**asdict(cfg), "synthetic_sha256": file_sha256(path)})
+            how = "sampled"
+        self.train_ids = np.concatenate([self.corpus.train, ids])
+        self.teacher_logq = np.concatenate([self.teacher_logq, logq])
+        log.info("synthetic text: %s characters %s in %.1f s (%s)", f"{len(ids):,}", how,
+                 time.perf_counter() - t0, path)
+        return cfg
 
     def _read_run_dir(self):
         """What a resume needs from ``out`` ({"config", "latest": (weights, optimizer, progress)}), None
@@ -438,7 +492,7 @@ class Trainer:
         """(this rank's streams of the epoch (L, B / W) ids, the teacher's log q at the same positions
         (L, B / W, V) float16 view, or None without a teacher)."""
         cfg = self.cfg
-        ids = self.task.epoch_ids(epoch, cfg.seed) if self.task else self.corpus.train
+        ids = self.task.epoch_ids(epoch, cfg.seed) if self.task else self.train_ids
         shift = int(np.random.default_rng(cfg.seed * 100003 + epoch).integers(0, cfg.bptt))
         L = (len(ids) - cfg.bptt) // cfg.batch_size
         X = ids[shift : shift + L * cfg.batch_size].reshape(cfg.batch_size, L).T  # (L, B)
@@ -501,14 +555,14 @@ class Trainer:
         elif cfg.max_steps:
             f = p.step / cfg.max_steps
         else:
-            f = p.chars_seen / max(1, cfg.max_epochs * len(self.corpus.train))
+            f = p.chars_seen / max(1, cfg.max_epochs * len(self.train_ids))
         return min(1.0, max(0.0, f))
 
     def _after_eval(self, bpc: float, extra: dict | None = None) -> None:
         """Record an evaluation; ``bpc`` is the validation metric (a task's loss for a task run:
         Progress.best_valid_bpc then holds that loss, logged as ``best_valid_<metric>``)."""
         p, cfg = self.progress, self.cfg
-        epoch_f = p.chars_seen / len(self.corpus.train)
+        epoch_f = p.chars_seen / len(self.train_ids)
         # a non-finite valid bpc (a diverged model) is never the best one, so it is never exported
         improved = math.isfinite(bpc) and (p.best_valid_bpc is None or bpc < p.best_valid_bpc)
         if improved:
@@ -538,7 +592,7 @@ class Trainer:
         world = 1 if self.dist is None else self.dist.world
         where = {"unit": self.unit, "processes": world}
         if not self.resumed:
-            p.next_eval_chars = int(cfg.eval_every * len(self.corpus.train))
+            p.next_eval_chars = int(cfg.eval_every * len(self.train_ids))
             self._log({"event": "start", **where, "model": model.config(), "n_params": self.n_params,
                        "config": asdict(cfg)})
         else:
@@ -632,7 +686,7 @@ class Trainer:
                     window_nats, window_chars, window_aux, window_steps, t_window = 0.0, 0, 0.0, 0, time.perf_counter()
                     window_soft = 0.0
                 if p.chars_seen >= p.next_eval_chars:
-                    p.next_eval_chars += int(cfg.eval_every * len(self.corpus.train))
+                    p.next_eval_chars += int(cfg.eval_every * len(self.train_ids))
                     self._after_eval(*self._evaluate())
                 if cfg.max_steps and p.step >= cfg.max_steps:
                     p.done, p.stop_reason = True, "max_steps"

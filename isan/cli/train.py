@@ -70,11 +70,14 @@ from isan.cli.helpers import (DEFAULT_TEXT8, friendly, main)
                    "distilled as the mixture (mean) of their distributions.")
 @click.option("--distill", type=float, default=0.0, show_default=True,
               help="With --teacher: the loss is (1 - A) CE(next character) + A CE(teacher's distribution).")
+@click.option("--synthetic-chars", type=float, default=0, show_default=True,
+              help="With --teacher: sample this many characters of text from the teacher (the ensemble's "
+                   "mixture), kept with its distributions in --out, and train on it beside the train split.")
 @friendly
 def train(model, out_dir, data, dataset, params, d, batch_size, bptt, lr, lr_decay, weight_decay, clip, max_epochs,
           max_chars, max_steps, patience, eval_every, seed, device, threads, init_scale, progress, orders,
           alphabet, inputs, valid_data, distributed, stable_rho, stable_basis, stable_exact_every, state_dropout,
-          ema, lr_schedule, lr_min, teacher, distill):
+          ema, lr_schedule, lr_min, teacher, distill, synthetic_chars):
     """Train MODEL (default: isan) on text8-10M or a text file; resumes a run found in --out.
 
     MODEL: isan, rnn, irnn, gru, lstm, linear, linear_nlro, isan_nobias, or ngram (interpolated
@@ -103,7 +106,8 @@ def train(model, out_dir, data, dataset, params, d, batch_size, bptt, lr, lr_dec
                       threads=threads, init_scale=init_scale, alphabet=alphabet, inputs=inputs,
                       valid_data=valid_data, stable_rho=stable_rho, stable_basis=stable_basis,
                       stable_exact_every=stable_exact_every, state_dropout=state_dropout, ema=ema,
-                      lr_schedule=lr_schedule, lr_min=lr_min, teacher=",".join(teacher) or None, distill=distill)
+                      lr_schedule=lr_schedule, lr_min=lr_min, teacher=",".join(teacher) or None, distill=distill,
+                      synthetic_chars=int(synthetic_chars))
     # on resume the saved config rules, except for the budget options given on this command line
     # (a default must not override: `--patience` defaulting to 2 ended a resumed run set to 1000)
     ctx = click.get_current_context()
