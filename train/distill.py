@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from isan.errors import IsanError
+from isan.train.scan import isan_scan
 
 
 def load_teacher(bundle: str | Path):
@@ -131,7 +132,8 @@ def teacher_samples(model, n: int, streams: int = 2048, seed: int = 0, input_map
     ``streams`` independent streams each start from the teachers' ``h0`` and run ``ceil(n / streams)``
     steps; at every step each teacher reads out ``log q_m = log softmax(W_ro h + b_ro)``, the mixture
     ``log q = logsumexp_m log q_m - log M`` is recorded, a character ``x ~ q`` is drawn (Gumbel-max,
-    a seeded generator) and every teacher's state steps, ``h <- W[x] h + b[x]`` (rows grouped by ``x``).
+    a seeded generator) and every teacher's state steps, ``h <- W[x] h + b[x]`` (one step of the
+    training scan, :func:`isan.train.scan.isan_scan`).
     The streams are concatenated, stream after stream; ``logq[i]`` is the distribution ``ids[i]`` was
     drawn from, the convention of :func:`teacher_log_probs` (``log q(x_i | x_<i)``).
 
@@ -177,19 +179,8 @@ def teacher_samples(model, n: int, streams: int = 2048, seed: int = 0, input_map
             x = torch.argmax(logq + gumbel, dim=-1)  # x ~ q
             ids[t] = x.cpu()
             logq_out[t] = logq.clamp_min(-60.0).cpu().numpy()
-            xin = x if imap is None else imap[x]
-            order = torch.argsort(xin, stable=True)  # stable: the same rows in the same GEMM places
-            counts = torch.bincount(xin, minlength=models[0].W.shape[0]).tolist()
-            for i, m in enumerate(models):
-                h = hs[i]
-                new = torch.empty_like(h)
-                lo = 0
-                for k, c in enumerate(counts):
-                    if c:
-                        rows = order[lo : lo + c]
-                        new[rows] = torch.addmm(m.b[k], h[rows], m.W[k].T)
-                        lo += c
-                hs[i] = new
+            xin = (x if imap is None else imap[x]).unsqueeze(0)  # (1, streams): one step of the training scan
+            hs = [isan_scan(m.W, m.b, h, xin, impl=m.scan_impl)[0] for m, h in zip(models, hs)]
     finally:
         for m, home in zip(models, homes):
             m.to(home)

@@ -244,6 +244,8 @@ class Trainer:
             init["state_dropout"] = cfg.state_dropout
         self.teacher_logq = None  # (N, V) float16 log q over the train split (train/distill.py)
         self.train_ids = self.corpus.train  # what an epoch reads: the train split, and any synthetic text
+        if cfg.synthetic_chars < 0:
+            raise IsanError("--synthetic-chars must be positive")
         if cfg.synthetic_chars and dist is not None:
             raise IsanError("--synthetic-chars is not supported with --distributed training")
         if cfg.teacher or cfg.distill or cfg.synthetic_chars:
@@ -349,8 +351,6 @@ class Trainer:
         from isan.jsonfile import file_sha256
         from isan.train.distill import teacher_samples
 
-        if cfg.synthetic_chars < 0:
-            raise IsanError("--synthetic-chars must be positive")
         path = self.out / self.SYNTHETIC
         t0 = time.perf_counter()
         if cfg.synthetic_sha256:  # a resume: the text the run started with, or nothing
