@@ -73,10 +73,13 @@ def install_hint(extra: str) -> str:
 
     Returns:
         A command line, e.g. ``pip install -c requirements/ci.txt '.[plot]' (in the isan repository folder)``.
+        The paths of an editable install are quoted for a POSIX shell, so a folder named ``isan`` or one
+        with a space in its path gives a command that runs as printed.
     """
+    import shlex
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
     if (root / "requirements" / "ci.txt").is_file() and (root / "pyproject.toml").is_file():
-        return f"pip install -c {root / 'requirements' / 'ci.txt'} '{root}[{extra}]'"
+        return f"pip install -c {shlex.quote(str(root / 'requirements' / 'ci.txt'))} {shlex.quote(f'{root}[{extra}]')}"
     return f"pip install -c requirements/ci.txt '.[{extra}]' (in the isan repository folder)"

@@ -5,6 +5,7 @@ shipped model's ONNX graphs built into the cache on first use and verified."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -639,4 +640,5 @@ def test_onnx_backend_install_hints_name_the_working_command(tmp_path, monkeypat
             onnx_runner._providers("cuda")
         assert install_hint("gpu") in str(e.value)
         messages.append(str(e.value))
-    assert not any("isan[" in msg for msg in messages), messages
+    # the form no index has is a bare requirement; a checkout named isan ends in "/isan[onnx]" (#45 item 1)
+    assert not any(re.search(r"""pip install (-c \S+ )?['"]?isan\[""", msg) for msg in messages), messages

@@ -21,6 +21,10 @@ from isan.cli.helpers import UserError, friendly
 from isan.engine import Engine
 from isan.errors import install_hint
 
+#: the form no package index can satisfy (isan is installed from its repository, #34 item 11): a bare
+#: requirement ``isan[extra]``; a checkout's path that ends in ``/isan[extra]`` is the working form
+NO_INDEX_HAS_IT = re.compile(r"""pip install (-c \S+ )?['"]?isan\[""")
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -44,7 +48,25 @@ def test_a_missing_extra_names_the_command_that_installs_it(module, extra):
 
     with pytest.raises(UserError) as e:
         needs_it()
-    assert install_hint(extra) in e.value.message and "isan[" not in e.value.message
+    assert install_hint(extra) in e.value.message and not NO_INDEX_HAS_IT.search(e.value.message)
+
+
+def test_install_hint_runs_as_printed_from_a_folder_named_isan_with_a_space(tmp_path, monkeypatch):
+    """A clone is a folder named ``isan`` (``git clone``), its path may hold a space: the hint names
+    the editable checkout, quoted, so the shell splits it into pip's arguments unchanged (#45 item 1)."""
+    import shlex
+
+    import isan.errors as errors
+
+    root = tmp_path / "my work" / "isan"
+    (root / "requirements").mkdir(parents=True)
+    (root / "requirements" / "ci.txt").write_text("")
+    (root / "pyproject.toml").write_text("")
+    (root / "isan").mkdir()
+    monkeypatch.setattr(errors, "__file__", str(root / "isan" / "errors.py"))
+    hint = errors.install_hint("plot")
+    assert shlex.split(hint) == ["pip", "install", "-c", str(root / "requirements" / "ci.txt"), f"{root}[plot]"]
+    assert not NO_INDEX_HAS_IT.search(hint)
 
 
 def test_bench_train_without_torch_names_the_working_install(monkeypatch):
