@@ -15,7 +15,7 @@ EXAMPLE = "from isan.engine import Engine; r = Engine.default().score('hello wor
 
 def _readme_commands() -> list[str]:
     text = (REPO / "README.md").read_text()
-    block = re.search(r"## Quick start\s+```bash\n(.*?)```", text, re.S)
+    block = re.search(r"## Quick start\n[^#]*?```bash\n(.*?)```", text, re.S)
     assert block, "the README has a Quick start with a bash block"
     return [line for line in block.group(1).splitlines() if line.strip()]
 
@@ -29,6 +29,48 @@ def test_quick_start_is_two_commands_and_ci_runs_the_second():
     # both install against the committed lock
     for cmd in (install_and_run, tests):
         assert "-c requirements/ci.txt" in cmd
+
+
+def _ci_commands() -> list[str]:
+    """.ci/run's command lines: all but comments, the shebang, the shell's options and the cd to the root."""
+    lines = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
+    return [line for line in lines if line and not line.startswith("#")
+            and line != "set -euo pipefail" and line != 'cd "$(dirname "$0")/.."']
+
+
+def test_ci_runs_the_readmes_lines_verbatim_and_nothing_else():
+    """CI is a user following the README (#45 item 3): each command of .ci/run is a line of the README,
+    word for word, and none sets the environment apart from them (an ``export`` would give CI what the
+    README's reader lacks, as MAX_ORDER=8 did: KenLM built without order 8, no KenLM peer)."""
+    readme_lines = {line.strip() for line in (REPO / "README.md").read_text().splitlines()}
+    readme_text = (REPO / "README.md").read_text()
+    ci = _ci_commands()
+    assert ci[-1] == _readme_commands()[1], "CI ends with the README's test command"
+    for cmd in ci:
+        assert cmd in readme_lines or f"`{cmd}`" in readme_text, f".ci/run runs {cmd!r}, which the README does not say"
+        assert not re.match(r"(export|[A-Z_]+=\S+$)", cmd), f".ci/run sets {cmd!r}, which the README's reader does not"
+
+
+def test_the_readmes_kenlm_builds_order_8():
+    """The README's test command compiles KenLM with MAX_ORDER=8, so its module loads the order-8 n-gram
+    the benchmarks compare against (#45 item 3). A module built without it (pip's cached wheel) fails here,
+    naming the command that rebuilds it."""
+    kenlm = pytest.importorskip("kenlm")
+    import tempfile
+
+    from isan.alphabet import Alphabet
+    from isan.export.arpa import write_arpa
+    from isan.train.ngram import fit
+
+    a = Alphabet.text8()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "order8.arpa"
+        write_arpa(fit(a.encode("the quick brown fox jumps over the lazy dog " * 4), 27, 8), a, path)
+        try:
+            kenlm.Model(str(path))
+        except Exception as e:  # noqa: BLE001 - KenLM's own error names the order it was built for
+            pytest.fail(f"kenlm cannot load an order-8 model ({str(e).splitlines()[0][:200]}): rebuild it "
+                        "with MAX_ORDER=8 pip install --no-cache-dir --force-reinstall kenlm")
 
 
 def _pins(path: Path) -> dict[str, str]:
