@@ -1,14 +1,18 @@
 """The documentation (issue #27): the site builds offline with `mkdocs build --strict`, loads
-nothing from the network when read, and every Python example of the guides runs.
+nothing from the network when read, and every example of the guides runs and prints what it shows.
 
-Examples are the ```python blocks of docs/**/*.md and README.md, each run as it is, in a fresh
-namespace (one that needs a package of an extra that is not installed is skipped, saying which).
-A block that talks to ``http://127.0.0.1:8000`` (a running ``isan-serve``) gets the default model
-served on a free port instead.
+Sybil finds the examples of docs/**/*.md and README.md (#45 item 4): each ```python block runs as
+it is, in a fresh namespace (one that needs a package of an extra that is not installed is skipped,
+saying which); a block of ``>>>`` lines is a doctest, its printed outputs compared with doctest's
+ELLIPSIS; a ```console block runs each ``$ `` command in bash from the repository root and compares
+what it prints (stdout then stderr) with the lines under it, ``...`` matching anything and runs of
+whitespace equal. A changed default model or message fails here. A block that talks to
+``http://127.0.0.1:8000`` (a running ``isan-serve``) gets the default model served on a free port.
 """
 
 from __future__ import annotations
 
+import doctest
 import importlib.util
 import logging
 import os
@@ -19,6 +23,8 @@ import time
 from pathlib import Path
 
 import pytest
+from sybil import Sybil
+from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipParser
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -38,12 +44,51 @@ def _example_files() -> list[Path]:
     return sorted(p for p in DOCS.rglob("*.md") if "_tools" not in p.parts) + [REPO / "README.md"]
 
 
-def _examples() -> list[tuple[str, str]]:
-    out = []
+#: doctest's comparison for printed outputs: "..." matches anything, runs of whitespace are equal
+OUTPUT_FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+
+
+def _console(example) -> str | None:
+    """Sybil's evaluator of a ```console block: each ``$ `` line runs in bash from the repository root
+    (the interpreter's own scripts, ``isan`` among them, first on PATH); the lines under it are what it
+    prints. Returns None when every command printed what the block shows, else the difference."""
+    commands: list[tuple[str, list[str]]] = []
+    for line in str(example.parsed).splitlines():
+        if line.startswith("$ "):
+            commands.append((line[2:], []))
+        elif commands:
+            commands[-1][1].append(line)
+    if not commands:
+        return "a console block without a '$ ' command"
+    env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    checker = doctest.OutputChecker()
+    for command, lines in commands:
+        proc = subprocess.run(["bash", "-c", command], cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+        got, want = proc.stdout + proc.stderr, "\n".join(lines).strip() + "\n"
+        if not checker.check_output(want, got, OUTPUT_FLAGS):
+            return f"$ {command}\n" + checker.output_difference(doctest.Example(command, want), got, OUTPUT_FLAGS)
+    return None
+
+
+SYBIL = Sybil(parsers=[PythonCodeBlockParser(doctest_optionflags=OUTPUT_FLAGS),
+                       CodeBlockParser("console", evaluator=_console), SkipParser()])
+
+
+def _examples() -> list[tuple[str, list]]:
+    """(name, Sybil examples) for every block of the guides and the README, in document order: a code
+    or console block is one example, a block of ``>>>`` lines one doctest example a statement."""
+    out: list[tuple[str, list]] = []
     for path in _example_files():
-        blocks = re.findall(r"^```python[^\n]*\n(.*?)^```", path.read_text(encoding="utf-8"), re.S | re.M)
-        for i, code in enumerate(blocks):
-            out.append((f"{path.relative_to(REPO).as_posix()}#{i + 1}", code))
+        text = path.read_text(encoding="utf-8")
+        blocks: list[list] = []
+        for example in SYBIL.parse(path):
+            same_block = (blocks and not isinstance(example.parsed, str) and not isinstance(blocks[-1][-1].parsed, str)
+                          and "```" not in text[blocks[-1][-1].end:example.start])
+            if same_block:
+                blocks[-1].append(example)
+            else:
+                blocks.append([example])
+        out += [(f"{path.relative_to(REPO).as_posix()}#{i + 1}", b) for i, b in enumerate(blocks)]
     return out
 
 
@@ -187,13 +232,20 @@ def served_default():
         yield f"http://{addr}"
 
 
-@pytest.mark.parametrize("name,code", EXAMPLES, ids=[name for name, _ in EXAMPLES])
-def test_example_runs(name, code, request):
-    if SERVER in code:
-        pytest.importorskip("openai")
-        code = code.replace(SERVER, request.getfixturevalue("served_default"))
+@pytest.mark.parametrize("name,examples", EXAMPLES, ids=[name for name, _ in EXAMPLES])
+def test_example_runs(name, examples, request):
+    namespace = examples[0].namespace  # the document's: each block on its own, whatever ran before it
+    namespace.clear()
+    namespace["__name__"] = "__docs_example__"
     try:
-        exec(compile(code, name, "exec"), {"__name__": "__docs_example__"})
+        for example in examples:
+            code = str(example.parsed)
+            if isinstance(example.parsed, str) and SERVER in code:  # a code block that needs isan-serve
+                pytest.importorskip("openai")
+                code = code.replace(SERVER, request.getfixturevalue("served_default"))
+                exec(compile(code, name, "exec"), namespace)
+            else:
+                example.evaluate()
     except ModuleNotFoundError as e:  # an optional extra that is not installed; isan's own modules must import
         if e.name is None or e.name.split(".")[0] == "isan":
             raise
