@@ -207,6 +207,11 @@ def read_manifest(path: str | Path, verify: str = "fast") -> dict:
         raise ValueError(f"verify must be fast, full or none; got {verify!r}")
     path = Path(path)
     mpath = path / MANIFEST
+    if path.exists() and not path.is_dir():
+        raise BundleFormatError(
+            f"{path} is a file, not a bundle directory: a model bundle is a directory holding {MANIFEST} and "
+            "the model's weights (weights.safetensors), made from a training run by `isan export CHECKPOINT_DIR "
+            "BUNDLE_DIR`; give the bundle's directory (or no model, for the shipped default)")
     if not path.is_dir():
         raise BundleFormatError(f"bundle directory {path} does not exist; create one with `isan export CHECKPOINT_DIR {path}`")
     if not mpath.is_file():

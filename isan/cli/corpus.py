@@ -13,8 +13,23 @@ def corpus():
     """Corpora: score every document (JSONL, Parquet, text) into resumable Parquet shards."""
 
 
+def _existing_inputs(ctx, param, inputs):
+    """A local path without glob characters that does not exist is a usage error (exit 2), as a glob that
+    matches nothing is; directories, globs and URLs are expanded (and checked) by the job."""
+    import os
+
+    from isan.engine.corpus.readers import is_url
+
+    for raw in inputs:
+        p = raw[len("file://"):] if raw.startswith("file://") else raw
+        if not is_url(p) and not any(c in p for c in "*?[") and not os.path.exists(p):
+            raise click.BadParameter(f"{raw} does not exist; give JSONL, Parquet or text files, directories or "
+                                     "globs (quoted) of them, or URLs", ctx=ctx, param=param)
+    return inputs
+
+
 @corpus.command("score", short_help="Score every document of INPUT... into resumable Parquet shards.")
-@click.argument("inputs", nargs=-1, required=True)
+@click.argument("inputs", nargs=-1, required=True, callback=_existing_inputs)
 @click.option("--out", required=True, help="Output directory (an existing one of the same job is resumed).")
 @click.option("--format", "fmt", type=click.Choice(["auto", "jsonl", "parquet", "text"]), default="auto",
               show_default=True, help="Input format (auto: by file name; .jsonl/.json/.ndjson[.gz|.zst], .parquet, else text).")
@@ -89,7 +104,7 @@ def corpus_score_cmd(inputs, out, fmt, text_field, id_field, per_line, runner, r
                f"{summary['chars_scored']:,} characters scored, {summary['bits']:,.1f} bits ({bpc} bpc); "
                f"{_count(summary['errors'], 'document')} with errors, "
                f"{_count(len(summary['file_errors']), 'unreadable file')}")
-    rate = f"{run['docs_per_s']:,.0f} docs/s, {run['chars_per_s']:,.0f} chars/s" if run["seconds"] else ""
+    rate = f"{_rate(run['docs_per_s'])} docs/s, {_rate(run['chars_per_s'])} chars/s" if run["seconds"] else ""
     skipped = run["files_skipped"]
     how = run["runner"] + (f", {_count(run['workers'], 'worker')} x {_count(run['threads'], 'thread')}"
                            if "workers" in run else "")
@@ -103,3 +118,11 @@ def corpus_score_cmd(inputs, out, fmt, text_field, id_field, per_line, runner, r
 def _count(n: int, noun: str) -> str:
     """``"1 file"``, ``"2 files"``, ``"1,000 files"``."""
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def _rate(x: float | None) -> str:
+    """A rate that a slow run does not round to 0: ``"1,234"``, ``"12.3"``, ``"0.122"`` (3 significant digits
+    below 100)."""
+    if x is None:
+        return "-"
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"

@@ -84,18 +84,19 @@ def emit_json(obj) -> None:
 MOSTLY_DROPPED = 0.5
 
 
-def warn_if_mostly_dropped(report: dict | None) -> None:
+def warn_if_mostly_dropped(report: dict | None, what: str = "text", done: str = "scored") -> None:
     """One warning line on stderr when the normaliser dropped more than half (:data:`MOSTLY_DROPPED`)
     of the characters read: a text the model cannot read (another script, say) would otherwise be
-    scored as the few spaces left of it without a word. Stdout and the exit status are unchanged."""
+    scored as the few spaces left of it without a word. Stdout and the exit status are unchanged.
+    ``what`` names the text (``isan sample``: "prompt") and ``done`` what the model did with what is left."""
     read, dropped = (report or {}).get("chars_read", 0), (report or {}).get("dropped", 0)
     if not read or dropped <= MOSTLY_DROPPED * read:
         return
     most = ", ".join(f"{m['char']!r} {m['count']:,}" for m in report.get("most_dropped", []))
     scored = report.get("chars_scored", 0)
     click.echo(f"warning: the {report['normalizer']} normaliser dropped {dropped:,} of the {read:,} characters read "
-               f"(most dropped: {most}; {report.get('changed', 0):,} more changed), so the model scored "
-               f"{scored:,} character{'s' if scored != 1 else ''}: is the text in an alphabet the model reads?",
+               f"(most dropped: {most}; {report.get('changed', 0):,} more changed), so the model {done} "
+               f"{scored:,} character{'s' if scored != 1 else ''}: is the {what} in an alphabet the model reads?",
                err=True)
 
 

@@ -114,9 +114,10 @@ def sample(prompt, n, temperature, inverse_temperature, top_k, seed, as_json, mo
             raise UserError(f"--inverse-temperature must be positive; got {inverse_temperature}")
         temperature = 1.0 / inverse_temperature
     temperature = 1.0 if temperature is None else temperature
-    if backend == "numpy" and (device != "cpu" or dtype != "float32"):
-        raise UserError(f"isan sample draws one character a step on the CPU (numpy); --device {device} and --dtype "
-                        f"{dtype} are for scoring (isan score, isan corpus score)")
+    given = [f"--device {device}"] * (device != "cpu") + [f"--dtype {dtype}"] * (dtype != "float32")
+    if backend == "numpy" and given:  # name only the options given (their defaults are what sampling uses)
+        raise UserError(f"isan sample draws one character a step on the CPU (numpy); {' and '.join(given)} "
+                        f"{'is' if len(given) == 1 else 'are'} for scoring (isan score, isan corpus score)")
     engine = load_engine(model, path_mode, backend, device, threads, dtype)
     drawn_seed = seed is None
     if drawn_seed:  # pick one and report it, so that the sample can be drawn again (as the server does)
@@ -124,6 +125,8 @@ def sample(prompt, n, temperature, inverse_temperature, top_k, seed, as_json, mo
 
         seed = new_seed()
     s = engine.sample(prompt, n=n, temperature=temperature, top_k=top_k, seed=seed, normalize=normalize)
+    if prompt:  # a prompt the model cannot read (another script) is one space to it: say so, as isan score does
+        warn_if_mostly_dropped(s.normalization, what="prompt", done="read the prompt as")
     if as_json:
         emit_json(s.to_json())
     else:
