@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from isan.engine.corpus.zstd_stream import ZstdFrames
 from isan.errors import IsanError, install_hint
 
 FORMATS = ("auto", "jsonl", "parquet", "text")
@@ -153,58 +154,6 @@ def _open_raw(path: str):
         raise InputFileError(f"{path}: cannot open it ({e.strerror or e})") from None
 
 
-class _ZstdFrames(io.RawIOBase):
-    """The decompressed bytes of a ``.zst`` file, its frames one after another, that raises EOFError
-    when the file ends inside a frame.
-
-    zstandard's ``stream_reader`` (with ``read_across_frames`` or without) ends quietly at the last
-    complete block of a file cut short, so the documents after it are lost without a word. Here each
-    frame is decoded by a ``decompressobj`` (zstandard's decompressor with the standard library's
-    API), whose ``eof`` says that its frame ended and whose ``unused_data`` starts the next frame, as
-    the standard library reads ``.gz``, ``.bz2`` and ``.xz`` files of several members.
-    """
-
-    #: compressed bytes decoded at a time (what one call may expand: text compresses 3-10x)
-    FEED = 1 << 16
-
-    def __init__(self, raw, zstandard):
-        super().__init__()
-        self._raw, self._dctx, self._frame = raw, zstandard.ZstdDecompressor(), None
-        self._in, self._in_pos = b"", 0  # compressed bytes read and not yet decoded
-        self._out, self._out_pos = b"", 0  # decoded bytes not yet returned
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:
-        while self._out_pos >= len(self._out):
-            if self._in_pos >= len(self._in):
-                self._in, self._in_pos = self._raw.read(1 << 20), 0
-                if not self._in:
-                    if self._frame is not None:
-                        raise EOFError("the file ends inside a zstd frame (it was cut short)")
-                    return 0
-            if self._frame is None:
-                self._frame = self._dctx.decompressobj()
-            chunk = self._in[self._in_pos : self._in_pos + self.FEED]
-            self._in_pos += len(chunk)
-            self._out, self._out_pos = self._frame.decompress(chunk), 0
-            if self._frame.eof:  # the frame ended: the rest of the chunk starts the next one
-                rest = self._frame.unused_data
-                self._frame = None
-                if rest:
-                    self._in, self._in_pos = rest + self._in[self._in_pos :], 0
-        n = min(len(b), len(self._out) - self._out_pos)
-        b[:n] = self._out[self._out_pos : self._out_pos + n]
-        self._out_pos += n
-        return n
-
-    def close(self) -> None:
-        if not self.closed:
-            self._raw.close()
-        super().close()
-
-
 def _open_decompressed(path: str):
     """(the file's decompressed bytes, the file itself: its position is how far the file was read)."""
     f = _open_raw(path)
@@ -217,7 +166,7 @@ def _open_decompressed(path: str):
         except ImportError:
             f.close()
             raise InputFileError(f"{path}: reading .zst needs zstandard: {install_hint('corpus')}") from None
-        return io.BufferedReader(_ZstdFrames(f, zstandard), 1 << 20), f
+        return io.BufferedReader(ZstdFrames(f, zstandard), 1 << 20), f
     return f, f
 
 
