@@ -240,8 +240,10 @@ def test_bad_options_are_refused(tmp_path, small_text, teacher_bundle):
         Trainer(tiny(small_text, teacher_bundle, distill=0.0), tmp_path / "a", progress_bar=False)
     with pytest.raises(IsanError, match="and so does --synthetic-chars"):
         Trainer(tiny(small_text, None, distill=0.0, synthetic_chars=100), tmp_path / "a2", progress_bar=False)
-    with pytest.raises(IsanError, match="must be positive"):  # refused before the teacher's pass
+    with pytest.raises(IsanError, match="must be 0 or more"):  # refused before the teacher's pass
         Trainer(tiny(small_text, teacher_bundle, distill=0.8, synthetic_chars=-1), tmp_path / "a3", progress_bar=False)
+    with pytest.raises(IsanError, match="do not fit in this machine's"):  # with the data's 27 classes (#45 item 20)
+        Trainer(tiny(small_text, teacher_bundle, distill=0.8, synthetic_chars=10**15), tmp_path / "a4", progress_bar=False)
     abc = tmp_path / "abc"
     write_bundle(abc, random_params(K=5, V=5, d=4).as_dict(), Alphabet(tuple(" abcd")), kind="isan")
     with pytest.raises(IsanError, match="another alphabet"):

@@ -58,6 +58,7 @@ from isan.errors import CheckpointError, IsanError
 from isan.tokens import alphabet_to_json
 from isan.train.data import Corpus, load_corpus
 from isan.train.distill import soft_cross_entropy
+from isan.train.synthetic_budget import check_synthetic_chars
 from isan.train.models import build_model
 from isan.train.tasks.parentheses import task_for
 
@@ -244,8 +245,7 @@ class Trainer:
             init["state_dropout"] = cfg.state_dropout
         self.teacher_logq = None  # (N, V) float16 log q over the train split (train/distill.py)
         self.train_ids = self.corpus.train  # what an epoch reads: the train split, and any synthetic text
-        if cfg.synthetic_chars < 0:
-            raise IsanError("--synthetic-chars must be positive")
+        check_synthetic_chars(cfg.synthetic_chars, V)  # a whole number 0 or more that fits in memory, before any work
         if cfg.synthetic_chars and dist is not None:
             raise IsanError("--synthetic-chars is not supported with --distributed training")
         if cfg.teacher or cfg.distill or cfg.synthetic_chars:
@@ -354,9 +354,9 @@ class Trainer:
         path = self.out / self.SYNTHETIC
         t0 = time.perf_counter()
         if cfg.synthetic_sha256:  # a resume: the text the run started with, or nothing
-            if not path.exists():
-                raise CheckpointError(f"{path}, the synthetic text this run trained on, is missing (sampling it "
-                                      f"again need not give the same text); restore it or start a new --out")
+            if not path.is_file():  # missing, or a directory in its place
+                raise CheckpointError(f"{path}, the run's synthetic text, is {'a directory' if path.is_dir() else 'missing'}"
+                                      "; sampling again need not give the same text: restore the file or start a new --out")
             got = file_sha256(path)
             if got != cfg.synthetic_sha256:
                 raise CheckpointError(f"{path} is not the synthetic text this run wrote (sha256 {got[:12]} against "

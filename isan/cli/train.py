@@ -10,6 +10,30 @@ import click
 from isan.cli.helpers import (DEFAULT_TEXT8, friendly, main)
 
 
+class CharCount(click.ParamType):
+    """A number of characters: a whole number (``36000000``, ``36e6``), finite, 0 or more, that fits in
+    memory (:mod:`isan.train.synthetic_budget`); anything else is a usage error (exit 2) that says why."""
+
+    name = "N"
+
+    def convert(self, value, param, ctx):
+        from isan.train.synthetic_budget import synthetic_chars_problem
+
+        if isinstance(value, str):
+            text = value.strip()
+            try:
+                value = int(text)
+            except ValueError:
+                try:
+                    value = float(text)
+                except ValueError:
+                    self.fail(f"{value!r} is not a number of characters (e.g. 36000000 or 36e6)", param, ctx)
+        problem = synthetic_chars_problem(value)
+        if problem:
+            self.fail(problem, param, ctx)
+        return int(value)
+
+
 @main.command(short_help="Train a model on text8-10M or a text file (resumes --out).")
 @click.argument("model", default="isan")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Run directory (checkpoints, log); an existing run there is resumed.")
@@ -70,7 +94,7 @@ from isan.cli.helpers import (DEFAULT_TEXT8, friendly, main)
                    "distilled as the mixture (mean) of their distributions.")
 @click.option("--distill", type=float, default=0.0, show_default=True,
               help="With --teacher: the loss is (1 - A) CE(next character) + A CE(teacher's distribution).")
-@click.option("--synthetic-chars", type=float, default=0, show_default=True,
+@click.option("--synthetic-chars", type=CharCount(), default=0, show_default=True,
               help="With --teacher: sample this many characters of text from the teacher (the ensemble's "
                    "mixture), kept with its distributions in --out, and train on it beside the train split.")
 @friendly
@@ -107,7 +131,7 @@ def train(model, out_dir, data, dataset, params, d, batch_size, bptt, lr, lr_dec
                       valid_data=valid_data, stable_rho=stable_rho, stable_basis=stable_basis,
                       stable_exact_every=stable_exact_every, state_dropout=state_dropout, ema=ema,
                       lr_schedule=lr_schedule, lr_min=lr_min, teacher=",".join(teacher) or None, distill=distill,
-                      synthetic_chars=int(synthetic_chars))
+                      synthetic_chars=synthetic_chars)
     # on resume the saved config rules, except for the budget options given on this command line
     # (a default must not override: `--patience` defaulting to 2 ended a resumed run set to 1000)
     ctx = click.get_current_context()
