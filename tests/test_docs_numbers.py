@@ -1,0 +1,81 @@
+"""The numbers the guides and results pages quote agree with the committed output files that back them
+(issue #45 item 9): each check reads a committed JSON (or log) and looks for its number, rounded as the
+page rounds it, in the page. Nothing is scored or trained here; the commands that write the files are
+named in results/scoring/README.md, results/distil/mixture.py and train/studies/token_eval.sh."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def text(rel: str) -> str:
+    return (ROOT / rel).read_text(encoding="utf-8")
+
+
+def load(rel: str) -> dict:
+    return json.loads(text(rel))
+
+
+@pytest.mark.parametrize("model, name", [
+    ("text8-d216-distil", "text8_test"), ("text8-d216-distil", "tinyshakespeare"),
+    ("text8-d216-distil", "wikitext2_test"), ("text8-d216-stable", "text8_test"),
+    ("text8-d216-stable", "tinyshakespeare"), ("text8-d216-stable", "wikitext2_test"),
+    ("text8-d216-unconstrained", "text8_test"), ("text8-d216-unconstrained", "tinyshakespeare"),
+    ("text8-d216-unconstrained", "wikitext2_test"),
+])
+def test_scoring_guide_quotes_the_score_files(model, name):
+    bpc = f"{load(f'results/scoring/{model}.{name}.json')['bpc']:.4f}"
+    assert bpc in text("docs/guide/scoring.md")
+    assert bpc in text("results/scoring/README.md")
+
+
+def test_shipped_models_text8_scores_in_the_training_guide():
+    guide = text("docs/guide/training.md")
+    for model in ("text8-d216-distil", "text8-d216-stable", "text8-d216-unconstrained", "text8-d320-stable"):
+        for split in ("valid", "test"):
+            assert f"{load(f'results/scoring/{model}.text8_{split}.json')['bpc']:.4f}" in guide, (model, split)
+
+
+def test_evalharness_number_in_the_server_guide():
+    for model, page in (("text8-d216-distil", "bits_per_byte {:.3f}"), ("text8-d216-stable", "text8-d216-stable`, {:.3f}")):
+        r = load(f"results/scoring/evalharness.{model}.json")["results"]["isan_shakespeare_rolling"]
+        assert page.format(r["bits_per_byte,none"]) in text("docs/guide/server.md"), model
+
+
+def test_mixture_numbers_in_the_distillation_page():
+    m = load("results/distil/mixture.json")
+    page = text("results/distil/README.md")
+    for mix in m["mixtures"]:
+        assert f"{mix['valid_bpc']:.4f}" in page, mix["models"]
+    assert f"{m['members']['text8-d320-stable']:.4f}" in page
+
+
+def test_distilled_run_speed_is_its_logs():
+    done = [json.loads(line) for line in text("isan/models/text8-d216-distil/train_log.jsonl").splitlines()][-1]
+    assert done["event"] == "done"
+    rate = f"{done['train_chars_per_s']:,}"
+    assert rate in text("results/distil/README.md")
+    assert rate in text("isan/models/text8-d216-distil/MODEL_CARD.md")
+    assert f"{round(done['train_chars_per_s'] / 1000)}k" in text("docs/guide/training.md")
+
+
+def test_token_models_scores_agree():
+    results, guide = text("results/tokens/RESULTS.md"), text("docs/guide/scoring.md")
+    for run in ("bytes-isan", "bytes-lstm"):
+        v = f"{load(f'results/tokens/{run}/score_valid.json')['bits_per_token']:.3f}"
+        assert v in results and v in guide, run
+    for run in ("pairs-isan", "pairs-lstm"):
+        v = f"{load(f'results/tokens/{run}/score_text8_test.json')['bits_per_token']:.3f}"
+        assert v in results and v in guide, run
+
+
+def test_benchmarks_gap_to_the_paper_matches_table1():
+    rows = re.findall(r"^\| (RNN|IRNN|GRU|LSTM|ISAN) \| \*\*([\d.]+)\*\* .*?\| ([\d.]+) \| \*\*([\d.]+)\*\* .*?\| ([\d.]+) "
+                      r"\| \*\*([\d.]+)\*\* .*?\| ([\d.]+) \|$", text("results/table1/TABLE.md"), re.M)
+    assert len(rows) == 5
+    gaps = [float(r[i]) - float(r[i + 1]) for r in rows for i in (1, 3, 5)]
+    assert f"{min(gaps):.2f}-{max(gaps):.2f} bpc above the paper's" in text("docs/guide/benchmarks.md")
