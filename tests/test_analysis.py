@@ -507,15 +507,14 @@ def test_cli_every_figure_shows_both_models(runner, small_bundle, other_bundle, 
     assert "--model" in out["compare"]["other"]["commands"][0]
 
 
-def test_compared_models_default_to_the_stable_one_never_the_model_itself(small_bundle):
+def test_compared_models_default_to_the_default_model_never_the_model_itself(small_bundle):
     from isan.cli.analyze import _compare_paths
-    from isan.engine.core import paper_model_path
+    from isan.engine.core import DEFAULT_MODEL, default_model_path
 
-    stable = paper_model_path().parent / "text8-d216-stable"
-    if not stable.is_dir():
-        pytest.skip("the stable model is not installed")
-    assert [p.resolve() for p in _compare_paths(None)] == [stable.resolve()]  # beside the paper's model
-    assert _compare_paths(None, model=str(stable)) == []  # not beside itself
+    default = default_model_path()  # the shipped default (#45 item 6: it was text8-d216-stable, a second name)
+    assert default.name == DEFAULT_MODEL and default.is_dir()
+    assert [p.resolve() for p in _compare_paths(None)] == [default.resolve()]  # beside the paper's model
+    assert _compare_paths(None, model=str(default)) == []  # not beside itself
     assert _compare_paths(("none",), model=str(small_bundle)) == []
     assert _compare_paths((str(small_bundle),), model=str(small_bundle)) == []
 

@@ -3,8 +3,8 @@
 Thin: each subcommand loads the model and the text, calls :mod:`isan.engine.analysis.studies`, and
 writes ``OUT/<study>.json`` and the figure (PNG) beside it; ``all`` also writes ``OUT/paper.json``
 (every study's numbers) and ``OUT/command.txt``. Every study of a text8 model also runs the models of
-``--compare`` (default: the first certified stable model, text8-d216-stable, beside the paper's model,
-text8-d216-unconstrained) and shows them side by side (issue #34 item 17).
+``--compare`` (default: the shipped default model, :data:`isan.engine.core.DEFAULT_MODEL`, beside the paper's
+model, text8-d216-unconstrained) and shows them side by side (issue #34 item 17; the default since #45 item 6).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 import click
 
 from isan.cli.helpers import DEFAULT_TEXT8, UserError, emit_json, friendly
+from isan.engine.core import DEFAULT_MODEL
 from isan.errors import IsanError
 
 log = logging.getLogger("isan.analyze")
@@ -25,22 +26,18 @@ log = logging.getLogger("isan.analyze")
 DEFAULT_OUT = "results/paper"
 BASELINES = ("rnn-3.2e5", "gru-3.2e5", "isan-3.2e5")
 PAREN_CKPT = "results/paper/models/parentheses"
-#: the model shown beside the paper's by default: the first certified stable model (the default model
-#: from issue 20 until text8-d216-distil; results/paper compares with it)
-STABLE_MODEL = "text8-d216-stable"
 
 
 def _compare_paths(paths, model=None) -> list[Path]:
-    """The bundles shown beside the analysed model (issue #34 item 17: in every figure; default: the first
-    certified stable model, :data:`STABLE_MODEL`, where it is installed); ``none`` shows none, and the analysed
-    model itself is never compared with itself."""
-    from isan.engine.core import paper_model_path
+    """The bundles shown beside the analysed model (issue #34 item 17: in every figure; default: the shipped
+    default model, :func:`~isan.engine.core.default_model_path`, #45 item 6); ``none`` shows none, and the
+    analysed model itself is never compared with itself."""
+    from isan.engine.core import default_model_path, paper_model_path
 
     if tuple(paths or ()) == ("none",):
         return []
     if not paths:
-        stable = paper_model_path().parent / STABLE_MODEL
-        paths = (stable,) if stable.is_dir() else ()
+        paths = (default_model_path(),) if default_model_path().is_dir() else ()
     own = (paper_model_path() if model is None else Path(model)).resolve()
     return [Path(q) for q in paths if Path(q).resolve() != own]
 
@@ -93,7 +90,7 @@ def common(fn):
 def compare_option(fn):
     return click.option("--compare", "compare", multiple=True, default=None,
                         help="ISAN bundles analysed beside the model, side by side in the figure and under "
-                             f"'compare' in the JSON (default: isan/models/{STABLE_MODEL}, the first certified stable "
+                             f"'compare' in the JSON (default: isan/models/{DEFAULT_MODEL}, the shipped default "
                              "model; 'none': no other).")(fn)
 
 
