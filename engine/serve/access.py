@@ -4,7 +4,8 @@
   time with ``Authorization: Bearer KEY``, ``X-API-Key: KEY`` or, on a WebSocket, ``?api_key=KEY``.
 * **Host** (:func:`host_refused`): a request whose ``Host`` is not one of the server's names is
   refused with 403, so a web page cannot reach the server by rebinding its own DNS name to the
-  server's address (it would otherwise be the server's own origin).
+  server's address (it would otherwise be the server's own origin); one with two ``Host``
+  headers with 400 (:func:`hosts_error`).
 * **Origin** (:func:`origin_refused`): a WebSocket handshake that carries a web page's ``Origin``
   is refused unless that origin is the server's own, a loopback one, or one of ``--allow-origin``:
   without an API key, a web page could otherwise use the server through its visitors' browsers.
@@ -154,6 +155,15 @@ def host_refused(scope, allowed: tuple[str, ...] = ()) -> str | None:
     if ip is not None and (ip.is_loopback or not local.is_loopback):
         return None
     return host
+
+
+def hosts_error(scope) -> RequestError | None:
+    """400 for a request or WebSocket handshake with more than one ``Host`` header (RFC 9112,
+    section 3.2: a server must refuse it, since two parties may each read another one); else None."""
+    if sum(name == b"host" for name, _ in scope.get("headers", ())) <= 1:
+        return None
+    return RequestError(400, "the request has more than one Host header; send exactly one (RFC 9112, section 3.2)",
+                        headers={"Connection": "close"})
 
 
 def host_error(host: str) -> RequestError:

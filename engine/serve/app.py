@@ -59,7 +59,7 @@ from fastapi.responses import HTMLResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from isan.engine.serve import openapi, routes
-from isan.engine.serve.access import authorized, host_error, host_refused, key_error
+from isan.engine.serve.access import authorized, host_error, host_refused, hosts_error, key_error
 from isan.engine.serve.asgi import send_json
 from isan.engine.serve.completions import PATHS as OPENAI_PATHS, Completions, openai_error
 from isan.engine.serve.config import DEFAULT_MAX_CHARS, ServeConfig
@@ -107,10 +107,11 @@ class IsanApp:
         if typ == "http":
             path = scope["path"]
             handler = self._http.get((scope["method"], path))
-            host = host_refused(scope, self.service.config.allow_hosts)
-            if host is not None:
+            e = hosts_error(scope)
+            host = host_refused(scope, self.service.config.allow_hosts) if e is None else None
+            if e is not None or host is not None:
                 self.state.metrics.rejected.labels("host").inc()
-                e = host_error(host)
+                e = e or host_error(host)
                 await send_json(send, e.status, encode_json(openai_error(e) if path in self._openai else e.body()),
                                 {"Connection": "close"})
                 return

@@ -73,7 +73,8 @@ def bound_name(host: str) -> tuple[str, ...]:
 @click.option("--request-timeout", default=_D.request_timeout_s, show_default=True, type=float,
               help="Seconds a text may wait and run before it is answered 503 and its work dropped.")
 @click.option("--stream-idle-timeout", default=_D.stream_idle_timeout_s, show_default=True, type=float,
-              help="Seconds a stream may send nothing before it is closed.")
+              help="Seconds a stream may send nothing before it is closed (or read nothing while an answer waits: "
+                   "its connection is aborted).")
 @click.option("--batching/--no-batching", default=True, show_default=True,
               help="Score each round's texts in one batched kernel call, or each alone on the engine's path.")
 @click.option("--threads", type=int, default=None,

@@ -51,7 +51,8 @@ class ServeConfig:
         min_slice_chars: the smallest slice of a long text scored in one round.
         request_timeout_s: a request or frame not answered by then gets 503 and its remaining
             work is dropped.
-        stream_idle_timeout_s: a stream that sends nothing for this long is closed (code 1001).
+        stream_idle_timeout_s: a stream that sends nothing for this long is closed (code 1001); one
+            whose client reads nothing while an answer waits this long is aborted.
         batching: True: each round scores all its slices in one batched kernel call (the
             compiled kernel ``Engine.score_batch`` would choose, exact within float32 rounding).
             False: each slice is scored alone with ``Engine.score`` on the engine's path

@@ -24,11 +24,20 @@ protocol with:
 * **malformed HTTP** (a request httptools cannot parse) is answered 400 with the JSON error shape,
   not uvicorn's plain text; so is a WebSocket handshake that the websockets library refuses
   (:func:`ws_protocol_class`: a missing or bad ``Sec-WebSocket-Key``, another version);
+* **WebSocket handshakes** stay in the connection count until the handshake is answered; one that
+  the websockets library cannot read (a request line or a header line over 8 KiB, too many headers)
+  is answered with its status (414, 431; 400 otherwise) in the JSON error shape and closed: the
+  library left it unanswered and open. A connection refused at the cap upgrades only if a slot
+  has freed by the time its handshake comes (else 503);
 * **streams handed back** on a graceful shutdown (SIGTERM, SIGINT): uvicorn closes every open
   WebSocket at once with code 1012; :func:`ws_protocol_class` first lets the stream hand itself back
   (the app put a function under :data:`HAND_BACK` in its scope: it sends the stream's last state and
   closes with 1012, :mod:`isan.engine.serve.websocket`), and closes as uvicorn does only if the app
-  has not within :data:`HAND_BACK_GRACE_S`.
+  has not within :data:`HAND_BACK_GRACE_S`; a connection still open then (a client that reads
+  nothing: its answers fill the socket's buffers, so no close frame gets through) is aborted;
+* **a send deadline** on streams: an answer that cannot be written for ``stream_idle_timeout_s``
+  (the client reads nothing) aborts the connection, so a stream that does not read cannot hold
+  its memory, nor a shutdown, for ever.
 
 Example:
     >>> cls = protocol_class(max_connections=256, read_timeout_s=10)
@@ -37,6 +46,7 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from http import HTTPStatus
 
@@ -249,7 +259,14 @@ def protocol_class(max_connections: int, read_timeout_s: float, count: Connectio
 
         def handle_websocket_upgrade(self) -> None:
             self._isan_disarm()
-            self._isan_uncount()
+            if self._isan_refused:  # refused at the cap when it opened: upgraded only if a slot is free now
+                evict_waiting(self.loop.time())
+                if count.open >= max_connections:
+                    if not self.transport.is_closing():
+                        self.transport.write(refused_answer)
+                        self.transport.close()
+                    return
+            self._isan_uncount()  # the WebSocket protocol counts the connection until its handshake is answered
             super().handle_websocket_upgrade()
 
         def connection_lost(self, exc) -> None:
@@ -267,11 +284,29 @@ HAND_BACK = "isan.hand_back"
 HAND_BACK_GRACE_S = 10.0
 
 
-def ws_protocol_class():
+def _unread_handshake(status: int) -> bytes:
+    """The answer to a WebSocket handshake the websockets library could not read (``status``: the
+    library's, 414 or 431 for a line or headers too long; 400 otherwise)."""
+    why = {414: "its request line is longer than 8 KiB", 431: "a header line is longer than 8 KiB, or it has more "
+           "than 128 headers"}.get(status, "it is not a valid HTTP request")
+    return _raw_response(RequestError(status, f"the WebSocket handshake was refused: {why}; connect to "
+                                              "ws://HOST:PORT/v1/stream with short headers"))
+
+
+def ws_protocol_class(count: ConnectionCount | None = None, send_timeout_s: float | None = None):
     """uvicorn's WebSocket protocol (websockets, sans-I/O) answering a refused handshake with the
-    JSON error shape instead of the library's plain text, and letting a stream hand itself back on
-    a graceful shutdown (module docstring); None when that protocol is missing (uvicorn's choice is
-    then used as is)."""
+    JSON error shape instead of the library's plain text (and answering one the library could not
+    read at all), letting a stream hand itself back on a graceful shutdown, and aborting a
+    connection whose answers cannot be sent (module docstring).
+
+    Args:
+        count: the HTTP connections' count (:func:`protocol_class`): a connection stays in it until
+            its handshake is answered (None: not counted).
+        send_timeout_s: a send that waits longer than this for the client to read aborts the
+            connection (None: no deadline).
+    Returns:
+        the class, or None when that protocol is missing (uvicorn's choice is then used as is).
+    """
     try:
         from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
     except ImportError:  # pragma: no cover - websockets is in the serve extra
@@ -280,6 +315,38 @@ def ws_protocol_class():
     from isan.engine.serve.service import encode_json
 
     class IsanWebSocketProtocol(WebSocketsSansIOProtocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._isan_counted = count is not None
+            if self._isan_counted:
+                count.open += 1
+
+        def _isan_uncount(self) -> None:
+            if self._isan_counted:
+                self._isan_counted = False
+                count.open -= 1
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.handshake_exc is not None and not self.handshake_initiated and not self.transport.is_closing():
+                sent = b"".join(self.conn.data_to_send())  # the library's plain-text refusal, if it made one
+                status = int(sent[9:12]) if sent[9:12].isdigit() else 400
+                self.transport.write(_unread_handshake(status))
+                self.transport.close()
+                self._isan_uncount()
+
+        async def send(self, message) -> None:
+            if send_timeout_s is not None and not self.writable.is_set():
+                try:
+                    async with asyncio.timeout(send_timeout_s):
+                        await self.writable.wait()
+                except TimeoutError:  # the client reads nothing: its answers cannot be sent
+                    log.info("a stream's client read nothing for %g s; its connection is aborted", send_timeout_s)
+                    self.transport.abort()
+            await super().send(message)
+            if self.handshake_complete:
+                self._isan_uncount()
+
         def handle_connect(self, event) -> None:
             accept = self.conn.accept
 
@@ -302,21 +369,29 @@ def ws_protocol_class():
 
         def shutdown(self) -> None:
             hand_back = getattr(self, "scope", {}).get(HAND_BACK)
-            if hand_back is None or not self.handshake_complete or self.close_sent or self.disconnected:
+            handing_back = not (hand_back is None or not self.handshake_complete or self.close_sent or self.disconnected)
+            if handing_back:  # the stream answers its frame in flight, sends its last state, closes with 1012
+                self.stop_keepalive()
+                hand_back()
+            else:
                 super().shutdown()
-                return
-            self.stop_keepalive()
-            hand_back()  # the stream answers its frame in flight, sends its last state, closes with 1012
-            self._isan_grace = self.loop.call_later(HAND_BACK_GRACE_S, self._isan_close)
+            self._isan_grace = self.loop.call_later(HAND_BACK_GRACE_S, self._isan_close, handing_back)
 
-        def _isan_close(self) -> None:
-            if not self.disconnected:  # not handed back in time: closed as uvicorn closes it
+        def _isan_close(self, handing_back: bool) -> None:
+            if self.disconnected:
+                return
+            if handing_back:  # not handed back in time: closed as uvicorn closes it
                 super().shutdown()
+            if self.transport.get_write_buffer_size():  # the client reads nothing: the close cannot get out
+                log.info("a stream's connection was not closed within %g s of the shutdown (its client reads "
+                         "nothing); it is aborted", HAND_BACK_GRACE_S)
+                self.transport.abort()
 
         def connection_lost(self, exc) -> None:
             grace = getattr(self, "_isan_grace", None)
             if grace is not None:
                 grace.cancel()
+            self._isan_uncount()
             super().connection_lost(exc)
 
     return IsanWebSocketProtocol
@@ -325,9 +400,10 @@ def ws_protocol_class():
 def uvicorn_options(config) -> dict:
     """The ``uvicorn.Config`` options of a server with these limits (a :class:`ServeConfig`): its
     protocols (``http``, ``ws``: :func:`protocol_class`, :func:`ws_protocol_class`) and timeouts."""
-    http = protocol_class(config.max_connections, config.read_timeout_s)
+    count = ConnectionCount()
+    http = protocol_class(config.max_connections, config.read_timeout_s, count)
     out = {"http": http} if http is not None else {"limit_concurrency": config.max_connections + config.max_streams}
-    ws = ws_protocol_class()
+    ws = ws_protocol_class(count if http is not None else None, config.stream_idle_timeout_s)
     if ws is not None:
         out["ws"] = ws
     # frames up to a MiB over the limit are read and answered 413; larger ones close the stream with

@@ -227,7 +227,7 @@ class Service:
     def restore(self, token: str):
         """The State in ``token``; raises RequestError (400, 403, 409 or 422 as the snapshot module says)."""
         try:
-            return decode_state(token, self.params_sha256, self.secret, self.state_size, self.state_limit)
+            return decode_state(token, self.params_sha256, self.secret, self.state_size, self.state_limit, self.symbols)
         except IsanError as e:
             raise from_isan(e) from None
 

@@ -102,20 +102,25 @@ def encode_state(state, params_sha256: str, secret: bytes) -> str:
     return _b64(payload + hmac.new(secret, payload, hashlib.sha256).digest())
 
 
-def decode_state(token, params_sha256: str, secret: bytes, state_size: int, max_abs: float = np.inf):
-    """The :class:`isan.engine.State` in ``token``.
+def decode_state(token, params_sha256: str, secret: bytes, state_size: int, max_abs: float = np.inf,
+                 symbols: tuple[str, ...] | None = None):
+    """The :class:`isan.engine.State` in ``token``, every field checked after its signature.
 
     Args:
         params_sha256: the serving model's; a snapshot of another model is refused (409).
         secret: the server's key; a token not signed with it is refused (403).
         state_size: the length of the model's state vector.
         max_abs: the largest ``|h_i|`` accepted (:data:`isan.engine.guard.MAX_STATE_ABS`).
+        symbols: the model's alphabet: the last symbol must be one of them, or empty (the
+            initial state); None: any single character.
     Raises:
         SnapshotError: with ``status`` 400 (not a snapshot, another version), 403 (changed, or
             signed with another secret), 409 (another model: its hash, or the length of its
-            state) or 422 (a state or running totals out of range: more than
-            :data:`MAX_TOTAL_CHARS` characters, negative bits, more than
-            :data:`MAX_BITS_PER_CHAR` bits a character; only a holder of the secret can make one).
+            state) or 422 (signed with the secret, but a field out of range: a state value, more
+            than :data:`MAX_TOTAL_CHARS` characters, negative bits, more than
+            :data:`MAX_BITS_PER_CHAR` bits a character, a last symbol that is not one of the
+            model's, a length byte or state that does not fit the token; only a holder of the
+            secret can make one).
     """
     from isan.engine.core import State
 
@@ -149,16 +154,21 @@ def decode_state(token, params_sha256: str, secret: bytes, state_size: int, max_
         raise SnapshotError(f"the snapshot was taken with another model (params_sha256 {sha.hex()[:12]}...); this "
                             f"server serves {params_sha256[:12]}...; continue it on a server of that model, or "
                             "start a new stream", status=409)
-    # signed by this server: the rest is well-formed unless the server itself wrote garbage
+    # signed with the key: a holder of the key (or a bug) may still have written any field, so each is checked
     k = payload[_HEAD.size]
     off = _HEAD.size + 1
+    if off + k > len(payload):
+        raise SnapshotError(f"the snapshot's last symbol is longer ({k} bytes) than the token; {how}", status=422)
     try:
         sym = payload[off : off + k].decode("utf-8")
     except UnicodeDecodeError:
-        raise SnapshotError("the snapshot's last symbol is not UTF-8") from None
+        raise SnapshotError(f"the snapshot's last symbol is not UTF-8; {how}", status=422) from None
+    if sym and (len(sym) != 1 or (symbols is not None and sym not in symbols)):
+        raise SnapshotError(f"the snapshot's last symbol {sym[:8]!r} is not a symbol of this model's alphabet; {how}",
+                            status=422)
     body = payload[off + k :]
     if len(body) % 8:
-        raise SnapshotError("the snapshot's state is truncated")
+        raise SnapshotError(f"the snapshot's state is truncated; {how}", status=422)
     h = np.frombuffer(body, dtype="<f8")
     if len(h) != n or n != state_size:
         raise SnapshotError(f"the snapshot's state has {len(h)} values; this model's has {state_size}", status=409)

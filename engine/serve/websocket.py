@@ -32,7 +32,7 @@ import time
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from isan.engine.serve.access import host_error, host_refused, key_error, origin_error, origin_refused
+from isan.engine.serve.access import host_error, host_refused, hosts_error, key_error, origin_error, origin_refused
 from isan.engine.serve.budget import Reservation
 from isan.engine.serve.connections import HAND_BACK
 from isan.engine.serve.errors import RequestError, busy
@@ -61,6 +61,9 @@ class StreamEndpoint:
         service, config, metrics = self.service, self.config, self.metrics
         host = host_refused(scope, config.allow_hosts)
         origin = origin_refused(scope, config.allow_origins)
+        if hosts_error(scope) is not None:
+            metrics.rejected.labels("host").inc()
+            return hosts_error(scope), 1008
         if host is not None:
             metrics.rejected.labels("host").inc()
             return host_error(host), 1008
