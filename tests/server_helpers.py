@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -94,3 +95,28 @@ def wait_for(predicate, what: str, timeout: float = 60.0, every: float = 0.02) -
     while not predicate():
         assert time.time() < deadline, f"not within {timeout:g} s: {what}"
         time.sleep(every)
+
+
+def unread_stream(port: int, frames: list[dict]) -> socket.socket:
+    """A WebSocket to ``/v1/stream`` (the websockets library's sans-I/O client over a raw socket)
+    that sends ``frames`` and never reads their answers; the socket, left open."""
+    from websockets.client import ClientProtocol
+    from websockets.http11 import Response
+    from websockets.uri import parse_uri
+
+    proto = ClientProtocol(parse_uri(f"ws://127.0.0.1:{port}/v1/stream"), max_size=None)
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65_536)
+    s.settimeout(30)
+    s.connect(("127.0.0.1", port))
+    proto.send_request(proto.connect())
+    s.sendall(b"".join(proto.data_to_send()))
+    while not any(isinstance(e, Response) for e in proto.events_received()):
+        data = s.recv(4096)
+        assert data, "the server closed the handshake"
+        proto.receive_data(data)
+    assert proto.handshake_exc is None, proto.handshake_exc
+    for f in frames:
+        proto.send_text(json.dumps(f).encode())
+        s.sendall(b"".join(proto.data_to_send()))
+    return s

@@ -19,16 +19,13 @@ import pytest
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
-from websockets.client import ClientProtocol  # noqa: E402
-from websockets.http11 import Response  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
-from websockets.uri import parse_uri  # noqa: E402
 
 from isan.bench.serve import ServerProcess  # noqa: E402
 from isan.engine.core import State  # noqa: E402
 from isan.engine.serve import ServeConfig, create_app  # noqa: E402
 from isan.engine.serve.snapshot import encode_state  # noqa: E402
-from server_helpers import raw_http, running  # noqa: E402
+from server_helpers import raw_http, running, unread_stream  # noqa: E402
 
 SECRET = b"r" * 32
 #: a WebSocket handshake's headers after its request line (the key is RFC 6455's example)
@@ -56,27 +53,6 @@ def split(raw: bytes) -> tuple[int, dict, dict]:
 
 
 # ---- 12: a shutdown held open by a client that reads nothing ------------------------------------
-def unread_stream(port: int, frames: list[dict]) -> socket.socket:
-    """A WebSocket to ``/v1/stream`` (the websockets library's sans-I/O client over a raw socket)
-    that sends ``frames`` and never reads their answers; the socket, left open."""
-    proto = ClientProtocol(parse_uri(f"ws://127.0.0.1:{port}/v1/stream"), max_size=None)
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65_536)
-    s.settimeout(30)
-    s.connect(("127.0.0.1", port))
-    proto.send_request(proto.connect())
-    s.sendall(b"".join(proto.data_to_send()))
-    while not any(isinstance(e, Response) for e in proto.events_received()):
-        data = s.recv(4096)
-        assert data, "the server closed the handshake"
-        proto.receive_data(data)
-    assert proto.handshake_exc is None, proto.handshake_exc
-    for f in frames:
-        proto.send_text(json.dumps(f).encode())
-        s.sendall(b"".join(proto.data_to_send()))
-    return s
-
-
 def scored(url: str) -> float:
     """Characters scored by the whole server (``/metrics`` sums the workers)."""
     text = httpx.get(f"http://{url}/metrics", timeout=30).text

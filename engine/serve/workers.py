@@ -23,7 +23,13 @@ What the workers share:
   hands it to each (:func:`serve`);
 * the metrics: prometheus_client's multiprocess mode, in a temporary folder
   (``PROMETHEUS_MULTIPROC_DIR``) removed when the server stops, so ``/metrics`` gives all workers'
-  (:mod:`isan.engine.serve.metrics`).
+  (:mod:`isan.engine.serve.metrics`). When a worker dies the supervisor drops its live gauges at
+  once (open streams, pending bytes and jobs: ``mark_process_dead``), and logs the worker that
+  takes its place; each worker logs how long it took to load the model and serve.
+
+Workers die with their parent: each has the kernel send it SIGTERM when the parent ends, even by
+SIGKILL, and a run folder left by a killed parent is removed by the next ``isan-serve --workers``
+(:mod:`isan.engine.serve.orphans`).
 
 Everything else is per worker: the limits of :class:`~isan.engine.serve.config.ServeConfig`
 (connections, streams, the memory budget), the kernel threads (by default the CPUs divided among
@@ -37,9 +43,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import multiprocessing
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -49,8 +57,13 @@ from uvicorn.supervisors import Multiprocess
 
 from isan.engine.serve.config import ServeConfig
 from isan.engine.serve.metrics import MULTIPROC_ENV
+from isan.engine.serve.orphans import die_with_parent, remove_stale_run_dirs, run_dir_prefix
 
 log = logging.getLogger(__name__)
+#: the supervisor's and the workers' lines about workers, in uvicorn's log (as its own "Child process" lines)
+events = logging.getLogger("uvicorn.error")
+#: when this module was imported: in a worker, right after its process started (it unpickles its config)
+_STARTED = time.time()
 
 #: seconds a worker has to answer the supervisor's health check (uvicorn's default is 5; a worker
 #: loading a model on a busy machine may take longer to be scheduled)
@@ -96,9 +109,14 @@ def worker_app(spec: WorkerSpec):
 
     A model that cannot be loaded is logged (one line, no traceback), its message written to the
     run folder, and the worker ends with uvicorn's startup-failure code (the supervisor then stops).
+    The worker is sent SIGTERM when its parent ends (:func:`~isan.engine.serve.orphans.die_with_parent`).
     """
     from isan.engine.serve.app import create_app
 
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        die_with_parent(parent.pid)
+    t0 = time.time()
     try:
         engine = spec.load_engine()
     except Exception as e:  # noqa: BLE001 - reported to isan-serve, which exits with it
@@ -109,14 +127,45 @@ def worker_app(spec: WorkerSpec):
         except OSError:  # pragma: no cover - the run folder is gone: the parent is stopping
             pass
         raise SystemExit(STARTUP_FAILURE) from None
-    return create_app(engine, config=spec.config)
+    app = create_app(engine, config=spec.config)
+    events.info("Worker [%d] loaded the model in %.1f s and serves, %.1f s after its process started", os.getpid(),
+                time.time() - t0, time.time() - _STARTED)
+    return app
 
 
 class Supervisor(Multiprocess):
     """uvicorn's :class:`~uvicorn.supervisors.Multiprocess` that closes the parent's listening sockets
     before it stops the workers: the parent's copy would keep the port open while they drain (up to
     :data:`~isan.engine.serve.connections.HAND_BACK_GRACE_S` for a stream, as long as it takes for a
-    request begun), the kernel accepting connections that nobody serves."""
+    request begun), the kernel accepting connections that nobody serves. A worker that dies has its
+    live gauges dropped as soon as it is seen dead (before the one in its place has loaded the
+    model), and its replacement is logged.
+
+    Args:
+        metrics_dir: the workers' metrics folder (``PROMETHEUS_MULTIPROC_DIR``).
+    """
+
+    def __init__(self, config, sockets, metrics_dir: str):
+        super().__init__(config, sockets)
+        self.metrics_dir = metrics_dir
+
+    def forget(self, pid: int) -> None:
+        """The worker ``pid`` has ended: its open streams, pending bytes and jobs no longer count."""
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid, self.metrics_dir)
+
+    def keep_subprocess_alive(self) -> None:
+        before = list(self.processes)
+        for p in before:  # seen dead without waiting for the health checks of the others
+            if p.pid is not None and not p.process.is_alive():
+                self.forget(p.pid)
+        super().keep_subprocess_alive()
+        for old, new in zip(before, self.processes):
+            if new is not old:
+                self.forget(old.pid)
+                events.warning("Worker [%s] ended (exit code %s); worker [%s] started in its place at %s", old.pid,
+                               old.exitcode, new.pid, time.strftime("%H:%M:%S"))
 
     def terminate_all(self) -> None:
         for sock in self.sockets:
@@ -153,8 +202,10 @@ def serve(spec: WorkerSpec, host: str, port: int, log_level: str = "info") -> st
     """Serve with ``spec.config.workers`` worker processes until SIGTERM or SIGINT (then each worker
     shuts down gracefully and this returns once all have ended).
 
-    Without a configured state secret, one is drawn here for all workers. The metrics folder
-    is made here and removed at the end, whatever ends the run.
+    Without a configured state secret, one is drawn here for all workers. The run folder (metrics)
+    is made here and removed at the end, whatever signal ends the run; those of servers killed
+    before they could remove theirs are removed first
+    (:func:`~isan.engine.serve.orphans.remove_stale_run_dirs`).
 
     Returns:
         None, or why the workers could not start (a model that could not be loaded: its message).
@@ -163,15 +214,16 @@ def serve(spec: WorkerSpec, host: str, port: int, log_level: str = "info") -> st
 
     if spec.config.state_secret is None:
         spec = replace(spec, config=replace(spec.config, state_secret=new_secret(), state_secret_drawn=True))
-    run_dir = tempfile.mkdtemp(prefix="isan-serve-")
+    run_dir = tempfile.mkdtemp(prefix=run_dir_prefix())
     metrics_dir = os.path.join(run_dir, "metrics")
     os.mkdir(metrics_dir)
     before = os.environ.get(MULTIPROC_ENV)
     os.environ[MULTIPROC_ENV] = metrics_dir  # read by prometheus_client when a worker imports it
     try:
-        config = WorkerConfig(replace(spec, run_dir=run_dir), host, port, log_level)
+        config = WorkerConfig(replace(spec, run_dir=run_dir), host, port, log_level)  # it sets up uvicorn's log
+        remove_stale_run_dirs()
         sock = config.bind_socket()
-        supervisor = Supervisor(config, sockets=[sock])
+        supervisor = Supervisor(config, sockets=[sock], metrics_dir=metrics_dir)
         supervisor.run()
         sock.close()
         failed = Path(run_dir) / FAILED
