@@ -47,8 +47,9 @@ from server_helpers import free_port, wait_for  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 GUIDE = REPO / "docs" / "guide" / "deployment.md"
 HAPROXY_CFG = REPO / "docs" / "guide" / "deploy" / "haproxy.cfg"
-#: the replica's options in the guide (after `isan-serve --port PORT`); the test runs them
-REPLICA_OPTIONS = ["--state-secret-file", "isan-secret", "--threads", "1"]
+#: the replica's options in the guide (after `isan-serve --port PORT`); the test runs them, the secret
+#: file ($ISAN_SECRET_FILE, which the guide puts outside the repository) in its temporary folder
+REPLICA_OPTIONS = ["--state-secret-file", '"$ISAN_SECRET_FILE"', "--threads", "1"]
 STREAMS = int(os.environ.get("ISAN_LB_STREAMS", "40"))
 #: Debian's haproxy (in /usr/sbin, which a user's PATH may lack)
 HAPROXY = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
@@ -300,10 +301,12 @@ class Cluster:
             raise
 
     def _start_all(self) -> None:
-        (self.tmp / "isan-secret").write_text(secrets.token_hex(32) + "\n")
+        self.secret = self.tmp / "state-secret"
+        self.secret.write_text(secrets.token_hex(32) + "\n")
         self.ports = [free_port(), free_port()]
+        options = [str(self.secret) if o == REPLICA_OPTIONS[1] else o for o in REPLICA_OPTIONS]
         for i, p in enumerate(self.ports):
-            self.replicas.append(self._start(["isan-serve", "--port", str(p), *REPLICA_OPTIONS], f"replica{i + 1}"))
+            self.replicas.append(self._start(["isan-serve", "--port", str(p), *options], f"replica{i + 1}"))
         for i, p in enumerate(self.ports):
             wait_for(lambda: self._ready(i, p), f"replica {i + 1} ready")
         self.front = free_port()
@@ -399,6 +402,10 @@ def test_the_guide_shows_the_tested_commands():
     assert ("ISAN_LB_BIND=127.0.0.1:8000 ISAN_REPLICA_1=127.0.0.1:8001 ISAN_REPLICA_2=127.0.0.1:8002 "
             "haproxy -f docs/guide/deploy/haproxy.cfg -db") in guide
     assert "ISAN_LB_BIND" in HAPROXY_CFG.read_text() and "${ISAN_REPLICA_2}" in HAPROXY_CFG.read_text()
+    # the secret is written outside the repository, readable by its owner only (#45 item 11)
+    assert 'ISAN_SECRET_FILE="${XDG_CONFIG_HOME:-$HOME/.config}/isan/state-secret"' in guide
+    assert '(umask 077 && python -c "import secrets; print(secrets.token_hex(32))" > "$ISAN_SECRET_FILE")' in guide
+    assert "> isan-secret" not in guide
 
 
 def test_http_is_spread_over_the_replicas_and_snapshots_move_between_them(cluster, default_engine, text8_test,
@@ -422,7 +429,7 @@ def test_http_is_spread_over_the_replicas_and_snapshots_move_between_them(cluste
         raw[60] ^= 1
         forged = base64.urlsafe_b64encode(bytes(raw)).rstrip(b"=").decode()
         small = Engine.load(small_bundle)  # another model's snapshot, signed with the replicas' secret
-        secret = (cluster.tmp / "isan-secret").read_bytes().strip()
+        secret = cluster.secret.read_bytes().strip()
         foreign = encode_state(small.score("the cat").state, small.params_sha256, secret)
         for _ in range(2):  # whichever replica answers
             r = c.post("/v1/score", json={"text": b, "state": forged})
