@@ -704,6 +704,7 @@ def bench_budgets(model: str | None, train_text: str, test_text: str, budgets: l
                     + (f", {rows[-1]['chars_per_s_n']:,.0f} ({threads} threads)" if medn else ""))
                 shutil.rmtree(d, ignore_errors=True)
     return {"benchmark": "table budgets", "machine": machine(), "command": " ".join(["isan"] + sys.argv[1:]),
+            "model": {"source": str(src), "name": src.name, "params_sha256": base.params_sha256},
             "chars": len(ids), "chunk": chunk, "threads": threads, "repeats": repeats, "rows": rows}
 
 
@@ -711,6 +712,7 @@ def markdown_budgets(result: dict) -> str:
     m = result["machine"]
     th = result["threads"]
     lines = [f"Machine: {m['cpu']}, {m['cores']} cores, numpy {m['numpy']}",
+             f"Model: {result['model']['name']} (params_sha256 {result['model']['params_sha256'][:12]})",
              f"Command: `{result['command']}`  ({result['chars']:,} chars of the test split in "
              f"{result['chunk']:,}-character calls, median of {result['repeats']})", "",
              f"| table budget | dtype | entries | MiB | avg match (chars) | chars/s, 1 thread | chars/s, {th} threads | 1 thread vs reference |",
