@@ -133,23 +133,24 @@ def test_an_unreadable_websocket_handshake_is_answered_and_closed(served, reques
     assert got == status and headers["connection"] == "close" and "WebSocket handshake" in err["error"], err
 
 
-def test_a_websocket_upgrade_refused_at_the_connection_cap_is_not_upgraded(served):
-    """--max-connections counts a connection until its WebSocket handshake is answered: one that
-    comes at the cap (two connections just opened hold it) gets 503, not a stream."""
+def test_a_websocket_upgrade_at_the_connection_cap_opens_a_stream(served):
+    """Streams are counted by --max-streams, not --max-connections: a WebSocket handshake that comes
+    while the HTTP connections hold the cap (two just opened) still opens a stream (a burst of streams
+    larger than the connection cap must open), while a plain request at the cap gets 503."""
     addr, _ = served
     host, port = addr.split(":")
     held = [socket.create_connection((host, int(port)), timeout=30) for _ in range(2)]
     try:
         time.sleep(0.1)
-        raw = raw_http(addr, ("GET /v1/stream HTTP/1.1\r\n" + UPGRADE + "\r\n").encode(), wait=20)
+        raw = raw_http(addr, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", wait=20)
         got, _, err = split(raw)
         assert got == 503 and "--max-connections" in err["error"], err
+        with connect(f"ws://{addr}/v1/stream") as ws:
+            ws.send(json.dumps({"text": "the cat"}))
+            assert json.loads(ws.recv(timeout=30))["total_chars"] == 7
     finally:
         for s in held:
             s.close()
-    with connect(f"ws://{addr}/v1/stream") as ws:  # room again: streams open
-        ws.send(json.dumps({"text": "the cat"}))
-        assert json.loads(ws.recv(timeout=30))["total_chars"] == 7
 
 
 # ---- 18: two Host headers ---------------------------------------------------------------------------------

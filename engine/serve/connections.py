@@ -27,8 +27,8 @@ protocol with:
 * **WebSocket handshakes** stay in the connection count until the handshake is answered; one that
   the websockets library cannot read (a request line or a header line over 8 KiB, too many headers)
   is answered with its status (414, 431; 400 otherwise) in the JSON error shape and closed: the
-  library left it unanswered and open. A connection refused at the cap upgrades only if a slot
-  has freed by the time its handshake comes (else 503);
+  library left it unanswered and open. A handshake that comes while the cap is full still opens a
+  stream: streams have their own cap, ``max_streams``;
 * **streams handed back** on a graceful shutdown (SIGTERM, SIGINT): uvicorn closes every open
   WebSocket at once with code 1012; :func:`ws_protocol_class` first lets the stream hand itself back
   (the app put a function under :data:`HAND_BACK` in its scope: it sends the stream's last state and
@@ -258,15 +258,11 @@ def protocol_class(max_connections: int, read_timeout_s: float, count: Connectio
                 self.transport.close()
 
         def handle_websocket_upgrade(self) -> None:
+            # A stream is counted by max_streams, not by this cap, even when it came while the cap was
+            # full (a burst of 1,000 streams must open, as isan bench serve's stream load does); the
+            # WebSocket protocol counts the connection here until its handshake is answered.
             self._isan_disarm()
-            if self._isan_refused:  # refused at the cap when it opened: upgraded only if a slot is free now
-                evict_waiting(self.loop.time())
-                if count.open >= max_connections:
-                    if not self.transport.is_closing():
-                        self.transport.write(refused_answer)
-                        self.transport.close()
-                    return
-            self._isan_uncount()  # the WebSocket protocol counts the connection until its handshake is answered
+            self._isan_uncount()
             super().handle_websocket_upgrade()
 
         def connection_lost(self, exc) -> None:
