@@ -1,4 +1,8 @@
-"""isan.engine: streaming ISAN inference in numpy (no torch).
+"""isan.engine: streaming ISAN inference in numpy and compiled C kernels.
+
+torch is imported only inside :mod:`isan.engine.kernels.torch` (the torch backend, GPU or float64),
+and only when a torch device or dtype is asked for (``device="cuda"``, ``dtype="float64"``): importing
+this package, and scoring on the CPU's kernels, imports no torch.
 
 Public API: :class:`Engine`, :class:`State`, :class:`ScoreResult`, :class:`Attribution`,
 and the reference functions in :mod:`isan.engine.reference`.

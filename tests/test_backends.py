@@ -5,6 +5,11 @@ Backends: ``native`` (the compiled kernels), ``numpy`` (their twins), ``torch`` 
 in float32 and float64 (CI has no GPU) and, marked ``gpu``, on CUDA. Tolerances against the
 float64 reference: float32 per-character bits 1e-4 and totals 1e-6 relative; float64 1e-9 and
 1e-12.
+
+torch is optional here: the native-vs-numpy parity runs without it (only the torch configurations
+skip; tests/test_torch_optional.py runs this module with torch blocked), and the tests that need
+torch whatever the backend (corpus scoring, the CLI and the benchmark on the torch backend) live in
+tests/test_torch_backend.py.
 """
 
 from __future__ import annotations
@@ -15,22 +20,31 @@ import pytest
 from isan.engine import Engine
 from isan.errors import StateDivergedError
 
-torch = pytest.importorskip("torch")
+try:
+    import torch
+except ImportError:  # the torch configurations skip; native and numpy run
+    torch = None
 
-CUDA = torch.cuda.is_available()
+CUDA = torch is not None and torch.cuda.is_available()
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed (pip install '.[gpu]')")
 on_gpu = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="no CUDA GPU")]
 CONFIGS = [
     pytest.param(("native", "cpu", "float32"), id="native"),
     pytest.param(("numpy", "cpu", "float32"), id="numpy"),
-    pytest.param(("torch", "cpu", "float32"), id="torch-cpu-f32"),
-    pytest.param(("torch", "cpu", "float64"), id="torch-cpu-f64"),
-    pytest.param(("torch", "cuda", "float32"), id="torch-cuda-f32", marks=on_gpu),
-    pytest.param(("torch", "cuda", "float64"), id="torch-cuda-f64", marks=on_gpu),
+    pytest.param(("torch", "cpu", "float32"), id="torch-cpu-f32", marks=needs_torch),
+    pytest.param(("torch", "cpu", "float64"), id="torch-cpu-f64", marks=needs_torch),
+    pytest.param(("torch", "cuda", "float32"), id="torch-cuda-f32", marks=[needs_torch, *on_gpu]),
+    pytest.param(("torch", "cuda", "float64"), id="torch-cuda-f64", marks=[needs_torch, *on_gpu]),
 ]
 TOL = {"float32": (1e-4, 1e-6), "float64": (1e-9, 1e-12)}  # per character, total (relative)
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread(request):
+    """One torch thread for the module where torch is installed (conftest's ``one_torch_thread``,
+    which skips without torch: here the native and numpy tests must run without it)."""
+    if torch is not None:
+        request.getfixturevalue("one_torch_thread")
 
 
 @pytest.fixture(scope="module", params=CONFIGS)
@@ -98,78 +112,6 @@ def test_a_diverging_text_raises_then_good_calls_work(config, text8_test):
     with pytest.raises(StateDivergedError, match="text 1 of the batch"):
         eng.score_batch([good[:500], bad])
     assert eng.score(good).bits == first
-
-
-def test_corpus_scoring_on_the_torch_backend(tmp_path, text8_test):
-    """`isan corpus score --dtype float64` runs the torch backend (here on the CPU device): the job
-    records its kernel, its bits equal the CPU kernels' within float32 tolerance, and resuming the
-    job with the other kernel is refused."""
-    import json
-
-    import pyarrow.parquet as pq
-    from click.testing import CliRunner
-
-    from isan.cli import main
-
-    docs = tmp_path / "docs.jsonl"
-    docs.write_text("".join(json.dumps({"id": i, "text": text8_test[i * 700 : i * 700 + 300 + 97 * i]}) + "\n"
-                            for i in range(6)))
-    out = {}
-    for dtype in ("float32", "float64"):
-        r = CliRunner().invoke(main, ["corpus", "score", str(docs), "--out", str(tmp_path / dtype), "--dtype", dtype,
-                                      "--no-progress", "--json"])
-        assert r.exit_code == 0, r.output
-        job = json.loads((tmp_path / dtype / "job.json").read_text())
-        assert job["kernel"] == ("torch-cpu-float64" if dtype == "float64" else "jumps")
-        t = pq.read_table(sorted((tmp_path / dtype / "shards").glob("*.parquet"))[0]).to_pydict()
-        out[dtype] = dict(zip(t["id"], t["bits"]))
-    assert out["float32"].keys() == out["float64"].keys()
-    for k, bits in out["float64"].items():
-        assert abs(bits - out["float32"][k]) <= 1e-6 * bits
-    r = CliRunner().invoke(main, ["corpus", "score", str(docs), "--out", str(tmp_path / "float64"), "--no-progress"])
-    assert r.exit_code == 2 and "torch-cpu-float64" in r.output
-
-
-def test_the_cli_never_ignores_a_device(text8_test):
-    """`isan score --dtype float64` runs the torch backend and says so; `--device cuda` without a GPU
-    (or without torch) is a one-line error, exit 2, never a silent CPU run."""
-    import json
-
-    from click.testing import CliRunner
-
-    from isan.cli import main
-
-    text = text8_test[:2_000]
-    cpu = json.loads(CliRunner().invoke(main, ["score", "--json", "-"], input=text).output)
-    r = CliRunner().invoke(main, ["score", "--json", "--dtype", "float64", "-"], input=text)
-    f64 = json.loads(r.output)
-    assert f64["scoring"]["backend"] == "torch" and f64["scoring"]["dtype"] == "float64"
-    assert abs(f64["bits"] - cpu["bits"]) <= 1e-6 * cpu["bits"]
-    if not CUDA:
-        for cmd in (["score", "--device", "cuda", "-"], ["sample", "--device", "cuda", "-n", "3"]):
-            r = CliRunner().invoke(main, cmd, input=text)
-            assert r.exit_code == 2 and "cuda" in r.output and "Traceback" not in r.output, r.output
-
-
-def test_bench_gpu_quick_run_on_the_cpu_device(text8_path):
-    """`isan bench gpu --quick --device cpu`: the benchmark runs where there is no GPU (the torch
-    backend on the CPU device), records its command, machine and device, and its exactness facts
-    are what the tests above promise."""
-    from isan.bench.gpu import QUICK_SIZES, bench_gpu, markdown
-
-    r = bench_gpu(None, text8_path, device="cpu", repeats=1, sizes=QUICK_SIZES, log=lambda m: None)
-    names = [row["name"] for row in r["rows"]]
-    # the CPU kernels' two rows, then three for each dtype (documents, steps only, long text)
-    assert len(names) == 8 and names[0].startswith("CPU compiled kernels") and r["gpu"]["device"] == "cpu"
-    assert all(row["chars_per_s"] > 0 and row["chars"] > 0 for row in r["rows"])
-    f = r["facts"]
-    assert "errors" not in f
-    assert f["docs float64 step mm: max rel vs the float64 reference (8 docs)"] <= 1e-12
-    assert f["docs float32 step mm: max rel vs float64 step mm"] <= 1e-6
-    assert f["long text float32 step mm: rel vs float64"] <= 1e-6 and f["long text float64 step mm"]["bits_rel_vs_cpu"] <= 1e-6
-    md = markdown(r)
-    assert md.startswith("Machine:") and "docs float64 step mm: max rel vs the float64 reference" in md
-    assert md.count("\n| ") >= 14
 
 
 def test_the_gpu_check_script_is_valid_bash():

@@ -339,3 +339,79 @@ def test_a_call_that_fails_midway_leaves_the_runner_working(model, default_engin
     for _ in range(2):
         _, again, _ = rows_run(runner, model, test_ids, start, length, default_engine.params.h0)
         np.testing.assert_array_equal(again, good)
+
+
+# The Engine, the corpus scorer, the CLI and the benchmark on the torch backend (moved from
+# tests/test_backends.py, which runs without torch).
+
+
+def test_corpus_scoring_on_the_torch_backend(tmp_path, text8_test):
+    """`isan corpus score --dtype float64` runs the torch backend (here on the CPU device): the job
+    records its kernel, its bits equal the CPU kernels' within float32 tolerance, and resuming the
+    job with the other kernel is refused."""
+    import json
+
+    import pyarrow.parquet as pq
+    from click.testing import CliRunner
+
+    from isan.cli import main
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": i, "text": text8_test[i * 700 : i * 700 + 300 + 97 * i]}) + "\n"
+                            for i in range(6)))
+    out = {}
+    for dtype in ("float32", "float64"):
+        r = CliRunner().invoke(main, ["corpus", "score", str(docs), "--out", str(tmp_path / dtype), "--dtype", dtype,
+                                      "--no-progress", "--json"])
+        assert r.exit_code == 0, r.output
+        job = json.loads((tmp_path / dtype / "job.json").read_text())
+        assert job["kernel"] == ("torch-cpu-float64" if dtype == "float64" else "jumps")
+        t = pq.read_table(sorted((tmp_path / dtype / "shards").glob("*.parquet"))[0]).to_pydict()
+        out[dtype] = dict(zip(t["id"], t["bits"]))
+    assert out["float32"].keys() == out["float64"].keys()
+    for k, bits in out["float64"].items():
+        assert abs(bits - out["float32"][k]) <= 1e-6 * bits
+    r = CliRunner().invoke(main, ["corpus", "score", str(docs), "--out", str(tmp_path / "float64"), "--no-progress"])
+    assert r.exit_code == 2 and "torch-cpu-float64" in r.output
+
+
+def test_the_cli_never_ignores_a_device(text8_test):
+    """`isan score --dtype float64` runs the torch backend and says so; `--device cuda` without a GPU
+    (or without torch) is a one-line error, exit 2, never a silent CPU run."""
+    import json
+
+    from click.testing import CliRunner
+
+    from isan.cli import main
+
+    text = text8_test[:2_000]
+    cpu = json.loads(CliRunner().invoke(main, ["score", "--json", "-"], input=text).output)
+    r = CliRunner().invoke(main, ["score", "--json", "--dtype", "float64", "-"], input=text)
+    f64 = json.loads(r.output)
+    assert f64["scoring"]["backend"] == "torch" and f64["scoring"]["dtype"] == "float64"
+    assert abs(f64["bits"] - cpu["bits"]) <= 1e-6 * cpu["bits"]
+    if not CUDA:
+        for cmd in (["score", "--device", "cuda", "-"], ["sample", "--device", "cuda", "-n", "3"]):
+            r = CliRunner().invoke(main, cmd, input=text)
+            assert r.exit_code == 2 and "cuda" in r.output and "Traceback" not in r.output, r.output
+
+
+def test_bench_gpu_quick_run_on_the_cpu_device(text8_path):
+    """`isan bench gpu --quick --device cpu`: the benchmark runs where there is no GPU (the torch
+    backend on the CPU device), records its command, machine and device, and its exactness facts
+    are what the tests above promise."""
+    from isan.bench.gpu import QUICK_SIZES, bench_gpu, markdown
+
+    r = bench_gpu(None, text8_path, device="cpu", repeats=1, sizes=QUICK_SIZES, log=lambda m: None)
+    names = [row["name"] for row in r["rows"]]
+    # the CPU kernels' two rows, then three for each dtype (documents, steps only, long text)
+    assert len(names) == 8 and names[0].startswith("CPU compiled kernels") and r["gpu"]["device"] == "cpu"
+    assert all(row["chars_per_s"] > 0 and row["chars"] > 0 for row in r["rows"])
+    f = r["facts"]
+    assert "errors" not in f
+    assert f["docs float64 step mm: max rel vs the float64 reference (8 docs)"] <= 1e-12
+    assert f["docs float32 step mm: max rel vs float64 step mm"] <= 1e-6
+    assert f["long text float32 step mm: rel vs float64"] <= 1e-6 and f["long text float64 step mm"]["bits_rel_vs_cpu"] <= 1e-6
+    md = markdown(r)
+    assert md.startswith("Machine:") and "docs float64 step mm: max rel vs the float64 reference" in md
+    assert md.count("\n| ") >= 14
