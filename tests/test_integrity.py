@@ -5,7 +5,6 @@ shipped model's ONNX graphs built into the cache on first use and verified."""
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -611,34 +610,3 @@ def test_shipped_model_onnx_graphs_are_cached_and_verified(tmp_path, monkeypatch
     eng2 = load_onnx_engine(default_model_path())
     assert eng2.score(text).bits == pytest.approx(ref.bits, rel=1e-5)
     assert verify_all(default_model_path())["onnx"] == "ok"
-
-
-def test_onnx_backend_install_hints_name_the_working_command(tmp_path, monkeypatch):
-    """onnxruntime, its CUDA provider or the onnx package missing: each message names the command
-    that installs the extra (isan.errors.install_hint), not the 'isan[onnx]' no index has (#34 item 11)."""
-    from isan.engine import default_model_path
-    from isan.engine.runners import onnx as onnx_runner
-    from isan.errors import install_hint
-
-    monkeypatch.setenv("ISAN_CACHE_DIR", str(tmp_path / "cache"))
-    messages = []
-    with monkeypatch.context() as m:
-        m.setitem(sys.modules, "onnxruntime", None)  # its import fails, as where it is not installed
-        with pytest.raises(onnx_runner.BackendUnavailableError) as e:
-            onnx_runner.load_onnx_engine(default_model_path())
-        assert install_hint("onnx") in str(e.value) and install_hint("gpu") in str(e.value)
-        messages.append(str(e.value))
-    with monkeypatch.context() as m:
-        m.setitem(sys.modules, "onnx", None)  # the shipped model's graphs cannot be built on first use
-        with pytest.raises(onnx_runner.BackendUnavailableError) as e:
-            onnx_runner._graphs(default_model_path(), read_manifest(default_model_path()))
-        assert install_hint("onnx") in str(e.value)
-        messages.append(str(e.value))
-    ort = pytest.importorskip("onnxruntime")
-    if onnx_runner.CUDA not in ort.get_available_providers():
-        with pytest.raises(onnx_runner.BackendUnavailableError) as e:
-            onnx_runner._providers("cuda")
-        assert install_hint("gpu") in str(e.value)
-        messages.append(str(e.value))
-    # the form no index has is a bare requirement; a checkout named isan ends in "/isan[onnx]" (#45 item 1)
-    assert not any(re.search(r"""pip install (-c \S+ )?['"]?isan\[""", msg) for msg in messages), messages

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from isan.cli import main
 from isan.cli.helpers import UserError, friendly
 from isan.engine import Engine
+from isan.engine.bundle import read_manifest
 from isan.errors import install_hint
 
 #: the form no package index can satisfy (isan is installed from its repository, #34 item 11): a bare
@@ -244,3 +245,34 @@ def test_the_server_sampler_takes_temperature_zero_as_greedy(engine):
         warnings.simplefilter("error")  # a division by zero would warn
         s = StreamSampler(engine, "the annual reve", n=12, temperature=0, seed=1)
     assert (s.temperature, s.top_k) == (1.0, 1)
+
+
+def test_onnx_backend_install_hints_name_the_working_command(tmp_path, monkeypatch):
+    """onnxruntime, its CUDA provider or the onnx package missing: each message names the command
+    that installs the extra (isan.errors.install_hint), not the 'isan[onnx]' no index has (#34 item 11)."""
+    from isan.engine import default_model_path
+    from isan.engine.runners import onnx as onnx_runner
+    from isan.errors import install_hint
+
+    monkeypatch.setenv("ISAN_CACHE_DIR", str(tmp_path / "cache"))
+    messages = []
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "onnxruntime", None)  # its import fails, as where it is not installed
+        with pytest.raises(onnx_runner.BackendUnavailableError) as e:
+            onnx_runner.load_onnx_engine(default_model_path())
+        assert install_hint("onnx") in str(e.value) and install_hint("gpu") in str(e.value)
+        messages.append(str(e.value))
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "onnx", None)  # the shipped model's graphs cannot be built on first use
+        with pytest.raises(onnx_runner.BackendUnavailableError) as e:
+            onnx_runner._graphs(default_model_path(), read_manifest(default_model_path()))
+        assert install_hint("onnx") in str(e.value)
+        messages.append(str(e.value))
+    ort = pytest.importorskip("onnxruntime")
+    if onnx_runner.CUDA not in ort.get_available_providers():
+        with pytest.raises(onnx_runner.BackendUnavailableError) as e:
+            onnx_runner._providers("cuda")
+        assert install_hint("gpu") in str(e.value)
+        messages.append(str(e.value))
+    # the form no index has is a bare requirement; a checkout named isan ends in "/isan[onnx]" (#45 item 1)
+    assert not any(NO_INDEX_HAS_IT.search(msg) for msg in messages), messages
