@@ -9,6 +9,12 @@ import sys
 
 from setuptools import Extension, setup
 
+# The extension's C files, one concept each (engine/kernels/csrc/native.h lists them): the
+# instruction-set variants, the thread team, the three kernels and the Python bindings.
+CSRC = "engine/kernels/csrc/"
+sources = [CSRC + f for f in ("bindings.c", "isa.c", "team.c", "streams.c", "jumps.c", "seq.c")]
+depends = [CSRC + f for f in ("native.h", "kern_impl.h", "team.h", "queues.h", "jobs.h")]
+
 args = ["-O3", "-pthread", "-std=gnu11", "-fno-math-errno", "-fno-trapping-math", "-Wall", "-Wno-unknown-pragmas"]
 if sys.platform == "win32":  # pragma: no cover - MSVC does not take GCC flags
     args = ["/O2"]
@@ -17,8 +23,8 @@ setup(
     ext_modules=[
         Extension(
             "isan.engine.kernels._native",
-            sources=["engine/kernels/_native.c"],
-            depends=["engine/kernels/kern_impl.h"],
+            sources=sources,
+            depends=depends,
             extra_compile_args=args,
             libraries=["m"] if sys.platform != "win32" else [],
             extra_link_args=["-pthread"] if sys.platform != "win32" else [],

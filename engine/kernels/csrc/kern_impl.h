@@ -1,4 +1,4 @@
-/* One instruction-set variant of isan's kernels; included once per target by _native.c.
+/* One instruction-set variant of isan's kernels; included once per target by isa.c.
  *
  * Before including, define:
  *   SFX(name)  append the variant's suffix to a name (e.g. name##_avx2)
@@ -9,7 +9,7 @@
  * and wrap the inclusion in `#pragma GCC target(...)` for the instruction set.
  *
  * Everything here is plain C with GCC vector extensions; the compiler emits the variant's
- * instructions. Shapes and meaning are documented in _native.c and in the numpy twins
+ * instructions. Shapes and meaning are documented in native.h and in the numpy twins
  * (streams.py, sequential.py), which compute the same thing.
  */
 
