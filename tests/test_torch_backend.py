@@ -72,7 +72,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def model(default_engine) -> StreamModel:
-    return default_engine._streams()
+    return default_engine.stream_model()
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +179,7 @@ def test_chunk_parallel_long_text_equals_the_float64_reference(model, default_en
     n_chunks = 3 if (device, step) == ("cpu", "triton") else 16
     rtol = 1e-13 if dtype == "float64" else 1e-6
     bits, finals, rep, div = score_texts_chunked(model, [test_ids], p64.h0[None], chunks=[n_chunks], runner=runner,
-                                                 rtol=rtol, fallback=default_engine._chunk_fallback())
+                                                 rtol=rtol, fallback=default_engine.chunk_fallback())
     assert not div and rep.chunks == n_chunks and rep.fallback_chunks == 0
     assert finals.dtype == runner.state_dtype
     assert abs(bits[0].sum() - bits_ref.sum()) <= rtol_total * bits_ref.sum()
@@ -198,7 +198,7 @@ def test_hypothesis_texts_any_batch_shape(model, default_engine, p64, data):
     chunks = [data.draw(st.integers(1, max(1, len(t) // 20))) for t in texts]
     runner = TorchStreams("cpu", "float64", block=data.draw(st.integers(1, 40)))
     bits, finals, rep, div = score_texts_chunked(model, texts, np.tile(p64.h0, (len(texts), 1)), chunks=chunks,
-                                                 runner=runner, rtol=1e-13, fallback=default_engine._chunk_fallback())
+                                                 runner=runner, rtol=1e-13, fallback=default_engine.chunk_fallback())
     assert not div
     for t, b, f in zip(texts, bits, finals):
         b_ref, h_ref = score_ref(p64, t.astype(np.int64), p64.h0)
@@ -214,7 +214,7 @@ def test_a_diverging_row_stops_where_the_twin_stops(device):
     from tests.conftest import UNCONSTRAINED
 
     eng = Engine.load(UNCONSTRAINED, progress_bar=False)
-    m = eng._streams()
+    m = eng.stream_model()
     ids = np.concatenate([eng.encode("the cat sat on the mat " * 4), eng.encode("z" * 60)]).astype(np.int32)
     start = np.array([0, 0, 20], np.int64)
     length = np.array([len(ids), 90, len(ids) - 20], np.int64)
@@ -284,7 +284,7 @@ def test_the_gpu_plan_corrects_inside_every_chunk(model, default_engine, p64, te
     assert chunks[0] == len(ids) // plan.min_chunk(dtype, bound) and len(ids) // chunks[0] >= bound
     assert plan.min_chunk(dtype, bound) >= plan.GPU_MIN_CHUNK[dtype]
     bits, _, rep, div = score_texts_chunked(model, [ids], p64.h0[None], chunks=chunks, runner=TorchStreams("cpu", dtype),
-                                            rtol=plan.rtol(dtype), fallback=default_engine._chunk_fallback())
+                                            rtol=plan.rtol(dtype), fallback=default_engine.chunk_fallback())
     bits_ref, _ = score_ref(p64, ids.astype(np.int64), p64.h0)
     assert not div and rep.fallback_chunks == 0
     assert abs(bits[0].sum() - bits_ref.sum()) <= (1e-12 if dtype == "float64" else 1e-6) * bits_ref.sum()
@@ -305,9 +305,9 @@ def test_the_gpu_plan_follows_a_model_that_forgets_more_slowly(text8_test):
     chunks = plan.chunks([len(ids)], "cuda", dtype="float32", forget_chars=bound)
     assert len(ids) // chunks[0] >= bound and chunks[0] == len(ids) // 1280
     p64 = eng.params.astype(np.float64)
-    bits, _, rep, div = score_texts_chunked(eng._streams(), [ids], p64.h0[None], chunks=chunks,
+    bits, _, rep, div = score_texts_chunked(eng.stream_model(), [ids], p64.h0[None], chunks=chunks,
                                             runner=TorchStreams("cpu", "float32"), rtol=plan.rtol("float32"),
-                                            fallback=eng._chunk_fallback())
+                                            fallback=eng.chunk_fallback())
     bits_ref, _ = score_ref(p64, ids.astype(np.int64), p64.h0)
     assert not div and rep.fallback_chunks == 0
     assert abs(bits[0].sum() - bits_ref.sum()) <= 1e-6 * bits_ref.sum()
@@ -339,6 +339,204 @@ def test_a_call_that_fails_midway_leaves_the_runner_working(model, default_engin
     for _ in range(2):
         _, again, _ = rows_run(runner, model, test_ids, start, length, default_engine.params.h0)
         np.testing.assert_array_equal(again, good)
+
+
+# Issue 46 item 5: a step that cannot be had is an error, or with "auto" a logged, described choice;
+# TF32 held per call through a lock, never by an unguarded flip of torch's process-wide setting.
+
+#: what importing Triton raises where it cannot run (streams.TRITON_IMPORT_ERRORS)
+TRITON_FAILURES = [ImportError("No module named 'triton'"), OSError("libcuda.so.1: cannot open shared object file"),
+                   RuntimeError("0 active drivers ([]). There should only be one."),
+                   AttributeError("module 'triton' has no attribute 'language'"),
+                   TypeError("autotune() got an unexpected keyword argument 'key'")]
+
+
+def test_the_auto_step_is_a_described_choice():
+    from isan.engine.kernels.torch import streams
+
+    for runner, why in ((TorchStreams("cpu"), "auto: the CPU device"), (TorchStreams("cpu", "float64"), "auto: the CPU"),
+                        (TorchStreams("cpu", step="mm"), "asked for"),
+                        (TorchStreams("cuda", "float64"), "auto: float64")):  # a device object: nothing runs on it
+        assert runner.step == "mm" and runner.step_reason.startswith(why), runner.step_reason
+        assert runner.describe() == {"step": "mm", "step_reason": runner.step_reason}
+    assert set(streams.TRITON_IMPORT_ERRORS) == {type(e) for e in TRITON_FAILURES}
+
+
+@pytest.mark.parametrize("error", TRITON_FAILURES, ids=lambda e: type(e).__name__)
+def test_a_gpu_without_triton_is_never_a_silent_choice(monkeypatch, caplog, error):
+    """Where Triton cannot be imported (whatever its import raises): ``step="triton"`` is an error
+    that says what it raised; ``"auto"`` on a GPU runs ``"mm"`` with a warning in the log, and
+    describe() says which step runs and why. (A device object of CUDA: nothing runs on it.)"""
+    import logging
+
+    from isan.engine.kernels.torch import streams
+
+    def broken():
+        raise error
+
+    monkeypatch.setattr(streams, "_import_triton_step", broken)
+    with pytest.raises(ValueError, match=f"step 'triton' needs Triton.*{type(error).__name__}"):
+        TorchStreams("cuda", step="triton")
+    with caplog.at_level(logging.INFO, logger=streams.__name__):
+        runner = TorchStreams("cuda")
+    assert runner.step == "mm" and runner._grouped is None
+    d = runner.describe()
+    assert d["step"] == "mm" and d["step_reason"].startswith("auto: Triton cannot be imported")
+    assert type(error).__name__ in d["step_reason"] and str(error) in d["step_reason"]
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "step 'auto' runs 'mm'" in warned[0].getMessage()
+
+
+def test_a_gpu_with_triton_missing_for_real(monkeypatch, caplog):
+    """The real import, with Triton absent (None in sys.modules): the same described fall back."""
+    import logging
+    import sys
+
+    monkeypatch.setitem(sys.modules, "triton", None)
+    monkeypatch.delitem(sys.modules, "isan.engine.kernels.torch.grouped", raising=False)
+    with caplog.at_level(logging.WARNING):
+        runner = TorchStreams("cuda")
+    assert runner.describe()["step_reason"].startswith("auto: Triton cannot be imported (ModuleNotFoundError")
+    assert any("runs 'mm'" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ValueError, match="needs Triton"):
+        TorchStreams("cuda", step="triton")
+
+
+def test_the_auto_step_says_when_the_interpreter_is_on(monkeypatch, caplog):
+    import logging
+    from types import SimpleNamespace
+
+    from isan.engine.kernels.torch import streams
+
+    monkeypatch.setattr(streams, "_import_triton_step", lambda: SimpleNamespace(interpreted=lambda: True))
+    with caplog.at_level(logging.WARNING):
+        runner = TorchStreams("cuda")
+    assert runner.step == "mm" and "interpreter" in runner.step_reason and caplog.records
+
+
+@pytest.fixture
+def torch_tf32_setting():
+    """torch's cuBLAS setting as this test found it (new API), restored after."""
+    m = torch.backends.cuda.matmul
+    saved = m.fp32_precision
+    yield m
+    m.fp32_precision = saved
+
+
+def _count_writes(monkeypatch) -> dict:
+    """Count every write of torch's TF32 settings (both APIs)."""
+    writes = {"n": 0}
+    for name in ("_set_cublas_allow_tf32", "_set_fp32_precision_setter", "_set_float32_matmul_precision"):
+        real = getattr(torch._C, name)
+
+        def counted(*a, _real=real, **k):
+            writes["n"] += 1
+            return _real(*a, **k)
+
+        monkeypatch.setattr(torch._C, name, counted)
+    return writes
+
+
+def test_a_call_never_writes_torchs_tf32_setting_where_it_need_not(model, default_engine, test_ids, monkeypatch):
+    """On the CPU device (TF32 is a CUDA setting) and in float64 a call writes none of torch's
+    process-wide settings; a call that holds IEEE (float32 on CUDA) writes none where the process
+    already runs IEEE (the default). (The runner whose ``_holds_tf32`` is forced runs on the CPU
+    device the code a CUDA float32 call runs.)"""
+    from isan.engine.kernels.torch.precision import tf32_enabled
+
+    assert not tf32_enabled()
+    start, length = np.array([0, 500], np.int64), np.array([300, 400], np.int64)
+    writes = _count_writes(monkeypatch)
+    held = TorchStreams("cpu")
+    held._holds_tf32 = True
+    for runner in (TorchStreams("cpu"), TorchStreams("cpu", "float64"), held):
+        rows_run(runner, model, test_ids, start, length, default_engine.params.h0)
+    assert writes["n"] == 0
+    assert not TorchStreams("cuda", "float64")._holds_tf32 and TorchStreams("cuda", step="mm")._holds_tf32
+
+
+def test_two_threads_each_see_their_own_tf32_setting(model, default_engine, test_ids, monkeypatch,
+                                                     torch_tf32_setting):
+    """The process allows TF32 (torch's new API). A runner's calls on one thread (float32 on CUDA:
+    here the same code on the CPU device) see IEEE in every product, a second thread asking TF32
+    (``matmul_tf32(True)``) sees TF32 throughout its block, the two interleave, and afterwards the
+    process's setting is what it was: exactly, through the API it used. A call that fails midway
+    releases the lock."""
+    import threading
+    import time
+
+    from isan.engine.kernels.torch import precision
+    from isan.engine.kernels.torch.precision import matmul_tf32, tf32_enabled
+
+    torch_tf32_setting.fp32_precision = "tf32"
+    runner = TorchStreams("cpu", block=16)
+    runner._holds_tf32 = True
+    seen = {"runner": [], "tf32": []}
+    real_mm = torch.mm
+
+    def watching_mm(*a, **k):  # the runner's per-symbol products (step "mm")
+        if threading.current_thread().name == "runner":
+            seen["runner"].append(tf32_enabled())
+        return real_mm(*a, **k)
+
+    monkeypatch.setattr(torch, "mm", watching_mm)
+    start, length = np.array([0, 500], np.int64), np.array([200, 100], np.int64)
+    go = threading.Barrier(2)
+    errors = []
+
+    def run_rows():
+        try:
+            go.wait()
+            for _ in range(3):
+                rows_run(runner, model, test_ids, start, length, default_engine.params.h0)
+        except BaseException as e:  # noqa: BLE001 (reported by the test)
+            errors.append(e)
+
+    def ask_tf32():
+        try:
+            go.wait()
+            for _ in range(6):
+                with matmul_tf32(True):
+                    for _ in range(3):
+                        seen["tf32"].append(tf32_enabled())
+                        time.sleep(0.002)
+                time.sleep(0.001)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=run_rows, name="runner"), threading.Thread(target=ask_tf32, name="tf32")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert seen["runner"] and not any(seen["runner"])  # IEEE in every product of every call
+    assert seen["tf32"] and all(seen["tf32"])
+    assert tf32_enabled() and torch_tf32_setting.fp32_precision == "tf32"  # restored as the process set it
+    # a call that fails midway holds nothing after
+    monkeypatch.setattr(torch, "mm", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("simulated")))
+    with pytest.raises(RuntimeError, match="simulated"):
+        rows_run(runner, model, test_ids, start, length, default_engine.params.h0)
+    assert precision._LOCK._mode is None and precision._LOCK._holders == 0
+    assert tf32_enabled() and torch_tf32_setting.fp32_precision == "tf32"
+    with matmul_tf32(False), pytest.raises(RuntimeError, match="deadlock"):
+        with matmul_tf32(True):
+            pass
+
+
+@gpu
+@pytest.mark.skipif(not CUDA, reason="no CUDA GPU")
+def test_a_process_that_allows_tf32_still_gets_ieee_products_on_cuda(model, default_engine, test_ids,
+                                                                     torch_tf32_setting):
+    """On CUDA with the process allowing TF32: the float32 runner's bits equal those of a process
+    that does not (TF32 would err by about 1e-3), and the setting is as the process left it."""
+    start, length = np.array([0, 500], np.int64), np.array([3000, 2000], np.int64)
+    h0 = default_engine.params.h0
+    _, want, _ = rows_run(TorchStreams("cuda", step="mm"), model, test_ids, start, length, h0)
+    torch_tf32_setting.fp32_precision = "tf32"
+    _, got, _ = rows_run(TorchStreams("cuda", step="mm"), model, test_ids, start, length, h0)
+    np.testing.assert_array_equal(got, want)
+    assert torch_tf32_setting.fp32_precision == "tf32"
 
 
 # The Engine, the corpus scorer, the CLI and the benchmark on the torch backend (moved from

@@ -30,7 +30,8 @@ expert, and a row never gathers its own ``W[x]``, 187 KB a row a step at d = 216
   without a host synchronisation. Results come back through page-locked memory.
 
 ``dtype`` is the arithmetic of the states and products: float32 (the default, as the compiled
-kernel; TF32 is switched off for the call, whatever the process set) or float64 (the exact
+kernel; never TF32, whatever the process set: on CUDA a call holds torch's process-wide
+setting at IEEE through a lock shared with the other calls, :mod:`~isan.engine.kernels.torch.precision`) or float64 (the exact
 reference on the device: bits within about 1e-12 of the float64 numpy reference of the model's
 weights, which bundles store in float32). The arrays of the contract (``H`` and ``bits``) stay
 numpy on the host: the span of ``ids`` and ``bits`` the rows read is copied to the device once a
@@ -45,6 +46,9 @@ ignored (they choose a CPU schedule).
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import logging
 import math
 from dataclasses import dataclass, field
 
@@ -53,11 +57,21 @@ import torch
 
 from isan.engine.guard import MAX_STATE_ABS
 from isan.engine.kernels.streams import SCHED_FRAC, StreamModel, StreamsResult, _check, _check_frac
+from isan.engine.kernels.torch.precision import matmul_tf32
 
 #: Steps a block runs between synchronisations when rows are not in pairs (with pairs: ``check_every``).
 BLOCK_STEPS = 64
 #: How a step runs (see :class:`TorchStreams`).
 STEPS = ("auto", "mm", "triton")
+#: What importing Triton (with the step's module, which compiles nothing but builds its kernel and
+#: autotuner) raises where the Triton step cannot run: Triton missing or broken (ImportError), a
+#: CUDA driver or library that cannot load (OSError), Triton's own checks of its driver, backend
+#: or version (RuntimeError), a Triton whose API does not match torch's or this module's
+#: (AttributeError, TypeError). ``step="triton"`` turns them into a ValueError; ``"auto"`` logs
+#: them and runs ``"mm"`` (:attr:`TorchStreams.step_reason` says why).
+TRITON_IMPORT_ERRORS = (ImportError, OSError, RuntimeError, AttributeError, TypeError)
+
+log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -89,13 +103,16 @@ class TorchStreams:
             any device), ``"triton"`` (one fused grouped kernel a step,
             :mod:`~isan.engine.kernels.torch.grouped`; a GPU, or the CPU device under Triton's
             interpreter) or ``"auto"`` (default: ``"triton"`` on a GPU in float32 where Triton
-            imports, else ``"mm"``). The attribute ``step`` says which was chosen.
+            imports, else ``"mm"``). The attribute ``step`` says which was chosen and
+            ``step_reason`` why; :meth:`describe` gives both. ``"auto"`` on a GPU where Triton
+            cannot run (:data:`TRITON_IMPORT_ERRORS`, or its interpreter turned on) logs a
+            warning, never a silent change.
         precision: the Triton step's products in float32: ``"ieee"`` (default) or ``"tf32x3"``
             (three TF32 tensor-core products: about float32's accuracy; measured by ``isan bench gpu``).
 
     Raises:
         ValueError: an unknown dtype or step, a block under 1, or ``step="triton"`` where Triton
-            cannot run on the device.
+            cannot run on the device (cannot be imported: the message says what it raised).
 
     The runner keeps the last model's weights on the device (keyed by the model object), so many
     calls with one model copy them once. It holds no other state between calls: a call that raises
@@ -118,28 +135,53 @@ class TorchStreams:
         self._tdtype = _DTYPES[dtype]
         self._model: _DeviceModel | None = None
         self._grouped = None  # the Triton step's module, where it runs
-        self.step = self._choose_step(step)
+        self.step, self.step_reason = self._choose_step(step)
         if precision not in ("ieee", "tf32x3") or (precision != "ieee" and (self.step != "triton" or dtype != "float32")):
             raise ValueError(f"precision must be 'ieee' or, with the Triton step in float32, 'tf32x3'; got {precision!r} "
                              f"(step {self.step}, {dtype})")
         self.precision = precision
+        #: whether a call holds torch's cuBLAS setting at IEEE (:func:`.precision.matmul_tf32`): float32 on
+        #: CUDA only (TF32 applies to float32 cuBLAS products; the CPU device and float64 need nothing)
+        self._holds_tf32 = self.device.type == "cuda" and dtype == "float32"
 
-    def _choose_step(self, step: str) -> str:
-        """``"auto"``: the fused Triton step on a GPU in float32 where Triton imports, else ``"mm"``.
-        ``"triton"`` asked for where it cannot run raises (nothing is silently replaced)."""
-        if step == "mm" or (step == "auto" and (self.device.type == "cpu" or self.dtype != "float32")):
-            return "mm"
+    def _choose_step(self, step: str) -> tuple[str, str]:
+        """The step and why: ``"auto"``, the fused Triton step on a GPU in float32 where Triton
+        imports, else ``"mm"`` (logged; a GPU's fall back to ``"mm"`` as a warning). ``"triton"``
+        asked for where it cannot run raises (nothing is silently replaced)."""
+        if step == "mm":
+            return "mm", "asked for"
+        if step == "auto" and self.device.type == "cpu":
+            return self._auto_mm("the CPU device (the Triton step runs there only in Triton's interpreter)")
+        if step == "auto" and self.dtype != "float32":
+            return self._auto_mm(f"{self.dtype}: the fused step is the default in float32 only")
         try:
-            from isan.engine.kernels.torch import grouped
-        except ImportError as e:  # triton missing, or it cannot load
+            grouped = _import_triton_step()
+        except TRITON_IMPORT_ERRORS as e:  # Triton missing, or it cannot load here
+            why = f"Triton cannot be imported ({type(e).__name__}: {_first_line(e)})"
             if step == "auto":
-                return "mm"
-            raise ValueError(f"step 'triton' needs Triton, which cannot be imported ({e}); use step='mm'") from None
+                return self._auto_mm(why, warn=True)
+            raise ValueError(f"step 'triton' needs Triton, which cannot be imported here ({type(e).__name__}: "
+                             f"{_first_line(e)}); use step='mm'") from e
         if step == "auto" and grouped.interpreted():
-            return "mm"
+            return self._auto_mm("Triton's interpreter is on (TRITON_INTERPRET=1): it runs on the CPU device only",
+                                 warn=True)
         grouped.check_device(self.device)
         self._grouped = grouped
-        return "triton"
+        return "triton", ("asked for" if step == "triton" else f"auto: a GPU ({self.device}) in float32 where Triton imports")
+
+    def _auto_mm(self, why: str, warn: bool = False) -> tuple[str, str]:
+        """``step="auto"`` runs ``"mm"`` because of ``why``: logged (a warning where a GPU loses
+        the fused step), and said by :meth:`describe`."""
+        (log.warning if warn else log.info)("torch runner on %s in %s: step 'auto' runs 'mm': %s",
+                                             self.device, self.dtype, why)
+        return "mm", f"auto: {why}"
+
+    def describe(self) -> dict:
+        """What runs: ``{"step", "step_reason"}`` and, where not IEEE, ``"precision"``."""
+        out = {"step": self.step, "step_reason": self.step_reason}
+        if self.precision != "ieee":
+            out["precision"] = self.precision
+        return out
 
     def __repr__(self) -> str:
         return (f"TorchStreams(device={str(self.device)!r}, dtype={self.dtype!r}, step={self.step!r}"
@@ -201,14 +243,11 @@ class TorchStreams:
         diverged = np.full(P, -1, dtype=np.int64)
         if P == 0:
             return StreamsResult(0, steps_done, residual, diverged)
-        tf32 = torch.backends.cuda.matmul.allow_tf32
-        try:
-            torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32 (TF32 would err by ~1e-3)
-            with torch.no_grad():
-                total = self._run(model, ids, start, length, H, bits, pairs, float(stop_ratio), check_every,
-                                  float(limit), steps_done, residual, diverged)
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = tf32
+        # float32 means float32 (TF32 would err by ~1e-3): torch's GEMMs on CUDA read a process-wide
+        # setting, held at IEEE for the call by a lock shared with the other calls (precision.py)
+        with matmul_tf32(False) if self._holds_tf32 else contextlib.nullcontext(), torch.no_grad():
+            total = self._run(model, ids, start, length, H, bits, pairs, float(stop_ratio), check_every,
+                              float(limit), steps_done, residual, diverged)
         return StreamsResult(int(total), steps_done, residual, diverged)
 
     def _run(self, model, ids, start, length, H, bits, pairs, stop_ratio, check_every, limit,
@@ -268,6 +307,16 @@ class TorchStreams:
         residual[:] = _to_host(res_d)
         diverged[:] = _to_host(div_d)
         return int(total)
+
+
+def _import_triton_step():
+    """The Triton step's module (:mod:`~isan.engine.kernels.torch.grouped`), imported with Triton
+    (what it raises where it cannot: :data:`TRITON_IMPORT_ERRORS`)."""
+    return importlib.import_module("isan.engine.kernels.torch.grouped")
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).splitlines() or [""])[0][:200]
 
 
 def _max_abs(x: torch.Tensor, dim: int) -> torch.Tensor:
