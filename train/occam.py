@@ -280,37 +280,3 @@ def occam_from_config(config: dict) -> OccamLSTM:
     return cls(int(config["K"]), int(config["V"]), int(config["d"]), gate=config.get("gate", "first"),
                lam=float(config.get("lam", DEFAULT_LAMBDA)), schedule=config.get("schedule", "linear"),
                t_max=float(config.get("t_max", 1.0)))  # runs before issue #26 have no t_max: 1
-
-
-# ------------------------------------------------------------------------------------ training
-def loop_has_aux_hook() -> bool:
-    """Whether :class:`isan.train.loop.Trainer` calls a model's ``aux_loss`` (issue #14's hook)."""
-    import inspect
-
-    from isan.train.loop import Trainer
-
-    return "aux_loss" in inspect.getsource(Trainer)
-
-
-def train_occam(kind: str, out_dir: str, data: str, params: float = 3.2e5, lr: float = 0.00376,
-                max_chars: float = 9e6, batch_size: int = 32, bptt: int = 64, eval_every: float = 0.5,
-                patience: int = 4, seed: int = 0, threads: int = 1, progress_bar: bool = False):
-    """Train an Occam LSTM with Table 1's protocol for the 3.2e5 LSTM (its tuned rate, B=32, T=64,
-    clipping 1.0, evaluation every half epoch, rate halved on a plateau) through
-    :class:`isan.train.loop.Trainer`. The penalty goes through the loop's aux-loss hook where the
-    loop has one, else it is injected in the forward pass (progress = characters seen / max_chars).
-    Returns the final :class:`isan.train.loop.Progress`.
-    """
-    from isan.train.loop import TrainConfig, Trainer
-
-    cfg = TrainConfig(model=kind, params=params, data=data, dataset="text8", batch_size=batch_size, bptt=bptt,
-                      lr=lr, max_chars=int(max_chars), eval_every=eval_every, patience=patience, max_epochs=100,
-                      seed=seed, threads=threads)
-    tr = Trainer(cfg, out_dir, progress_bar=progress_bar)
-    model = tr.model
-    if not loop_has_aux_hook():
-        model.penalty_mode = "inject"
-        model.progress_fn = lambda: tr.progress.chars_seen / tr.cfg.max_chars
-    tr._log({"event": "penalty", "mode": model.penalty_mode, "lam": model.lam, "schedule": model.schedule,
-             "gate": model.gate})
-    return tr.run()

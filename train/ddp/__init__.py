@@ -15,6 +15,9 @@ parameters (to rounding) as a single process with the same B, and it writes the 
 processes resumes with any number that divides B, one included. Rank 0 reads the run directory and
 sends what it holds to the others, so only rank 0 needs to see ``--out``; every machine needs ``--data``.
 
+``python -m isan.train.ddp`` runs :mod:`isan.train.ddp.__main__` (the command: ``isan train ... --distributed``);
+this package, the library the training loop uses, never imports the CLI.
+
 Write the hidden size as ``--hidden`` under torchrun (its own parser takes ``--d`` for one of its options).
 
 Everything that is not the gradient (evaluation, early stopping, logs, checkpoints) happens on rank 0;
@@ -24,7 +27,6 @@ its decisions are broadcast, so all ranks stop together.
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -119,15 +121,3 @@ def shutdown() -> None:
     """Leave the process group (no-op if none)."""
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m isan.train.ddp ARGS`` = ``isan train ARGS --distributed`` (run it under torchrun)."""
-    from isan.cli import main as cli
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    cli.main(["train", *args, *([] if "--distributed" in args else ["--distributed"])], prog_name="isan.train.ddp")
-
-
-if __name__ == "__main__":
-    main()
