@@ -3,8 +3,9 @@ machine or on a Ray cluster, into resumable Parquet shards (see :func:`score_cor
 
 Rooms: :mod:`~isan.engine.corpus.readers` (inputs and formats), :mod:`~isan.engine.corpus.scoring`
 (documents to rows, batched), :mod:`~isan.engine.corpus.writers` (the output's layout),
-:mod:`~isan.engine.corpus.job` (the job and the local runner), :mod:`~isan.engine.corpus.ray_runner`
-(Ray Data), :mod:`~isan.engine.corpus.datatrove` (a datatrove pipeline block).
+:mod:`~isan.engine.corpus.job` (the job and the local runner), :mod:`~isan.engine.corpus.parts` (one input
+file into its parts, what every runner shares), :mod:`~isan.engine.corpus.workers` (the local runner's worker
+processes), :mod:`~isan.engine.corpus.ray_runner` (Ray Data), :mod:`~isan.engine.corpus.datatrove` (a datatrove pipeline block).
 """
 
 from isan.engine.corpus.job import score_corpus

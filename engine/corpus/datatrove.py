@@ -69,7 +69,7 @@ def _build():
 
         def _get_scorer(self):
             if self._scorer is None:
-                from isan.engine.corpus.job import load_corpus_engine
+                from isan.engine.corpus.parts import load_corpus_engine
                 from isan.engine.corpus.scoring import DocScorer, ScoreOptions
 
                 self._scorer = DocScorer(load_corpus_engine(self.model),

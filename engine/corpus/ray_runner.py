@@ -2,7 +2,7 @@
 
 ``ray.data.from_items`` lists the input files; ``map_batches`` hands them, one file a batch, to a
 pool of :class:`FileScorer` actors (``ActorPoolStrategy(size=n)``, ``num_cpus`` CPUs each); each actor loads the model once and runs the same
-:func:`isan.engine.corpus.job.process_file` as the local runner, so the two write the same files
+:func:`isan.engine.corpus.parts.process_file` as the local runner, so the two write the same files
 (atomically, resumable). Actors read the inputs and write the output themselves: on a real cluster
 both must be reachable from every node under the same path (a shared file system, or fsspec URLs
 such as ``s3://`` for the inputs), and every node needs isan installed.
@@ -26,7 +26,7 @@ class FileScorer:
     """A Ray Data actor: loads the model once, then scores whole input files (``path`` column)."""
 
     def __init__(self, cfg: dict, out: str, threads: int):
-        from isan.engine.corpus.job import JobConfig, load_corpus_engine
+        from isan.engine.corpus.parts import JobConfig, load_corpus_engine
         from isan.engine.corpus.scoring import DocScorer
 
         self.cfg = JobConfig(**cfg)
@@ -48,7 +48,7 @@ class FileScorer:
         self.shards = Path(out) / "shards"
 
     def __call__(self, batch: dict) -> dict:
-        from isan.engine.corpus.job import process_file
+        from isan.engine.corpus.parts import process_file
 
         keys = ("path", "key", "parts", "documents", "chars_read", "chars_scored", "bits", "errors", "file_error",
                 "new_documents", "new_chars", "skipped")

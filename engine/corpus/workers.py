@@ -8,10 +8,10 @@ ways:
 
 * **by file**, when there are at least :data:`FILES_PER_WORKER` input files a worker: each worker
   takes whole files and reads, normalises, scores and writes each as one process does
-  (:func:`~isan.engine.corpus.job.process_file`, as the Ray actors do); nothing passes through
+  (:func:`~isan.engine.corpus.parts.process_file`, as the Ray actors do); nothing passes through
   this process;
 * **by piece**, with fewer files (one big file, say): this process reads the inputs and cuts each
-  file into its parts exactly as one process does (:class:`~isan.engine.corpus.job.FileParts`),
+  file into its parts exactly as one process does (:class:`~isan.engine.corpus.parts.FileParts`),
   hands each part to the workers in pieces, and writes each part and done record in order as its
   pieces come back.
 
@@ -93,7 +93,7 @@ def _init_worker(cfg: dict, threads: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's: it stops the workers
     _exit_with_parent()
     try:
-        from isan.engine.corpus.job import JobConfig, load_corpus_engine
+        from isan.engine.corpus.parts import JobConfig, load_corpus_engine
         from isan.engine.corpus.scoring import DocScorer, corpus_path
 
         job = JobConfig(**cfg)
@@ -128,8 +128,8 @@ def _score_piece(docs: list) -> tuple[list, float]:
 
 def _score_file(path: str, shards: str) -> tuple[dict, float]:
     """(the done record of a whole input file read, scored and written by this worker, as
-    :func:`~isan.engine.corpus.job.process_file` does in one process; seconds it took)."""
-    from isan.engine.corpus.job import process_file
+    :func:`~isan.engine.corpus.parts.process_file` does in one process; seconds it took)."""
+    from isan.engine.corpus.parts import process_file
 
     if _SCORER is None:
         raise IsanError(f"a worker process could not load the model ({_LOAD_ERROR})")
@@ -179,7 +179,7 @@ def run_workers(paths: list[str], cfg, shards: Path, workers: int, threads: int,
     Raises:
         IsanError: a worker could not load the model, or died; what was written stands.
     """
-    from isan.engine.corpus.job import FileParts
+    from isan.engine.corpus.parts import FileParts
 
     if threads < 1 or workers < 1:
         raise IsanError(f"workers and threads must be at least 1; got {workers}, {threads}")
@@ -269,7 +269,7 @@ def run_workers(paths: list[str], cfg, shards: Path, workers: int, threads: int,
 def _by_file(ex, paths: list[str], cfg, shards: Path, on_part, records: dict, stats: dict) -> None:
     """Each incomplete file to a worker, whole: it reads, scores and writes the file's parts and
     done record itself (:func:`_score_file`), as one process does."""
-    from isan.engine.corpus.job import FileParts
+    from isan.engine.corpus.parts import FileParts
 
     futures = {}
     for path in paths:
