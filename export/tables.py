@@ -179,7 +179,7 @@ def build_bundle_table(bundle: str | Path, corpus: str | None = None, dataset: s
 def dry_run(ckpt_or_bundle: str | Path, corpus: str | None, dataset: str | None, budget: str, max_len: int,
             dtype: str) -> dict:
     """Plan a table without composing it: entries, bytes and the expected average match length."""
-    from isan.export.checkpoint import read_checkpoint
+    from isan.export.runs import read_checkpoint
 
     p = Path(ckpt_or_bundle)
     if (p / "manifest.json").exists():
