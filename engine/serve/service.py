@@ -11,13 +11,10 @@ budget (503 if it does not fit) -> a :class:`~isan.engine.serve.scheduler.Job` i
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import os
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -28,6 +25,9 @@ from isan.engine.serve.config import ServeConfig
 from isan.engine.serve.errors import RequestError, busy, from_isan
 from isan.engine.serve.scheduler import Job, Scheduler, ShuttingDown
 from isan.engine.serve.snapshot import decode_state, encode_state, new_secret
+# a connection's side and what is known of a model live in their own modules; their names import from here too
+from isan.engine.serve.clients import Client, ClientGone, NotReady, _expire, _TimedOut  # noqa: F401
+from isan.engine.serve.model_info import ModelInfo, public_describe  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -43,99 +43,6 @@ def server_threads(engine) -> int | None:
     one on 2 cores (``isan bench serve``: 100 clients x 1 KB, 437 against 321 requests/s)."""
     threads = getattr(engine, "threads", None)
     return threads if isinstance(threads, int) and threads >= 1 else None
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the app needs of a model before it is loaded: its alphabet (the request models), the
-    length of its state (snapshots) and its identity (from the bundle's manifest)."""
-
-    symbols: tuple[str, ...]
-    state_size: int
-    params_sha256: str
-    describe: dict
-    #: the name of the normaliser ``"normalize": "auto"`` uses (None: not known)
-    normalizer: str | None = None
-
-    @property
-    def raw_normalize(self) -> tuple[str, ...]:
-        """The values of ``normalize`` that read a text as it is (the identity normaliser)."""
-        return ("none", "none-v1") + (("auto",) if self.normalizer == "none" else ())
-
-    @classmethod
-    def of_engine(cls, engine) -> "ModelInfo":
-        sha = getattr(engine, "params_sha256", None)
-        if not sha:  # engines without one: a stable id of what they serve
-            sha = hashlib.sha256(json.dumps(engine.describe(), sort_keys=True, default=str).encode()).hexdigest()
-        norm = getattr(getattr(engine, "normalizer", None), "name", None)
-        return cls(tuple(engine.alphabet.symbols), len(engine.initial_state().h), sha, public_describe(engine.describe()),
-                   norm if isinstance(norm, str) else None)
-
-    @classmethod
-    def of_manifest(cls, manifest: dict, source: str | None) -> "ModelInfo":
-        from isan.engine.bundle import manifest_alphabet
-        from isan.tokens import alphabet_label
-
-        alphabet = manifest_alphabet(manifest)
-        symbols = tuple(alphabet.symbols)
-        d = int(manifest.get("d") or 0)
-        desc = {"kind": manifest.get("kind"), "d": d,
-                "alphabet": alphabet_label(alphabet),
-                "params_sha256": manifest.get("params_sha256"), "source": source}
-        decl = manifest.get("normalizer", {"name": "none"})
-        norm = decl.get("name") if isinstance(decl, dict) else None
-        return cls(symbols, d, manifest.get("params_sha256") or "", public_describe(desc),
-                   norm if isinstance(norm, str) else None)
-
-
-def public_describe(desc: dict) -> dict:
-    """``engine.describe()`` without absolute paths: the model is named by its directory's name and
-    the table by its size (a health check must not tell the server's file layout)."""
-    out = dict(desc)
-    src = out.get("source")
-    if src:
-        out["source"] = Path(str(src)).name
-    table = out.get("table")
-    if isinstance(table, dict):
-        out["table"] = {k: v for k, v in table.items() if k != "path"}
-    for k, v in list(out.items()):
-        if isinstance(v, str) and (v.startswith("/") or (len(v) > 2 and v[1] == ":" and v[2] in "\\/")):
-            out[k] = Path(v).name
-    return out
-
-
-class ClientGone(Exception):
-    """The client disconnected while its text was being scored (its work was dropped)."""
-
-
-class _TimedOut(Exception):
-    pass
-
-
-class Client:
-    """One connection (an HTTP request or a stream): :meth:`leave` when it disconnects fails the job
-    it waits for at once (the scheduler drops the rest of that job's work)."""
-
-    __slots__ = ("gone", "_futs")
-
-    def __init__(self):
-        self.gone = False
-        self._futs: list[asyncio.Future] = []
-
-    def leave(self) -> None:
-        self.gone = True
-        for fut in self._futs:
-            if not fut.done():
-                fut.set_exception(ClientGone())
-
-
-def _expire(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_exception(_TimedOut())
-
-
-class NotReady(Exception):
-    """The model is not loaded (yet): every endpoint that needs it answers 503."""
 
 
 class Service:

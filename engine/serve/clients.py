@@ -1,0 +1,42 @@
+"""One connection's side of a request (an HTTP request or a stream): :class:`Client`, whose
+:meth:`~Client.leave` fails the job it waits for at once; :class:`ClientGone` when it left, and
+:class:`NotReady` while the model is not loaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+
+class ClientGone(Exception):
+    """The client disconnected while its text was being scored (its work was dropped)."""
+
+
+class _TimedOut(Exception):
+    pass
+
+
+class Client:
+    """One connection (an HTTP request or a stream): :meth:`leave` when it disconnects fails the job
+    it waits for at once (the scheduler drops the rest of that job's work)."""
+
+    __slots__ = ("gone", "_futs")
+
+    def __init__(self):
+        self.gone = False
+        self._futs: list[asyncio.Future] = []
+
+    def leave(self) -> None:
+        self.gone = True
+        for fut in self._futs:
+            if not fut.done():
+                fut.set_exception(ClientGone())
+
+
+def _expire(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_exception(_TimedOut())
+
+
+class NotReady(Exception):
+    """The model is not loaded (yet): every endpoint that needs it answers 503."""
