@@ -46,124 +46,31 @@ import json
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 
-from isan.atomic import atomic_directory, atomic_path, write_json_atomic
+from isan.atomic import write_json_atomic
 from isan.errors import CheckpointError, IsanError
-from isan.tokens import alphabet_to_json
 from isan.train.data import Corpus, load_corpus
 from isan.train.distill import soft_cross_entropy
 from isan.train.synthetic_budget import check_synthetic_chars
 from isan.train.models import build_model
 from isan.train.tasks.parentheses import task_for
+# the run's config and progress, and its directory's files, live in config.py and run_dir.py; their names import from here too
+from isan.train.config import CHECKPOINT_FORMAT, Progress, TrainConfig, alphabet_config  # noqa: F401
+from isan.train.run_dir import RunDirectory, _state_from, _state_tensors  # noqa: F401
 
 log = logging.getLogger(__name__)
 LN2 = math.log(2.0)
-CHECKPOINT_FORMAT = "isan-checkpoint"
-
-
-@dataclass
-class TrainConfig:
-    """Everything that defines a training run (saved in config.json; a resumed run reuses it)."""
-
-    model: str = "isan"
-    d: int | None = None  # hidden size; None: largest within `params`
-    params: float | None = 1.28e6
-    data: str = "../shared/data/text8_head/text8_head.txt"
-    dataset: str = "text8"  # "text8" (text8-10M split) or "text" (90/10 split of any file)
-    batch_size: int = 256  # B parallel streams
-    bptt: int = 64  # T steps per chunk (truncated BPTT; the state is carried across chunks)
-    lr: float = 2e-3
-    lr_decay: float = 0.5  # multiply the rate by this when valid bpc does not improve
-    weight_decay: float = 0.0
-    clip: float = 1.0
-    max_epochs: int = 30
-    max_chars: int | None = None  # training budget in characters seen (None: no limit)
-    patience: int = 2  # epochs without improvement before stopping
-    eval_every: float = 1.0  # evaluate on valid every this many epochs
-    valid_streams: int = 100
-    max_valid_chars: int | None = None
-    seed: int = 0
-    device: str = "cpu"
-    threads: int | None = None
-    ckpt_every: int = 100  # chunks between resume checkpoints
-    log_every: int = 20  # chunks between step log lines
-    max_steps: int | None = None  # stop after this many optimizer steps (tests, smoke runs)
-    init_scale: float | None = None  # irnn only: W_hh starts at init_scale * I (None: the model's 1.0)
-    alphabet: str = "chars"  # token alphabet kind: chars, bytes, pairs or words (isan.train.data)
-    inputs: int = 70  # bytes only: K input symbols (the K - 1 most frequent train bytes + other)
-    valid_data: str | None = None  # dataset "text" only: all of `data` is train, this file is valid
-    # ---- stability and regularisation (issue 20; isan only unless noted) ----
-    stable_rho: float | None = None  # W_x = P^-1 U_x P with ||U_x||_2 <= rho after every step (train/stable.py)
-    stable_basis: bool = False  # learn P (else P = I)
-    stable_basis_penalty: float = 1e-2  # weight of mean log(sigma_i(P))^2 (keeps P well-conditioned)
-    stable_exact_every: int = 1  # project onto the bound every this many steps (1: it holds after every step)
-    state_dropout: float = 0.0  # dropout on the states before the readout (the recurrence stays exact)
-    ema: float = 0.0  # decay of an exponential moving average of the weights (0: none); any model
-    lr_schedule: str = "plateau"  # plateau: times lr_decay when valid does not improve; cosine: over the budget
-    lr_min: float = 0.02  # cosine: the final rate as a fraction of lr
-    # ---- distillation (issue 37; train/distill.py; language models only) ----
-    teacher: str | None = None  # an exported ISAN bundle with the same alphabet, trained on the same split;
-    #                             several, comma-separated: an ensemble, distilled as the mixture of their q
-    distill: float = 0.0  # the loss is (1 - distill) CE(x) + distill CE(teacher's q, p)
-    teacher_sha256: str | None = None  # the teachers' params_sha256 (comma-separated), recorded at the
-    #                                    start; a resume checks it
-    synthetic_chars: int = 0  # characters sampled from the teacher(s), appended to the train split with their
-    #                           distributions (train/distill.py teacher_samples); 0: none
-    synthetic_sha256: str | None = None  # sha256 of the run's synthetic.safetensors, recorded when it is written
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
-
-
-@dataclass
-class Progress:
-    epoch: int = 0
-    chunk: int = 0  # next chunk within the epoch
-    step: int = 0
-    chars_seen: int = 0
-    lr: float = 0.0
-    best_valid_bpc: float | None = None
-    best_epoch: float | None = None
-    bad_evals: int = 0
-    next_eval_chars: int = 0
-    nonfinite: int = 0
-    done: bool = False
-    stop_reason: str | None = None
-    train_seconds: float = 0.0
-    history: list = field(default_factory=list)
 
 
 def _detach(state):
     if isinstance(state, tuple):
         return tuple(s.detach() for s in state)
     return state.detach()
-
-
-def _state_tensors(state) -> dict:
-    if isinstance(state, tuple):
-        return {f"carry.{i}": s.contiguous() for i, s in enumerate(state)}
-    return {"carry.0": state.contiguous()}
-
-
-def _state_from(tensors: dict):
-    parts = [tensors[k] for k in sorted(k for k in tensors if k.startswith("carry."))]
-    return parts[0] if len(parts) == 1 else tuple(parts)
-
-
-def alphabet_config(alphabet) -> dict:
-    """config.json's alphabet fields: ``{"alphabet": [characters]}`` for a character alphabet (as
-    runs before token alphabets wrote it), else ``{"alphabet": alphabet_to_json(a), "unit": a.unit}``."""
-    if getattr(alphabet, "kind", "chars") == "chars":
-        return {"alphabet": alphabet.to_list()}
-    return {"alphabet": alphabet_to_json(alphabet), "unit": alphabet.unit}
 
 
 @torch.no_grad()
@@ -185,7 +92,7 @@ def evaluate_bpc(model, ids: np.ndarray, streams: int = 100, bptt: int = 256, de
     return total / (n * streams) / LN2
 
 
-class Trainer:
+class Trainer(RunDirectory):
     """Runs or resumes one training run in ``out_dir``."""
 
     #: fields a resumed run may change (its budget); everything else comes from config.json
@@ -380,95 +287,6 @@ class Trainer:
         log.info("synthetic text: %s characters %s in %.1f s (%s)", f"{len(ids):,}", how,
                  time.perf_counter() - t0, path)
         return cfg
-
-    def _read_run_dir(self):
-        """What a resume needs from ``out`` ({"config", "latest": (weights, optimizer, progress)}), None
-        for a new run, or the exception to raise (so that every rank raises it)."""
-        d = self.out / "latest"
-        if not (d / "progress.json").exists():
-            return None
-        try:
-            config = json.loads((self.out / "config.json").read_text())
-        except Exception as e:
-            return CheckpointError(f"cannot read {self.out / 'config.json'}: {e}")
-        try:
-            w = load_file(str(d / "weights.safetensors"))
-            o = load_file(str(d / "optimizer.safetensors"))
-            prog = json.loads((d / "progress.json").read_text())
-        except Exception as e:
-            return CheckpointError(f"cannot resume from {d}: {e}; delete {d} to restart from the last best weights")
-        return {"config": config, "latest": (w, o, prog)}
-
-    # ---- checkpoints -------------------------------------------------------------------
-    def _save_latest(self) -> None:
-        carry = self.carry
-        if self.dist is not None and carry is not None:  # every rank's streams into the one checkpoint
-            carry = tuple(self.dist.gather_streams(c) for c in carry) if isinstance(carry, tuple) \
-                else self.dist.gather_streams(carry)
-        if not self.main:
-            return
-        with atomic_directory(self.out / "latest", overwrite=True) as tmp:
-            save_file({k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}, str(tmp / "weights.safetensors"))
-            opt_t = {}
-            for name, p in self.model.named_parameters():
-                st = self.opt.state.get(p)
-                if st:
-                    opt_t[f"{name}.exp_avg"] = st["exp_avg"].cpu().contiguous()
-                    opt_t[f"{name}.exp_avg_sq"] = st["exp_avg_sq"].cpu().contiguous()
-                    opt_t[f"{name}.step"] = torch.as_tensor(float(st["step"])).reshape(1)
-            if carry is not None:
-                opt_t.update({k: v.cpu() for k, v in _state_tensors(carry).items()})
-            if self.ema is not None:
-                opt_t.update({f"ema.{n}": v.cpu().contiguous() for n, v in self.ema.items()})
-            save_file(opt_t, str(tmp / "optimizer.safetensors"))
-            write_json_atomic(tmp / "progress.json", asdict(self.progress))
-
-    def _load_latest(self, w: dict, o: dict, prog: dict) -> None:
-        dev = self.cfg.device
-        w = {k: v.to(dev) for k, v in w.items()}
-        o = {k: v.to(dev) for k, v in o.items()}
-        self.model.load_state_dict(w)
-        for name, p in self.model.named_parameters():
-            if f"{name}.exp_avg" in o:
-                self.opt.state[p] = {
-                    "step": torch.tensor(o[f"{name}.step"].item()),
-                    "exp_avg": o[f"{name}.exp_avg"], "exp_avg_sq": o[f"{name}.exp_avg_sq"],
-                }
-        if self.ema is not None:
-            for n in self.ema:
-                if f"ema.{n}" in o:
-                    self.ema[n] = o[f"ema.{n}"].clone()
-        carry = {k: v for k, v in o.items() if k.startswith("carry.")}
-        self.carry = _state_from(carry) if carry else None
-        if self.carry is not None:  # this rank's streams of the saved (B, ...) carry
-            parts = self.carry if isinstance(self.carry, tuple) else (self.carry,)
-            if parts[0].shape[0] != self.cfg.batch_size:
-                raise CheckpointError(f"the carried state in {self.out / 'latest'} has {parts[0].shape[0]} streams; "
-                                      f"the run has {self.cfg.batch_size}")
-            parts = tuple(c[self.streams].contiguous() for c in parts)
-            self.carry = parts if isinstance(self.carry, tuple) else parts[0]
-        self.progress = Progress(**prog)
-        p = self.progress
-        if p.done and p.stop_reason in ("max_steps", "max_chars", "max_epochs"):
-            extended = {"max_steps": self.cfg.max_steps and p.step < self.cfg.max_steps,
-                        "max_chars": self.cfg.max_chars and p.chars_seen < self.cfg.max_chars,
-                        "max_epochs": p.epoch < self.cfg.max_epochs}[p.stop_reason]
-            if extended:
-                p.done, p.stop_reason = False, None
-        self._set_lr(p.lr)
-
-    def _save_best(self) -> None:
-        if not self.main:
-            return
-        tensors = self._best_tensors if self._best_tensors is not None else self._model_tensors()
-        with atomic_path(self.out / "best.safetensors") as tmp:
-            save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp),
-                      metadata={"valid_bpc": str(self.progress.best_valid_bpc), "epoch": str(self.progress.best_epoch)})
-
-    def _model_tensors(self) -> dict:
-        """What best.safetensors holds: the state dict (plus a stable ISAN's materialised W)."""
-        m = self.model
-        return m.checkpoint_tensors() if hasattr(m, "checkpoint_tensors") else dict(m.state_dict())
 
     def _update_ema(self) -> None:
         p = self.progress
