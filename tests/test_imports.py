@@ -1,5 +1,7 @@
-"""The house's rules (docs/ARCHITECTURE.md): every module imports alone, with no import circle;
-engine/ never imports train/, export/, torch or triton (but the rooms ENGINE_ALLOWED names); trie_tables/
+"""The house's rules (docs/ARCHITECTURE.md): every module imports alone; the import graph, imports inside
+functions counted, has no cycle and no arrow up the documented order (the root's ground modules <
+trie_tables/ < engine/ < the public faces isan/corpus.py and isan/kenlm.py < export/, train/ < isan/cli/,
+isan/bench/; a package's __main__.py above them all, imported by nothing); engine/ never imports train/, export/, torch or triton (but the rooms ENGINE_ALLOWED names); trie_tables/
 imports only the standard library, numpy, marisa-trie, tqdm and the root; no CLI command module
 imports another. Imports are read from each module's source (ast), wherever they stand: at the
 top, inside a function, a try or an if (the lazy imports too)."""
@@ -91,6 +93,195 @@ def trie_tables_offences(imports: set[str]) -> set[str]:
         # `from isan import x`/`from isan.errors import E` also name isan.x/isan.errors.E: check the module
         return within(n, "isan.trie_tables") or n in root or ".".join(n.split(".")[:2]) in root and n.count(".") >= 2
     return {n for n in imports if not ok(n)}
+
+
+# ------------------------------------------------------------------ the import graph: cycles and the order
+#: the documented order, bottom first: an arrow may point down or sideways (within a layer), never up
+LAYERS = ("ground", "trie_tables", "engine", "face", "export/train", "cli/bench", "command")
+#: the root's public faces over the engine (docs/ARCHITECTURE.md): modules of isan/ that may import engine/
+FACES = ("isan.corpus", "isan.kenlm")
+
+
+def entry_points() -> dict[str, Path]:
+    """Every package's ``__main__.py`` (what ``python -m PACKAGE`` runs), by dotted name."""
+    out = {}
+    for pkg, root in ROOTS.items():
+        for f in sorted(root.rglob("__main__.py")):
+            parts = f.relative_to(root).parent.parts
+            if pkg == "isan" and parts and parts[0] in ("engine", "export", "train", "trie_tables"):
+                continue
+            out[".".join([pkg, *parts, "__main__"])] = f
+    return out
+
+
+def layer(name: str) -> str:
+    """The layer of module ``name`` in :data:`LAYERS`."""
+    if name.endswith(".__main__"):
+        return "command"
+    parts = name.split(".")
+    if len(parts) == 1:
+        return "ground"  # isan/__init__.py
+    if any(within(name, f) for f in FACES):
+        return "face"
+    return {"trie_tables": "trie_tables", "engine": "engine", "export": "export/train", "train": "export/train",
+            "cli": "cli/bench", "bench": "cli/bench"}.get(parts[1], "ground")
+
+
+def import_targets(path: Path, module: str, known: set[str]) -> set[str]:
+    """The modules of ``known`` that the file of ``module`` imports, wherever the statement stands: for
+    ``import a.b.c`` the longest of a.b.c, a.b, a that is known; for ``from a import b`` a.b when it is a
+    module, else a (importing a submodule runs its package's ``__init__`` first, but that is not an arrow
+    of this module's); relative imports resolved; ``importlib.import_module``/``__import__`` of a literal."""
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+
+    def known_prefix(n: str) -> str | None:
+        parts = n.split(".")
+        return next((c for k in range(len(parts), 0, -1) if (c := ".".join(parts[:k])) in known), None)
+
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module
+            names = [f"{source}.{a.name}" if f"{source}.{a.name}" in known else source for a in node.names]
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)
+              and (isinstance(node.func, ast.Name) and node.func.id in ("__import__", "import_module")
+                   or isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")):
+            names = [node.args[0].value]
+        else:
+            continue
+        out.update(t for n in names if (t := known_prefix(n)) and t != module)
+    return out
+
+
+def import_graph(mods: dict[str, Path] | None = None) -> dict[str, set[str]]:
+    """{module: the modules of ours it imports} over ``mods`` (default: every module and entry point)."""
+    mods = {**modules(), **entry_points()} if mods is None else mods
+    return {name: import_targets(path, name, set(mods)) for name, path in mods.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (``[a, b, ..., a]``) for each strongly connected component of ``graph`` that has one
+    (Tarjan's algorithm, iterative), sorted; empty when the graph is acyclic."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = set()
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.add(w)
+                    if w == v:
+                        break
+                if len(comp) > 1 or v in graph.get(v, ()):
+                    components.append(comp)
+    out = []
+    for comp in components:  # the shortest way from the component's first module back to it, inside it
+        start = min(comp)
+        paths = {start: [start]}
+        queue = [start]
+        cycle = None
+        while queue and cycle is None:
+            v = queue.pop(0)
+            for w in sorted(graph[v]):
+                if w == start:
+                    cycle = paths[v] + [start]
+                    break
+                if w in comp and w not in paths:
+                    paths[w] = paths[v] + [w]
+                    queue.append(w)
+        out.append(cycle)
+    return sorted(out)
+
+
+def order_offences(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """The arrows (module, import) of ``graph`` that point up :data:`LAYERS`, or at a ``__main__``."""
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    return {(m, t) for m, ts in graph.items() for t in ts
+            if rank[layer(t)] > rank[layer(m)] or t.endswith(".__main__")}
+
+
+def test_no_import_cycle():
+    graph = import_graph()
+    assert "isan.train.ddp.__main__" in graph and "isan.engine.serve.app" in graph["isan.engine.serve.workers"]
+    found = cycles(graph)
+    assert not found, "import cycles (imports inside functions counted):\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_no_import_arrow_breaks_the_documented_order():
+    offences = order_offences(import_graph())
+    assert not offences, "arrows up the order " + " < ".join(LAYERS) + ":\n" + "\n".join(
+        f"{m} ({layer(m)}) -> {t} ({layer(t)})" for m, t in sorted(offences))
+    rules = (REPO / "docs" / "ARCHITECTURE.md").read_text().split("## Rules the tests hold")[1]
+    for face in FACES:  # the faces allowed over the engine are named in the rules
+        assert f"`isan/{face.split('.')[1]}.py`" in rules, f"docs/ARCHITECTURE.md's rules do not name {face}"
+
+
+def test_the_graph_checks_fail_on_a_planted_cycle_and_an_arrow_up(tmp_path):
+    """The checks can fail: a cycle planted in a copy of the real graph is found, and so is one through an
+    import inside a function of a package on disk; an arrow up the order is reported."""
+    graph = {m: set(ts) for m, ts in import_graph().items()}
+    assert "isan.engine.serve.scheduler" in graph["isan.engine.serve.service"]
+    graph["isan.engine.serve.scheduler"].add("isan.engine.serve.service")  # the arrow back: a cycle
+    found = cycles(graph)
+    assert any(c[0] == c[-1] and {"isan.engine.serve.scheduler", "isan.engine.serve.service"} <= set(c)
+               for c in found), found
+    for c in found:  # each reported cycle is a real path of the graph
+        assert all(b in graph[a] for a, b in zip(c, c[1:])), c
+
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from pkg.sub import c  # a submodule: an arrow to pkg.sub.c only\n")
+    (pkg / "a.py").write_text("import os\n\ndef f():\n    from . import b\n    return b\n")
+    (pkg / "b.py").write_text("import importlib\nC = importlib.import_module('pkg.sub.c')\n")
+    (pkg / "sub" / "c.py").write_text("from ..a import f\n")
+    mods = {"pkg": pkg / "__init__.py", "pkg.sub": pkg / "sub" / "__init__.py", "pkg.a": pkg / "a.py",
+            "pkg.b": pkg / "b.py", "pkg.sub.c": pkg / "sub" / "c.py"}
+    g = import_graph(mods)
+    assert g == {"pkg": set(), "pkg.sub": {"pkg.sub.c"}, "pkg.a": {"pkg.b"}, "pkg.b": {"pkg.sub.c"},
+                 "pkg.sub.c": {"pkg.a"}}
+    assert cycles(g) == [["pkg.a", "pkg.b", "pkg.sub.c", "pkg.a"]]
+    (pkg / "a.py").write_text("import os\n")
+    assert cycles(import_graph(mods)) == []
+    assert cycles({"x": {"x"}}) == [["x", "x"]]
+
+    up = {"isan.engine.bundle": {"isan.cli.helpers", "isan.errors"}, "isan.train.ddp": {"isan.cli"},
+          "isan.kenlm": {"isan.engine"}, "isan.data": {"isan.corpus"}, "isan.cli.train": {"isan.train.ddp.__main__"},
+          "isan.train.ddp.__main__": {"isan.cli"}, "isan.export.tables": {"isan.train.models", "isan.trie_tables"}}
+    assert order_offences(up) == {("isan.engine.bundle", "isan.cli.helpers"), ("isan.train.ddp", "isan.cli"),
+                                  ("isan.data", "isan.corpus"), ("isan.cli.train", "isan.train.ddp.__main__")}
 
 
 PROBE = r"""
