@@ -8,15 +8,9 @@ Public API: :class:`Engine`, :class:`State`, :class:`ScoreResult`, :class:`Attri
 and the reference functions in :mod:`isan.engine.reference`.
 """
 
-from isan.engine.core import (  # noqa: F401
-    Attribution,
-    Engine,
-    Sample,
-    ScoreResult,
-    State,
-    default_model_path,
-    paper_model_path,
-    load_engine,
-)
+from isan.engine.core import Engine  # noqa: F401
+from isan.engine.loading import load_engine  # noqa: F401
+from isan.engine.paths import default_model_path, paper_model_path  # noqa: F401
+from isan.engine.results import Attribution, Sample, ScoreResult, State  # noqa: F401
 
 __all__ = ["Attribution", "Engine", "Sample", "ScoreResult", "State", "default_model_path", "load_engine", "paper_model_path"]

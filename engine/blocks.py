@@ -139,7 +139,7 @@ def score_blocks(engine, blocks: Iterable[str], unknown: str = "error", replacem
         EmptyTextError: nothing was scored.
         AlphabetError, StateDivergedError: with offsets counted from the start of the whole text.
     """
-    from isan.engine.core import ScoreResult
+    from isan.engine.results import ScoreResult
     from isan.errors import EmptyTextError
 
     if engine.alphabet.unit != "char":
@@ -157,7 +157,7 @@ def score_blocks(engine, blocks: Iterable[str], unknown: str = "error", replacem
                              normalize=normalize)
         except StateDivergedError as e:
             if e.offset is not None and len(tail):  # count the repeat from where it began
-                from isan.engine.core import with_repeat_hint
+                from isan.engine.results import with_repeat_hint
 
                 ids = engine.prepare(block, normalize, unknown, replacement, cur).ids[: e.offset + 1]
                 e = copy.copy(e)

@@ -17,33 +17,29 @@ character back to its input offset. No call returns NaN or inf: a state that lea
 
 from __future__ import annotations
 
-import re
+import warnings
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-import isan.errors as isan_errors
 from isan.alphabet import Alphabet
-from isan.errors import (AttributionCheckError, EmptyTextError, IsanError, StateDivergedError, TableFormatError,
-                         TextTooLongError)
+from isan.errors import IsanError, StateDivergedError, TableFormatError
 from isan.params import ISANParams, expand_inputs
 from isan.tokens import alphabet_label
 from isan.engine.bundle import load_isan_bundle
 from isan.engine.guard import MAX_STATE_ABS, check_bits, check_states, raise_diverged
 from isan.engine.normalize import Normalizer, Prepared, from_manifest, prepare, resolve
-from isan.engine.reference import LOG2E, kappa_ref, log_softmax, logits_ref, segment_kappa_ref, states_ref
-# the values the engine returns live in results.py; they are importable from here as before
-from isan.engine.results import (Attribution, Sample, ScoreResult, State, finite_or_none,  # noqa: F401
-                                 in_input_terms, with_prefix, with_repeat_hint)
-
-DEFAULT_MODEL = "text8-d216-distil"
-#: the model of the paper's analyses (results/paper): the first default, trained without a stability certificate
-PAPER_MODEL = "text8-d216-unconstrained"
-MAX_ATTRIBUTION_CHARS = 2000
+import isan.engine.exact as exact
+from isan.engine.reference import LOG2E, log_softmax
+from isan.engine.kernels.backends import Plan
+from isan.engine.paths import default_model_path, find_table
+from isan.engine.planning import Planner
+from isan.engine.prepare import prepare_batch, prepare_one
+from isan.engine.results import Attribution, Sample, ScoreResult, State, in_input_terms, with_prefix
 
 #: Computation paths: ``composed`` (trie-table jumps, sequential; long texts chunk-parallel by the
-#: kernel :meth:`Engine._batch_plan` chooses), ``chunked`` (chunk-parallel batches through the
+#: kernel :meth:`Engine.plan` chooses), ``chunked`` (chunk-parallel batches through the
 #: compiled kernels, one character a step), ``jumps`` (the same, each row always advanced by
 #: composed jumps of the trie table's keys: :mod:`isan.engine.kernels.jumps`, issue 22),
 #: ``reference`` (float64 numpy, one character at a time).
@@ -51,21 +47,6 @@ PATHS = ("composed", "chunked", "jumps", "reference")
 #: On the composed path, texts of at least this many characters are scored chunk-parallel
 #: (measured: chunk-parallel overtakes one stream through the table between 5,000 and 10,000).
 CHUNKED_MIN_CHARS = 10_000
-
-
-def default_model_path() -> Path:
-    """Path of the default model bundle shipped inside the package (``isan/models/``).
-
-    Found beside :mod:`isan.errors`, not through ``isan.__file__``: run from the parent of a
-    checkout named ``isan`` with the editable install, ``isan`` itself is imported as a namespace
-    package of the checkout's root, while its modules still come from the package folder.
-    """
-    return Path(isan_errors.__file__).resolve().parent / "models" / DEFAULT_MODEL
-
-
-def paper_model_path() -> Path:
-    """Path of the model the paper's analyses (``isan analyze``, results/paper) were made with."""
-    return default_model_path().parent / PAPER_MODEL
 
 
 class Engine:
@@ -97,7 +78,7 @@ class Engine:
                                                     f"{source or 'the model'}/manifest.json")
         self.source = source
         self.table = table
-        self._composed = None
+        self._composed = None  # the sequential composed path (composed.py), with a table
         if table is not None:
             from isan.engine.composed import ComposedPath
 
@@ -113,17 +94,18 @@ class Engine:
         self.threads = int(threads) if threads else default_threads()
         if self.threads < 1:
             raise IsanError(f"threads must be >= 1; got {threads}")
-        self._streams_model = None
-        self._jumps = {}  # the batched kernel's composed tables by dtype (jumps path), built on first use
-        self._fallback = None
         native()  # says once if the compiled kernels are missing
-        self.backend = "numpy"
+        #: the runtime that scores: ``"numpy"`` (this Engine: numpy and the compiled kernels) or
+        #: ``"onnx"`` (:mod:`isan.engine.runners.onnx`); ``kernels`` is the kernel backend
+        self.runtime = "numpy"
         from isan.engine.kernels.backends import get_backend
 
         #: the kernels' backend (:mod:`isan.engine.kernels.backends`): the compiled kernels on the
         #: CPU; the torch backend on a GPU (``device="cuda"``) or for ``dtype="float64"``
         self.kernels = get_backend(kernels, device, dtype)
-        if self.kernels.name == "torch":
+        self._planner = Planner(self.params32, self.params, self.input_params, table, self.kernels, source,
+                                self.manifest)
+        if not self.kernels.runs_tables:
             if self.path == "reference":
                 raise IsanError(f"the reference path is numpy's float64 on the CPU, not device {self.kernels.device!r} "
                                 f"({self.kernels.dtype}): use path auto or chunked there (dtype float64 is the float64 "
@@ -144,7 +126,7 @@ class Engine:
                 no table needed), ``"jumps"`` (chunk-parallel by the table's composed jumps; error
                 without a table) or ``"reference"``. On the composed path, texts of
                 CHUNKED_MIN_CHARS characters or more are scored chunk-parallel (by composed jumps
-                when they make enough chunks: :meth:`_batch_plan`).
+                when they make enough chunks: :meth:`plan`).
             progress_bar: show a progress bar if a table recipe must be composed on first use.
             device: ``"cpu"`` (the compiled kernels), ``"cuda"``/``"cuda:N"`` (the torch backend on
                 that GPU: every text and batch chunk-parallel there) or ``"auto"`` (CUDA when torch
@@ -164,7 +146,7 @@ class Engine:
         backend = get_backend(kernels, device, dtype)  # a missing GPU or torch is said before the bundle is read
         manifest, params, alphabet = load_isan_bundle(path)
         table = None
-        if path_mode in ("auto", "composed", "jumps") and backend.name != "torch":
+        if path_mode in ("auto", "composed", "jumps") and backend.runs_tables:
             table = find_table(Path(path), manifest, params, alphabet, progress_bar=progress_bar)
         elif path_mode in ("composed", "jumps"):
             raise IsanError(f"the {path_mode} path runs on the CPU's kernels; on the torch backend (device "
@@ -189,13 +171,55 @@ class Engine:
         """Where the kernels run: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``."""
         return self.kernels.device
 
-    def _streams(self):
-        """The weights in the compiled kernels' layout (built on first use, ~30 ms)."""
-        if self._streams_model is None:
-            from isan.engine.kernels.streams import StreamModel
+    @property
+    def backend(self) -> str:
+        """Deprecated alias of :attr:`runtime` (``"numpy"`` or ``"onnx"``), kept for a release;
+        the kernel backend is :attr:`kernels`."""
+        warnings.warn("Engine.backend is deprecated: use Engine.runtime (the kernel backend is Engine.kernels)",
+                      DeprecationWarning, stacklevel=2)
+        return self.runtime
 
-            self._streams_model = StreamModel.from_params(self.params32)
-        return self._streams_model
+    @property
+    def composed(self):
+        """The sequential composed path over the trie table
+        (:class:`~isan.engine.composed.ComposedPath`), or None without a table."""
+        return self._composed
+
+    def stream_model(self):
+        """The weights in the compiled kernels' layout (:class:`~isan.engine.kernels.streams.StreamModel`;
+        built on first use, ~30 ms)."""
+        return self._planner.stream_model()
+
+    def jump_table(self, dtype: str = "float32"):
+        """The trie table as a :class:`~isan.engine.kernels.jumps.JumpTable` for the batched
+        kernel (``dtype``: ``"float32"``, exact, or ``"float16"``, not exact; packed on first use).
+
+        Raises:
+            TableFormatError: the engine has no trie table.
+        """
+        if self.table is None:
+            raise TableFormatError("this engine has no trie table for composed jumps; use path='chunked'")
+        return self._planner.jump_table(dtype)
+
+    def plan(self, lengths: Sequence[int], threads: int | None = None, cut: bool = True,
+             kernel: str = "auto") -> Plan:
+        """How a chunk-parallel batch of texts of these lengths runs, asked of the kernel backend
+        (:meth:`isan.engine.kernels.backends.Backend.plan`).
+
+        Args:
+            lengths: characters (symbols) of each text.
+            threads: kernel threads (default: the engine's).
+            cut: False for one row a text.
+            kernel: ``"chunked"`` (one character a step, :mod:`~isan.engine.kernels.streams`),
+                ``"jumps"`` (composed jumps, :mod:`~isan.engine.kernels.jumps`; ``"jumps-f16"``:
+                float16 matrices, not exact, for the benchmark) or ``"auto"``: jumps when the engine
+                has a trie table and the batch makes at least ``MIN_ROWS_PER_THREAD`` rows a thread
+                for them, else chunked. The torch backend has one kernel (``"torch"``), cut for the
+                device, and ignores it.
+        Returns:
+            :class:`~isan.engine.kernels.backends.Plan` (kernel, model, chunks per text, runner).
+        """
+        return self._planner.plan(lengths, threads or self.threads, cut=cut, kernel=kernel)
 
     # ---- basic facts --------------------------------------------------------------------
     @property
@@ -215,7 +239,7 @@ class Engine:
 
         k = native_status()
         out = {"kind": "isan", "d": self.d, "alphabet": alphabet_label(self.alphabet), "unit": self.alphabet.unit,
-               "path": self.path, "backend": self.backend, "source": self.source,
+               "path": self.path, "backend": self.runtime, "source": self.source,
                "params_sha256": self.params_sha256, "normalizer": self.normalizer.id,
                "kernels": {"compiled": k["available"], "isa": k["isa"], "threads": self.threads,
                            **self.kernels.describe()}}
@@ -230,9 +254,6 @@ class Engine:
     def encode(self, text: str, unknown: str = "error", replacement: str | None = None) -> np.ndarray:
         """Text to ids (see :meth:`Alphabet.encode`); raises AlphabetError naming the character and offset."""
         return self.alphabet.encode(text, unknown=unknown, replacement=replacement)
-
-    def _ids(self, text: str | Sequence[int] | np.ndarray, unknown: str, replacement: str | None) -> np.ndarray:
-        return self.alphabet.as_ids(text, unknown, replacement)
 
     def prepare(self, text: str | Sequence[int] | np.ndarray, normalize: str | Normalizer | None = "auto",
                 unknown: str = "error", replacement: str | None = None, state: State | None = None) -> Prepared:
@@ -316,7 +337,7 @@ class Engine:
     def _path_for(self, n: int, path: str | None) -> str:
         """The path a text of n characters takes: the call's or the engine's, with long texts on
         the composed path going chunk-parallel (``"batched"``: the kernel chosen by
-        :meth:`_batch_plan`)."""
+        :meth:`plan`)."""
         forced = path is not None
         path = path or self.path
         if path not in PATHS:
@@ -333,9 +354,9 @@ class Engine:
         """(bits (T,) float64, final state (d,) float64, scoring report); raises StateDivergedError."""
         chosen = self._path_for(len(ids), path)
         if chosen in ("chunked", "jumps", "batched"):
-            bits, finals, rep = self._chunked([ids], h[None], threads=threads,
-                                              kernel="auto" if chosen == "batched" else chosen)
-            return bits[0], finals[0].astype(np.float64), self._chunked_report(rep)
+            bits, finals, rep = self.score_ids([ids], h[None], threads=threads,
+                                               kernel="auto" if chosen == "batched" else chosen)
+            return bits[0], finals[0].astype(np.float64), self._planner.report(rep)
         if chosen == "composed":
             with np.errstate(over="ignore", invalid="ignore"):  # a diverging state is reported below
                 bits, hf = self._composed.score(ids, h.astype(np.float32), threads=threads or self.threads)
@@ -345,84 +366,24 @@ class Engine:
         bits, hf = self._score_ref(ids, h)
         return bits, hf, {"path": "reference"}
 
-    def _jump_table(self, dtype: str = "float32"):
-        """The trie table as a :class:`~isan.engine.kernels.jumps.JumpTable` for the batched kernel,
-        packed on first use from the table's own composed matrices (a float16 table is composed
-        again in float64 from its keys, so that the float32 kernel stays exact);
-        ``dtype="float16"`` stores the packed matrices in half precision (not exact: measured in
-        ``isan bench engine``)."""
-        if dtype not in self._jumps:
-            from isan.engine.kernels.jumps import JumpTable
-            from isan.trie_tables.codes import decode_code
-
-            t = self.table
-            keys = [()] * t.n_entries
-            for code, e in zip(t.sorted_codes.tolist(), t.entry_of_sorted.tolist()):
-                keys[e] = decode_code(int(code), self.params.K)
-            if t.header.get("dtype", "float32") == "float32":
-                self._jumps[dtype] = JumpTable.from_composed(self._streams(), keys, t.Ac, t.R, t.offsets, dtype)
-            else:
-                self._jumps[dtype] = JumpTable.build(self.params32, keys, stream=self._streams(), dtype=dtype)
-        return self._jumps[dtype]
-
-    def _batch_plan(self, lengths: Sequence[int], threads: int, cut: bool = True, kernel: str = "auto"):
-        """How a chunk-parallel batch of texts of these lengths runs: (kernel, model, chunks, keywords
-        of :func:`~isan.engine.kernels.chunked.score_texts_chunked`). ``kernel``: ``"chunked"`` (one
-        character a step, :mod:`~isan.engine.kernels.streams`), ``"jumps"`` (composed jumps,
-        :mod:`~isan.engine.kernels.jumps`; ``"jumps-f16"``: float16 matrices, not exact, for the
-        benchmark) or ``"auto"``: jumps when the engine has a trie table and the batch makes at
-        least ``MIN_ROWS_PER_THREAD`` rows a thread for them (queues by key need many rows: measured
-        there), else chunked. Both are exact (``"jumps-f16"`` is not). ``cut=False``: one row a text.
-        On the torch backend every batch runs its per-symbol runner (``"torch"``), cut for the device
-        (:mod:`isan.engine.kernels.torch.plan`)."""
-        from isan.engine.kernels.chunked import plan_chunks
-        from isan.engine.kernels.jumps import MIN_ROWS_PER_THREAD, ROWS_PER_THREAD
-
-        lengths = [int(n) for n in lengths]
-        if self.kernels.name == "torch":  # one runner for everything: the torch backend's per-symbol rows
-            from isan.engine.kernels.torch import plan
-
-            rtol = plan.rtol(self.kernels.dtype)
-            chunks = plan.chunks(lengths, self.device, threads, self.kernels.dtype, self.forget_bound_chars(rtol=rtol)) \
-                if cut else [1] * len(lengths)
-            return "torch", self._streams(), chunks, {"runner": self.kernels.streams, "path": "chunked", "rtol": rtol}
-        planned_chunks = plan_chunks(lengths, target_rows=ROWS_PER_THREAD * threads, min_chunk=self.min_chunk()) \
-            if cut else [1] * len(lengths)
-        if kernel == "auto":
-            enough = sum(planned_chunks) >= MIN_ROWS_PER_THREAD * threads
-            kernel = "jumps" if self._composed is not None and enough else "chunked"
-        if kernel in ("jumps", "jumps-f16"):
-            model = self._jump_table("float16" if kernel == "jumps-f16" else "float32")
-            return kernel, model, planned_chunks, {"runner": self.kernels.jumps, "path": kernel}
-        return kernel, self._streams(), planned_chunks, {"runner": self.kernels.streams}
-
     def min_chunk(self) -> int:
         """The shortest chunk chunk-parallel scoring cuts on the CPU kernels, in characters: MIN_CHUNK
         (1,024), or, for a certified model whose certificate proves forgetting only after more
         characters (``forget_bound_chars()``: 1,064 for text8-d216-distil), that many rounded up to a
-        multiple of 256, so that every chunk provably corrects itself (:class:`ProvenForgetting`)."""
-        from isan.engine.kernels.chunked import certified_min_chunk
+        multiple of 256, so that every chunk provably corrects itself
+        (:class:`~isan.engine.forgetting.ProvenForgetting`)."""
+        return self._planner.min_chunk()
 
-        return certified_min_chunk(self.forget_bound_chars())
-
-    def _chunk_fallback(self, lengths: Sequence[int] | None = None, chunks: Sequence[int] | None = None):
+    def chunk_fallback(self, lengths: Sequence[int] | None = None, chunks: Sequence[int] | None = None):
         """What chunk-parallel scoring does with a chunk whose correction does not converge: a
         certified model forgets any start-state error within ``forget_bound_chars()`` characters, so
         where every chunk is at least that long (the plan's chunks are :meth:`min_chunk` or longer;
         chunk counts a caller gives are checked: ``lengths`` and ``chunks``) none can need the float64
-        fallback (:class:`ProvenForgetting`); otherwise (no certificate, shorter chunks, or the torch
-        backend, whose chunks and tolerance are the device's) :class:`Float64Fallback`, which redoes
-        in float64 a chunk whose correction does not settle."""
-        if self._fallback is None:
-            from isan.engine.kernels.chunked import Float64Fallback
-
-            self._float64_fallback = Float64Fallback(self.params)
-            bound = None if self.kernels.name == "torch" else self.forget_bound_chars()
-            self._fallback = ProvenForgetting(bound) if bound is not None else self._float64_fallback
-        if isinstance(self._fallback, ProvenForgetting) and chunks is not None:
-            if any(c > 1 and n // c < self._fallback.bound for n, c in zip(lengths, chunks)):
-                return self._float64_fallback  # a caller's chunks shorter than the proof: checked instead
-        return self._fallback
+        fallback (:class:`~isan.engine.forgetting.ProvenForgetting`); otherwise (no certificate,
+        shorter chunks, or a backend whose chunks and tolerance are the device's)
+        :class:`~isan.engine.kernels.chunked.Float64Fallback`, which redoes in float64 a chunk whose
+        correction does not settle (the backend decides: :meth:`Backend.fallback`)."""
+        return self._planner.fallback(lengths, chunks)
 
     def score_ids(self, ids_list: Sequence[np.ndarray], hs: np.ndarray, *, chunks: str | Sequence[int] = "auto",
                   want_bits: bool = True, threads: int | None = None, kernel: str = "auto",
@@ -434,12 +395,12 @@ class Engine:
         Args:
             ids_list: B int arrays of symbol ids (output ids), each non-empty.
             hs: (B, d) the state before each text.
-            chunks: ``"auto"`` (long texts cut by the backend's plan, :meth:`_batch_plan`),
+            chunks: ``"auto"`` (long texts cut by the backend's plan, :meth:`plan`),
                 ``"none"`` (one row a text) or the chunk count of each text (a corpus cuts each
                 document by its own length, so that its bits do not depend on its batch).
             want_bits: False to advance the states only (no readout).
             threads: kernel threads (default: the engine's).
-            kernel: ``"auto"``, ``"chunked"``, ``"jumps"`` or ``"jumps-f16"`` (:meth:`_batch_plan`;
+            kernel: ``"auto"``, ``"chunked"``, ``"jumps"`` or ``"jumps-f16"`` (:meth:`plan`;
                 the torch backend has one kernel and ignores it).
             where: the path an error names (default: the kernel's name).
         Returns:
@@ -453,11 +414,13 @@ class Engine:
 
         threads = threads or self.threads
         lengths = [len(x) for x in ids_list]
-        kernel, model, planned, kw = self._batch_plan(lengths, threads, chunks == "auto", kernel)
-        plan = planned if isinstance(chunks, str) else list(chunks)
+        planned = self.plan(lengths, threads, chunks == "auto", kernel)
+        kernel = planned.kernel
+        plan = list(planned.chunks) if isinstance(chunks, str) else list(chunks)
         bits, finals, rep, div = score_texts_chunked(
-            model, ids_list, np.asarray(hs, dtype=np.float64),
-            chunks=plan, threads=threads, want_bits=want_bits, fallback=self._chunk_fallback(lengths, plan), **kw)
+            planned.model, ids_list, np.asarray(hs, dtype=np.float64),
+            chunks=plan, threads=threads, want_bits=want_bits, fallback=self.chunk_fallback(lengths, plan),
+            **planned.keywords())
         if div:
             i, off, h_start, t = div[0]
             try:
@@ -468,67 +431,21 @@ class Engine:
                 raise
         return bits, finals, rep
 
-    def _chunked(self, ids_list: list[np.ndarray], hs: np.ndarray, want_bits: bool = True,
-                 threads: int | None = None, cut: bool = True, kernel: str = "auto"):
-        """:meth:`score_ids` with the long texts cut (``cut``) or one row a text."""
-        return self.score_ids(ids_list, hs, chunks="auto" if cut else "none", want_bits=want_bits, threads=threads,
-                              kernel=kernel)
-
-    def _chunked_report(self, rep) -> dict:
-        out = rep.to_json()
-        if self.kernels.name != "native":  # say where it ran
-            out.update(self.kernels.describe())
-        if isinstance(self._fallback, ProvenForgetting):  # say why no chunk can fall back
-            out["forget_bound_chars"] = self._fallback.bound
-        return out
-
     def certificate(self) -> dict | None:
         """The model's stability certificate (:func:`isan.engine.certificate.check_certificate`,
         recomputed from the bundle's files on first use and kept); None without one, or when it
         does not hold."""
-        if not hasattr(self, "_certificate"):
-            from isan.engine.certificate import check_certificate
-
-            c = None
-            if self.source and self.manifest.get("certificate"):
-                p = self.input_params
-                c = check_certificate(self.source, self.manifest, p.W, p.b, p.h0)
-            self._certificate = c if c is not None and c["holds"] else None
-        return self._certificate
+        return self._planner.certificate()
 
     def forget_bound_chars(self, rtol: float | None = None, margin: float | None = None) -> int | None:
         """Characters after which any start-state error is within chunk-parallel scoring's stopping
         rule, proven by the certificate: ``cond(P) rho^t (2 state_bound) <= rtol / margin``
         (two states within the bound differ by at most twice it). None without a certificate."""
-        from isan.engine.kernels.chunked import DEFAULT_MARGIN, DEFAULT_RTOL
-
-        c = self.certificate()
-        if c is None:
-            return None
-        rtol, margin = rtol or DEFAULT_RTOL, margin or DEFAULT_MARGIN
-        start = c["cond_P"] * 2.0 * max(c["state_bound"], 1.0) * margin / rtol
-        return max(1, int(np.ceil(np.log(start) / -np.log(c["rho"]))))
+        return self._planner.forget_bound_chars(rtol, margin)
 
     def _score_ref(self, ids: np.ndarray, h: np.ndarray, block: int = 4096) -> tuple[np.ndarray, np.ndarray]:
         """The float64 reference (as :func:`isan.engine.reference.score_ref`), checking every state."""
-        p = self.params
-        ids = np.asarray(ids)
-        bits = np.empty(len(ids))
-        for s in range(0, len(ids), block):
-            x = ids[s : s + block]
-            H = states_ref(p, x, h)
-            bad = check_states(H)
-            if bad is not None:
-                self._diverged(x, h, "reference", detected_at=bad, base_offset=s)
-            S = np.vstack([h[None, :], H[:-1]])  # states before each character
-            lp = log_softmax(logits_ref(p, S))
-            bits[s : s + len(x)] = -lp[np.arange(len(x)), x] * LOG2E
-            h = H[-1]
-        bad = check_bits(bits)
-        if bad is not None:  # in-range states give finite bits; this guards the promise
-            raise StateDivergedError(f"non-finite bits at character offset {bad} (reference path)", offset=bad,
-                                     cause="non-finite bits")
-        return bits, h
+        return exact.score_ref(self, ids, h, block)
 
     def score_batch(self, texts: Sequence[str | np.ndarray], states: Sequence[State] | None = None,
                     per_char: bool = False, unknown: str = "error", replacement: str | None = None,
@@ -540,7 +457,7 @@ class Engine:
             group: ``"auto"`` (the default on the composed path: every text a row of a compiled
                 chunk-parallel kernel, long texts cut into chunks so that the rows keep both cores
                 busy; composed jumps when the batch makes enough rows for them, else one character a
-                step: :meth:`_batch_plan`), ``"chunked"`` (the same with the per-symbol kernel:
+                step: :meth:`plan`), ``"chunked"`` (the same with the per-symbol kernel:
                 the default on the chunked and reference paths), ``"symbol"`` (the per-symbol
                 kernel without cutting), ``"jumps"`` (composed jumps grouped by table key,
                 :mod:`isan.engine.kernels.jumps`: the default on the jumps path) or ``"entry"``
@@ -568,11 +485,12 @@ class Engine:
         else:
             try:
                 kernel = {"jumps": "jumps", "auto": "auto"}.get(group, "chunked")
-                bits, finals, rep = self._chunked(ids, hs, threads=threads, cut=group != "symbol", kernel=kernel)
+                bits, finals, rep = self.score_ids(ids, hs, chunks="auto" if group != "symbol" else "none",
+                                                   threads=threads, kernel=kernel)
             except StateDivergedError as e:
                 i = getattr(e, "text_index", 0)
                 raise with_prefix(in_input_terms(e, preps[i], self.alphabet.symbols), f"text {i} of the batch: ") from None
-            scoring = self._chunked_report(rep)
+            scoring = self._planner.report(rep)
         out = []
         for i, (s, b, hf, prep) in enumerate(zip(states, bits, finals, preps)):
             if group == "entry":  # the compiled kernels check every state and bit themselves
@@ -609,22 +527,15 @@ class Engine:
                      threads: int | None = None) -> np.ndarray:
         chosen = self._path_for(len(ids), path)
         if chosen in ("chunked", "jumps", "batched"):
-            _, finals, _ = self._chunked([ids], h[None], want_bits=False, threads=threads,
-                                         kernel="auto" if chosen == "batched" else chosen)
+            _, finals, _ = self.score_ids([ids], h[None], want_bits=False, threads=threads,
+                                          kernel="auto" if chosen == "batched" else chosen)
             return finals[0].astype(np.float64)
         if chosen == "composed":
             with np.errstate(over="ignore", invalid="ignore"):  # a diverging state is reported below
                 hf = self._composed.advance(ids, h.astype(np.float32), threads=threads or self.threads).astype(np.float64)
             self._check_output(ids, h, None, hf, "composed")
             return hf
-        for s in range(0, len(ids), block):  # blocks keep memory O(block d)
-            x = ids[s : s + block]
-            H = states_ref(self.params, x, h)
-            bad = check_states(H)
-            if bad is not None:
-                self._diverged(x, h, "reference", detected_at=bad, base_offset=s)
-            h = H[-1]
-        return h
+        return exact.advance_ref(self, ids, h, block)
 
     # ---- next-character distribution ----------------------------------------------------
     def logits(self, state: State | None = None) -> np.ndarray:
@@ -657,33 +568,7 @@ class Engine:
         Raises:
             StateDivergedError: the prompt or the generated text drives the state out of range.
         """
-        from isan.engine.sampling import check_sampling_args, sample_ids
-
-        check_sampling_args(n, temperature, top_k, len(self.alphabet))
-        state = self._state(state)
-        prep = self.prepare(prompt, normalize, "error", None, state)
-        if len(prep.ids):
-            try:
-                state = State(self._advance_ids(prep.ids, state.h), state.chars, state.bits, prep.last_symbol)
-            except StateDivergedError as e:
-                raise in_input_terms(e, prep, self.alphabet.symbols) from None
-        p = self.params
-        symbols = self.alphabet.symbols
-        drawn: list[int] = []
-
-        def step(h, x):
-            drawn.append(x)
-            h = p.W[x] @ h + p.b[x]
-            if not np.abs(h).max() <= MAX_STATE_ABS:
-                raise StateDivergedError(
-                    f"the model's state diverges at generated character {len(drawn) - 1} ({symbols[x]!r}, sampling; "
-                    f"state overflow (|h| > {MAX_STATE_ABS:g})); the generated text repeats a letter or pair whose "
-                    "repeats diverge (`isan model check` lists them): lower the temperature or use top_k",
-                    offset=len(drawn) - 1, cause=f"state overflow (|h| > {MAX_STATE_ABS:g})")
-            return h
-
-        ids, bits = sample_ids(lambda h: p.W_ro @ h + p.b_ro, step, state.h.copy(), n, temperature, top_k, seed)
-        return Sample(prompt, self.alphabet.decode(ids), bits, seed, temperature, top_k, prep.text, prep.report)
+        return exact.sample(self, prompt, n, temperature, top_k, seed, state, normalize)
 
     # ---- attribution --------------------------------------------------------------------
     def attribute(self, text: str, by: str = "char", state: State | None = None, unknown: str = "error",
@@ -697,46 +582,10 @@ class Engine:
         Raises:
             AttributionCheckError: ``b_ro + sum_s kappa[t, s]`` differs from the logits by more
                 than ``tol * max(1, max |logits|)`` (never expected; it guards the promise).
-            TextTooLongError: more than MAX_ATTRIBUTION_CHARS characters (memory is O(T^2 V)).
+            TextTooLongError: more than :data:`~isan.engine.exact.MAX_ATTRIBUTION_CHARS` characters (memory is O(T^2 V)).
             StateDivergedError: the state leaves its range inside the text.
         """
-        if by not in ("char", "word"):
-            raise IsanError(f"by must be 'char' or 'word'; got {by!r}")
-        state = self._state(state)
-        prep = self.prepare(text, normalize, unknown, replacement, state)
-        ids, text = prep.ids, prep.text
-        if len(ids) == 0:
-            raise EmptyTextError("the text to attribute is empty (after normalisation); give at least one character")
-        if len(ids) > MAX_ATTRIBUTION_CHARS:
-            raise TextTooLongError(f"attribution of {len(ids)} characters needs O(T^2) memory; give at most "
-                                   f"{MAX_ATTRIBUTION_CHARS}, or attribute with a window (memory O(T N); "
-                                   "isan.engine.analysis.attribution.windowed_attribution, `isan analyze attribute "
-                                   "--window N`)")
-        h = state.h
-        p = self.params
-        H = states_ref(p, ids, h)
-        bad = check_states(H)
-        if bad is not None:
-            try:
-                self._diverged(ids, h, "attribution", detected_at=bad)
-            except StateDivergedError as e:
-                raise in_input_terms(e, prep, self.alphabet.symbols) from None
-        if by == "char" or self.alphabet.kind == "words":
-            spans = [(i, i + 1) for i in range(len(ids))]
-            kappa = kappa_ref(p, ids, h)
-        else:
-            spans = word_spans(ids, text, self.alphabet)
-            kappa = segment_kappa_ref(p, ids, spans, h)
-        logits = H @ p.W_ro.T + p.b_ro
-        err = float(np.abs(p.b_ro + kappa.sum(axis=1) - logits).max())
-        if err > tol * max(1.0, float(np.abs(logits).max())):
-            raise AttributionCheckError(f"b_ro + sum kappa differs from the logits by {err:.3g}")
-        if self.alphabet.kind == "chars":
-            sources = ["<h0>"] + [text[i:j] for i, j in spans]
-        else:
-            sources = ["<h0>"] + [self.alphabet.decode(ids[i:j]) for i, j in spans]
-        return Attribution(text, by, sources, [(0, 0)] + spans, kappa, logits, p.b_ro.copy(), err, self.alphabet,
-                           prep.report, prep.offsets, ids)
+        return exact.attribute(self, text, by, state, unknown, replacement, tol, normalize)
 
     # ---- diagnostics ----------------------------------------------------------------------
     def check_divergence(self, max_chars: int = 2000, beam: int = 16, search_chars: int = 200) -> dict:
@@ -748,231 +597,4 @@ class Engine:
         from the bundle's files; None without one) and ``"adversarial"``
         (:func:`isan.engine.divergence.adversarial_search`: the worst text a beam search finds).
         """
-        from isan.engine.certificate import check_certificate
-        from isan.engine.divergence import adversarial_search, repeat_divergence
-
-        p, labels = self.input_params, self.alphabet.input_labels
-        out = repeat_divergence(p, labels, max_chars=max_chars)
-        out["certificate"] = check_certificate(self.source, self.manifest, p.W, p.b, p.h0) if self.source else None
-        out["adversarial"] = adversarial_search(p, labels, beam=beam, chars=search_chars)
-        return out
-
-
-def prepare_one(engine, text, state, normalize, unknown: str, replacement: str | None, per_char: bool):
-    """(state, prepared text, None) for ``score`` of every engine, or the empty result of a streamed
-    chunk that left nothing to score (a chunk of squeezed spaces) in the last place; a text that is
-    empty otherwise is an EmptyTextError."""
-    streaming = state is not None
-    state = engine._state(state)
-    prep = engine.prepare(text, normalize, unknown, replacement, state)
-    if len(prep.ids):
-        return state, prep, None
-    if streaming and len(text):
-        return state, prep, ScoreResult(0, 0.0, np.zeros(0) if per_char else None, state, prep.report,
-                                        np.zeros(0, dtype=np.int64) if per_char else None, "" if per_char else None,
-                                        **engine._units)
-    raise EmptyTextError("the text is empty (after normalisation and removing unknown characters); "
-                         "give at least one character")
-
-
-def prepare_batch(engine, texts, states, normalize, unknown: str, replacement: str | None):
-    """The states and prepared texts of a batch (``score_batch`` of every engine): each text's
-    state checked (default: the initial state), each text normalised from its state; an error names
-    the text of the batch, and a text left empty is an EmptyTextError."""
-    states = [engine._state(s) for s in states] if states is not None else [engine.initial_state()] * len(texts)
-    if len(states) != len(texts):
-        raise IsanError(f"got {len(texts)} texts but {len(states)} states")
-    preps = []
-    for i, (t, s) in enumerate(zip(texts, states)):
-        try:
-            preps.append(engine.prepare(t, normalize, unknown, replacement, s))
-        except IsanError as e:
-            raise with_prefix(e, f"text {i} of the batch: ") from None
-    for i, p in enumerate(preps):
-        if len(p.ids) == 0:
-            raise EmptyTextError(f"text {i} of the batch is empty (after normalisation)")
-    return states, preps
-
-
-class ProvenForgetting:
-    """The fallback of chunk-parallel scoring for a certified model: never needed, because every
-    start-state error provably dies within ``bound`` characters, fewer than a chunk has. Called
-    anyway, it raises (a bug, not a property of the text)."""
-
-    def __init__(self, bound: int):
-        self.bound = bound
-
-    def __call__(self, ids, h):
-        raise RuntimeError(f"a certified model's chunk did not forget its start within {self.bound} characters; "
-                           "please report this as a bug of isan")
-
-
-def word_spans(ids: np.ndarray, text: str, alphabet) -> list[tuple[int, int]]:
-    """Word sources as spans of symbol positions: maximal runs of non-space or of space symbols
-    (characters: of the text; bytes: the space byte; pairs: a pair is a space only if both its
-    characters are); a word model's symbols are its words, each its own source."""
-    if alphabet.kind == "chars":
-        return [m.span() for m in re.finditer(r"[^ ]+| +", text)]
-    if alphabet.kind == "words":
-        return [(k, k + 1) for k in range(len(ids))]
-    labels = np.array([alphabet.decode([int(i)]).strip() == "" for i in range(len(alphabet))])
-    space = labels[np.asarray(ids)]
-    cuts = np.flatnonzero(np.diff(space.astype(np.int8))) + 1
-    bounds = [0, *cuts.tolist(), len(ids)]
-    return [(bounds[k], bounds[k + 1]) for k in range(len(bounds) - 1)]
-
-
-def find_table(bundle: Path, manifest: dict, params: ISANParams, alphabet: Alphabet, progress_bar: bool = True):
-    """The bundle's trie table: ``table/`` inside it, or its ``table_recipe.json`` composed into the
-    cache on first use; None if it has neither. A broken table raises, never silently falls back."""
-    from isan.trie_tables.build import RECIPE, cached_table
-    from isan.trie_tables.format import load_table
-
-    from isan.engine.bundle import table_view
-
-    sha = manifest["params_sha256"]
-    params, keys = table_view(params, alphabet)  # tables are keyed by output ids (tokens: private-use characters)
-    if (bundle / "table").exists():
-        return load_table(bundle / "table", sha, keys, params.d)
-    if (bundle / RECIPE).exists():
-        return cached_table(bundle / RECIPE, params, keys, sha, progress_bar=progress_bar)
-    mode = (manifest.get("table") or {}).get("mode")
-    if mode in ("full", "recipe"):  # the manifest promises a table that is not there
-        where = bundle / ("table" if mode == "full" else RECIPE)
-        raise TableFormatError(f"{where} is missing, but {bundle / 'manifest.json'} lists a {mode} table; rebuild it "
-                               f"with `isan table build --model {bundle} --table-mode {mode}`, or score without it "
-                               "with --path chunked")
-    return None
-
-
-def verify_all(bundle: str | Path) -> dict:
-    """``isan verify``: :func:`isan.engine.bundle.verify_bundle` (every file hashed), plus the table
-    a recipe composes into the cache and the ONNX graphs cached for a bundle that ships none.
-
-    Returns the report of verify_bundle with ``cached_table`` and ``onnx`` ("ok", a problem, or
-    None when there is nothing to check); ``ok`` covers them all.
-    """
-    from isan.engine.bundle import verify_bundle
-
-    bundle = Path(bundle)
-    r = verify_bundle(bundle)
-    r.setdefault("cached_table", None)
-    if r["format_version"] is None:
-        return r
-    from isan.engine.bundle import read_manifest
-
-    m = read_manifest(bundle, verify="none")
-    from isan.trie_tables.build import RECIPE
-
-    if m["kind"] == "isan" and (bundle / RECIPE).is_file() and not (bundle / "table").exists():
-        import hashlib
-        import json
-
-        from isan.trie_tables.build import cache_dir, read_recipe
-        from isan.trie_tables.format import load_table
-
-        try:
-            recipe = read_recipe(bundle / RECIPE)
-            key = hashlib.sha256(json.dumps([m["params_sha256"], recipe["keys"], recipe.get("dtype")]).encode()
-                                 ).hexdigest()[:20]
-            path = cache_dir() / "tables" / key
-            if (path / "header.json").exists():
-                from isan.engine.bundle import key_alphabet, manifest_alphabet
-
-                load_table(path, m["params_sha256"], key_alphabet(manifest_alphabet(m)), m["d"], verify=True)
-                r["cached_table"] = "ok"
-            else:
-                r["cached_table"] = None  # not composed yet: nothing to check
-        except TableFormatError as e:
-            r["cached_table"] = f"{e} (it is rebuilt on the next use)"
-            r["problems"].append(r["cached_table"])
-    files = m.get("files") or {}
-    graphs = [f for f in ("model.onnx", "sequence.onnx") if f in files]
-    if graphs:
-        bad = [f"{f}: {r['checked'][f]}" for f in graphs if r["checked"].get(f) != "ok"]
-        r["onnx"] = "ok" if not bad else "; ".join(bad)
-    elif "onnx" not in m and m["kind"] != "ngram":
-        from isan.engine.runners.onnx_graphs import check_cached_graphs, onnx_cache_path
-
-        path = onnx_cache_path(m)
-        if (path / "graphs.json").exists():
-            problem = check_cached_graphs(path, m["params_sha256"])
-            r["onnx"] = "ok" if problem is None else f"{problem} (rebuilt on the next use)"
-            if problem:
-                r["problems"].append(r["onnx"])
-    r["ok"] = not r["problems"]
-    return r
-
-
-def load_engine(model: str | Path | None = None, path: str = "auto", backend: str = "numpy", device: str = "cpu",
-                dtype: str = "float32"):
-    """Load a bundle (``None``: the default model) with the chosen computation path and backend.
-
-    Args:
-        path: ``"auto"`` (ISAN bundles: composed when the bundle has a table, else chunked; other
-            models: their runner's own path), ``"composed"`` (long texts and batches chunk-parallel
-            by the kernel :meth:`Engine._batch_plan` chooses), ``"chunked"`` (chunk-parallel
-            through the compiled per-symbol kernel, ISAN bundles only), ``"jumps"`` (always
-            chunk-parallel by composed jumps, ISAN bundles with a table) or ``"reference"``.
-        backend: ``"numpy"`` or ``"onnx"`` (onnxruntime over the bundle's ONNX graphs; the
-            provider that runs is reported in ``describe()``, never silently swapped).
-        device: ``"cpu"``, ``"cuda"`` (``"cuda:N"``) or ``"auto"``. The numpy backend scores ISAN
-            bundles on a GPU with the torch backend of the kernels (:meth:`Engine.load`); the onnx
-            backend picks onnxruntime's provider. Never ignored: a device no backend can honour is
-            an error.
-        dtype: ``"float32"`` or ``"float64"`` (ISAN bundles on the torch backend; float64 is the
-            exact reference on the device).
-    Returns:
-        an :class:`Engine` for ISAN bundles on the numpy backend, else an engine with the same
-        scoring API (``score``, ``score_batch``, ``advance``, ``top_k``, ``sample``, ``describe``).
-    Raises:
-        BundleFormatError, TableFormatError, IsanError: with a message that says how to fix it.
-    """
-    from isan.engine.bundle import read_manifest
-
-    if backend not in ("numpy", "onnx"):
-        raise IsanError(f"backend must be numpy or onnx; got {backend!r}")
-    if path not in ("auto",) + PATHS:
-        raise IsanError(f"path must be auto or one of {', '.join(PATHS)}; got {path!r}")
-    src = default_model_path() if model is None else Path(model)
-    if backend == "onnx":
-        if dtype != "float32":
-            raise IsanError(f"the onnx backend computes in float32; dtype {dtype!r} needs the numpy backend")
-        from isan.engine.runners.onnx import load_onnx_engine
-
-        return load_onnx_engine(src, device=device, path_mode=path)
-    kind = read_manifest(src, verify="none")["kind"]  # the loader below verifies
-    if kind != "isan" and (device != "cpu" or dtype != "float32"):
-        raise IsanError(f"device {device!r} and dtype {dtype!r} run ISAN bundles (this is a {kind!r} bundle): "
-                        "use device cpu, or --backend onnx for onnxruntime's providers")
-    if kind != "isan":
-        if path in ("composed", "chunked", "jumps"):
-            raise IsanError(f"the {path} path runs ISAN bundles only (this is a {kind!r} bundle); "
-                            "use --path auto or reference")
-        if kind == "ngram":
-            from isan.engine.runners.ngram import load_ngram_engine
-
-            return load_ngram_engine(src)
-        if kind in ("linear", "linear_nlro", "isan_nobias"):
-            from isan.engine.runners.linear import load_linear_engine
-
-            return load_linear_engine(src)
-        from isan.engine.runners.occam import OCCAM_KINDS
-        from isan.engine.runners.reservoir import RESERVOIR_KINDS
-
-        if kind in RESERVOIR_KINDS:  # ESN and NPM baselines (Cernansky et al. 2008)
-            from isan.engine.runners.recurrent import RunnerEngine
-            from isan.engine.runners.reservoir import load_reservoir_bundle
-
-            runner = load_reservoir_bundle(src)
-            return RunnerEngine(runner, runner.alphabet, runner.manifest, source=str(src), path="reference")
-        if kind in OCCAM_KINDS:  # the Occam-gated LSTM (Raiman and Sidor)
-            from isan.engine.runners.recurrent import RunnerEngine, load_params_bundle
-            from isan.engine.runners.occam import NumpyOccamRunner, OccamParams
-
-            m, p, alphabet = load_params_bundle(src, OCCAM_KINDS, OccamParams)
-            return RunnerEngine(NumpyOccamRunner(p), alphabet, m, source=str(src), path="reference")
-        from isan.engine.runners.recurrent import load_baseline_engine
-
-        return load_baseline_engine(src)
-    return Engine.load(src, path_mode=path, device=device, dtype=dtype)
+        return exact.check_divergence(self, max_chars, beam, search_chars)

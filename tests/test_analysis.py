@@ -509,7 +509,7 @@ def test_cli_every_figure_shows_both_models(runner, small_bundle, other_bundle, 
 
 def test_compared_models_default_to_the_default_model_never_the_model_itself(small_bundle):
     from isan.cli.analyze import _compare_paths
-    from isan.engine.core import DEFAULT_MODEL, default_model_path
+    from isan.engine.paths import DEFAULT_MODEL, default_model_path
 
     default = default_model_path()  # the shipped default (#45 item 6: it was text8-d216-stable, a second name)
     assert default.name == DEFAULT_MODEL and default.is_dir()
@@ -541,7 +541,7 @@ def test_analyze_samples_use_the_analysed_model():
     (text8-d216-unconstrained), not the shipped default that `isan sample` uses alone."""
     from isan.cli.analyze import _samples
     from isan.engine import Engine
-    from isan.engine.core import default_model_path, paper_model_path
+    from isan.engine.paths import default_model_path, paper_model_path
 
     if not (paper_model_path() / "manifest.json").exists():
         pytest.skip("the paper's model is not installed")

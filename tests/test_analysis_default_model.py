@@ -1,5 +1,5 @@
 """The paper's analyses run on the shipped default model beside the paper's model (issue #45 item 6: the
-second model was text8-d216-stable, a name kept apart from :data:`isan.engine.core.DEFAULT_MODEL`), and the
+second model was text8-d216-stable, a name kept apart from :data:`isan.engine.paths.DEFAULT_MODEL`), and the
 lens's Fig 3 claim holds on the default: in "the annual reve", 'n' is the most likely next character, and
 without "annual" the 'r' of "reverse" overtakes it (README, docs/guide/lens.md)."""
 
@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from isan.cli import main
 from isan.engine import Engine
-from isan.engine.core import DEFAULT_MODEL, default_model_path, paper_model_path
+from isan.engine.paths import DEFAULT_MODEL, default_model_path, paper_model_path
 
 
 def _installed(path):

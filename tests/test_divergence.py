@@ -350,7 +350,7 @@ def test_chunks_follow_a_certificate_that_needs_more_than_the_minimum(tmp_path, 
     assert np.max(np.abs(bits[0] - ref.per_char_bits)) < 1e-4 and rep.chunks == short[0]
     from isan.engine.kernels.chunked import Float64Fallback
 
-    assert isinstance(eng._chunk_fallback([len(ids)], short), Float64Fallback)
+    assert isinstance(eng.chunk_fallback([len(ids)], short), Float64Fallback)
     r2 = eng.score(text, per_char=True, threads=2)  # and the engine's own plan keeps its proof after
     assert r2.scoring["forget_bound_chars"] == bound and r2.bits == r.bits
 

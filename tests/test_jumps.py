@@ -23,7 +23,7 @@ from isan.errors import StateDivergedError
 
 @pytest.fixture(scope="module")
 def table(default_engine):
-    return default_engine._jump_table()
+    return default_engine.jump_table()
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +190,7 @@ def test_chunked_by_float16_jumps_any_shape(default_engine, table, data):
     compiled kernel equals its numpy twin (the same half-precision matrices, float32 sums), and the
     bits stay within 0.05 of the float64 reference (6.6e-03 on real text in `isan bench engine`),
     totals within a relative 1e-3."""
-    t16 = default_engine._jump_table("float16")
+    t16 = default_engine.jump_table("float16")
     texts, chunks = _draw_batch(data, t16, default_engine.params.K)
     threads = data.draw(st.integers(1, 2))
     h0 = default_engine.params.h0
@@ -289,7 +289,7 @@ def test_float16_matrices_twin_and_error(isa, default_engine, table, test_ids):
     """float16 storage of the composed matrices (the not-exact option): the compiled kernel equals
     its twin (same half-precision values) on each instruction set, and the bits stay within 0.02 of the float32 kernel's,
     totals within a relative 1e-4 (the float16 sequential table's tolerance)."""
-    t16 = default_engine._jump_table("float16")
+    t16 = default_engine.jump_table("float16")
     assert t16.dtype == "float16" and t16.nbytes * 2 == table.nbytes
     ids = test_ids[:24_000]
     start, length, H = _rows(table, ids, 48, default_engine.params32.h0)
@@ -360,12 +360,12 @@ def test_auto_kernel_takes_jumps_when_the_batch_has_rows_for_them(default_engine
 
     eng, th = default_engine, 2
     assert eng.path == "composed"
-    assert eng._batch_plan([2_500_000], th)[0] == "jumps"  # 2,441 chunks
-    assert eng._batch_plan([100_000], th)[0] == "chunked"  # 97 chunks
-    assert eng._batch_plan([2000] * 256, th)[0] == "chunked"
-    assert eng._batch_plan([2000] * 4096, th)[0] == "jumps"
-    assert eng._batch_plan([2000] * 4096, th, kernel="chunked")[0] == "chunked"
-    assert eng._batch_plan([2000] * 4096, th, cut=False)[2] == [1] * 4096
+    assert eng.plan([2_500_000], th).kernel == "jumps"  # 2,441 chunks
+    assert eng.plan([100_000], th).kernel == "chunked"  # 97 chunks
+    assert eng.plan([2000] * 256, th).kernel == "chunked"
+    assert eng.plan([2000] * 4096, th).kernel == "jumps"
+    assert eng.plan([2000] * 4096, th, kernel="chunked").kernel == "chunked"
+    assert eng.plan([2000] * 4096, th, cut=False).chunks == (1,) * 4096
     n = MIN_ROWS_PER_THREAD * th
     texts = [text8_test[i * 50 : i * 50 + 40 + i % 13] for i in range(n)]
     many = eng.score_batch(texts, per_char=True, threads=th)

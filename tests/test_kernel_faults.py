@@ -78,7 +78,7 @@ def _engine(threads: int):
             return threads
 
     eng = Engine.load(REPO / "isan" / "models" / "text8-d216-unconstrained")  # its states can diverge
-    eng._composed.chooser = Always()
+    eng.composed.chooser = Always()
     return eng
 
 
@@ -154,7 +154,7 @@ class Kernels:
         self.seq = {}
         for name, text in (("bad", SHORT_BAD), ("good", test[:300])):
             ids = eng.encode(text).astype(np.int32)
-            self.seq[name] = (ids, eng._composed.segment(ids.astype(np.int64))[2])
+            self.seq[name] = (ids, eng.composed.segment(ids.astype(np.int64))[2])
         self.model = StreamModel.from_params(eng.params32)
         rows = [test[:200], bad[:200], test[200:300], SHORT_BAD, test[300:450], test[450:600]]
         self.ids = np.concatenate([eng.encode(x).astype(np.int32) for x in rows])

@@ -161,7 +161,7 @@ def test_run_streams_reports_divergence(isa, unconstrained_engine):
 
 
 def test_seq_composed_equals_twin_and_reference(isa, default_engine, test_ids, ref_bits):
-    cp, t = default_engine._composed, default_engine.table
+    cp, t = default_engine.composed, default_engine.table
     ids = test_ids[:60_000]
     starts, lengths, entries = cp.segment(ids.astype(np.int64))
     h = default_engine.params32.h0
@@ -178,7 +178,7 @@ def test_seq_composed_equals_twin_and_reference(isa, default_engine, test_ids, r
 
 
 def test_seq_composed_float16_twin(isa, default_engine, test_ids):
-    cp, t = default_engine._composed, default_engine.table
+    cp, t = default_engine.composed, default_engine.table
     ids = test_ids[:5000]
     _, _, entries = cp.segment(ids.astype(np.int64))
     used = np.unique(entries)
@@ -193,7 +193,7 @@ def test_seq_composed_float16_twin(isa, default_engine, test_ids):
 
 
 def test_seq_composed_stops_at_divergence(unconstrained_engine):
-    cp, t = unconstrained_engine._composed, unconstrained_engine.table
+    cp, t = unconstrained_engine.composed, unconstrained_engine.table
     ids = unconstrained_engine.encode("the cat " + "z" * 80).astype(np.int32)
     _, _, entries = cp.segment(ids.astype(np.int64))
     for fn in (seq_composed, seq_composed_ref):

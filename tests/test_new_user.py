@@ -125,7 +125,7 @@ def test_isan_score_memory_is_bounded_by_the_block_not_the_file(tmp_path, text8_
 
 # ---- tables: one size, no option ignored -------------------------------------------------------------
 def test_table_info_and_the_manifest_give_the_same_size():
-    from isan.engine.core import default_model_path
+    from isan.engine.paths import default_model_path
 
     m = json.loads((default_model_path() / "manifest.json").read_text())
     info = json.loads(isan("table", "info", "--json").stdout)

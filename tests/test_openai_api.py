@@ -15,7 +15,7 @@ httpx = pytest.importorskip("httpx")
 
 from isan.engine.serve import ServeConfig, create_app  # noqa: E402
 from isan.engine.serve.completions import EOT  # noqa: E402
-from isan.engine.core import DEFAULT_MODEL  # noqa: E402
+from isan.engine.paths import DEFAULT_MODEL  # noqa: E402
 from server_helpers import running  # noqa: E402
 
 LN2 = math.log(2)

@@ -18,7 +18,7 @@ pytest.importorskip("fastapi")
 from websockets.sync.client import connect  # noqa: E402
 
 from isan.engine import Engine  # noqa: E402
-from isan.engine.core import State  # noqa: E402
+from isan.engine.results import State  # noqa: E402
 from isan.engine.serve import ServeConfig, create_app  # noqa: E402
 from isan.engine.serve.snapshot import encode_state  # noqa: E402
 from server_helpers import free_port, raw_http, running  # noqa: E402

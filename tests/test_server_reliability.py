@@ -22,7 +22,7 @@ pytest.importorskip("uvicorn")
 from websockets.sync.client import connect  # noqa: E402
 
 from isan.bench.serve import ServerProcess  # noqa: E402
-from isan.engine.core import State  # noqa: E402
+from isan.engine.results import State  # noqa: E402
 from isan.engine.serve import ServeConfig, create_app  # noqa: E402
 from isan.engine.serve.snapshot import encode_state  # noqa: E402
 from server_helpers import raw_http, running, unread_stream  # noqa: E402

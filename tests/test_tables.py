@@ -95,8 +95,8 @@ def test_segmentation_is_greedy_longest_match(engine, text8_valid_head):
     t = engine.table
     text = text8_valid_head[:3000]
     ids = A8.encode(text)
-    starts, lengths, entries = engine._composed.segment(ids)
-    for got, twin in zip((starts, lengths, entries), engine._composed.segment_ref(ids)):  # compiled trie walk vs codes
+    starts, lengths, entries = engine.composed.segment(ids)
+    for got, twin in zip((starts, lengths, entries), engine.composed.segment_ref(ids)):  # compiled trie walk vs codes
         np.testing.assert_array_equal(got, twin)
     i, expect = 0, []
     while i < len(text):

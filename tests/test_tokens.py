@@ -257,7 +257,7 @@ def test_byte_lstm_bundle_reads_inputs_through_the_map(tmp_path, byte_alphabet):
 def test_word_spans_of_a_word_model_are_its_words():
     """Attribution by word on a word model: every symbol (a word) is its own source (the lens
     reviewer found them lumped into one run of non-space symbols)."""
-    from isan.engine.core import word_spans
+    from isan.engine.prepare import word_spans
     from isan.tokens import WordAlphabet
 
     al = WordAlphabet(("the", "cat", "sat"))

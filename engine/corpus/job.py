@@ -206,7 +206,7 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
         engine = load_corpus_engine(model) if on_actors else load_corpus_engine(model, device, dtype)
     elif runner == "ray":
         raise IsanError("the Ray runner loads the model on every actor: pass model=, not engine=")
-    if workers > 1 and engine.kernels.name == "torch":
+    if workers > 1 and engine.kernels.one_process:
         raise IsanError("worker processes run the CPU's compiled kernels: on the torch backend (a GPU, or float64) "
                         "one process drives the device (and its GEMMs choose their kernels by shape, so a "
                         "document's last bits could depend on how the work was cut); use workers=1")
@@ -244,7 +244,7 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
             scorer = DocScorer(engine, cfg.options(threads))
             records = [process_file(scorer, cfg, p, shards, on_part=on_part) for p in paths]
             where = {"runner": "local", "workers": 1, "threads": scorer.threads}
-        if runner == "local" and engine.kernels.name == "torch":  # say where it ran
+        if runner == "local" and engine.kernels.rounding is not None:  # say where it ran
             where.update(engine.kernels.describe())
     finally:
         bar.close()

@@ -57,8 +57,8 @@ def corpus_path(engine) -> str:
     backend's GEMM libraries choose kernels by shape, so there a job is scored in one process, its
     batches cut the same way every run)."""
     k = engine.kernels
-    if k.name == "torch":  # its GEMMs choose their kernels by shape: one job runs in one process there
-        return f"torch-{k.device.split(':')[0]}-{k.dtype}"
+    if k.rounding is not None:  # its GEMMs choose their kernels by shape: one job runs in one process there
+        return k.rounding
     return "jumps" if engine.table is not None else "chunked"
 
 
@@ -71,7 +71,7 @@ def corpus_engine(engine, threads: int | None = None):
     if not isinstance(engine, Engine):
         raise IsanError(f"corpus scoring runs ISAN engines (isan.engine.Engine); got {type(engine).__name__}")
     path = corpus_path(engine)
-    if path.startswith("torch"):
+    if not engine.kernels.runs_tables:
         path = "chunked"  # the engine path of the torch backend (its runner, one character a step)
     if engine.path == path and engine.threads == LONG_DOC_THREADS:
         return engine  # already one (keeps what it computed on first use: the certificate, the kernel layout)
@@ -199,7 +199,7 @@ class DocScorer:
         plan = [max(1, len(x) // c) for x in ids_list]
         h0 = np.tile(eng.params.h0, (len(ids_list), 1))
         bits, _, _ = eng.score_ids(ids_list, h0, chunks=plan, threads=self.threads,
-                                   kernel="chunked" if kernel.startswith("torch") else kernel)
+                                   kernel=kernel if eng.kernels.runs_tables else "chunked")
         return bits
 
     def _score_rows(self, docs: list[Doc], batch: list, rows: list) -> None:

@@ -23,8 +23,15 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence, runtime_checkable
 
 from isan.errors import BackendUnavailableError, IsanError, install_hint
+
+if TYPE_CHECKING:  # names for the annotations only
+    from isan.engine.kernels.chunked import Runner
+    from isan.engine.kernels.jumps import JumpTable
+    from isan.engine.kernels.streams import StreamModel
+    from isan.params import ISANParams
 
 #: Backend names, and the devices a user may name (``auto``: CUDA when torch sees a GPU, else the CPU).
 NAMES = ("native", "numpy", "torch")
@@ -32,36 +39,216 @@ DEVICES = ("cpu", "cuda", "auto")
 DTYPES = ("float32", "float64")
 
 
+class PlanSource(Protocol):
+    """What a backend's :meth:`Backend.plan` reads from the model it plans for (the Engine's
+    :class:`~isan.engine.planning.Planner`): its kernel layouts, built on first use, and its
+    certificate's forgetting bound."""
+
+    has_table: bool
+
+    def stream_model(self) -> "StreamModel": ...
+
+    def jump_table(self, dtype: str = "float32") -> "JumpTable": ...
+
+    def min_chunk(self) -> int: ...
+
+    def forget_bound_chars(self, rtol: float | None = None, margin: float | None = None) -> int | None: ...
+
+
 @dataclass(frozen=True)
-class Backend:
-    """One backend, its device and dtype, and its runners.
+class Plan:
+    """How one chunk-parallel batch runs (:meth:`Backend.plan`; ``Engine.plan``).
 
     Attributes:
-        name: ``"native"``, ``"numpy"`` or ``"torch"``.
+        kernel: ``"chunked"`` (one character a step), ``"jumps"`` (composed jumps; ``"jumps-f16"``:
+            float16 matrices, not exact, for the benchmark) or ``"torch"`` (the torch runner).
+        model: the runner's weights: a :class:`~isan.engine.kernels.streams.StreamModel` or a
+            :class:`~isan.engine.kernels.jumps.JumpTable`.
+        chunks: the chunk count of each text (1: not cut), one per text.
+        runner: the kernel that advances the rows (:class:`~isan.engine.kernels.chunked.Runner`).
+        path: the name the report gives the kernel (None: ``"chunked"``).
+        rtol: the correction's tolerance where the backend sets its own (None: the default).
+    """
+
+    kernel: str
+    model: object = field(repr=False)
+    chunks: tuple[int, ...]
+    runner: "Runner" = field(repr=False)
+    path: str | None = None
+    rtol: float | None = None
+
+    def keywords(self) -> dict:
+        """The keywords of :func:`~isan.engine.kernels.chunked.score_texts_chunked` this plan sets
+        (``runner``, and ``path`` and ``rtol`` where it has them)."""
+        out: dict = {"runner": self.runner}
+        if self.path is not None:
+            out["path"] = self.path
+        if self.rtol is not None:
+            out["rtol"] = self.rtol
+        return out
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """One backend, its device and dtype, and its runners: what the Engine, the corpus scorer and
+    the server ask, instead of branching on a backend's name.
+
+    Attributes:
+        name: ``"native"``, ``"numpy"`` or ``"torch"`` (a key of :data:`BACKENDS`).
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         dtype: ``"float32"`` (states and products; the default) or ``"float64"`` (torch only).
         streams: the per-symbol runner (one character a step).
         jumps: the composed-jumps runner, or None where the backend has none.
+        runs_tables: whether the trie table's paths (the sequential ``composed`` path and
+            ``jumps``) and the float64 ``reference`` path run beside it (the CPU's kernels); else
+            every text goes chunk-parallel through :attr:`streams`.
+        one_process: whether a corpus job must run in one process (its GEMM libraries choose
+            kernels by shape, so a document's last bits could depend on how the work was cut).
+        reports_where: whether a scoring report names the backend and device (all but the default).
+        rounding: the name of the kernel a corpus job records where the bits depend on the
+            backend (``"torch-cuda-float32"``), or None where they are the CPU kernels'.
     """
 
     name: str
     device: str
     dtype: str
-    streams: object = field(repr=False)
-    jumps: object | None = field(default=None, repr=False)
+    streams: "Runner"
+    jumps: "Runner | None"
+    runs_tables: bool
+    one_process: bool
+    reports_where: bool
+
+    @property
+    def on_cpu(self) -> bool: ...
+
+    @property
+    def rounding(self) -> str | None: ...
+
+    def plan(self, lengths: Sequence[int], threads: int, source: PlanSource, cut: bool = True,
+             kernel: str = "auto") -> Plan: ...
+
+    def fallback(self, params: "ISANParams", forget_bound_chars: int | None): ...
+
+    def describe(self) -> dict: ...
+
+
+@dataclass(frozen=True)
+class CpuBackend:
+    """The CPU's kernels: the compiled C kernels (``native``) or their numpy twins (``numpy``),
+    in float32; a per-symbol runner and a composed-jumps runner (:class:`Backend`)."""
+
+    name: str
+    device: str
+    dtype: str
+    streams: "Runner" = field(repr=False)
+    jumps: "Runner | None" = field(default=None, repr=False)
+    runs_tables: bool = True
+    one_process: bool = False
 
     @property
     def on_cpu(self) -> bool:
         return self.device == "cpu"
 
+    @property
+    def reports_where(self) -> bool:
+        return self.name != "native"
+
+    @property
+    def rounding(self) -> str | None:
+        return None
+
+    def plan(self, lengths: Sequence[int], threads: int, source: PlanSource, cut: bool = True,
+             kernel: str = "auto") -> Plan:
+        """How a batch of texts of these ``lengths`` runs on ``threads`` threads.
+
+        Args:
+            lengths: characters of each text.
+            threads: kernel threads (the rows planned: ROWS_PER_THREAD a thread).
+            source: the model's layouts and chunk bounds (:class:`PlanSource`).
+            cut: False for one row a text.
+            kernel: ``"chunked"``, ``"jumps"``, ``"jumps-f16"`` or ``"auto"``: jumps when the model
+                has a trie table and the batch makes at least ``MIN_ROWS_PER_THREAD`` rows a thread
+                (queues by key need many rows), else chunked.
+        Returns:
+            Plan.
+        """
+        from isan.engine.kernels.chunked import plan_chunks
+        from isan.engine.kernels.jumps import MIN_ROWS_PER_THREAD, ROWS_PER_THREAD
+
+        lengths = [int(n) for n in lengths]
+        planned = plan_chunks(lengths, target_rows=ROWS_PER_THREAD * threads, min_chunk=source.min_chunk()) \
+            if cut else [1] * len(lengths)
+        if kernel == "auto":
+            enough = sum(planned) >= MIN_ROWS_PER_THREAD * threads
+            kernel = "jumps" if source.has_table and enough else "chunked"
+        if kernel in ("jumps", "jumps-f16"):
+            model = source.jump_table("float16" if kernel == "jumps-f16" else "float32")
+            return Plan(kernel, model, tuple(planned), self.jumps, path=kernel)
+        return Plan(kernel, source.stream_model(), tuple(planned), self.streams)
+
+    def fallback(self, params: "ISANParams", forget_bound_chars: int | None):
+        """A certified model's proof that no chunk needs the float64 fallback
+        (:class:`~isan.engine.forgetting.ProvenForgetting`; ``forget_bound_chars`` not None), else
+        :class:`~isan.engine.kernels.chunked.Float64Fallback` of ``params``."""
+        from isan.engine.forgetting import ProvenForgetting
+        from isan.engine.kernels.chunked import Float64Fallback
+
+        return ProvenForgetting(forget_bound_chars) if forget_bound_chars is not None else Float64Fallback(params)
+
+    def describe(self) -> dict:
+        """``{"backend", "device", "dtype"}``: what ran."""
+        return {"backend": self.name, "device": self.device, "dtype": self.dtype}
+
+
+@dataclass(frozen=True)
+class TorchBackend:
+    """The torch backend (any torch device; float32 or float64): one per-symbol runner,
+    :class:`~isan.engine.kernels.torch.TorchStreams`, for every text and batch (:class:`Backend`)."""
+
+    name: str
+    device: str
+    dtype: str
+    streams: "Runner" = field(repr=False)
+    jumps: "Runner | None" = field(default=None, repr=False)
+    runs_tables: bool = False
+    one_process: bool = True
+    reports_where: bool = True
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.device == "cpu"
+
+    @property
+    def rounding(self) -> str | None:
+        return f"torch-{self.device.split(':')[0]}-{self.dtype}"
+
+    def plan(self, lengths: Sequence[int], threads: int, source: PlanSource, cut: bool = True,
+             kernel: str = "auto") -> Plan:
+        """Every batch on the per-symbol runner (``kernel`` is ignored), cut for the device
+        (:mod:`isan.engine.kernels.torch.plan`) at the dtype's tolerance."""
+        from isan.engine.kernels.torch import plan
+
+        lengths = [int(n) for n in lengths]
+        rtol = plan.rtol(self.dtype)
+        chunks = plan.chunks(lengths, self.device, threads, self.dtype, source.forget_bound_chars(rtol=rtol)) \
+            if cut else [1] * len(lengths)
+        return Plan("torch", source.stream_model(), tuple(chunks), self.streams, path="chunked", rtol=rtol)
+
+    def fallback(self, params: "ISANParams", forget_bound_chars: int | None):
+        """Always :class:`~isan.engine.kernels.chunked.Float64Fallback`: the device's chunks and
+        tolerance are its own, so the certificate's bound is not relied on."""
+        from isan.engine.kernels.chunked import Float64Fallback
+
+        return Float64Fallback(params)
+
     def describe(self) -> dict:
         """``{"backend", "device", "dtype"}`` plus, on CUDA, ``"device_name"``, and ``"step"`` where
-        the torch backend runs its fused Triton step: what ran."""
+        it runs its fused Triton step: what ran."""
         out = {"backend": self.name, "device": self.device, "dtype": self.dtype}
-        if self.name == "torch" and self.device.startswith("cuda"):
+        if self.device.startswith("cuda"):
             torch = _torch()
             out["device_name"] = torch.cuda.get_device_name(torch.device(self.device))
-        if self.name == "torch" and getattr(self.streams, "step", None) != "mm":
+        if getattr(self.streams, "step", None) != "mm":
             out["step"] = self.streams.step  # the fused Triton step (TorchStreams)
             if self.streams.precision != "ieee":
                 out["precision"] = self.streams.precision
@@ -137,23 +324,48 @@ def get_backend(name: str | None = None, device: str = "cpu", dtype: str = "floa
     device = resolve_device(device)
     if name is None:
         name = "native" if device == "cpu" and dtype == "float32" else "torch"
-    if name not in NAMES:
+    if name not in BACKENDS:
         raise IsanError(f"backend must be one of {', '.join(NAMES)}; got {name!r}")
-    if name != "torch":
-        if device != "cpu":
-            raise IsanError(f"the {name} backend runs on the CPU only; device {device!r} needs the torch backend")
-        if dtype != "float32":
-            raise IsanError(f"the {name} backend computes in float32; dtype {dtype!r} needs the torch backend")
-        if name == "native":
-            from isan.engine.kernels.jumps import run_jumps
-            from isan.engine.kernels.streams import run_streams
+    return BACKENDS[name](device, dtype)
 
-            return Backend(name, device, dtype, run_streams, run_jumps)
-        from isan.engine.kernels.jumps import run_jumps_ref
-        from isan.engine.kernels.streams import run_streams_ref
 
-        return Backend(name, device, dtype, run_streams_ref, run_jumps_ref)
+def _cpu_only(name: str, device: str, dtype: str) -> None:
+    if device != "cpu":
+        raise IsanError(f"the {name} backend runs on the CPU only; device {device!r} needs the torch backend")
+    if dtype != "float32":
+        raise IsanError(f"the {name} backend computes in float32; dtype {dtype!r} needs the torch backend")
+
+
+def _native_backend(device: str, dtype: str) -> Backend:
+    """The compiled C kernels (``run_streams``, ``run_jumps``) on the CPU, float32."""
+    _cpu_only("native", device, dtype)
+    from isan.engine.kernels.jumps import run_jumps
+    from isan.engine.kernels.streams import run_streams
+
+    return CpuBackend("native", device, dtype, run_streams, run_jumps)
+
+
+def _numpy_backend(device: str, dtype: str) -> Backend:
+    """The compiled kernels' numpy twins (``run_streams_ref``, ``run_jumps_ref``) on the CPU, float32."""
+    _cpu_only("numpy", device, dtype)
+    from isan.engine.kernels.jumps import run_jumps_ref
+    from isan.engine.kernels.streams import run_streams_ref
+
+    return CpuBackend("numpy", device, dtype, run_streams_ref, run_jumps_ref)
+
+
+def _torch_backend(device: str, dtype: str) -> Backend:
+    """:class:`~isan.engine.kernels.torch.TorchStreams` on any torch device, float32 or float64."""
     _torch()
     from isan.engine.kernels.torch import TorchStreams
 
-    return Backend(name, device, dtype, TorchStreams(device, dtype))
+    return TorchBackend("torch", device, dtype, TorchStreams(device, dtype))
+
+
+#: The registry: a backend's name to its factory ``(device, dtype) -> Backend`` (device resolved,
+#: dtype checked); :func:`get_backend` looks names up here.
+BACKENDS: dict[str, Callable[[str, str], Backend]] = {
+    "native": _native_backend,
+    "numpy": _numpy_backend,
+    "torch": _torch_backend,
+}

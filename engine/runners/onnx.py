@@ -361,7 +361,7 @@ def _check_graph_file(file: Path, want: dict | None, bundle: Path) -> None:
 
 def _is_shipped(bundle: Path) -> bool:
     """Whether ``bundle`` is one of the models shipped inside the package (never written to)."""
-    from isan.engine.core import default_model_path
+    from isan.engine.paths import default_model_path
 
     try:
         return bundle.resolve().parent == default_model_path().resolve().parent

@@ -341,11 +341,20 @@ class RunnerEngine:
                                         f"{source or 'the model'}/manifest.json")
         self.source = source
         self.path = path
-        self.backend = runner.backend
+        #: the runtime that scores: ``"numpy"`` or ``"onnx"`` (onnxruntime)
+        self.runtime = runner.backend
         self.kind = runner.kind
         self.table = None
         #: states beyond this are out of range (ISANs: the guard's bound; other models: only non-finite)
         self.state_limit = MAX_STATE_ABS if self.kind == "isan" else np.inf
+
+    @property
+    def backend(self) -> str:
+        """Deprecated alias of :attr:`runtime` (``"numpy"`` or ``"onnx"``), kept for a release."""
+        import warnings
+
+        warnings.warn("RunnerEngine.backend is deprecated: use RunnerEngine.runtime", DeprecationWarning, stacklevel=2)
+        return self.runtime
 
     @property
     def d(self) -> int:
@@ -362,19 +371,19 @@ class RunnerEngine:
     @property
     def _scoring(self) -> dict:
         """How the bits were computed (``ScoreResult.scoring``): this runner's path, backend and provider."""
-        return {"path": self.path, "backend": self.backend, "provider": self.runner.provider}
+        return {"path": self.path, "backend": self.runtime, "provider": self.runner.provider}
 
     def describe(self) -> dict:
         from isan.tokens import alphabet_label
 
         a = self.alphabet
         return {"kind": self.kind, "d": self.d, "unit": a.unit, "alphabet": alphabet_label(a), "path": self.path,
-                "backend": self.backend, "provider": self.runner.provider, "source": self.source,
+                "backend": self.runtime, "provider": self.runner.provider, "source": self.source,
                 "params_sha256": self.params_sha256, "state": self.runner.state_names,
                 "normalizer": self.normalizer.id}
 
     def initial_state(self):
-        from isan.engine.core import State
+        from isan.engine.results import State
 
         return State(self.runner.initial_state())
 
@@ -408,18 +417,19 @@ class RunnerEngine:
             return
         wb = getattr(self.runner, "isan_Wb", None)
         if wb is not None:  # an ISAN: locate the first out-of-range state with the float64 reference
-            raise_diverged(wb[0], wb[1], ids, state_h, f"{self.backend} {self.path}", detected_at=bad,
+            raise_diverged(wb[0], wb[1], ids, state_h, f"{self.runtime} {self.path}", detected_at=bad,
                            symbols=self.alphabet.symbols)
         cause = "non-finite bits" if bad is not None else "non-finite state"
         where = f"at character offset {bad}" if bad is not None else "by the end of the text"
-        raise StateDivergedError(f"the {self.kind} model's state diverges {where} ({cause}, {self.backend} backend); "
+        raise StateDivergedError(f"the {self.kind} model's state diverges {where} ({cause}, {self.runtime} backend); "
                                  "the model cannot score this text meaningfully", offset=bad, cause=cause)
 
     def score(self, text, state=None, per_char: bool = False, unknown: str = "error", replacement: str | None = None,
               normalize: str | None = "auto"):
         """As :meth:`isan.engine.Engine.score`. Raises EmptyTextError, AlphabetError, StateDivergedError."""
-        from isan.engine.core import ScoreResult, State, in_input_terms, prepare_one
+        from isan.engine.results import ScoreResult, State, in_input_terms
 
+        from isan.engine.prepare import prepare_one
         state, prep, empty = prepare_one(self, text, state, normalize, unknown, replacement, per_char)
         if empty is not None:
             return empty
@@ -438,8 +448,9 @@ class RunnerEngine:
     def score_batch(self, texts, states=None, per_char: bool = False, unknown: str = "error",
                     replacement: str | None = None, group: str | None = None, normalize: str | None = "auto"):
         """As :meth:`isan.engine.Engine.score_batch` (``group`` is ignored: the runner batches streams)."""
-        from isan.engine.core import ScoreResult, State, in_input_terms, prepare_batch, with_prefix
+        from isan.engine.results import ScoreResult, State, in_input_terms, with_prefix
 
+        from isan.engine.prepare import prepare_batch
         states, preps = prepare_batch(self, texts, states, normalize, unknown, replacement)
         ids = [p.ids for p in preps]
         out = []
@@ -459,7 +470,7 @@ class RunnerEngine:
     def advance(self, text, state=None, unknown: str = "error", replacement: str | None = None,
                 normalize: str | None = "auto"):
         """Ingest text without scoring it; totals are left unchanged."""
-        from isan.engine.core import State, in_input_terms
+        from isan.engine.results import State, in_input_terms
 
         state = self._state(state)
         prep = self.prepare(text, normalize, unknown, replacement, state)
@@ -490,7 +501,7 @@ class RunnerEngine:
     def sample(self, prompt: str = "", n: int = 200, temperature: float = 1.0, top_k: int | None = None,
                seed: int | None = None, state=None, normalize: str | None = "auto"):
         """As :meth:`isan.engine.Engine.sample` (same random draws for the same seed and logits)."""
-        from isan.engine.core import Sample, State, in_input_terms
+        from isan.engine.results import Sample, State, in_input_terms
         from isan.engine.sampling import check_sampling_args, sample_ids
 
         check_sampling_args(n, temperature, top_k, len(self.alphabet))
@@ -519,7 +530,7 @@ class RunnerEngine:
 
     def attribute(self, *args, **kwargs):
         raise IsanError(f"attribution needs an ISAN bundle on the numpy backend; this is a {self.kind} model "
-                        f"on the {self.backend} backend")
+                        f"on the {self.runtime} backend")
 
 
 def load_baseline_engine(path: str | Path) -> RunnerEngine:

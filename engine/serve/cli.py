@@ -143,7 +143,7 @@ def main(host, port, model, path_mode, backend, device, max_chars, max_pending_m
 
         from isan.engine import load_engine
         from isan.engine.bundle import read_manifest
-        from isan.engine.core import default_model_path
+        from isan.engine.paths import default_model_path
         from isan.engine.serve.app import create_app
         from isan.engine.serve.service import ModelInfo
 

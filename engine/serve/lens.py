@@ -127,7 +127,7 @@ def _explain(eng, req, window: int) -> dict:
         RequestError: 400 (bad options), 422 (text the model cannot read, a diverging state).
     """
     from isan.engine.analysis.attribution import target_contributions
-    from isan.engine.core import word_spans
+    from isan.engine.prepare import word_spans
     from isan.engine.reference import LOG2E, log_softmax
     from isan.errors import IsanError
 

@@ -162,7 +162,7 @@ class StreamSampler:
         characters and their bits), or None for engines sampled whole."""
         if self._whole is not None:
             return None
-        from isan.engine.core import State
+        from isan.engine.results import State
 
         s = self.start
         return State(self._h, s.chars + len(self.text), s.bits + self.bits, self._last)

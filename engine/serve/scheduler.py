@@ -400,7 +400,7 @@ class Scheduler:
             except Exception as e:  # a bug: every slice of the call fails, the server goes on
                 log.exception("scoring a round failed")
                 return out + [(it, e) for it in items]
-            from isan.engine.core import State
+            from isan.engine.results import State
 
             for (job, a, b), bb, hf in zip(items, bits, finals):
                 total = float(bb.sum())

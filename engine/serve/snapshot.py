@@ -122,7 +122,7 @@ def decode_state(token, params_sha256: str, secret: bytes, state_size: int, max_
             model's, a length byte or state that does not fit the token; only a holder of the
             secret can make one).
     """
-    from isan.engine.core import State
+    from isan.engine.results import State
 
     how = 'take one with "return_state": true (HTTP) or {"snapshot": true} (stream)'
     if not isinstance(token, str) or not token:

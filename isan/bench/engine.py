@@ -7,8 +7,6 @@ and are written as JSON with the machine, the command and the raw timings.
 
 from __future__ import annotations
 
-import os
-import platform
 import resource
 import shutil
 import statistics
@@ -18,38 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-
-def machine() -> dict:
-    cpu = platform.processor()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
-            "platform": platform.platform()}
-
-
-def rss_mb() -> float:
-    """Current resident memory in MiB (Linux), else peak."""
-    try:
-        for line in open("/proc/self/status"):
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def median_time(fn, repeats: int) -> tuple[float, list[float]]:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), times
+from isan.bench.common import machine, median_time, rss_mb, write_json  # noqa: F401  (re-exported)
+from isan.bench.peers import _bench_kenlm, _bench_onnx_lstm, _PeerUnavailable  # noqa: F401  (re-exported)
+from isan.bench.sweep import amdahl, fma_peak, markdown_scaling, plot_sweep, sweep_rows, thread_scaling  # noqa: F401
 
 
 #: What `isan bench engine` measures (issue "The fast engine"); sizes in characters.
@@ -65,6 +34,258 @@ STREAM_CHUNK = SIZES["stream_chunk"]
 def _ortho_flops(d: int, V: int) -> float:
     """Multiply-adds x 2 of one character without composition: the step (d x (d+1)) and the readout (V x (d+1))."""
     return 2.0 * (d + 1) * (d + V)
+
+
+class _Run:
+    """One run of `isan bench engine`: the engine, the text, and what it has measured so far (rows
+    of chars/s with their ratio against the reference, raw timings, facts)."""
+
+    def __init__(self, eng, ids: np.ndarray, ref_ids: np.ndarray, threads: int, repeats: int, sz: dict, log):
+        self.eng, self.ids, self.n, self.ref_ids = eng, ids, len(ids), ref_ids
+        self.threads, self.repeats, self.sz, self.log = threads, repeats, sz, log
+        self.rows: list[dict] = []
+        self.raw: dict = {}
+        self.facts: dict = {}
+        self.ref_bits: np.ndarray | None = None  # the reference's per-character bits (measure_reference)
+        self.long_text = None  # the default path's long-text result (measure_long_text)
+
+    def add(self, name, chars, fn, reps=None, baseline="reference"):
+        return self.record(name, chars, median_time(fn, self.repeats if reps is None else reps)[1], baseline)
+
+    def add_interleaved(self, entries, reps=None):
+        """Rows (name, chars, fn) measured in alternation, one run of each a repeat: a slow spell
+        of this shared machine falls on all of them alike, so their ratios hold. One untimed run of
+        each first (the first chunk-parallel call checks the model's stability certificate, about
+        0.1 s, and its first runs were up to a fifth slower: start-up, not throughput)."""
+        times = {name: [] for name, _, _ in entries}
+        for _, _, fn in entries:
+            fn()
+        for _ in range(self.repeats if reps is None else reps):
+            for name, _, fn in entries:
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+        for name, chars, _ in entries:
+            self.record(name, chars, times[name])
+
+    def record(self, name, chars, times, baseline="reference"):
+        med = statistics.median(times)
+        cps = chars / med
+        self.raw[name] = {"chars": chars, "seconds": times, "median_s": med, "chars_per_s": cps}
+        base = self.raw.get(baseline)
+        self.rows.append({"name": name, "chars": chars, "chars_per_s": cps,
+                          "ratio": cps / base["chars_per_s"] if base and name != baseline else 1.0,
+                          "vs": baseline if name != baseline else "-"})
+        self.log(f"  {name}: {cps:,.0f} chars/s")
+        return med
+
+
+def measure_reference(run: _Run) -> None:
+    """1. the per-character float64 reference (the baseline of every ratio)."""
+    ref = run.eng.with_path("reference")
+    out = {}
+
+    def run_ref():
+        out["r"] = ref.score(run.ref_ids, per_char=True, normalize="none")
+
+    run.add("reference", len(run.ref_ids), run_ref)
+    run.ref_bits = out["r"].per_char_bits
+
+
+def measure_long_text(run: _Run, bar) -> str:
+    """2. long text, chunk-parallel, all threads: the default path (composed jumps when the text
+    makes enough chunks for them), one character a step (path="chunked") and float16 jumps,
+    interleaved; then the default on one thread. Returns the default row's name."""
+    eng, ids, n, threads = run.eng, run.ids, run.n, run.threads
+    long_result = {}
+
+    def run_long(th=threads):
+        long_result["r"] = eng.score(ids, per_char=True, normalize="none", threads=th)
+
+    eng.jump_table()  # composed once, outside the timing (as the per-symbol layout is)
+    long_name = f"long text ({n:,} unseen chars, chunk-parallel, default path)"
+    sym_result, f16 = {}, {}
+
+    def run_long_symbol():
+        sym_result["r"] = eng.score(ids, per_char=True, normalize="none", threads=threads, path="chunked")
+
+    # the same with the composed matrices stored in float16 (half the bytes; not exact)
+    h_init = eng.initial_state().h[None]
+    eng.jump_table("float16")
+
+    def run_long_f16():
+        f16["r"] = eng.score_ids([ids], h_init, threads=threads, kernel="jumps-f16")
+
+    run.add_interleaved([(long_name, n, run_long),
+                         (f"long text ({n:,} unseen chars, chunk-parallel, one character a step)", n, run_long_symbol),
+                         (f"long text ({n:,} unseen chars, composed jumps, float16 matrices: not exact)", n, run_long_f16)])
+    r, nref = long_result["r"], len(run.ref_ids)
+    err = np.abs(r.per_char_bits[:nref] - run.ref_bits)
+    run.facts["long_text"] = {"scoring": r.scoring, "max_abs_bits_vs_reference": float(err.max()),
+                              "reference_chars": nref, "bpc": r.bpc, "threads": threads}
+    rs = sym_result["r"]
+    run.facts["long_text_per_symbol"] = {"scoring": rs.scoring, "max_abs_bits_vs_reference": float(
+        np.abs(rs.per_char_bits[:nref] - run.ref_bits).max()),
+        "total_bits_rel_vs_default": abs(rs.bits - r.bits) / r.bits}
+    b16 = f16["r"][0][0]
+    run.facts["long_text_float16"] = {
+        "scoring": f16["r"][2].to_json(),
+        "max_abs_bits_vs_reference": float(np.abs(b16[:nref] - run.ref_bits).max()),
+        "total_bits_rel_vs_default": float(abs(b16.sum() - r.bits) / r.bits)}
+    bar.update()
+    run.add("long text, 1 thread", n, lambda: run_long(1))
+    run.facts["long_text"]["scoring_1_thread"] = long_result["r"].scoring
+    run.long_text = r  # the default path's result on all threads (measure_ingest reads its extra work)
+    return long_name
+
+
+def measure_streaming(run: _Run, bar) -> None:
+    """3. streaming in 1,000-character chunks through the composed table (float32, then float16)."""
+    import tempfile
+
+    eng, ids, n, sz = run.eng, run.ids, run.n, run.sz
+    chunks = [ids[i : i + sz["stream_chunk"]] for i in range(0, min(n, sz["stream"]), sz["stream_chunk"])]
+
+    def run_stream(e):
+        st = e.initial_state()
+        for c in chunks:
+            st = e.score(c, state=st, normalize="none", path="composed").state
+
+    nstream = sum(len(c) for c in chunks)
+    med = run.add("streaming, 1,000-char chunks, float32 table", nstream, lambda: run_stream(eng))
+    _, lengths, entries = eng.composed.segment(ids[:nstream])
+    t = eng.table
+    V, d = eng.params.V, eng.d
+    bytes_per_char = (4 * d * (d + 1) * len(entries) + 4 * V * (d + 1) * nstream) / nstream
+    run.facts["streaming"] = {"avg_match_length": nstream / len(entries), "table_bytes": t.nbytes,
+                              "table_entries": t.n_entries, "bytes_read_per_char_f32": bytes_per_char,
+                              "gb_per_s_f32": bytes_per_char * nstream / med / 1e9}
+    bar.update()
+    with tempfile.TemporaryDirectory() as tmp:
+        eng16 = _float16_engine(eng, Path(tmp) / "table16")
+        med16 = run.add("streaming, 1,000-char chunks, float16 table", nstream, lambda e=eng16: run_stream(e))
+        r16 = eng16.score(run.ref_ids, per_char=True, normalize="none", path="composed")
+        run.facts["streaming"]["gb_per_s_f16"] = bytes_per_char / 2 * nstream / med16 / 1e9
+        run.facts["streaming"]["float16_max_abs_bits_vs_reference"] = float(
+            np.abs(r16.per_char_bits - run.ref_bits).max())
+        del eng16
+    bar.update()
+
+
+def measure_batched(run: _Run, bar) -> None:
+    """4. 256 texts of 2,000 characters, batched (default and composed jumps), then a big batch
+    (default and one character a step); which kernel each row ran comes from ``Engine.plan``."""
+    eng, ids, n, threads, sz = run.eng, run.ids, run.n, run.threads, run.sz
+    bt, bl = sz["batch_texts"], sz["batch_len"]
+    texts = [ids[i * bl : (i + 1) * bl] for i in range(bt)]
+    batch_kernel = {}
+
+    def batch_rows(tx, groups, reps=None):  # (label, group) pairs, interleaved
+        entries = []
+        for label, group in groups:
+            name = f"batched, {len(tx):,} texts of {bl:,} chars, {label}"
+            entries.append((name, len(tx) * bl, lambda g=group: eng.score_batch(tx, normalize="none", threads=threads,
+                                                                                 group=g)))
+            batch_kernel[name] = eng.plan([bl] * len(tx), threads, kernel=group or "auto").kernel
+        run.add_interleaved(entries, reps)
+
+    batch_rows(texts, [("default", None), ("composed jumps", "jumps")])
+    bar.update()
+    big = sz.get("big_batch_texts", 4096)
+    if big and len(ids) >= 1:
+        bigtexts = [ids[(i * bl) % (n - bl) : (i * bl) % (n - bl) + bl] for i in range(big)]
+        batch_rows(bigtexts, [("default", None), ("one character a step", "chunked")], reps=max(1, run.repeats // 2))
+        del bigtexts
+    run.facts["batched_kernel"] = batch_kernel  # which kernel each batched row ran ("chunked": per symbol)
+    bar.update()
+
+
+def measure_ingest_and_flops(run: _Run, long_name: str, scaling: list[int] | None, bar) -> None:
+    """5. ingestion without readout; then where the time goes: useful FLOP/s against the FMA peak,
+    the rows-and-threads sweep and (``scaling``) the thread-scaling table."""
+    eng, ids, n, threads, sz = run.eng, run.ids, run.n, run.threads, run.sz
+    run.add(f"ingest ({n:,} chars, no readout)", n, lambda: eng.advance(ids, normalize="none", threads=threads))
+    bar.update()
+    facts, r = run.facts, run.long_text
+    flops = _ortho_flops(eng.d, eng.params.V)
+    lt = run.raw[long_name]
+    facts["long_text"]["gflops"] = flops * n * (1 + r.scoring.get("extra_fraction", 0.0)) / lt["median_s"] / 1e9
+    facts["long_text"]["flops_per_char"] = flops
+    facts["long_text"]["flop_bound_chars_per_s_at_100_gflops_per_core"] = 100e9 * threads / flops
+    facts["fma_peak"] = fma_peak(threads)
+    peak = facts["fma_peak"].get("gflops_all_threads")
+    for row in run.rows:  # useful FLOP/s: counted per character (a composed jump counts its characters)
+        row["useful_gflops"] = row["chars_per_s"] * flops / 1e9 if row["name"] != "reference" else None
+        row["of_peak"] = row["useful_gflops"] / peak if peak and row["useful_gflops"] else None
+    facts["sweep"] = sweep_rows(eng, ids, sz.get("sweep_rows", (64, 256, 1024, 4096)), sz.get("sweep_len", 500),
+                                threads_list=sorted({1, threads}), repeats=run.repeats, log=run.log)
+    if scaling:
+        facts["scaling"] = thread_scaling(eng, ids, scaling, sz.get("big_batch_texts", 4096) or sz["batch_texts"],
+                                          sz["batch_len"], run.repeats, run.log)
+    bar.update()
+
+
+def measure_peers(run: _Run, data, peers: bool, bar) -> None:
+    """6. peers: onnxruntime LSTM of equal parameters; KenLM over our n-gram."""
+    peer_rows = []
+    if peers:
+        try:
+            peer_rows += _bench_onnx_lstm(run.ids, run.repeats, run.log, run.sz)
+        except ImportError as e:  # the onnx or train extra is missing
+            run.facts["onnx_lstm"] = f"not run: {e}"
+        bar.update()
+        try:
+            peer_rows += _bench_kenlm(data, run.ids, run.repeats, run.log, train_chars=run.sz.get("ngram_train"))
+        except _PeerUnavailable as e:
+            run.facts["kenlm"] = f"not run: {e}"
+        bar.update()
+    else:
+        bar.update(2)
+    for pr in peer_rows:
+        base = run.raw["reference"]["chars_per_s"]
+        run.rows.append({**pr, "ratio": pr["chars_per_s"] / base, "vs": "reference"})
+
+
+def measure_startup(run: _Run, model, unseen: str, startup: bool) -> None:
+    """7. start-up of `isan score` after first use; `isan score FILE` on the long text, a fresh
+    process each time, net of start-up (the issue's measure): start-up is `isan score` of the
+    text's first 20,000 characters, which also takes the chunk-parallel path (so the model's
+    certificate check, once a process, counts as start-up); the two alternate."""
+    import json
+    import subprocess
+    import tempfile
+
+    n, repeats = run.n, run.repeats
+    probe = unseen[:1000]
+    times = []
+    for _ in range(max(3, repeats) if startup else 0):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "isan.cli", "score", "--json", "-"] + (["--model", str(model)] if model else []),
+                       input=probe, capture_output=True, text=True, check=True)
+        times.append(time.perf_counter() - t0)
+    run.facts["startup_s"] = statistics.median(times) if times else None
+    if not startup:
+        return
+    head = 20_000 if n > 40_000 else n // 2
+    with tempfile.TemporaryDirectory() as tmp:
+        f, f0 = Path(tmp) / "unseen.txt", Path(tmp) / "head.txt"
+        f.write_text(unseen, encoding="utf-8")
+        f0.write_text(unseen[:head], encoding="utf-8")
+        extra = ["--model", str(model)] if model else []
+        full, starts = [], []
+        for _ in range(max(3, repeats)):
+            for path, acc in ((f, full), (f0, starts)):
+                t0 = time.perf_counter()
+                out = subprocess.run([sys.executable, "-m", "isan.cli", "score", "--json", str(path)] + extra,
+                                     capture_output=True, text=True, check=True).stdout
+                acc.append(time.perf_counter() - t0)
+                if path == f:
+                    scoring = json.loads(out)["scoring"]
+    net = statistics.median(full) - statistics.median(starts)
+    run.facts["isan_score_file"] = {"chars": n, "seconds": full, "startup_chars": head, "startup_seconds": starts,
+                                    "net_s": net, "scoring": scoring}
+    run.record(f"isan score FILE ({n:,} unseen chars, a fresh process each run, net of start-up)", n - head,
+               [max(net, 1e-9)])
 
 
 def bench_engine(model: str | None, data: str | Path, repeats: int = 3, threads: int | None = None,
@@ -85,10 +306,6 @@ def bench_engine(model: str | None, data: str | Path, repeats: int = 3, threads:
     (thread counts) adds a scaling table (:func:`thread_scaling`).
     """
     sz = {**SIZES, **(sizes or {})}
-    import json
-    import subprocess
-    import tempfile
-
     from tqdm.auto import tqdm
 
     from isan.engine import Engine, default_model_path
@@ -104,223 +321,22 @@ def bench_engine(model: str | None, data: str | Path, repeats: int = 3, threads:
         raise SystemExit(f"{src} has no trie table; build one with `isan export` or `isan table build`")
     unseen = read_text8_split(data, "unseen")[: sz["long"]]
     ids = eng.encode(unseen)
-    n = len(ids)
-    ref = eng.with_path("reference")
     steps = ["reference", "long text", "long text, 1 thread", "long text, per symbol", "streaming f32", "streaming f16",
              "batched", "batched, jumps", "ingest", "sweep", "onnx LSTM", "KenLM", "start-up"]
     bar = tqdm(total=len(steps), desc="isan bench engine", unit="step", disable=not progress)
-    rows, raw, facts = [], {}, {}
-
-    def add(name, chars, fn, reps=repeats, baseline="reference"):
-        return record(name, chars, median_time(fn, reps)[1], baseline)
-
-    def add_interleaved(entries, reps=repeats):
-        """Rows (name, chars, fn) measured in alternation, one run of each a repeat: a slow spell
-        of this shared machine falls on all of them alike, so their ratios hold. One untimed run of
-        each first (the first chunk-parallel call checks the model's stability certificate, about
-        0.1 s, and its first runs were up to a fifth slower: start-up, not throughput)."""
-        times = {name: [] for name, _, _ in entries}
-        for _, _, fn in entries:
-            fn()
-        for _ in range(reps):
-            for name, _, fn in entries:
-                t0 = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - t0)
-        for name, chars, _ in entries:
-            record(name, chars, times[name])
-
-    def record(name, chars, times, baseline="reference"):
-        med = statistics.median(times)
-        cps = chars / med
-        raw[name] = {"chars": chars, "seconds": times, "median_s": med, "chars_per_s": cps}
-        base = raw.get(baseline)
-        rows.append({"name": name, "chars": chars, "chars_per_s": cps,
-                     "ratio": cps / base["chars_per_s"] if base and name != baseline else 1.0,
-                     "vs": baseline if name != baseline else "-"})
-        log(f"  {name}: {cps:,.0f} chars/s")
-        return med
-
-    # 1. the per-character float64 reference (the baseline of every ratio)
-    ref_ids = ids[: sz["ref"]]
-    ref_result = {}
-
-    def run_ref():
-        ref_result["r"] = ref.score(ref_ids, per_char=True, normalize="none")
-
-    add("reference", len(ref_ids), run_ref)
+    run = _Run(eng, ids, ids[: sz["ref"]], threads, repeats, sz, log)
+    measure_reference(run)
     bar.update()
-
-    # 2. long text, chunk-parallel, all threads: the default path (composed jumps when the text makes
-    # enough chunks for them), one character a step (path="chunked") and float16 jumps, interleaved;
-    # then the default on one thread
-    long_result = {}
-
-    def run_long(th=threads):
-        long_result["r"] = eng.score(ids, per_char=True, normalize="none", threads=th)
-
-    eng._jump_table()  # composed once, outside the timing (as the per-symbol layout is)
-    long_name = f"long text ({n:,} unseen chars, chunk-parallel, default path)"
-    sym_result, f16 = {}, {}
-
-    def run_long_symbol():
-        sym_result["r"] = eng.score(ids, per_char=True, normalize="none", threads=threads, path="chunked")
-
-    # the same with the composed matrices stored in float16 (half the bytes; not exact)
-    h_init = eng.initial_state().h[None]
-    eng._jump_table("float16")
-
-    def run_long_f16():
-        f16["r"] = eng._chunked([ids], h_init, threads=threads, kernel="jumps-f16")
-
-    add_interleaved([(long_name, n, run_long),
-                     (f"long text ({n:,} unseen chars, chunk-parallel, one character a step)", n, run_long_symbol),
-                     (f"long text ({n:,} unseen chars, composed jumps, float16 matrices: not exact)", n, run_long_f16)])
-    r = long_result["r"]
-    err = np.abs(r.per_char_bits[: len(ref_ids)] - ref_result["r"].per_char_bits)
-    facts["long_text"] = {"scoring": r.scoring, "max_abs_bits_vs_reference": float(err.max()),
-                          "reference_chars": len(ref_ids), "bpc": r.bpc, "threads": threads}
-    rs = sym_result["r"]
-    facts["long_text_per_symbol"] = {"scoring": rs.scoring, "max_abs_bits_vs_reference": float(
-        np.abs(rs.per_char_bits[: len(ref_ids)] - ref_result["r"].per_char_bits).max()),
-        "total_bits_rel_vs_default": abs(rs.bits - r.bits) / r.bits}
-    b16 = f16["r"][0][0]
-    facts["long_text_float16"] = {
-        "scoring": f16["r"][2].to_json(),
-        "max_abs_bits_vs_reference": float(np.abs(b16[: len(ref_ids)] - ref_result["r"].per_char_bits).max()),
-        "total_bits_rel_vs_default": float(abs(b16.sum() - r.bits) / r.bits)}
-    bar.update()
-    add("long text, 1 thread", n, lambda: run_long(1))
-    facts["long_text"]["scoring_1_thread"] = long_result["r"].scoring
+    long_name = measure_long_text(run, bar)
     bar.update(2)
-
-    # 3. streaming in 1,000-character chunks through the composed table (float32, then float16)
-    chunks = [ids[i : i + sz["stream_chunk"]] for i in range(0, min(n, sz["stream"]), sz["stream_chunk"])]
-
-    def run_stream(e):
-        st = e.initial_state()
-        for c in chunks:
-            st = e.score(c, state=st, normalize="none", path="composed").state
-
-    nstream = sum(len(c) for c in chunks)
-    med = add("streaming, 1,000-char chunks, float32 table", nstream, lambda: run_stream(eng))
-    cp = eng._composed
-    _, lengths, entries = cp.segment(ids[:nstream])
-    t = eng.table
-    V, d = eng.params.V, eng.d
-    bytes_per_char = (4 * d * (d + 1) * len(entries) + 4 * V * (d + 1) * nstream) / nstream
-    facts["streaming"] = {"avg_match_length": nstream / len(entries), "table_bytes": t.nbytes, "table_entries": t.n_entries,
-                          "bytes_read_per_char_f32": bytes_per_char, "gb_per_s_f32": bytes_per_char * nstream / med / 1e9}
-    bar.update()
-    with tempfile.TemporaryDirectory() as tmp:
-        eng16 = _float16_engine(eng, Path(tmp) / "table16")
-        med16 = add("streaming, 1,000-char chunks, float16 table", nstream, lambda e=eng16: run_stream(e))
-        r16 = eng16.score(ref_ids, per_char=True, normalize="none", path="composed")
-        facts["streaming"]["gb_per_s_f16"] = bytes_per_char / 2 * nstream / med16 / 1e9
-        facts["streaming"]["float16_max_abs_bits_vs_reference"] = float(
-            np.abs(r16.per_char_bits - ref_result["r"].per_char_bits).max())
-        del eng16
-    bar.update()
-
-    # 4. 256 texts of 2,000 characters, batched
-    bt, bl = sz["batch_texts"], sz["batch_len"]
-    texts = [ids[i * bl : (i + 1) * bl] for i in range(bt)]
-    batch_kernel = {}
-
-    def batch_rows(tx, groups, reps=repeats):  # (label, group) pairs, interleaved
-        entries = []
-        for label, group in groups:
-            name = f"batched, {len(tx):,} texts of {bl:,} chars, {label}"
-            entries.append((name, len(tx) * bl, lambda g=group: eng.score_batch(tx, normalize="none", threads=threads,
-                                                                                 group=g)))
-            batch_kernel[name] = eng._batch_plan([bl] * len(tx), threads, kernel=group or "auto")[0]
-        add_interleaved(entries, reps)
-
-    batch_rows(texts, [("default", None), ("composed jumps", "jumps")])
-    bar.update()
-    big = sz.get("big_batch_texts", 4096)
-    if big and len(ids) >= 1:
-        bigtexts = [ids[(i * bl) % (n - bl) : (i * bl) % (n - bl) + bl] for i in range(big)]
-        batch_rows(bigtexts, [("default", None), ("one character a step", "chunked")], reps=max(1, repeats // 2))
-        del bigtexts
-    facts["batched_kernel"] = batch_kernel  # which kernel each batched row ran ("chunked": per symbol)
-    bar.update()
-
-    # 5. ingestion without readout
-    add(f"ingest ({n:,} chars, no readout)", n, lambda: eng.advance(ids, normalize="none", threads=threads))
-    bar.update()
-    flops = _ortho_flops(d, V)
-    lt = raw[long_name]
-    facts["long_text"]["gflops"] = flops * n * (1 + r.scoring.get("extra_fraction", 0.0)) / lt["median_s"] / 1e9
-    facts["long_text"]["flops_per_char"] = flops
-    facts["long_text"]["flop_bound_chars_per_s_at_100_gflops_per_core"] = 100e9 * threads / flops
-    facts["fma_peak"] = fma_peak(threads)
-    peak = facts["fma_peak"].get("gflops_all_threads")
-    for row in rows:  # useful FLOP/s: counted per character (a composed jump counts its characters)
-        row["useful_gflops"] = row["chars_per_s"] * flops / 1e9 if row["name"] != "reference" else None
-        row["of_peak"] = row["useful_gflops"] / peak if peak and row["useful_gflops"] else None
-    facts["sweep"] = sweep_rows(eng, ids, sz.get("sweep_rows", (64, 256, 1024, 4096)), sz.get("sweep_len", 500),
-                                threads_list=sorted({1, threads}), repeats=repeats, log=log)
-    if scaling:
-        facts["scaling"] = thread_scaling(eng, ids, scaling, sz.get("big_batch_texts", 4096) or sz["batch_texts"], bl, repeats, log)
-    bar.update()
-
+    measure_streaming(run, bar)
+    measure_batched(run, bar)
+    measure_ingest_and_flops(run, long_name, scaling, bar)
+    facts = run.facts
     facts["rss_mib_engine"] = rss_mb()  # before the peers load their models
     facts["peak_rss_mib_engine"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-    # 6. peers: onnxruntime LSTM of equal parameters; KenLM over our n-gram
-    peer_rows = []
-    if peers:
-        try:
-            peer_rows += _bench_onnx_lstm(ids, repeats, log, sz)
-        except ImportError as e:  # the onnx or train extra is missing
-            facts["onnx_lstm"] = f"not run: {e}"
-        bar.update()
-        try:
-            peer_rows += _bench_kenlm(data, ids, repeats, log, train_chars=sz.get("ngram_train"))
-        except _PeerUnavailable as e:
-            facts["kenlm"] = f"not run: {e}"
-        bar.update()
-    else:
-        bar.update(2)
-    for pr in peer_rows:
-        base = raw["reference"]["chars_per_s"]
-        rows.append({**pr, "ratio": pr["chars_per_s"] / base, "vs": "reference"})
-
-    # 7. start-up of `isan score` after first use, and memory
-    probe = unseen[:1000]
-    times = []
-    for _ in range(max(3, repeats) if startup else 0):
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "isan.cli", "score", "--json", "-"] + (["--model", str(model)] if model else []),
-                       input=probe, capture_output=True, text=True, check=True)
-        times.append(time.perf_counter() - t0)
-    facts["startup_s"] = statistics.median(times) if times else None
-    # `isan score FILE` on the long text, a fresh process each time, net of start-up (the issue's
-    # measure): start-up is `isan score` of the text's first 20,000 characters, which also takes
-    # the chunk-parallel path (so the model's certificate check, once a process, counts as
-    # start-up); the two alternate
-    if startup:
-        head = 20_000 if n > 40_000 else n // 2
-        with tempfile.TemporaryDirectory() as tmp:
-            f, f0 = Path(tmp) / "unseen.txt", Path(tmp) / "head.txt"
-            f.write_text(unseen, encoding="utf-8")
-            f0.write_text(unseen[:head], encoding="utf-8")
-            extra = ["--model", str(model)] if model else []
-            full, starts = [], []
-            for _ in range(max(3, repeats)):
-                for path, acc in ((f, full), (f0, starts)):
-                    t0 = time.perf_counter()
-                    out = subprocess.run([sys.executable, "-m", "isan.cli", "score", "--json", str(path)] + extra,
-                                         capture_output=True, text=True, check=True).stdout
-                    acc.append(time.perf_counter() - t0)
-                    if path == f:
-                        scoring = json.loads(out)["scoring"]
-        net = statistics.median(full) - statistics.median(starts)
-        facts["isan_score_file"] = {"chars": n, "seconds": full, "startup_chars": head, "startup_seconds": starts,
-                                    "net_s": net, "scoring": scoring}
-        record(f"isan score FILE ({n:,} unseen chars, a fresh process each run, net of start-up)", n - head,
-               [max(net, 1e-9)])
+    measure_peers(run, data, peers, bar)
+    measure_startup(run, model, unseen, startup)
     t0 = time.perf_counter()
     Engine.load(src)
     facts["load_s_in_process"] = time.perf_counter() - t0
@@ -331,149 +347,8 @@ def bench_engine(model: str | None, data: str | Path, repeats: int = 3, threads:
     bar.update()
     bar.close()
     return {"benchmark": "engine", "machine": machine(), "command": " ".join(["isan"] + sys.argv[1:]),
-            "model": eng.describe(), "repeats": repeats, "threads": threads, "rows": rows, "facts": facts, "raw": raw}
-
-
-def amdahl(relative: float, speedup: float, target: float = 16.0) -> dict:
-    """Amdahl's law from a measured speed-up: with ``relative`` times the workers of the baseline
-    and a ``speedup`` over it, the serial fraction ``s`` of ``S = 1 / (s + (1 - s) / N)`` and the
-    speed-up that ``s`` predicts at ``target`` times the baseline's workers (None where s is
-    negative enough to predict nothing). ``{}`` when ``relative`` is 1 (nothing to fit)."""
-    if relative <= 1:
-        return {}
-    s = (relative / speedup - 1) / (relative - 1)
-    return {"amdahl_serial_fraction": s,
-            "predicted_speedup_16": 1 / (s + (1 - s) / target) if s > -1 / (target - 1) else None}
-
-
-def thread_scaling(eng, ids: np.ndarray, threads_list: list[int], batch_texts: int, batch_len: int,
-                   repeats: int = 3, log=print) -> list[dict]:
-    """Issue 36's scaling table: the long text (default path) and a batch of ``batch_texts`` texts of
-    ``batch_len`` characters on each thread count, the counts in alternation each repeat; chars/s,
-    the speed-up against the first count, and the serial fraction that Amdahl's law gives from it
-    (S = 1 / (s + (1 - s) / N)), with what that predicts for 16 threads."""
-    n = len(ids)
-    texts = [ids[(i * batch_len) % (n - batch_len) : (i * batch_len) % (n - batch_len) + batch_len]
-             for i in range(batch_texts)]
-    work = {"long text": (n, lambda th: eng.score(ids, normalize="none", threads=th)),
-            f"{batch_texts:,} texts of {batch_len:,}": (batch_texts * batch_len,
-                                                      lambda th: eng.score_batch(texts, normalize="none", threads=th))}
-    out = []
-    for what, (chars, fn) in work.items():
-        times = {th: [] for th in threads_list}
-        for th in threads_list:
-            fn(th)  # untimed
-        for _ in range(repeats):
-            for th in threads_list:
-                t0 = time.perf_counter()
-                fn(th)
-                times[th].append(time.perf_counter() - t0)
-        base = None
-        for th in threads_list:
-            cps = chars / statistics.median(times[th])
-            base = base or (th, cps)
-            row = {"what": what, "threads": th, "chars": chars, "chars_per_s": cps, "seconds": times[th],
-                   "speedup": cps / base[1]}
-            row.update(amdahl(th / base[0], row["speedup"], 16 / base[0]))
-            out.append(row)
-            log(f"  scaling, {what}, {th} threads: {cps:,.0f} chars/s ({row['speedup']:.2f}x)")
-    return out
-
-
-def markdown_scaling(rows: list[dict]) -> str:
-    lines = ["| work | threads | chars/s | speed-up | Amdahl serial fraction | predicted 16 threads |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        sf = f"{r['amdahl_serial_fraction']:.1%}" if "amdahl_serial_fraction" in r else "-"
-        p16 = f"{r['predicted_speedup_16']:.1f}x" if r.get("predicted_speedup_16") else "-"
-        lines.append(f"| {r['what']} | {r['threads']} | {r['chars_per_s']:,.0f} | {r['speedup']:.2f}x | {sf} | {p16} |")
-    return "\n".join(lines)
-
-
-class _PeerUnavailable(Exception):
-    pass
-
-
-def fma_peak(threads: int, rounds: int = 20_000_000) -> dict:
-    """The machine's float32 FMA peak as the compiled kernels' instruction set reaches it (12
-    independent vector FMA chains a thread; :func:`_native.fma_peak`), median of 3, on one thread
-    and on ``threads``. Empty without the compiled kernels."""
-    from isan.engine.kernels import native
-
-    nat = native()
-    if nat is None:
-        return {}
-    out = {"isa": nat.isa()}
-    for key, th in (("gflops_1_thread", 1), ("gflops_all_threads", threads)):
-        vals = []
-        for _ in range(3):
-            fl, secs, used, _sink = nat.fma_peak(rounds, th)
-            vals.append(fl / secs / 1e9)
-        out[key] = statistics.median(vals)
-    return out
-
-
-def sweep_rows(eng, ids: np.ndarray, rows_list, length: int, threads_list, repeats: int = 3, log=print) -> dict:
-    """chars/s of the two batched kernels (per symbol: ``group="symbol"``; composed jumps: the
-    ``jumps`` kernel without cutting) against the number of rows (texts of ``length`` characters
-    cut from ``ids``) and threads, in this process. Returns {"length", "rows": [...], "points":
-    [{"kernel", "rows", "threads", "chars_per_s", "chars_per_jump"}]}."""
-    from isan.engine.kernels.chunked import score_texts_chunked
-    from isan.engine.kernels.jumps import run_jumps
-    from isan.engine.kernels.streams import run_streams
-
-    pts = []
-    h0 = eng.params.h0
-    jt = eng._jump_table()
-    for P in rows_list:
-        P = int(P)
-        n = len(ids) - length
-        texts = [np.ascontiguousarray(ids[(i * length) % n : (i * length) % n + length], dtype=np.int32) for i in range(P)]
-        hs = np.tile(h0, (P, 1))
-        for th in threads_list:
-            for kernel, model, runner in (("per symbol", eng._streams(), run_streams), ("composed jumps", jt, run_jumps)):
-                rep = {}
-
-                def go():
-                    rep["r"] = score_texts_chunked(model, texts, hs, chunks=[1] * P, threads=th, runner=runner,
-                                                   fallback=eng._fallback, path="jumps" if runner is run_jumps else "chunked")
-
-                med, _ = median_time(go, repeats)
-                r = rep["r"][2]
-                cps = P * length / med
-                pts.append({"kernel": kernel, "rows": P, "threads": th, "chars_per_s": cps,
-                            "chars_per_jump": r.steps / r.jumps if r.jumps else 1.0})
-                log(f"  sweep: {kernel}, {P} rows x {length} chars, {th} thread(s): {cps:,.0f} chars/s")
-    return {"length": length, "rows": [int(p) for p in rows_list], "points": pts}
-
-
-def plot_sweep(result: dict, out: str | Path) -> None:
-    """chars/s against rows, one line per kernel and thread count (bench_results/*.png)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    sw = result["facts"]["sweep"]
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
-    keys = sorted({(p["kernel"], p["threads"]) for p in sw["points"]})
-    for kernel, th in keys:
-        pts = sorted((p for p in sw["points"] if p["kernel"] == kernel and p["threads"] == th), key=lambda p: p["rows"])
-        ax.plot([p["rows"] for p in pts], [p["chars_per_s"] / 1e6 for p in pts], marker="o",
-                linestyle="-" if kernel == "per symbol" else "--", label=f"{kernel}, {th} thread{'s' if th > 1 else ''}")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel(f"rows (texts of {sw['length']} characters)")
-    ax.set_ylabel("million characters / s")
-    m = result["machine"]
-    ax.set_title(f"batched scoring: per-symbol steps vs composed jumps\n{m['cpu']}, {m['cores']} cores", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    from isan.atomic import atomic_path
-
-    with atomic_path(out) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
+            "model": eng.describe(), "repeats": repeats, "threads": threads, "rows": run.rows, "facts": facts,
+            "raw": run.raw}
 
 
 def _float16_engine(eng, out: Path):
@@ -487,109 +362,6 @@ def _float16_engine(eng, out: Path):
     build_table(out, eng.params32, eng.alphabet, keys, eng.params_sha256, dtype="float16", max_len=t.max_len)
     table16 = load_table(out, eng.params_sha256, eng.alphabet, eng.d)
     return Engine(eng.params32, eng.alphabet, eng.manifest, source=str(out), table=table16)
-
-
-def _bench_onnx_lstm(ids: np.ndarray, repeats: int, log, sz: dict) -> list[dict]:
-    """onnxruntime (CPU) running an LSTM of the shipped ISAN's parameter count (548 units, random
-    weights: the cost does not depend on them), streaming one text and batching 256 streams."""
-    import tempfile
-
-    import torch  # noqa: F401  (the train extra: initialises the LSTM; ImportError when missing)
-
-    from isan.alphabet import Alphabet
-    from isan.engine.bundle import write_bundle
-    from isan.engine.runners.onnx import OnnxRunner
-    from isan.export.onnx_export import onnx_hook
-    from isan.train.baselines import LSTM
-
-    a = Alphabet.text8()
-    out = []
-    with tempfile.TemporaryDirectory() as tmp:
-        lstm = LSTM.for_budget(27, 27, 1.28e6, seed=0)
-        tensors = {k: v.detach().numpy().astype(np.float32) for k, v in lstm.state_dict().items()}
-        lstm_dir = write_bundle(Path(tmp) / "lstm", tensors, a, kind="lstm", extra={"model": lstm.config(), "d": lstm.d},
-                                hook=onnx_hook)
-        r = OnnxRunner.load(lstm_dir, device="cpu")
-        s0 = r.initial_state()
-        x = ids[: sz["peer_stream"]]
-        med, _ = median_time(lambda: r.score_ids(x, s0), repeats)
-        n_params = int(sum(v.size for v in tensors.values()))
-        out.append({"name": f"peer: onnxruntime LSTM {lstm.d} units ({n_params:,} params), streaming", "chars": len(x),
-                    "chars_per_s": len(x) / med, "provider": r.provider})
-        pb, pl = sz["peer_batch"], sz["peer_batch_len"]
-        texts = [ids[i * pl : (i + 1) * pl] for i in range(pb)]
-        med, _ = median_time(lambda: r.score_batch(texts), repeats)
-        out.append({"name": f"peer: onnxruntime LSTM, batched {pb} streams", "chars": pb * pl,
-                    "chars_per_s": pb * pl / med, "provider": r.provider})
-    for o in out:
-        log(f"  {o['name']}: {o['chars_per_s']:,.0f} chars/s")
-    return out
-
-
-def _bench_kenlm(data, ids: np.ndarray, repeats: int, log, train_chars: int | None = None) -> list[dict]:
-    """KenLM's Python module querying our order-8 n-gram (counted on the train split, or its first
-    ``train_chars`` characters for a quick run, exported as ARPA into the cache,
-    ``$ISAN_CACHE_DIR/bench``), one character at a time, one thread. Whether this KenLM build loads
-    order 8 at all is checked first, on a tiny model, so that nothing is counted in vain."""
-    import hashlib
-
-    try:
-        import kenlm
-    except ImportError:
-        raise _PeerUnavailable("the kenlm module is not installed (MAX_ORDER=8 pip install --no-cache-dir kenlm)") from None
-    from isan.alphabet import Alphabet
-    from isan.data import read_text8_split
-    from isan.train.ngram import fit
-    from isan.export.arpa import symbol_words, write_arpa
-    from isan.trie_tables.build import cache_dir
-
-    a = Alphabet.text8()
-    probe = cache_dir() / "bench" / "probe-order8.arpa"
-    if not probe.is_file():
-        write_arpa(fit(a.encode("the quick brown fox jumps over the lazy dog " * 4), 27, 8), a, probe)
-    try:
-        kenlm.Model(str(probe))
-    except (OSError, RuntimeError) as e:
-        raise _PeerUnavailable(f"this KenLM build cannot load order-8 models ({str(e).splitlines()[0][:120]}); rebuild "
-                               "it with MAX_ORDER=8 pip install --no-cache-dir --force-reinstall kenlm") from None
-    train = read_text8_split(data, "train")
-    if train_chars:
-        train = train[:train_chars]
-    key = hashlib.sha256(train.encode()).hexdigest()[:16]
-    path = cache_dir() / "bench" / f"text8-train-{key}-order8.arpa"
-    if not path.is_file():
-        log("  counting the order-8 n-gram and writing it as ARPA (once; cached)")
-        write_arpa(fit(a.encode(train), 27, 8), a, path)
-    try:
-        m = kenlm.Model(str(path))
-    except (OSError, RuntimeError) as e:
-        raise _PeerUnavailable(f"KenLM cannot load the order-8 model ({str(e).splitlines()[0][:120]}); rebuild it with "
-                               "MAX_ORDER=8 pip install --no-cache-dir --force-reinstall kenlm") from None
-    words = np.array(symbol_words(a.symbols), dtype=object)[ids].tolist()
-    res = {}
-
-    def query():
-        s, s2 = kenlm.State(), kenlm.State()
-        m.NullContextWrite(s)
-        total = 0.0
-        score = m.BaseScore
-        for w in words:
-            total += score(s, w, s2)
-            s, s2 = s2, s
-        res["bpc"] = -total * np.log2(10.0) / len(words)
-
-    med, _ = median_time(query, repeats)
-    what = "order-8 n-gram" if not train_chars else f"order-8 n-gram of {len(train):,} train characters"
-    row = {"name": f"peer: KenLM (Python module) querying our {what}, 1 thread", "chars": len(words),
-           "chars_per_s": len(words) / med, "bpc": res["bpc"]}
-    log(f"  {row['name']}: {row['chars_per_s']:,.0f} chars/s, {row['bpc']:.4f} bpc")
-    return [row]
-
-
-def _timed(fn):
-    t0 = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - t0, out
 
 
 def markdown(result: dict) -> str:
@@ -645,12 +417,6 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def write_json(result: dict, out: str | Path) -> None:
-    from isan.atomic import write_json_atomic
-
-    write_json_atomic(out, result)
-
-
 def bench_budgets(model: str | None, train_text: str, test_text: str, budgets: list[str], repeats: int = 3,
                   chars: int = 200_000, chunk: int = STREAM_CHUNK, dtypes=("float32", "float16"),
                   threads: int | None = None, log=print) -> dict:
@@ -696,7 +462,7 @@ def bench_budgets(model: str | None, train_text: str, test_text: str, budgets: l
                 med1, _ = median_time(lambda: stream(eng, 1), repeats)
                 eng2 = Engine(base.params32, a, base.manifest, table=table)  # a fresh thread chooser
                 medn, _ = median_time(lambda: stream(eng2, threads), repeats) if threads > 1 else (None, None)
-                _, _, ent = eng._composed.segment(ids)
+                _, _, ent = eng.composed.segment(ids)
                 rows.append({"budget": b, "dtype": dt, "entries": len(rec["keys"]), "table_mib": table.nbytes / 2**20,
                              "avg_match_length": len(ids) / len(ent), "chars_per_s_1": len(ids) / med1,
                              "chars_per_s_n": len(ids) / medn if medn else None, "ratio": len(ids) / med1 / ref_cps})

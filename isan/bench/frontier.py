@@ -36,8 +36,9 @@ def bench_frontier(models: list[str | Path] | None, data: str | Path, repeats: i
         IsanError: a bundle that does not load (the message names it).
     """
     from isan.data import read_text8_split
-    from isan.engine.core import Engine, default_model_path
+    from isan.engine.core import Engine
 
+    from isan.engine.paths import default_model_path
     paths = [Path(m) for m in models] if models else [default_model_path()]
     test = read_text8_split(data, "test")
     unseen = read_text8_split(data, "unseen")[:long_chars]

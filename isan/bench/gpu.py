@@ -63,7 +63,8 @@ def bench_gpu(model: str | None, data: str | Path, device: str = "cuda", repeats
     """
     import torch
 
-    from isan.engine.core import Engine, default_model_path
+    from isan.engine.core import Engine
+    from isan.engine.paths import default_model_path
     from isan.engine.kernels.backends import resolve_device
     from isan.engine.reference import score_ref
 

@@ -3,7 +3,7 @@
 Thin: each subcommand loads the model and the text, calls :mod:`isan.engine.analysis.studies`, and
 writes ``OUT/<study>.json`` and the figure (PNG) beside it; ``all`` also writes ``OUT/paper.json``
 (every study's numbers) and ``OUT/command.txt``. Every study of a text8 model also runs the models of
-``--compare`` (default: the shipped default model, :data:`isan.engine.core.DEFAULT_MODEL`, beside the paper's
+``--compare`` (default: the shipped default model, :data:`isan.engine.paths.DEFAULT_MODEL`, beside the paper's
 model, text8-d216-unconstrained) and shows them side by side (issue #34 item 17; the default since #45 item 6).
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 
 from isan.cli.helpers import DEFAULT_TEXT8, UserError, emit_json, friendly
-from isan.engine.core import DEFAULT_MODEL
+from isan.engine.paths import DEFAULT_MODEL
 from isan.errors import IsanError
 
 log = logging.getLogger("isan.analyze")
@@ -30,9 +30,9 @@ PAREN_CKPT = "results/paper/models/parentheses"
 
 def _compare_paths(paths, model=None) -> list[Path]:
     """The bundles shown beside the analysed model (issue #34 item 17: in every figure; default: the shipped
-    default model, :func:`~isan.engine.core.default_model_path`, #45 item 6); ``none`` shows none, and the
+    default model, :func:`~isan.engine.paths.default_model_path`, #45 item 6); ``none`` shows none, and the
     analysed model itself is never compared with itself."""
-    from isan.engine.core import default_model_path, paper_model_path
+    from isan.engine.paths import default_model_path, paper_model_path
 
     if tuple(paths or ()) == ("none",):
         return []
@@ -53,7 +53,7 @@ def _compare_models(paths, model=None) -> dict:
 
 def _load(model):
     from isan.engine.bundle import load_isan_bundle
-    from isan.engine.core import paper_model_path
+    from isan.engine.paths import paper_model_path
 
     path = paper_model_path() if model is None else Path(model)
     manifest, p, alphabet = load_isan_bundle(path)
@@ -273,7 +273,7 @@ def _samples(model, prompt, n, betas, seeds, compare=()):
     """Samples of ``model`` (default: the paper's model, as every other study; `isan sample` alone samples
     the shipped default) and, under "compare", of each bundle :func:`_compare_paths` names."""
     from isan.cli.helpers import load_engine
-    from isan.engine.core import paper_model_path
+    from isan.engine.paths import paper_model_path
 
     def one(path):
         engine = load_engine(path)

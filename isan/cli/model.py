@@ -81,8 +81,9 @@ def verify(bundle, as_json):
     anything is damaged. A bundle whose manifest records no hashes (format version 1) cannot be
     verified: the last line says so instead of "ok" (exit status 0, nothing found wrong).
     """
-    from isan.engine.core import default_model_path, verify_all
+    from isan.engine.paths import default_model_path
 
+    from isan.engine.verify import verify_all
     r = verify_all(Path(bundle) if bundle else default_model_path())
     if as_json:
         emit_json(r)

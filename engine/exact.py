@@ -1,0 +1,175 @@
+"""What the Engine computes in float64 numpy, one character at a time, with every state checked:
+the reference path's scoring and advancing, exact attribution (paper eqs. 4-6), and the check of
+whether any input can make the state diverge. Functions of an :class:`~isan.engine.core.Engine`
+(``engine``), which hands off to them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from isan.errors import AttributionCheckError, EmptyTextError, IsanError, StateDivergedError, TextTooLongError
+from isan.engine.guard import MAX_STATE_ABS, check_bits, check_states, raise_diverged
+from isan.engine.prepare import word_spans
+from isan.engine.reference import LOG2E, kappa_ref, log_softmax, logits_ref, segment_kappa_ref, states_ref
+from isan.engine.results import Attribution, Sample, State, in_input_terms
+
+MAX_ATTRIBUTION_CHARS = 2000
+
+
+def score_ref(engine, ids: np.ndarray, h: np.ndarray, block: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+    """The float64 reference (as :func:`isan.engine.reference.score_ref`), checking every state.
+
+    Args:
+        ids: (T,) symbol ids; h: (d,) float64 the state before them.
+    Returns:
+        (bits (T,) float64, final state (d,) float64).
+    Raises:
+        StateDivergedError: a state leaves the range (located by the engine).
+    """
+    p = engine.params
+    ids = np.asarray(ids)
+    bits = np.empty(len(ids))
+    for s in range(0, len(ids), block):
+        x = ids[s : s + block]
+        H = states_ref(p, x, h)
+        bad = check_states(H)
+        if bad is not None:
+            raise_diverged(engine.params.W, engine.params.b, x, h, "reference", detected_at=bad, base_offset=s,
+                           symbols=engine.alphabet.symbols)
+        S = np.vstack([h[None, :], H[:-1]])  # states before each character
+        lp = log_softmax(logits_ref(p, S))
+        bits[s : s + len(x)] = -lp[np.arange(len(x)), x] * LOG2E
+        h = H[-1]
+    bad = check_bits(bits)
+    if bad is not None:  # in-range states give finite bits; this guards the promise
+        raise StateDivergedError(f"non-finite bits at character offset {bad} (reference path)", offset=bad,
+                                 cause="non-finite bits")
+    return bits, h
+
+
+
+def advance_ref(engine, ids: np.ndarray, h: np.ndarray, block: int = 4096) -> np.ndarray:
+    """The float64 state (d,) after ``ids`` from ``h`` (no readout), in blocks of ``block`` characters
+    (memory O(block d)), checking every state; raises StateDivergedError."""
+    for s in range(0, len(ids), block):  # blocks keep memory O(block d)
+        x = ids[s : s + block]
+        H = states_ref(engine.params, x, h)
+        bad = check_states(H)
+        if bad is not None:
+            raise_diverged(engine.params.W, engine.params.b, x, h, "reference", detected_at=bad, base_offset=s,
+                           symbols=engine.alphabet.symbols)
+        h = H[-1]
+    return h
+
+
+def attribute(engine, text: str, by: str = "char", state=None, unknown: str = "error", replacement: str | None = None,
+              tol: float = 1e-6, normalize: str | None = "auto") -> Attribution:
+    """Exact attribution of each logit to the initial state and to each character or word.
+
+    ``kappa[t, s] = W_ro (W[x_t] ... W[x_{s+1}]) b[x_s]`` with ``b[x_0] := h`` (paper eqs. 4-6).
+    Word sources (``by="word"``) are maximal runs of non-space or of space characters;
+    their kappa comes from the composed bias of the word carried forward (section 3.4).
+
+    Raises:
+        AttributionCheckError: ``b_ro + sum_s kappa[t, s]`` differs from the logits by more
+            than ``tol * max(1, max |logits|)`` (never expected; it guards the promise).
+        TextTooLongError: more than MAX_ATTRIBUTION_CHARS characters (memory is O(T^2 V)).
+        StateDivergedError: the state leaves its range inside the text.
+    """
+    if by not in ("char", "word"):
+        raise IsanError(f"by must be 'char' or 'word'; got {by!r}")
+    state = engine._state(state)
+    prep = engine.prepare(text, normalize, unknown, replacement, state)
+    ids, text = prep.ids, prep.text
+    if len(ids) == 0:
+        raise EmptyTextError("the text to attribute is empty (after normalisation); give at least one character")
+    if len(ids) > MAX_ATTRIBUTION_CHARS:
+        raise TextTooLongError(f"attribution of {len(ids)} characters needs O(T^2) memory; give at most "
+                               f"{MAX_ATTRIBUTION_CHARS}, or attribute with a window (memory O(T N); "
+                               "isan.engine.analysis.attribution.windowed_attribution, `isan analyze attribute "
+                               "--window N`)")
+    h = state.h
+    p = engine.params
+    H = states_ref(p, ids, h)
+    bad = check_states(H)
+    if bad is not None:
+        try:
+            raise_diverged(engine.params.W, engine.params.b, ids, h, "attribution", detected_at=bad,
+                           symbols=engine.alphabet.symbols)
+        except StateDivergedError as e:
+            raise in_input_terms(e, prep, engine.alphabet.symbols) from None
+    if by == "char" or engine.alphabet.kind == "words":
+        spans = [(i, i + 1) for i in range(len(ids))]
+        kappa = kappa_ref(p, ids, h)
+    else:
+        spans = word_spans(ids, text, engine.alphabet)
+        kappa = segment_kappa_ref(p, ids, spans, h)
+    logits = H @ p.W_ro.T + p.b_ro
+    err = float(np.abs(p.b_ro + kappa.sum(axis=1) - logits).max())
+    if err > tol * max(1.0, float(np.abs(logits).max())):
+        raise AttributionCheckError(f"b_ro + sum kappa differs from the logits by {err:.3g}")
+    if engine.alphabet.kind == "chars":
+        sources = ["<h0>"] + [text[i:j] for i, j in spans]
+    else:
+        sources = ["<h0>"] + [engine.alphabet.decode(ids[i:j]) for i, j in spans]
+    return Attribution(text, by, sources, [(0, 0)] + spans, kappa, logits, p.b_ro.copy(), err, engine.alphabet,
+                       prep.report, prep.offsets, ids)
+
+
+def check_divergence(engine, max_chars: int = 2000, beam: int = 16, search_chars: int = 200) -> dict:
+    """Whether any input can make this model's state diverge (``isan model check``).
+
+    Returns :func:`isan.engine.divergence.repeat_divergence`'s report (every repeated letter
+    and pair decided by its spectral radius, with the characters until the state leaves the
+    range) plus ``"certificate"`` (:func:`isan.engine.certificate.check_certificate`, recomputed
+    from the bundle's files; None without one) and ``"adversarial"``
+    (:func:`isan.engine.divergence.adversarial_search`: the worst text a beam search finds).
+    """
+    from isan.engine.certificate import check_certificate
+    from isan.engine.divergence import adversarial_search, repeat_divergence
+
+    p, labels = engine.input_params, engine.alphabet.input_labels
+    out = repeat_divergence(p, labels, max_chars=max_chars)
+    out["certificate"] = check_certificate(engine.source, engine.manifest, p.W, p.b, p.h0) if engine.source else None
+    out["adversarial"] = adversarial_search(p, labels, beam=beam, chars=search_chars)
+    return out
+
+
+def sample(engine, prompt: str = "", n: int = 200, temperature: float = 1.0, top_k: int | None = None,
+           seed: int | None = None, state=None, normalize: str | None = "auto") -> Sample:
+    """Generate ``n`` characters after ``prompt`` (normalised as ``normalize`` says).
+    Deterministic for a given seed.
+
+    Args:
+        temperature: >= 0; logits are divided by it; below 0.01 (0 included) greedy (:func:`isan.engine.sampling.greedy`).
+        top_k: sample only among the k most likely characters (None: all).
+    Raises:
+        StateDivergedError: the prompt or the generated text drives the state out of range.
+    """
+    from isan.engine.sampling import check_sampling_args, sample_ids
+
+    check_sampling_args(n, temperature, top_k, len(engine.alphabet))
+    state = engine._state(state)
+    prep = engine.prepare(prompt, normalize, "error", None, state)
+    if len(prep.ids):
+        try:
+            state = State(engine._advance_ids(prep.ids, state.h), state.chars, state.bits, prep.last_symbol)
+        except StateDivergedError as e:
+            raise in_input_terms(e, prep, engine.alphabet.symbols) from None
+    p = engine.params
+    symbols = engine.alphabet.symbols
+    drawn: list[int] = []
+
+    def step(h, x):
+        drawn.append(x)
+        h = p.W[x] @ h + p.b[x]
+        if not np.abs(h).max() <= MAX_STATE_ABS:
+            raise StateDivergedError(
+                f"the model's state diverges at generated character {len(drawn) - 1} ({symbols[x]!r}, sampling; "
+                f"state overflow (|h| > {MAX_STATE_ABS:g})); the generated text repeats a letter or pair whose "
+                "repeats diverge (`isan model check` lists them): lower the temperature or use top_k",
+                offset=len(drawn) - 1, cause=f"state overflow (|h| > {MAX_STATE_ABS:g})")
+        return h
+
+    ids, bits = sample_ids(lambda h: p.W_ro @ h + p.b_ro, step, state.h.copy(), n, temperature, top_k, seed)
+    return Sample(prompt, engine.alphabet.decode(ids), bits, seed, temperature, top_k, prep.text, prep.report)
