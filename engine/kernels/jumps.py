@@ -50,6 +50,7 @@ from typing import Sequence
 import numpy as np
 
 from isan.engine.guard import MAX_STATE_ABS
+from isan.engine.kernels.twin import native_or_twin
 from isan.engine.kernels.streams import LOG2E, SCHED_FRAC, StreamModel, StreamsResult, _check, _check_frac, pack_panels
 from isan.params import ISANParams
 
@@ -243,17 +244,9 @@ class JumpTable:
         return cls(stream=stream, keys=tuple(all_keys), M=M, M_panels=M_panels, **arrays)
 
 
-def segment(table: JumpTable, ids: np.ndarray) -> np.ndarray:
-    """The entries of one row's jumps (greedy longest match along the trie), (m,) int64."""
-    from isan.engine.kernels import native
-
-    nat = native()
+def segment_ref(table: JumpTable, ids: np.ndarray) -> np.ndarray:
+    """The numpy twin of :func:`segment`."""
     ids = np.ascontiguousarray(ids, dtype=np.int32)
-    if nat is not None:
-        starts = np.empty(len(ids), dtype=np.int64)
-        ents = np.empty(len(ids), dtype=np.int64)
-        n = nat.trie_segment(table.children, table.entry_of, table.K, ids, starts, ents)
-        return ents[:n]
     out, i, N = [], 0, len(ids)
     ch, en = table.children, table.entry_of
     while i < N:
@@ -270,52 +263,14 @@ def segment(table: JumpTable, ids: np.ndarray) -> np.ndarray:
     return np.asarray(out, dtype=np.int64)
 
 
-def run_jumps(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: np.ndarray, H: np.ndarray,
-              bits: np.ndarray | None = None, pairs: bool = False, stop_ratio: float = 0.0,
-              check_every: int = 16, limit: float = MAX_STATE_ABS, threads: int = 1,
-              split: str = "auto", frac: float = SCHED_FRAC) -> StreamsResult:
-    """Advance every row through its characters by composed jumps (compiled; module docstring).
-
-    The signature and results are :func:`~isan.engine.kernels.streams.run_streams`'s (``split`` is
-    accepted for that and ignored: rows are split between threads, each runs its block alone).
-
-    Args:
-        model: the :class:`JumpTable`.
-        ids: (N,) int32 symbol ids; start, length: (P,) int64: row s reads
-            ``ids[start[s] : start[s] + length[s]]``.
-        H: (P, dp) float32 (2P with ``pairs``) state rows, updated in place to the final states.
-        bits: (N,) float64 or None: where the bits of each character are written.
-        pairs, stop_ratio, check_every: the correction mode (checked every ``check_every`` jumps).
-        limit: the largest ``|h_i|`` accepted (checked at jump boundaries).
-        threads: threads sharing the rows.
-        frac: the schedule of :func:`~isan.engine.kernels.streams.run_streams`, by key instead of
-            symbol: rows wait in the queue of the key they take next, and a round takes the
-            queues at least this share of the longest (0: every row every round).
-    Returns:
-        StreamsResult (steps in characters; ``jumps`` the jumps taken).
-    Raises:
-        TypeError, ValueError: arrays of the wrong dtype, shape or range.
-    """
-    from isan.engine.kernels import native
-
-    nat = native()
-    if nat is None:
-        return run_jumps_ref(model, ids, start, length, H, bits, pairs, stop_ratio, check_every, limit, threads, split,
-                             frac)
-    sm = model.stream
-    P = _check(sm, ids, start, length, H, bits, pairs)
-    frac = _check_frac(frac)
-    steps_done = np.zeros(P, dtype=np.int64)
-    residual = np.zeros(P, dtype=np.float32)
-    diverged = np.zeros(P, dtype=np.int64)
-    Hb = H.copy()
-    want = bits is not None
-    out_bits = bits if want else np.zeros(0, dtype=np.float64)
-    total, jumps = nat.run_jumps(model.M_panels, int(model.M_panels.dtype == np.float16), model.m_off, model.klen, model.children, model.entry_of,
-                                 sm.RoT_panels, sm.K, sm.V, sm.Vp, sm.d, sm.dp, ids, start, length, H, Hb, out_bits,
-                                 P, int(pairs), float(stop_ratio), float(limit), int(check_every), steps_done,
-                                 residual, diverged, int(threads), int(want), frac)
-    return StreamsResult(int(total), steps_done, residual, diverged, int(jumps))
+@native_or_twin(segment_ref)
+def segment(nat, table: JumpTable, ids: np.ndarray) -> np.ndarray:
+    """The entries of one row's jumps (greedy longest match along the trie), (m,) int64."""
+    ids = np.ascontiguousarray(ids, dtype=np.int32)
+    starts = np.empty(len(ids), dtype=np.int64)
+    ents = np.empty(len(ids), dtype=np.int64)
+    n = nat.trie_segment(table.children, table.entry_of, table.K, ids, starts, ents)
+    return ents[:n]
 
 
 def run_jumps_ref(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: np.ndarray, H: np.ndarray,
@@ -425,3 +380,46 @@ def run_jumps_ref(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: 
     bad = (diverged < 0) & ~(m <= limit)
     diverged[bad] = steps_done[bad]
     return StreamsResult(total, steps_done, residual, diverged, n_jumps)
+
+
+@native_or_twin(run_jumps_ref)
+def run_jumps(nat, model: JumpTable, ids: np.ndarray, start: np.ndarray, length: np.ndarray,
+              H: np.ndarray, bits: np.ndarray | None = None, pairs: bool = False, stop_ratio: float = 0.0,
+              check_every: int = 16, limit: float = MAX_STATE_ABS, threads: int = 1,
+              split: str = "auto", frac: float = SCHED_FRAC) -> StreamsResult:
+    """Advance every row through its characters by composed jumps (compiled; module docstring).
+
+    The signature and results are :func:`~isan.engine.kernels.streams.run_streams`'s (``split`` is
+    accepted for that and ignored: rows are split between threads, each runs its block alone).
+
+    Args:
+        model: the :class:`JumpTable`.
+        ids: (N,) int32 symbol ids; start, length: (P,) int64: row s reads
+            ``ids[start[s] : start[s] + length[s]]``.
+        H: (P, dp) float32 (2P with ``pairs``) state rows, updated in place to the final states.
+        bits: (N,) float64 or None: where the bits of each character are written.
+        pairs, stop_ratio, check_every: the correction mode (checked every ``check_every`` jumps).
+        limit: the largest ``|h_i|`` accepted (checked at jump boundaries).
+        threads: threads sharing the rows.
+        frac: the schedule of :func:`~isan.engine.kernels.streams.run_streams`, by key instead of
+            symbol: rows wait in the queue of the key they take next, and a round takes the
+            queues at least this share of the longest (0: every row every round).
+    Returns:
+        StreamsResult (steps in characters; ``jumps`` the jumps taken).
+    Raises:
+        TypeError, ValueError: arrays of the wrong dtype, shape or range.
+    """
+    sm = model.stream
+    P = _check(sm, ids, start, length, H, bits, pairs)
+    frac = _check_frac(frac)
+    steps_done = np.zeros(P, dtype=np.int64)
+    residual = np.zeros(P, dtype=np.float32)
+    diverged = np.zeros(P, dtype=np.int64)
+    Hb = H.copy()
+    want = bits is not None
+    out_bits = bits if want else np.zeros(0, dtype=np.float64)
+    total, jumps = nat.run_jumps(model.M_panels, int(model.M_panels.dtype == np.float16), model.m_off, model.klen, model.children, model.entry_of,
+                                 sm.RoT_panels, sm.K, sm.V, sm.Vp, sm.d, sm.dp, ids, start, length, H, Hb, out_bits,
+                                 P, int(pairs), float(stop_ratio), float(limit), int(check_every), steps_done,
+                                 residual, diverged, int(threads), int(want), frac)
+    return StreamsResult(int(total), steps_done, residual, diverged, int(jumps))

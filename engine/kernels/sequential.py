@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from isan.engine.guard import MAX_STATE_ABS
+from isan.engine.kernels.twin import native_or_twin
 
 LOG2E = 1.0 / np.log(2.0)
 
@@ -37,44 +38,6 @@ def _check(Ac, R, offsets, lengths, entries, ids, h):
         raise TypeError("ids must be int32")
     if h.shape != (Ac.shape[1],):
         raise ValueError(f"h must have shape ({Ac.shape[1]},)")
-
-
-def seq_composed(Ac: np.ndarray, R: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, entries: np.ndarray,
-                 ids: np.ndarray, h: np.ndarray, want_bits: bool = True, limit: float = MAX_STATE_ABS,
-                 threads: int = 1) -> tuple[np.ndarray | None, np.ndarray, int]:
-    """Score (or ingest) one stream along its matches (compiled; see the module docstring).
-
-    Args:
-        Ac: (n, d, d + 1) ``[A | c]`` per entry; R: (rows, V, d + 1) stacked prefix readouts;
-            float32 or float16 (both the same).
-        offsets, lengths: (n,) int64: entry e's readouts are ``R[offsets[e] : offsets[e] + lengths[e]]``.
-        entries: (m,) int64 the matches' entries, in order; ids: (N,) int32 the text, N = the sum
-            of the matches' lengths.
-        h: (d,) the state before the text.
-        want_bits: False to ingest only (no readout).
-        limit: the largest ``|h_i|`` accepted after a jump.
-        threads: threads sharing each jump (each computes a slice of every product's rows, so the
-            cores draw on the caches and memory together; one barrier a match).
-    Returns:
-        (bits (N,) float64 or None, the final state (d,) float32, the index of the first match whose
-        resulting state is out of range or whose bits are not finite, or -1). After such a match the
-        stream stops: later bits are not computed.
-    """
-    from isan.engine.kernels import native
-
-    nat = native()
-    if nat is None:
-        return seq_composed_ref(Ac, R, offsets, lengths, entries, ids, h, want_bits, limit, threads)
-    _check(Ac, R, offsets, lengths, entries, ids, h)
-    d, V = Ac.shape[1], R.shape[1]
-    kd = d + 1
-    hb = np.zeros(kd + 16, dtype=np.float32)
-    hb[:d] = h
-    bits = np.empty(len(ids), dtype=np.float64) if want_bits else np.zeros(0, dtype=np.float64)
-    max_len = int(lengths.max()) if len(lengths) else 1
-    bad = nat.seq_composed(Ac, R, int(Ac.dtype == np.float16), offsets, lengths, entries, ids, d, V, max_len, hb,
-                           bits, int(want_bits), float(limit), int(threads))
-    return (bits if want_bits else None), hb[:d].copy(), int(bad)
 
 
 def seq_composed_ref(Ac: np.ndarray, R: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, entries: np.ndarray,
@@ -104,6 +67,40 @@ def seq_composed_ref(Ac: np.ndarray, R: np.ndarray, offsets: np.ndarray, lengths
         if bad >= 0:
             break
     return bits, x[:d].copy(), bad
+
+
+@native_or_twin(seq_composed_ref)
+def seq_composed(nat, Ac: np.ndarray, R: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, entries: np.ndarray,
+                 ids: np.ndarray, h: np.ndarray, want_bits: bool = True, limit: float = MAX_STATE_ABS,
+                 threads: int = 1) -> tuple[np.ndarray | None, np.ndarray, int]:
+    """Score (or ingest) one stream along its matches (compiled; see the module docstring).
+
+    Args:
+        Ac: (n, d, d + 1) ``[A | c]`` per entry; R: (rows, V, d + 1) stacked prefix readouts;
+            float32 or float16 (both the same).
+        offsets, lengths: (n,) int64: entry e's readouts are ``R[offsets[e] : offsets[e] + lengths[e]]``.
+        entries: (m,) int64 the matches' entries, in order; ids: (N,) int32 the text, N = the sum
+            of the matches' lengths.
+        h: (d,) the state before the text.
+        want_bits: False to ingest only (no readout).
+        limit: the largest ``|h_i|`` accepted after a jump.
+        threads: threads sharing each jump (each computes a slice of every product's rows, so the
+            cores draw on the caches and memory together; one barrier a match).
+    Returns:
+        (bits (N,) float64 or None, the final state (d,) float32, the index of the first match whose
+        resulting state is out of range or whose bits are not finite, or -1). After such a match the
+        stream stops: later bits are not computed.
+    """
+    _check(Ac, R, offsets, lengths, entries, ids, h)
+    d, V = Ac.shape[1], R.shape[1]
+    kd = d + 1
+    hb = np.zeros(kd + 16, dtype=np.float32)
+    hb[:d] = h
+    bits = np.empty(len(ids), dtype=np.float64) if want_bits else np.zeros(0, dtype=np.float64)
+    max_len = int(lengths.max()) if len(lengths) else 1
+    bad = nat.seq_composed(Ac, R, int(Ac.dtype == np.float16), offsets, lengths, entries, ids, d, V, max_len, hb,
+                           bits, int(want_bits), float(limit), int(threads))
+    return (bits if want_bits else None), hb[:d].copy(), int(bad)
 
 
 class ThreadChooser:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from isan.engine.guard import MAX_STATE_ABS
+from isan.engine.kernels.twin import native_or_twin
 from isan.params import ISANParams
 
 LOG2E = 1.0 / np.log(2.0)
@@ -169,56 +170,6 @@ def _check_frac(frac: float) -> float:
     return frac
 
 
-def run_streams(model: StreamModel, ids: np.ndarray, start: np.ndarray, length: np.ndarray, H: np.ndarray,
-                bits: np.ndarray | None = None, pairs: bool = False, stop_ratio: float = 0.0,
-                check_every: int = 16, limit: float = MAX_STATE_ABS, threads: int = 1,
-                split: str = "auto", frac: float = SCHED_FRAC) -> StreamsResult:
-    """Advance every row through its characters (compiled; see the module docstring).
-
-    Args:
-        model: the weights (:meth:`StreamModel.from_params`).
-        ids: (N,) int32 symbol ids; start, length: (P,) int64: row s reads
-            ``ids[start[s] : start[s] + length[s]]``.
-        H: (P, dp) float32 (2P with ``pairs``) state rows, updated in place to the final states.
-        bits: (N,) float64 or None: where the bits of each character are written.
-        pairs, stop_ratio, check_every: the correction mode (see the module docstring).
-        limit: the largest ``|h_i|`` accepted.
-        threads: threads sharing the work.
-        split: ``"cols"`` (every thread computes a slice of the columns of every symbol group, one
-            barrier a round), ``"rows"`` (each thread runs its own block of rows alone) or
-            ``"auto"`` (rows: see the note above ``run_streams``).
-        frac: split by rows, a round steps the symbol queues at least this share of the longest,
-            in [0, 1] (0: every row every round; split by columns always so). Results do not
-            depend on it.
-    Returns:
-        StreamsResult.
-    Raises:
-        TypeError, ValueError: arrays of the wrong dtype, shape or range.
-    """
-    from isan.engine.kernels import native
-
-    nat = native()
-    if nat is None:
-        return run_streams_ref(model, ids, start, length, H, bits, pairs, stop_ratio, check_every, limit, threads, split,
-                               frac)
-    P = _check(model, ids, start, length, H, bits, pairs)
-    frac = _check_frac(frac)
-    if split == "auto":
-        split = "rows"
-    if split not in ("cols", "rows"):
-        raise ValueError(f"split must be 'cols', 'rows' or 'auto'; got {split!r}")
-    steps_done = np.zeros(P, dtype=np.int64)
-    residual = np.zeros(P, dtype=np.float32)
-    diverged = np.zeros(P, dtype=np.int64)
-    Hb = H.copy()  # the homogeneous coordinate and the padding: the kernel computes only the first d columns
-    want = bits is not None
-    out_bits = bits if want else np.zeros(0, dtype=np.float64)
-    total = nat.run_streams(model.WT_panels, model.RoT_panels, model.K, model.V, model.Vp, model.d, model.dp, ids, start, length,
-                            H, Hb, out_bits, P, int(pairs), float(stop_ratio), float(limit), int(check_every),
-                            steps_done, residual, diverged, int(threads), int(want), int(split == "cols"), frac)
-    return StreamsResult(int(total), steps_done, residual, diverged)
-
-
 def run_streams_ref(model: StreamModel, ids: np.ndarray, start: np.ndarray, length: np.ndarray, H: np.ndarray,
                     bits: np.ndarray | None = None, pairs: bool = False, stop_ratio: float = 0.0,
                     check_every: int = 16, limit: float = MAX_STATE_ABS, threads: int = 1,
@@ -286,3 +237,48 @@ def run_streams_ref(model: StreamModel, ids: np.ndarray, start: np.ndarray, leng
     bad = (diverged < 0) & ~(m <= limit)
     diverged[bad] = steps_done[bad]
     return StreamsResult(total, steps_done, residual, diverged)
+
+
+@native_or_twin(run_streams_ref)
+def run_streams(nat, model: StreamModel, ids: np.ndarray, start: np.ndarray, length: np.ndarray,
+                H: np.ndarray, bits: np.ndarray | None = None, pairs: bool = False, stop_ratio: float = 0.0,
+                check_every: int = 16, limit: float = MAX_STATE_ABS, threads: int = 1,
+                split: str = "auto", frac: float = SCHED_FRAC) -> StreamsResult:
+    """Advance every row through its characters (compiled; see the module docstring).
+
+    Args:
+        model: the weights (:meth:`StreamModel.from_params`).
+        ids: (N,) int32 symbol ids; start, length: (P,) int64: row s reads
+            ``ids[start[s] : start[s] + length[s]]``.
+        H: (P, dp) float32 (2P with ``pairs``) state rows, updated in place to the final states.
+        bits: (N,) float64 or None: where the bits of each character are written.
+        pairs, stop_ratio, check_every: the correction mode (see the module docstring).
+        limit: the largest ``|h_i|`` accepted.
+        threads: threads sharing the work.
+        split: ``"cols"`` (every thread computes a slice of the columns of every symbol group, one
+            barrier a round), ``"rows"`` (each thread runs its own block of rows alone) or
+            ``"auto"`` (rows: see the note above ``run_streams``).
+        frac: split by rows, a round steps the symbol queues at least this share of the longest,
+            in [0, 1] (0: every row every round; split by columns always so). Results do not
+            depend on it.
+    Returns:
+        StreamsResult.
+    Raises:
+        TypeError, ValueError: arrays of the wrong dtype, shape or range.
+    """
+    P = _check(model, ids, start, length, H, bits, pairs)
+    frac = _check_frac(frac)
+    if split == "auto":
+        split = "rows"
+    if split not in ("cols", "rows"):
+        raise ValueError(f"split must be 'cols', 'rows' or 'auto'; got {split!r}")
+    steps_done = np.zeros(P, dtype=np.int64)
+    residual = np.zeros(P, dtype=np.float32)
+    diverged = np.zeros(P, dtype=np.int64)
+    Hb = H.copy()  # the homogeneous coordinate and the padding: the kernel computes only the first d columns
+    want = bits is not None
+    out_bits = bits if want else np.zeros(0, dtype=np.float64)
+    total = nat.run_streams(model.WT_panels, model.RoT_panels, model.K, model.V, model.Vp, model.d, model.dp, ids, start, length,
+                            H, Hb, out_bits, P, int(pairs), float(stop_ratio), float(limit), int(check_every),
+                            steps_done, residual, diverged, int(threads), int(want), int(split == "cols"), frac)
+    return StreamsResult(int(total), steps_done, residual, diverged)
