@@ -36,8 +36,8 @@ static int init_rows(int64_t *steps_done, float *residual, int64_t *diverged, in
 }
 
 /* After a run: a row whose final state is out of range (or not finite) diverged at its last step. */
-static void check_final_rows(const Kernels *K, const float *H, const int64_t *steps_done, int64_t *diverged, int P, int dp,
-                             float limit) {
+static void check_final_rows(const Kernels *K, const float *H, const int64_t *steps_done, int64_t *diverged, int P,
+                             int dp, float limit) {
     for (int s = 0; s < P; s++)
         if (diverged[s] < 0 && !K->row_ok(H + (size_t)s * dp, dp, limit))
             diverged[s] = steps_done[s];

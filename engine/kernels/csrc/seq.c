@@ -1,7 +1,6 @@
 /* seq_composed: one stream through a trie table (jobs.h, native.h). */
 #include "jobs.h"
 
-
 void seq_set_nt(void *arg, int nt) {
     SeqJob *J = (SeqJob *)arg;
     J->nt = nt;
