@@ -173,8 +173,7 @@ class Engine:
 
     @property
     def backend(self) -> str:
-        """Deprecated alias of :attr:`runtime` (``"numpy"`` or ``"onnx"``), kept for a release;
-        the kernel backend is :attr:`kernels`."""
+        """Deprecated alias of :attr:`runtime` (``"numpy"``), kept for a release; the kernel backend is :attr:`kernels`."""
         warnings.warn("Engine.backend is deprecated: use Engine.runtime (the kernel backend is Engine.kernels)",
                       DeprecationWarning, stacklevel=2)
         return self.runtime
@@ -223,12 +222,11 @@ class Engine:
 
     # ---- basic facts --------------------------------------------------------------------
     @property
-    def _units(self) -> dict:
+    def units(self) -> dict:
+        """The result fields every score carries: ``{"unit", "V"}``."""
         return {"unit": self.alphabet.unit, "V": len(self.alphabet)}
 
-    @property
-    def d(self) -> int:
-        return self.params.d
+    d = property(lambda self: self.params.d, doc="The state's size d.")
 
     @property
     def params_sha256(self) -> str:
@@ -267,7 +265,7 @@ class Engine:
         return prepare(text, self.alphabet, resolve(normalize, self.normalizer), unknown, replacement,
                        context=state.last_symbol if state is not None else "")
 
-    def _state(self, state: State | None) -> State:
+    def check_state(self, state: State | None) -> State:
         """``state`` or the initial state, checked: the right size, finite and in range."""
         if state is None:
             return self.initial_state()
@@ -332,7 +330,7 @@ class Engine:
         new = State(h, state.chars + len(ids), state.bits + total, prep.last_symbol)
         return ScoreResult(len(ids), total, bits if per_char else None, new, prep.report,
                            prep.offsets if per_char else None, prep.text if per_char else None, scoring,
-                           **self._units)
+                           **self.units)
 
     def _path_for(self, n: int, path: str | None) -> str:
         """The path a text of n characters takes: the call's or the engine's, with long texts on
@@ -502,7 +500,7 @@ class Engine:
             out.append(ScoreResult(len(b), total, b if per_char else None,
                                    State(hf.astype(np.float64), s.chars + len(b), s.bits + total, prep.last_symbol),
                                    prep.report, prep.offsets if per_char else None, prep.text if per_char else None,
-                                   scoring, **self._units))
+                                   scoring, **self.units))
         return out
 
     def advance(self, text: str | np.ndarray, state: State | None = None, unknown: str = "error",
@@ -513,18 +511,19 @@ class Engine:
         Raises:
             AlphabetError, StateDivergedError (as :meth:`score`).
         """
-        state = self._state(state)
+        state = self.check_state(state)
         prep = self.prepare(text, normalize, unknown, replacement, state)
         if len(prep.ids) == 0:
             return state
         try:
-            h = self._advance_ids(prep.ids, state.h, path=path, threads=threads)
+            h = self.advance_ids(prep.ids, state.h, path=path, threads=threads)
         except StateDivergedError as e:
             raise in_input_terms(e, prep, self.alphabet.symbols) from None
         return State(h, state.chars, state.bits, prep.last_symbol)
 
-    def _advance_ids(self, ids: np.ndarray, h: np.ndarray, block: int = 4096, path: str | None = None,
-                     threads: int | None = None) -> np.ndarray:
+    def advance_ids(self, ids: np.ndarray, h: np.ndarray, block: int = 4096, path: str | None = None,
+                    threads: int | None = None) -> np.ndarray:
+        """The state (d,) float64 after ids already prepared, from ``h`` (d,); raises StateDivergedError."""
         chosen = self._path_for(len(ids), path)
         if chosen in ("chunked", "jumps", "batched"):
             _, finals, _ = self.score_ids([ids], h[None], want_bits=False, threads=threads,
@@ -540,7 +539,7 @@ class Engine:
     # ---- next-character distribution ----------------------------------------------------
     def logits(self, state: State | None = None) -> np.ndarray:
         """Logits (V,) float64 for the next character: ``W_ro h + b_ro``."""
-        h = self._state(state).h
+        h = self.check_state(state).h
         return self.params.W_ro @ h + self.params.b_ro
 
     def distribution(self, state: State | None = None, temperature: float = 1.0) -> np.ndarray:

@@ -78,7 +78,7 @@ def attribute(engine, text: str, by: str = "char", state=None, unknown: str = "e
     """
     if by not in ("char", "word"):
         raise IsanError(f"by must be 'char' or 'word'; got {by!r}")
-    state = engine._state(state)
+    state = engine.check_state(state)
     prep = engine.prepare(text, normalize, unknown, replacement, state)
     ids, text = prep.ids, prep.text
     if len(ids) == 0:
@@ -149,11 +149,11 @@ def sample(engine, prompt: str = "", n: int = 200, temperature: float = 1.0, top
     from isan.engine.sampling import check_sampling_args, sample_ids
 
     check_sampling_args(n, temperature, top_k, len(engine.alphabet))
-    state = engine._state(state)
+    state = engine.check_state(state)
     prep = engine.prepare(prompt, normalize, "error", None, state)
     if len(prep.ids):
         try:
-            state = State(engine._advance_ids(prep.ids, state.h), state.chars, state.bits, prep.last_symbol)
+            state = State(engine.advance_ids(prep.ids, state.h), state.chars, state.bits, prep.last_symbol)
         except StateDivergedError as e:
             raise in_input_terms(e, prep, engine.alphabet.symbols) from None
     p = engine.params

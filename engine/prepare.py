@@ -20,14 +20,14 @@ def prepare_one(engine, text, state, normalize, unknown: str, replacement: str |
     chunk that left nothing to score (a chunk of squeezed spaces) in the last place; a text that is
     empty otherwise is an EmptyTextError."""
     streaming = state is not None
-    state = engine._state(state)
+    state = engine.check_state(state)
     prep = engine.prepare(text, normalize, unknown, replacement, state)
     if len(prep.ids):
         return state, prep, None
     if streaming and len(text):
         return state, prep, ScoreResult(0, 0.0, np.zeros(0) if per_char else None, state, prep.report,
                                         np.zeros(0, dtype=np.int64) if per_char else None, "" if per_char else None,
-                                        **engine._units)
+                                        **engine.units)
     raise EmptyTextError("the text is empty (after normalisation and removing unknown characters); "
                          "give at least one character")
 
@@ -36,7 +36,7 @@ def prepare_batch(engine, texts, states, normalize, unknown: str, replacement: s
     """The states and prepared texts of a batch (``score_batch`` of every engine): each text's
     state checked (default: the initial state), each text normalised from its state; an error names
     the text of the batch, and a text left empty is an EmptyTextError."""
-    states = [engine._state(s) for s in states] if states is not None else [engine.initial_state()] * len(texts)
+    states = [engine.check_state(s) for s in states] if states is not None else [engine.initial_state()] * len(texts)
     if len(states) != len(texts):
         raise IsanError(f"got {len(texts)} texts but {len(states)} states")
     preps = []

@@ -365,7 +365,8 @@ class RunnerEngine:
         return self.manifest.get("params_sha256")
 
     @property
-    def _units(self) -> dict:
+    def units(self) -> dict:
+        """The result fields every score carries: ``{"unit", "V"}``."""
         return {"unit": self.alphabet.unit, "V": len(self.alphabet)}
 
     @property
@@ -400,7 +401,7 @@ class RunnerEngine:
         return prepare(text, self.alphabet, resolve(normalize, self.normalizer), unknown, replacement,
                        context=state.last_symbol if state is not None else "")
 
-    def _state(self, state):
+    def check_state(self, state):
         state = state or self.initial_state()
         if state.h.shape != (self.runner.state_size,):
             raise IsanError(f"this {self.kind} model's state has {self.runner.state_size} values "
@@ -443,7 +444,7 @@ class RunnerEngine:
         return ScoreResult(len(ids), total, bits if per_char else None,
                            State(s, state.chars + len(ids), state.bits + total, prep.last_symbol), prep.report,
                            prep.offsets if per_char else None, prep.text if per_char else None, self._scoring,
-                           **self._units)
+                           **self.units)
 
     def score_batch(self, texts, states=None, per_char: bool = False, unknown: str = "error",
                     replacement: str | None = None, group: str | None = None, normalize: str | None = "auto"):
@@ -464,7 +465,7 @@ class RunnerEngine:
             out.append(ScoreResult(len(b), total, b if per_char else None,
                                    State(sf, s.chars + len(b), s.bits + total, prep.last_symbol), prep.report,
                                    prep.offsets if per_char else None, prep.text if per_char else None,
-                                   self._scoring, **self._units))
+                                   self._scoring, **self.units))
         return out
 
     def advance(self, text, state=None, unknown: str = "error", replacement: str | None = None,
@@ -472,7 +473,7 @@ class RunnerEngine:
         """Ingest text without scoring it; totals are left unchanged."""
         from isan.engine.results import State, in_input_terms
 
-        state = self._state(state)
+        state = self.check_state(state)
         prep = self.prepare(text, normalize, unknown, replacement, state)
         if len(prep.ids) == 0:
             return state
@@ -485,7 +486,7 @@ class RunnerEngine:
 
     def logits(self, state=None) -> np.ndarray:
         """Logits (V,) float64 for the next character."""
-        return np.asarray(self.runner.readout(self._state(state).h), dtype=np.float64)
+        return np.asarray(self.runner.readout(self.check_state(state).h), dtype=np.float64)
 
     def distribution(self, state=None, temperature: float = 1.0) -> np.ndarray:
         if not temperature > 0:
@@ -505,7 +506,7 @@ class RunnerEngine:
         from isan.engine.sampling import check_sampling_args, sample_ids
 
         check_sampling_args(n, temperature, top_k, len(self.alphabet))
-        state = self._state(state)
+        state = self.check_state(state)
         prep = self.prepare(prompt, normalize, "error", None, state)
         if len(prep.ids):
             try:
