@@ -18,7 +18,7 @@ def load_engine(model: str | Path | None = None, path: str = "auto", backend: st
     Args:
         path: ``"auto"`` (ISAN bundles: composed when the bundle has a table, else chunked; other
             models: their runner's own path), ``"composed"`` (long texts and batches chunk-parallel
-            by the kernel :meth:`Engine._batch_plan` chooses), ``"chunked"`` (chunk-parallel
+            by the kernel :meth:`Engine.plan` chooses), ``"chunked"`` (chunk-parallel
             through the compiled per-symbol kernel, ISAN bundles only), ``"jumps"`` (always
             chunk-parallel by composed jumps, ISAN bundles with a table) or ``"reference"``.
         backend: ``"numpy"`` or ``"onnx"`` (onnxruntime over the bundle's ONNX graphs; the

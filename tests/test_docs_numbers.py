@@ -79,3 +79,35 @@ def test_benchmarks_gap_to_the_paper_matches_table1():
     assert len(rows) == 5
     gaps = [float(r[i]) - float(r[i + 1]) for r in rows for i in (1, 3, 5)]
     assert f"{min(gaps):.2f}-{max(gaps):.2f} bpc above the paper's" in text("docs/guide/benchmarks.md")
+
+
+def test_readme_headline_bits_and_speeds_are_the_committed_measurements():
+    """The README's first headline row and its introduction quote bench_results/frontier_epyc.json, a
+    measurement of the default model beside the others in one process (#45 items 5, 7); the engine
+    rows quote engine_epyc.json of the default."""
+    from isan.engine import Engine
+
+    readme = text("README.md")
+    frontier = load("bench_results/frontier_epyc.json")
+    rows = {r["name"]: r for r in frontier["rows"]}
+    default = Engine.default()
+    assert rows["text8-d216-distil"]["params_sha256"] == default.params_sha256, "measured on the default"
+    for name in ("text8-d216-distil", "text8-d216-stable", "text8-d320-stable"):
+        assert f"{rows[name]['test_bpc']:.4f}" in readme, name
+    assert f"{frontier['kenlm']['test_bpc']:.4f}" in readme
+    for name in ("text8-d216-stable", "text8-d320-stable"):  # the speed ratios of the introduction
+        ratio = rows[name]["chars_per_s"] / rows["text8-d216-distil"]["chars_per_s"]
+        assert f"{ratio:.2f} times" in readme, (name, ratio)
+    engine = load("bench_results/engine_epyc.json")
+    assert engine["model"]["params_sha256"] == default.params_sha256
+    by_name = {r["name"]: r["chars_per_s"] for r in engine["rows"]}
+    long_text = next(v for k, v in by_name.items() if k.startswith("long text") and "default path" in k)
+    assert f"{long_text / 1e6:.2f}M chars/s" in readme
+
+
+def test_the_table_budget_measurement_names_the_default_model():
+    """The 16 MB default table budget rests on bench_results/budgets.json: it names the model it measured,
+    and that is the default (#45 item 9)."""
+    from isan.engine import Engine
+
+    assert load("bench_results/budgets.json")["model"]["params_sha256"] == Engine.default().params_sha256

@@ -55,7 +55,7 @@ from isan.engine.kernels.streams import LOG2E, SCHED_FRAC, StreamModel, StreamsR
 from isan.params import ISANParams
 
 #: The rows a thread runs when a long text is cut into chunks for this kernel, and the fewest at
-#: which the engine chooses it over the per-symbol kernel (``Engine._batch_plan``). Queues by key need many rows: with the default table's 97 keys, 2.5M
+#: which the engine chooses it over the per-symbol kernel (``Engine.plan``). Queues by key need many rows: with the default table's 97 keys, 2.5M
 #: characters of text8 in 2,048 chunks (1,024 rows a thread) ran at 2.54M chars/s, 2,441 chunks
 #: 2.62M, the per-symbol kernel 2.38M in the same process; batches of 2,000-character texts, 2
 #: threads: 512 texts 2.01M against 2.15M per symbol, 1,024 texts 2.41M against 2.31M, 4,096 texts
