@@ -117,14 +117,8 @@ def attribute(engine, text: str, by: str = "char", state=None, unknown: str = "e
 
 
 def check_divergence(engine, max_chars: int = 2000, beam: int = 16, search_chars: int = 200) -> dict:
-    """Whether any input can make this model's state diverge (``isan model check``).
-
-    Returns :func:`isan.engine.divergence.repeat_divergence`'s report (every repeated letter
-    and pair decided by its spectral radius, with the characters until the state leaves the
-    range) plus ``"certificate"`` (:func:`isan.engine.certificate.check_certificate`, recomputed
-    from the bundle's files; None without one) and ``"adversarial"``
-    (:func:`isan.engine.divergence.adversarial_search`: the worst text a beam search finds).
-    """
+    """:meth:`isan.engine.Engine.check_divergence` (``isan model check``) for ``engine``; its
+    docstring says what the report holds."""
     from isan.engine.certificate import check_certificate
     from isan.engine.divergence import adversarial_search, repeat_divergence
 

@@ -17,21 +17,10 @@ import pytest
 
 httpx = pytest.importorskip("httpx")
 
-from test_serve_lb import HAPROXY, Cluster, _metric  # noqa: E402
+from test_serve_lb import _metric, cluster  # noqa: E402,F401 (cluster: the fixture, shared)
 
 #: concurrent requests (half on each replica), characters each generates
 CLIENTS, CHARS = 16, 10_000
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    if HAPROXY is None:
-        pytest.skip("haproxy is not installed (apt-get install haproxy; .ci/run installs it)")
-    c = Cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def test_requests_in_flight_on_a_killed_replica_get_an_answer(cluster, default_engine):

@@ -372,7 +372,7 @@ def test_the_benchmarks_server_is_stopped_with_its_workers_and_folder():
 def test_the_benchmarks_server_waits_for_every_worker_within_its_timeout(monkeypatch):
     """ServerProcess is ready once as many workers as --workers says have answered /healthz; when
     they do not within its timeout (here one process, counted as two), a clear error, the server stopped."""
-    import isan.bench.serve as bench_serve
+    import isan.bench.serve_process as bench_serve
 
     monkeypatch.setattr(bench_serve, "_workers_in", lambda args: 2)
     stopped = []

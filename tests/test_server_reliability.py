@@ -153,6 +153,30 @@ def test_a_websocket_upgrade_at_the_connection_cap_opens_a_stream(served):
             s.close()
 
 
+def test_a_word_models_snapshot_ends_on_a_character_and_restores(tmp_path):
+    """A token model's State ends on the last character read (``last_symbol`` 'e' after "the"),
+    which is not one of its symbols: its snapshot restores (the lens rescores word models from
+    snapshots; checking it against the word list refused every one, 422)."""
+    from conftest import random_params
+    from isan.engine import Engine
+    from isan.engine.bundle import write_bundle
+    from isan.tokens import WordAlphabet
+
+    alpha = WordAlphabet.from_text("the cat sat on mat a dog")
+    write_bundle(tmp_path / "w", random_params(K=len(alpha), V=len(alpha), d=8, seed=3).as_dict(), alpha, kind="isan")
+    eng = Engine.load(tmp_path / "w")
+    opts = {"per_char": True, "snapshot": True, "unknown": "skip"}
+    with running(create_app(eng, config=ServeConfig(state_secret=SECRET))) as addr:
+        whole = httpx.post(f"http://{addr}/v1/score", json={"text": "the cat sat the dog"}, timeout=60).json()
+        with connect(f"ws://{addr}/v1/stream") as ws:
+            ws.send(json.dumps({**opts, "text": "the cat sat the"}))
+            first = json.loads(ws.recv(timeout=30))
+            ws.send(json.dumps({**opts, "text": " dog", "restore": first["state"]}))
+            rest = json.loads(ws.recv(timeout=30))
+    assert rest.get("restored") is True, rest
+    assert rest["total_bits"] == pytest.approx(whole["bits"], rel=1e-9)
+
+
 # ---- 18: two Host headers ---------------------------------------------------------------------------------
 def test_two_host_headers_are_400(served):
     """RFC 9112, section 3.2: a request with more than one Host header is 400 (each a name the

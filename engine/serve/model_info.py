@@ -22,6 +22,9 @@ class ModelInfo:
     describe: dict
     #: the name of the normaliser ``"normalize": "auto"`` uses (None: not known)
     normalizer: str | None = None
+    #: whether the symbols are the text's characters (a State's ``last_symbol``, the last character
+    #: read, is then one of them; pairs, words and bytes models read other units)
+    reads_chars: bool = False
 
     @property
     def raw_normalize(self) -> tuple[str, ...]:
@@ -35,7 +38,7 @@ class ModelInfo:
             sha = hashlib.sha256(json.dumps(engine.describe(), sort_keys=True, default=str).encode()).hexdigest()
         norm = getattr(getattr(engine, "normalizer", None), "name", None)
         return cls(tuple(engine.alphabet.symbols), len(engine.initial_state().h), sha, public_describe(engine.describe()),
-                   norm if isinstance(norm, str) else None)
+                   norm if isinstance(norm, str) else None, getattr(engine.alphabet, "kind", None) == "chars")
 
     @classmethod
     def of_manifest(cls, manifest: dict, source: str | None) -> "ModelInfo":
@@ -51,7 +54,7 @@ class ModelInfo:
         decl = manifest.get("normalizer", {"name": "none"})
         norm = decl.get("name") if isinstance(decl, dict) else None
         return cls(symbols, d, manifest.get("params_sha256") or "", public_describe(desc),
-                   norm if isinstance(norm, str) else None)
+                   norm if isinstance(norm, str) else None, getattr(alphabet, "kind", None) == "chars")
 
 
 def public_describe(desc: dict) -> dict:

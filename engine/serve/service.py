@@ -134,7 +134,8 @@ class Service:
     def restore(self, token: str):
         """The State in ``token``; raises RequestError (400, 403, 409 or 422 as the snapshot module says)."""
         try:
-            return decode_state(token, self.params_sha256, self.secret, self.state_size, self.state_limit, self.symbols)
+            chars = self.symbols if self.info.reads_chars else None  # tokens' states end on a character too
+            return decode_state(token, self.params_sha256, self.secret, self.state_size, self.state_limit, chars)
         except IsanError as e:
             raise from_isan(e) from None
 

@@ -111,8 +111,9 @@ def decode_state(token, params_sha256: str, secret: bytes, state_size: int, max_
         secret: the server's key; a token not signed with it is refused (403).
         state_size: the length of the model's state vector.
         max_abs: the largest ``|h_i|`` accepted (:data:`isan.engine.guard.MAX_STATE_ABS`).
-        symbols: the model's alphabet: the last symbol must be one of them, or empty (the
-            initial state); None: any single character.
+        symbols: a character model's alphabet: the last symbol (the last character read) must be
+            one of them, or empty (the initial state); None (pairs, words, bytes: their states
+            end on any character of the text): any single character.
     Raises:
         SnapshotError: with ``status`` 400 (not a snapshot, another version), 403 (changed, or
             signed with another secret), 409 (another model: its hash, or the length of its
