@@ -64,18 +64,9 @@ def advance_ref(engine, ids: np.ndarray, h: np.ndarray, block: int = 4096) -> np
 
 def attribute(engine, text: str, by: str = "char", state=None, unknown: str = "error", replacement: str | None = None,
               tol: float = 1e-6, normalize: str | None = "auto") -> Attribution:
-    """Exact attribution of each logit to the initial state and to each character or word.
-
-    ``kappa[t, s] = W_ro (W[x_t] ... W[x_{s+1}]) b[x_s]`` with ``b[x_0] := h`` (paper eqs. 4-6).
-    Word sources (``by="word"``) are maximal runs of non-space or of space characters;
-    their kappa comes from the composed bias of the word carried forward (section 3.4).
-
-    Raises:
-        AttributionCheckError: ``b_ro + sum_s kappa[t, s]`` differs from the logits by more
-            than ``tol * max(1, max |logits|)`` (never expected; it guards the promise).
-        TextTooLongError: more than MAX_ATTRIBUTION_CHARS characters (memory is O(T^2 V)).
-        StateDivergedError: the state leaves its range inside the text.
-    """
+    """:meth:`isan.engine.Engine.attribute` for ``engine``, in float64: ``kappa[t, s] = W_ro (W[x_t] ...
+    W[x_{s+1}]) b[x_s]`` with ``b[x_0] := h`` (paper eqs. 4-6); the Engine's docstring gives the
+    sources, the check and the errors raised."""
     if by not in ("char", "word"):
         raise IsanError(f"by must be 'char' or 'word'; got {by!r}")
     state = engine.check_state(state)
