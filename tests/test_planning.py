@@ -52,3 +52,20 @@ def test_engine_backend_is_a_deprecated_alias_of_runtime(default_engine):
     with pytest.warns(DeprecationWarning, match="Engine.runtime"):
         assert default_engine.backend == "numpy"
     assert default_engine.describe()["backend"] == "numpy"
+
+
+def test_every_cpu_runner_declares_the_dtype_of_its_state_rows():
+    """The Runner protocol holds ``state_dtype`` (#46 item 2): the CPU kernels and their twins declare
+    float32 and chunk-parallel scoring reads it; a callable that declares none is not a Runner."""
+    from isan.engine.kernels.chunked import Runner
+
+    for name in ("native", "numpy"):
+        b = get_backend(name)
+        for runner in (b.streams, b.jumps):
+            assert isinstance(runner, Runner) and runner.state_dtype == np.float32, (name, runner)
+
+    def undeclared(model, ids, start, length, H, bits=None, pairs=False, stop_ratio=0.0, check_every=16,
+                   limit=1e4, threads=1):
+        raise AssertionError("never called")
+
+    assert not isinstance(undeclared, Runner)

@@ -139,7 +139,13 @@ class Runner(Protocol):
     :class:`~isan.engine.kernels.streams.StreamModel` (one character a step) or a
     :class:`~isan.engine.kernels.jumps.JumpTable` (composed jumps). A runner may take more
     keywords; these are the ones chunk-parallel scoring passes.
+
+    Attributes:
+        state_dtype: the dtype of the state rows ``H`` it advances (the CPU kernels and their twins:
+            float32; the torch runner: its dtype, float32 or float64).
     """
+
+    state_dtype: np.dtype
 
     def __call__(self, model, ids: np.ndarray, start: np.ndarray, length: np.ndarray, H: np.ndarray,
                  bits: np.ndarray | None = None, pairs: bool = False, stop_ratio: float = 0.0,
@@ -215,7 +221,7 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
     g = np.asarray(guess if guess is not None else h_init[0], dtype=np.float64).reshape(d)
     bits = np.empty(len(ids), dtype=np.float64) if want_bits else None
     report = ChunkedReport(chunks=C, chars=len(ids), rtol=rtol, margin=margin, path=path)
-    sdt = np.dtype(getattr(runner, "state_dtype", np.float32))  # the dtype of the state rows
+    sdt = np.dtype(runner.state_dtype)  # the dtype of the state rows
     stop = rtol / margin
 
     # 1. guess pass

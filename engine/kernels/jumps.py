@@ -423,3 +423,8 @@ def run_jumps(nat, model: JumpTable, ids: np.ndarray, start: np.ndarray, length:
                                  P, int(pairs), float(stop_ratio), float(limit), int(check_every), steps_done,
                                  residual, diverged, int(threads), int(want), frac)
     return StreamsResult(int(total), steps_done, residual, diverged, int(jumps))
+
+
+# the Runner contract (isan.engine.kernels.chunked.Runner): the state rows these advance are float32
+run_jumps_ref.state_dtype = np.dtype(np.float32)
+run_jumps.state_dtype = np.dtype(np.float32)

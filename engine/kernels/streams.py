@@ -282,3 +282,8 @@ def run_streams(nat, model: StreamModel, ids: np.ndarray, start: np.ndarray, len
                             H, Hb, out_bits, P, int(pairs), float(stop_ratio), float(limit), int(check_every),
                             steps_done, residual, diverged, int(threads), int(want), int(split == "cols"), frac)
     return StreamsResult(int(total), steps_done, residual, diverged)
+
+
+# the Runner contract (isan.engine.kernels.chunked.Runner): the state rows these advance are float32
+run_streams_ref.state_dtype = np.dtype(np.float32)
+run_streams.state_dtype = np.dtype(np.float32)
