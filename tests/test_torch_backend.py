@@ -248,7 +248,10 @@ def test_a_failing_call_then_good_calls(model, default_engine, test_ids):
 def test_backend_registry_and_its_errors(monkeypatch):
     assert get_backend().name == "native" and get_backend(device="cpu", dtype="float64").name == "torch"
     b = get_backend("torch", "cpu", "float64")
-    assert b.describe() == {"backend": "torch", "device": "cpu", "dtype": "float64"} and b.jumps is None
+    d = b.describe()
+    assert {k: d[k] for k in ("backend", "device", "dtype", "step")} == {"backend": "torch", "device": "cpu",
+                                                                       "dtype": "float64", "step": "mm"}
+    assert d["step_reason"] == b.streams.step_reason and d["step_reason"] and b.jumps is None
     with pytest.raises(IsanError, match="computes in float32"):
         get_backend("native", "cpu", "float64")
     if CUDA:

@@ -242,16 +242,14 @@ class TorchBackend:
         return Float64Fallback(params)
 
     def describe(self) -> dict:
-        """``{"backend", "device", "dtype"}`` plus, on CUDA, ``"device_name"``, and ``"step"`` where
-        it runs its fused Triton step: what ran."""
+        """``{"backend", "device", "dtype", "step", "step_reason"}`` (which step runs, the fused Triton
+        step or one product a symbol, and why: never a silent choice) plus, on CUDA, ``"device_name"``,
+        and ``"precision"`` where not IEEE: what ran."""
         out = {"backend": self.name, "device": self.device, "dtype": self.dtype}
         if self.device.startswith("cuda"):
             torch = _torch()
             out["device_name"] = torch.cuda.get_device_name(torch.device(self.device))
-        if getattr(self.streams, "step", None) != "mm":
-            out["step"] = self.streams.step  # the fused Triton step (TorchStreams)
-            if self.streams.precision != "ieee":
-                out["precision"] = self.streams.precision
+        out.update(self.streams.describe())  # TorchStreams: its step, why, and its precision
         return out
 
 
