@@ -35,7 +35,8 @@ def owner_tag() -> str:
     return f"{os.getpid()}@{_host()}"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this number runs on this host (one we may not signal counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -49,7 +50,7 @@ def _is_stale(entry: Path, kind: str, name: str, max_age: float) -> bool:
     m = re.fullmatch(rf"\.{re.escape(name)}\.{kind}-(\d+)@([A-Za-z0-9_.]+)-.+", entry.name)
     if m and m.group(2) == _host():
         pid = int(m.group(1))
-        return pid != os.getpid() and not _pid_alive(pid)
+        return pid != os.getpid() and not pid_alive(pid)
     try:
         age = time.time() - entry.lstat().st_mtime
     except FileNotFoundError:

@@ -25,6 +25,8 @@ import threading
 import time
 from pathlib import Path
 
+from isan.atomic import pid_alive
+
 log = logging.getLogger("uvicorn.error")
 
 #: ``PR_SET_PDEATHSIG`` of ``<linux/prctl.h>``
@@ -40,16 +42,6 @@ def run_dir_prefix() -> str:
     return f"isan-serve-{os.getpid()}-"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process of that number
-        return True
-    return True
-
-
 def remove_stale_run_dirs(folder: str | None = None) -> list[str]:
     """Remove the run folders in ``folder`` (default: the temporary folder) whose owner process has
     ended; folders of running servers, and any other folder, are left alone.
@@ -60,7 +52,7 @@ def remove_stale_run_dirs(folder: str | None = None) -> list[str]:
     removed = []
     for d in Path(folder or tempfile.gettempdir()).glob("isan-serve-*"):
         m = _RUN_DIR.fullmatch(d.name)
-        if m is None or not d.is_dir() or _alive(int(m[1])):
+        if m is None or not d.is_dir() or pid_alive(int(m[1])):
             continue
         shutil.rmtree(d, ignore_errors=True)
         if not d.exists():
