@@ -122,15 +122,8 @@ def check_divergence(engine, max_chars: int = 2000, beam: int = 16, search_chars
 
 def sample(engine, prompt: str = "", n: int = 200, temperature: float = 1.0, top_k: int | None = None,
            seed: int | None = None, state=None, normalize: str | None = "auto") -> Sample:
-    """Generate ``n`` characters after ``prompt`` (normalised as ``normalize`` says).
-    Deterministic for a given seed.
-
-    Args:
-        temperature: >= 0; logits are divided by it; below 0.01 (0 included) greedy (:func:`isan.engine.sampling.greedy`).
-        top_k: sample only among the k most likely characters (None: all).
-    Raises:
-        StateDivergedError: the prompt or the generated text drives the state out of range.
-    """
+    """:meth:`isan.engine.Engine.sample` for ``engine``, in float64; the Engine's docstring gives
+    the arguments and the errors raised."""
     from isan.engine.sampling import check_sampling_args, sample_ids
 
     check_sampling_args(n, temperature, top_k, len(engine.alphabet))
