@@ -133,21 +133,31 @@ class Backend(Protocol):
 
 
 @dataclass(frozen=True)
-class CpuBackend:
-    """The CPU's kernels: the compiled C kernels (``native``) or their numpy twins (``numpy``),
-    in float32; a per-symbol runner and a composed-jumps runner (:class:`Backend`)."""
+class _Kernels:
+    """What every backend holds (:class:`Backend`): its name, device, dtype and runners."""
 
     name: str
     device: str
     dtype: str
     streams: "Runner" = field(repr=False)
     jumps: "Runner | None" = field(default=None, repr=False)
-    runs_tables: bool = True
-    one_process: bool = False
 
     @property
     def on_cpu(self) -> bool:
         return self.device == "cpu"
+
+    def describe(self) -> dict:
+        """``{"backend", "device", "dtype"}``: what ran."""
+        return {"backend": self.name, "device": self.device, "dtype": self.dtype}
+
+
+@dataclass(frozen=True)
+class CpuBackend(_Kernels):
+    """The CPU's kernels: the compiled C kernels (``native``) or their numpy twins (``numpy``),
+    in float32; a per-symbol runner and a composed-jumps runner (:class:`Backend`)."""
+
+    runs_tables: bool = True
+    one_process: bool = False
 
     @property
     def reports_where(self) -> bool:
@@ -195,28 +205,15 @@ class CpuBackend:
 
         return ProvenForgetting(forget_bound_chars) if forget_bound_chars is not None else Float64Fallback(params)
 
-    def describe(self) -> dict:
-        """``{"backend", "device", "dtype"}``: what ran."""
-        return {"backend": self.name, "device": self.device, "dtype": self.dtype}
-
 
 @dataclass(frozen=True)
-class TorchBackend:
+class TorchBackend(_Kernels):
     """The torch backend (any torch device; float32 or float64): one per-symbol runner,
     :class:`~isan.engine.kernels.torch.TorchStreams`, for every text and batch (:class:`Backend`)."""
 
-    name: str
-    device: str
-    dtype: str
-    streams: "Runner" = field(repr=False)
-    jumps: "Runner | None" = field(default=None, repr=False)
     runs_tables: bool = False
     one_process: bool = True
     reports_where: bool = True
-
-    @property
-    def on_cpu(self) -> bool:
-        return self.device == "cpu"
 
     @property
     def rounding(self) -> str | None:
@@ -245,7 +242,7 @@ class TorchBackend:
         """``{"backend", "device", "dtype", "step", "step_reason"}`` (which step runs, the fused Triton
         step or one product a symbol, and why: never a silent choice) plus, on CUDA, ``"device_name"``,
         and ``"precision"`` where not IEEE: what ran."""
-        out = {"backend": self.name, "device": self.device, "dtype": self.dtype}
+        out = super().describe()
         if self.device.startswith("cuda"):
             torch = _torch()
             out["device_name"] = torch.cuda.get_device_name(torch.device(self.device))
