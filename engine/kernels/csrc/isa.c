@@ -9,13 +9,7 @@
 #define NVM 2
 #define HAVE_F16C 0
 #define KERNEL_NAME "generic"
-#include "kern_impl.h"
-#undef SFX
-#undef VL
-#undef MR
-#undef NVM
-#undef HAVE_F16C
-#undef KERNEL_NAME
+#include "kern_impl.h"  /* it undefines its parameters at its end */
 
 #if ISAN_X86
 #pragma GCC push_options
@@ -26,13 +20,7 @@
 #define NVM 4
 #define HAVE_F16C 1
 #define KERNEL_NAME "avx2"
-#include "kern_impl.h"
-#undef SFX
-#undef VL
-#undef MR
-#undef NVM
-#undef HAVE_F16C
-#undef KERNEL_NAME
+#include "kern_impl.h"  /* it undefines its parameters at its end */
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -47,13 +35,7 @@
 #define NVM 2
 #define HAVE_F16C 1
 #define KERNEL_NAME "avx512"
-#include "kern_impl.h"
-#undef SFX
-#undef VL
-#undef MR
-#undef NVM
-#undef HAVE_F16C
-#undef KERNEL_NAME
+#include "kern_impl.h"  /* it undefines its parameters at its end */
 #pragma GCC pop_options
 #endif
 

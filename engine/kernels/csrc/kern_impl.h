@@ -6,7 +6,8 @@
  *   MR         rows per register tile of the grouped GEMM
  *   NVM        vectors per register tile (columns = NVM * VL)
  *   HAVE_F16C  1 if the variant may use the F16C conversion instructions
- * and wrap the inclusion in `#pragma GCC target(...)` for the instruction set.
+ * and KERNEL_NAME (the variant's name), and wrap the inclusion in `#pragma GCC target(...)` for the
+ * instruction set. The end of this file undefines them all.
  *
  * Everything here is plain C with GCC vector extensions; the compiler emits the variant's
  * instructions. Shapes and meaning are documented in native.h and in the numpy twins
@@ -342,3 +343,11 @@ static const Kernels SFX(kernels) = {
     .matvec_f32 = SFX(matvec_f32), .matvec_f16 = SFX(matvec_f16),
     .row_ok = SFX(row_ok), .row_absmax = SFX(row_absmax), .fma_loop = SFX(fma_loop),
 };
+
+/* the parameters of this instantiation: the next one defines its own */
+#undef SFX
+#undef VL
+#undef MR
+#undef NVM
+#undef HAVE_F16C
+#undef KERNEL_NAME
