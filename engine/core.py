@@ -96,7 +96,7 @@ class Engine:
             raise IsanError(f"threads must be >= 1; got {threads}")
         native()  # says once if the compiled kernels are missing
         #: the runtime that scores: ``"numpy"`` (this Engine: numpy and the compiled kernels) or
-        #: ``"onnx"`` (:mod:`isan.engine.runners.onnx`); ``kernels`` is the kernel backend
+        #: ``"onnx"`` (:mod:`isan.engine.baselines.onnx`); ``kernels`` is the kernel backend
         self.runtime = "numpy"
         from isan.engine.kernels.backends import get_backend
 

@@ -1,5 +1,5 @@
 """Loading any bundle: :func:`load_engine` reads its kind and hands it to the engine that runs it
-(:class:`~isan.engine.core.Engine` for ISAN bundles, the runners of :mod:`isan.engine.runners` for
+(:class:`~isan.engine.core.Engine` for ISAN bundles, the runners of :mod:`isan.engine.baselines` for
 the other models, onnxruntime for ``backend="onnx"``)."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def load_engine(model: str | Path | None = None, path: str = "auto", backend: st
     if backend == "onnx":
         if dtype != "float32":
             raise IsanError(f"the onnx backend computes in float32; dtype {dtype!r} needs the numpy backend")
-        from isan.engine.runners.onnx import load_onnx_engine
+        from isan.engine.baselines.onnx import load_onnx_engine
 
         return load_onnx_engine(src, device=device, path_mode=path)
     kind = read_manifest(src, verify="none")["kind"]  # the loader below verifies
@@ -57,29 +57,29 @@ def load_engine(model: str | Path | None = None, path: str = "auto", backend: st
             raise IsanError(f"the {path} path runs ISAN bundles only (this is a {kind!r} bundle); "
                             "use --path auto or reference")
         if kind == "ngram":
-            from isan.engine.runners.ngram import load_ngram_engine
+            from isan.engine.baselines.ngram import load_ngram_engine
 
             return load_ngram_engine(src)
         if kind in ("linear", "linear_nlro", "isan_nobias"):
-            from isan.engine.runners.linear import load_linear_engine
+            from isan.engine.baselines.linear import load_linear_engine
 
             return load_linear_engine(src)
-        from isan.engine.runners.occam import OCCAM_KINDS
-        from isan.engine.runners.reservoir import RESERVOIR_KINDS
+        from isan.engine.baselines.occam import OCCAM_KINDS
+        from isan.engine.baselines.reservoir import RESERVOIR_KINDS
 
         if kind in RESERVOIR_KINDS:  # ESN and NPM baselines (Cernansky et al. 2008)
-            from isan.engine.runners.recurrent import RunnerEngine
-            from isan.engine.runners.reservoir import load_reservoir_bundle
+            from isan.engine.baselines.recurrent import RunnerEngine
+            from isan.engine.baselines.reservoir import load_reservoir_bundle
 
             runner = load_reservoir_bundle(src)
             return RunnerEngine(runner, runner.alphabet, runner.manifest, source=str(src), path="reference")
         if kind in OCCAM_KINDS:  # the Occam-gated LSTM (Raiman and Sidor)
-            from isan.engine.runners.recurrent import RunnerEngine, load_params_bundle
-            from isan.engine.runners.occam import NumpyOccamRunner, OccamParams
+            from isan.engine.baselines.recurrent import RunnerEngine, load_params_bundle
+            from isan.engine.baselines.occam import NumpyOccamRunner, OccamParams
 
             m, p, alphabet = load_params_bundle(src, OCCAM_KINDS, OccamParams)
             return RunnerEngine(NumpyOccamRunner(p), alphabet, m, source=str(src), path="reference")
-        from isan.engine.runners.recurrent import load_baseline_engine
+        from isan.engine.baselines.recurrent import load_baseline_engine
 
         return load_baseline_engine(src)
     return Engine.load(src, path_mode=path, device=device, dtype=dtype)

@@ -2,7 +2,7 @@
 (``score``) or of a batch (``score_batch``), and the word sources of attribution.
 
 ``engine`` below is any engine with ``_state``, ``initial_state``, ``prepare`` and ``_units``
-(:class:`~isan.engine.core.Engine` and :class:`~isan.engine.runners.recurrent.RunnerEngine`).
+(:class:`~isan.engine.core.Engine` and :class:`~isan.engine.baselines.recurrent.RunnerEngine`).
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ def verify_all(bundle: str | Path) -> dict:
         bad = [f"{f}: {r['checked'][f]}" for f in graphs if r["checked"].get(f) != "ok"]
         r["onnx"] = "ok" if not bad else "; ".join(bad)
     elif "onnx" not in m and m["kind"] != "ngram":
-        from isan.engine.runners.onnx_graphs import check_cached_graphs, onnx_cache_path
+        from isan.engine.baselines.onnx_graphs import check_cached_graphs, onnx_cache_path
 
         path = onnx_cache_path(m)
         if (path / "graphs.json").exists():

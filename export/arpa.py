@@ -3,7 +3,7 @@
 An interpolated Kneser-Ney model is a backoff model in disguise (Chen & Goodman 1998): for a
 context h whose extension h w was seen, ``p(w | h)`` is the interpolated probability; otherwise
 ``p(w | h) = gamma(h) p(w | h')``. So the ARPA file lists, for every n-gram g stored by the
-model (:mod:`isan.engine.runners.ngram`), ``log10 p(last | rest)`` and, when g is itself a context one
+model (:mod:`isan.engine.baselines.ngram`), ``log10 p(last | rest)`` and, when g is itself a context one
 order up, its backoff weight ``log10 gamma(g)``. A backoff reader (:func:`arpa_bits`, KenLM)
 then gives the same probabilities as the model, to the 7 decimals written (about 2e-7 bits).
 
@@ -50,7 +50,7 @@ def arpa_words(text: str) -> list[str]:
 
 
 def _decode(codes: np.ndarray, n: int, b: int) -> np.ndarray:
-    """(M, n) ids of n-gram codes (big-endian, see isan.engine.runners.ngram)."""
+    """(M, n) ids of n-gram codes (big-endian, see isan.engine.baselines.ngram)."""
     out = np.empty((len(codes), n), dtype=np.int64)
     mask = np.uint64((1 << b) - 1)
     for j in range(n):
@@ -65,7 +65,7 @@ def arpa_sections(model) -> list[tuple[np.ndarray, np.ndarray, np.ndarray | None
     store (the text's first characters), with the model's own probability, so a backoff reader
     finds each context and gives the model's distribution.
     """
-    from isan.engine.runners.ngram import bits_per_symbol
+    from isan.engine.baselines.ngram import bits_per_symbol
 
     K, N = model.K, model.order
     b = bits_per_symbol(K)
@@ -96,7 +96,7 @@ def arpa_sections(model) -> list[tuple[np.ndarray, np.ndarray, np.ndarray | None
 
 
 def write_arpa(model, alphabet, path: str | Path) -> dict:
-    """Write ``model`` (a :class:`~isan.engine.runners.ngram.KneserNeyModel`) as an ARPA file, atomically.
+    """Write ``model`` (a :class:`~isan.engine.baselines.ngram.KneserNeyModel`) as an ARPA file, atomically.
 
     Returns:
         {"path", "order", "ngrams": [count per order], "bytes"}.

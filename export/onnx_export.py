@@ -2,7 +2,7 @@
 graphs of a baseline torch module.
 
 The graphs themselves (files, inputs and outputs, the logits convention, metadata) are built by
-:mod:`isan.engine.runners.onnx_graphs` from numpy weights, without torch; the engine builds the
+:mod:`isan.engine.baselines.onnx_graphs` from numpy weights, without torch; the engine builds the
 shipped model's graphs into the user cache with the same code. This module writes them into
 bundles (:func:`onnx_hook`, :func:`export_bundle_onnx`) and bridges to torch
 (:func:`export_baseline_onnx`, :func:`baseline_from_bundle`). Both need the ``onnx`` extra
@@ -20,7 +20,7 @@ import numpy as np
 from isan.atomic import write_json_atomic
 from isan.params import load_tensors
 # the graphs are built in the engine's room (engine/ never imports export/); importable from here as before
-from isan.engine.runners.onnx_graphs import (  # noqa: F401
+from isan.engine.baselines.onnx_graphs import (  # noqa: F401
     BASELINE_KINDS, DEFAULT_OPSET, LOGITS_CONVENTION, ONNX_FORMAT, ONNX_FORMAT_VERSION, ONNX_GATE_ORDER, SEQUENCE_FILE,
     STEP_FILE, baseline_onnx_models, cached_graphs, check_cached_graphs, export_baseline_onnx_tensors,
     export_for_manifest, export_isan_onnx, graph_io, isan_onnx_models, onnx_cache_path, state_names)
@@ -88,7 +88,7 @@ def baseline_from_bundle(bundle_dir: str | Path):
     """
     import torch
 
-    from isan.engine.runners.recurrent import load_baseline_bundle
+    from isan.engine.baselines.recurrent import load_baseline_bundle
     from isan.train.baselines import baseline_from_config
 
     bundle_dir = Path(bundle_dir)

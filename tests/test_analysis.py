@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from conftest import random_params
 from isan.cli import main
 from isan.engine.analysis import attribution, basis, decay, parentheses, pca, stack, studies
-from isan.engine.runners.recurrent import BaselineParams, baseline_shapes, baseline_states_ref
+from isan.engine.baselines.recurrent import BaselineParams, baseline_shapes, baseline_states_ref
 from isan.engine.reference import LOG2E, kappa_ref, log_softmax, segment_kappa_ref, states_ref
 from isan.errors import AttributionCheckError, IsanError
 from isan.params import ISANParams

@@ -127,7 +127,7 @@ def test_onnx_provider_selection(monkeypatch):
     provider after it, for the nodes CUDA lacks), the CPU provider for device cpu, an error (never
     a silent CPU run) for cuda where there is none; auto falls back to the CPU provider."""
     ort = pytest.importorskip("onnxruntime")
-    from isan.engine.runners import onnx as onnx_runner
+    from isan.engine.baselines import onnx as onnx_runner
     from isan.errors import BackendUnavailableError, IsanError
 
     cuda, cpu = "CUDAExecutionProvider", "CPUExecutionProvider"

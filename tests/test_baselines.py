@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from isan.errors import BundleFormatError, IsanError
-from isan.engine.runners import ngram
+from isan.engine.baselines import ngram
 from isan.train import ngram as ngram_train
 
 TEXT8 = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "text8_head" / "text8_head.txt"
@@ -151,7 +151,7 @@ def _torch_bits(kind, run, ids):
 
 @needs_torch
 def test_trained_bundle_matches_torch(trained, corpus):
-    from isan.engine.runners.linear import load_linear_engine
+    from isan.engine.baselines.linear import load_linear_engine
 
     kind, run, bundle, p = trained
     log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
@@ -179,7 +179,7 @@ def test_linear_bundle_errors(trained, tmp_path):
     import shutil
 
     from isan.engine.bundle import manifest_sha256
-    from isan.engine.runners.linear import load_linear_engine
+    from isan.engine.baselines.linear import load_linear_engine
 
     kind, run, bundle, _ = trained
     bad = tmp_path / "bad"
@@ -451,3 +451,22 @@ def test_table1_tuning_step(tmp_path):
     assert table1.main(["--tuning", str(root)]) == 0
     with pytest.raises(IsanError, match="train/studies/tune.sh"):
         table1.write_tuning(tmp_path / "missing")
+
+
+def test_the_old_runners_package_is_a_warning_alias_of_baselines():
+    """isan.engine.runners moved to isan.engine.baselines (issue #46); the old names stay for a release, the same
+    module objects, and importing the old package warns."""
+    import importlib
+    import sys
+    import warnings
+
+    from isan.engine.baselines import ngram as new_ngram, recurrent as new_recurrent
+    sys.modules.pop("isan.engine.runners", None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = importlib.import_module("isan.engine.runners.recurrent")
+    assert any(issubclass(w.category, DeprecationWarning) and "isan.engine.baselines" in str(w.message)
+               for w in caught)
+    assert old is new_recurrent and old.BaselineParams is new_recurrent.BaselineParams
+    from isan.engine.runners.ngram import KneserNeyModel
+    assert KneserNeyModel is new_ngram.KneserNeyModel

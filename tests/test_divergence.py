@@ -11,7 +11,7 @@ import pytest
 
 from isan.alphabet import Alphabet
 from isan.engine import Engine, State
-from isan.engine.runners.recurrent import RunnerEngine
+from isan.engine.baselines.recurrent import RunnerEngine
 from isan.engine.bundle import write_bundle
 from isan.engine.guard import MAX_STATE_ABS, first_out_of_range
 from isan.errors import StateDivergedError
@@ -166,7 +166,7 @@ def test_runner_engines_never_return_nan():
 def test_onnx_path_raises(tmp_path):
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnx")
-    from isan.engine.runners.onnx import load_onnx_engine
+    from isan.engine.baselines.onnx import load_onnx_engine
     from isan.export.onnx_export import onnx_hook
 
     b = write_bundle(tmp_path / "div", diverging_params().as_dict(), A8, hook=onnx_hook, normalizer="text8")

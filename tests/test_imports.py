@@ -317,7 +317,7 @@ def test_every_module_imports_alone():
 
 def test_engine_never_imports_train_export_or_torch():
     mods = {name: path for name, path in modules().items() if within(name, "isan.engine")}
-    assert len(mods) > 40 and "isan.engine.runners.onnx" in mods and "isan.engine.serve.app" in mods
+    assert len(mods) > 40 and "isan.engine.baselines.onnx" in mods and "isan.engine.serve.app" in mods
     offenders = {name: sorted(hits) for name, path in mods.items() if (hits := engine_offences(name, imported_names(path, name)))}
     assert not offenders, offenders
     rules = (REPO / "docs" / "ARCHITECTURE.md").read_text().split("## Rules the tests hold")[1]
@@ -343,17 +343,17 @@ def test_the_import_rules_see_every_kind_of_import(tmp_path, monkeypatch):
                  "from . import results\n"
                  "import importlib\nimportlib.import_module('isan.train.models')\n"
                  "from isan import engine, errors\n")
-    names = imported_names(f, "isan.engine.runners.mod")
+    names = imported_names(f, "isan.engine.baselines.mod")
     forbidden = {"isan.export.onnx_export", "isan.export.onnx_export.cached_graphs", "torch.nn", "isan.train",
                  "isan.train.loop", "isan.train.models"}
-    assert engine_offences("isan.engine.runners.mod", names) == forbidden
+    assert engine_offences("isan.engine.baselines.mod", names) == forbidden
     monkeypatch.setitem(ENGINE_ALLOWED, "isan.engine.kernels.torch", {"torch"})
     assert engine_offences("isan.engine.kernels.torch.scan", names) == forbidden - {"torch.nn"}
     assert engine_offences("isan.engine.kernels.streams", names) == forbidden
     monkeypatch.delitem(ENGINE_ALLOWED, "isan.engine.kernels.torch")
     assert engine_offences("isan.engine.kernels.torch.scan", names) == forbidden
-    assert trie_tables_offences(names) == forbidden | {"isan.engine", "isan.engine.runners",
-                                                       "isan.engine.runners.results"}
+    assert trie_tables_offences(names) == forbidden | {"isan.engine", "isan.engine.baselines",
+                                                       "isan.engine.baselines.results"}
     assert trie_tables_offences({"os", "numpy", "marisa_trie", "tqdm.auto", "isan", "isan.errors", "isan.errors.X",
                                  "isan.trie_tables.codes"}) == set()
 

@@ -592,7 +592,7 @@ def test_shipped_model_onnx_graphs_are_cached_and_verified(tmp_path, monkeypatch
     pytest.importorskip("onnx")
     from isan.engine import default_model_path
     from isan.engine.verify import verify_all
-    from isan.engine.runners.onnx import load_onnx_engine
+    from isan.engine.baselines.onnx import load_onnx_engine
 
     monkeypatch.setenv("ISAN_CACHE_DIR", str(tmp_path / "cache"))
     text = text8_valid_head[:1500]

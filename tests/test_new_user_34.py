@@ -251,7 +251,7 @@ def test_onnx_backend_install_hints_name_the_working_command(tmp_path, monkeypat
     """onnxruntime, its CUDA provider or the onnx package missing: each message names the command
     that installs the extra (isan.errors.install_hint), not the 'isan[onnx]' no index has (#34 item 11)."""
     from isan.engine import default_model_path
-    from isan.engine.runners import onnx as onnx_runner
+    from isan.engine.baselines import onnx as onnx_runner
     from isan.errors import install_hint
 
     monkeypatch.setenv("ISAN_CACHE_DIR", str(tmp_path / "cache"))

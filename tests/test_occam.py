@@ -1,5 +1,5 @@
 """The Occam-gated LSTM (isan.train.occam) against a plain implementation and its numpy twin
-(isan.engine.runners.occam); the penalty, its annealing and the registry."""
+(isan.engine.baselines.occam); the penalty, its annealing and the registry."""
 
 import math
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from isan.engine.runners.occam import OccamParams, occam_score_ref, occam_states_ref
+from isan.engine.baselines.occam import OccamParams, occam_score_ref, occam_states_ref
 from isan.train.models import MODELS, build_model
 from isan.train.occam import OCCAM, OccamLSTM, anneal, occam_from_config
 
@@ -160,9 +160,9 @@ def test_registry_budget_and_config_round_trip():
 
 def test_bundle_round_trip_through_the_engine(tmp_path):
     from isan.alphabet import Alphabet
-    from isan.engine.runners.recurrent import load_params_bundle
+    from isan.engine.baselines.recurrent import load_params_bundle
     from isan.engine.bundle import write_bundle
-    from isan.engine.runners.occam import OCCAM_KINDS, NumpyOccamRunner
+    from isan.engine.baselines.occam import OCCAM_KINDS, NumpyOccamRunner
 
     m = OccamLSTM(27, 27, 5, seed=4, gate="second")
     t = m.numpy_params()

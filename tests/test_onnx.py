@@ -19,10 +19,10 @@ ort = pytest.importorskip("onnxruntime")
 torch = pytest.importorskip("torch")
 
 from isan.alphabet import Alphabet  # noqa: E402
-from isan.engine.runners.recurrent import (  # noqa: E402
+from isan.engine.baselines.recurrent import (  # noqa: E402
     BaselineParams, baseline_score_ref, baseline_sha256, load_baseline_bundle, load_baseline_engine)
 from isan.engine.bundle import read_manifest, write_bundle  # noqa: E402
-from isan.engine.runners.onnx import BackendUnavailableError, OnnxRunner, load_onnx_engine  # noqa: E402
+from isan.engine.baselines.onnx import BackendUnavailableError, OnnxRunner, load_onnx_engine  # noqa: E402
 from isan.engine.reference import log_softmax, score_ref  # noqa: E402
 from isan.errors import BundleFormatError, IsanError  # noqa: E402
 from isan.export.onnx_export import (  # noqa: E402

@@ -1,5 +1,5 @@
 """ESN, ESN+, NPM-U, NPM-U+, NPM-T (isan.train.reservoir) and their scorers and bundles
-(isan.engine.runners.reservoir), against plain implementations."""
+(isan.engine.baselines.reservoir), against plain implementations."""
 
 import json
 import math
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from isan.engine.runners.reservoir import (ReservoirParams, load_reservoir_bundle, nearest_context,
+from isan.engine.baselines.reservoir import (ReservoirParams, load_reservoir_bundle, nearest_context,
                                        reservoir_score_ref, write_reservoir_bundle)
 from isan.errors import BundleFormatError
 from isan.train.tasks import elman as EG
@@ -169,7 +169,7 @@ def test_bundle_round_trip_and_integrity(ids, tmp_path):
 def test_runner_protocol(ids):
     tr, te = ids
     cfg, t = R.train_esn(tr, V, 6, seed=0)
-    from isan.engine.runners.reservoir import NumpyReservoirRunner
+    from isan.engine.baselines.reservoir import NumpyReservoirRunner
 
     r = NumpyReservoirRunner(ReservoirParams.from_tensors(cfg, t))
     s0 = r.initial_state()

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from isan.engine.runners.recurrent import baseline_score_ref, load_baseline_bundle
+from isan.engine.baselines.recurrent import baseline_score_ref, load_baseline_bundle
 from isan.train.studies.saturation import gru_slice_stats
 
 GRU = Path(__file__).resolve().parents[1] / "results" / "paper" / "models" / "gru-3.2e5"

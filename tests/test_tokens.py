@@ -232,7 +232,7 @@ def test_onnx_backend_on_a_byte_bundle_equals_numpy(byte_bundle, tmp_path):
 def test_byte_lstm_bundle_reads_inputs_through_the_map(tmp_path, byte_alphabet):
     """A baseline on a byte alphabet: E has K rows; the numpy runner reads output ids through input_map."""
     from isan.engine import load_engine
-    from isan.engine.runners.recurrent import baseline_shapes
+    from isan.engine.baselines.recurrent import baseline_shapes
 
     K, V, d = byte_alphabet.K, 256, 6
     config = {"kind": "gru", "K": K, "V": V, "d": d, "input": "onehot"}
@@ -243,7 +243,7 @@ def test_byte_lstm_bundle_reads_inputs_through_the_map(tmp_path, byte_alphabet):
     r = eng.score("the wörld", per_char=True)
     assert r.chars == len("the wörld".encode()) and r.to_json()["unit"] == "byte"
     # the plain loop: the input term of byte y is row input_map[y] of the K-row input table
-    from isan.engine.runners.recurrent import BaselineParams, baseline_step_ref
+    from isan.engine.baselines.recurrent import BaselineParams, baseline_step_ref
     from isan.engine.reference import log_softmax
 
     p = BaselineParams.from_tensors(config, tensors)

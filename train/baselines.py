@@ -24,7 +24,7 @@ Cells (torch gate order, column vectors; ``a = input term`` of symbol x):
   ``n = tanh(a_n + r * (U_n h + b_hn))``, ``h' = (1 - z) * n + z * h``
 * lstm: ``i, f, g, o`` blocks of ``a + W_hh h``: ``c' = s(f) c + s(i) tanh(g)``, ``h' = s(o) tanh(c')``
 
-The numpy twin is :mod:`isan.engine.runners.recurrent`; ONNX export is in :mod:`isan.export.onnx_export`.
+The numpy twin is :mod:`isan.engine.baselines.recurrent`; ONNX export is in :mod:`isan.export.onnx_export`.
 """
 
 from __future__ import annotations

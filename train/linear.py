@@ -42,7 +42,7 @@ Column-vector convention.
   grows at the start). It runs :func:`isan.train.scan.isan_scan` with a zero bias that is a
   non-persistent buffer: not a parameter, not in the state dict, not exported.
 
-The numpy twin is :mod:`isan.engine.runners.linear`.
+The numpy twin is :mod:`isan.engine.baselines.linear`.
 """
 
 from __future__ import annotations

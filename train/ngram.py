@@ -1,5 +1,5 @@
 """Counting and writing the character n-gram model (``isan train ngram``): the training side of
-:mod:`isan.engine.runners.ngram`, which holds the model, its scoring and its bundle reader (the
+:mod:`isan.engine.baselines.ngram`, which holds the model, its scoring and its bundle reader (the
 module docstring there defines the smoothing, the codes and the bundle layout).
 """
 
@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from isan.engine.runners.ngram import (COUNTS_FILE, DEFAULT_ORDERS, NGRAM_KIND, SMOOTHING, TRAIN_LOG, KneserNeyModel,
+from isan.engine.baselines.ngram import (COUNTS_FILE, DEFAULT_ORDERS, NGRAM_KIND, SMOOTHING, TRAIN_LOG, KneserNeyModel,
                                        _check_ids, bits_per_symbol, max_order, ngram_codes, ngram_sha256)
 from isan.errors import IsanError
 

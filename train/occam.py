@@ -37,7 +37,7 @@ annealing), ``occam_nopenalty`` (first order, lam 0), ``occam2`` (second order, 
 ``occam_strong`` (first order, lam 0.2, linear), all with ``t_max = 1``; and ``occam_sched_flat``,
 ``occam_sched_linear``, ``occam_sched_quadratic`` (first order, lam_max 0.2, ``t_max = 0.5``: the
 three regimens of section 4.4 side by side).
-The numpy twin is :mod:`isan.engine.runners.occam`.
+The numpy twin is :mod:`isan.engine.baselines.occam`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Organization of Untrained Recurrent Networks": ESN, ESN+, NPM-U, NPM-U+ and NPM-
 
 Every model runs ``h_t = tanh(E[x_t] + W_hh h_{t-1})`` from ``h_0 = 0`` (``E = W_in^T``, plus the
 bias for an NPM's network) and predicts ``x_t`` from the state before it; the forward pass and the
-scorers are :mod:`isan.engine.runners.reservoir` (this module only builds and fits the weights).
+scorers are :mod:`isan.engine.baselines.reservoir` (this module only builds and fits the weights).
 
 Two sets of models live here (issue #26):
 
@@ -40,7 +40,7 @@ used to fit); the EKF's constants (P(0), Q, R, the output units: see :func:`trai
 **Ours, kept as named variants** (the study's first Fig. 1, issue #15): every one runs
 ``h_t = tanh(E[x_t] + W_hh h_{t-1})`` from ``h_0 = 0`` (``E = W_in^T``, plus the bias for an NPM's
 network) and predicts ``x_t`` from the state before it; the forward pass and the scorers are
-:mod:`isan.engine.runners.reservoir` (bundles exist for these only).
+:mod:`isan.engine.baselines.reservoir` (bundles exist for these only).
 
 ESN-dense (model key ``esn``; eqs. 2-5 without feedback). ``n`` tanh units; ``W_hh`` dense, uniform in
 (-1, 1), rescaled to spectral radius 0.98; input weights ``W_in`` (n, |A|) uniform in (-1, 1); a linear
@@ -83,7 +83,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from isan.engine.runners.reservoir import ReservoirParams, reservoir_score_ref, reservoir_states_ref  # noqa: F401
+from isan.engine.baselines.reservoir import ReservoirParams, reservoir_score_ref, reservoir_states_ref  # noqa: F401
 # the constants, building blocks and our variants (issue #15) live in reservoir_variants.py; their names import from here too
 from isan.train.reservoir_variants import (  # noqa: F401
     ESN_PLUS_SCALE, ESN_RIDGE, KMEANS_ITERS, NPM_SCALE, NPM_UNITS, O_MIN, SPECTRAL_RADIUS, WASHOUT,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from isan.engine.runners.reservoir import ReservoirParams, reservoir_score_ref, reservoir_states_ref
+from isan.engine.baselines.reservoir import ReservoirParams, reservoir_score_ref, reservoir_states_ref
 
 SPECTRAL_RADIUS = 0.98
 O_MIN = 0.001
@@ -117,7 +117,7 @@ def kmeans(X: np.ndarray, k: int, seed: int, iters: int = KMEANS_ITERS) -> np.nd
     """
     X = np.asarray(X, dtype=np.float64)
     k = max(1, min(k, len(X)))
-    from isan.engine.runners.reservoir import nearest_context
+    from isan.engine.baselines.reservoir import nearest_context
 
     rng = np.random.default_rng(seed)
     # k-means++ seeding on a subsample (at most 20k states: the seeding is O(N k))
@@ -164,7 +164,7 @@ def fit_npm(H_before: np.ndarray, ids: np.ndarray, V: int, M: int, seed: int,
             gamma: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(centroids (M', n), counts (M', V)) of an NPM from the states before each symbol."""
     C = kmeans(H_before, M, seed)
-    from isan.engine.runners.reservoir import nearest_context
+    from isan.engine.baselines.reservoir import nearest_context
 
     a = nearest_context(C, H_before)
     counts = np.zeros((len(C), V))

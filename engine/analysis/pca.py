@@ -74,7 +74,7 @@ def _sigmoid(x):
 
 
 def baseline_step_batch(params, S: np.ndarray, A: np.ndarray) -> np.ndarray:
-    """A step of :func:`isan.engine.runners.recurrent.baseline_step_ref` for many rows: flat states S (B, S)
+    """A step of :func:`isan.engine.baselines.recurrent.baseline_step_ref` for many rows: flat states S (B, S)
     and input terms A (B, G d) -> (B, S). Tested equal to the reference."""
     d, W_hh = params.d, params.tensors["W_hh"]
     h = S[:, :d]
@@ -141,7 +141,7 @@ def isan_states_spectrum(p: ISANParams, ids: np.ndarray, h: np.ndarray | None = 
 
 
 def baseline_states_spectrum(params, ids: np.ndarray, segments: int = 256, warmup: int = 400) -> dict:
-    """:func:`spectrum` of a baseline's states (``isan.engine.runners.recurrent.BaselineParams``; the ``h``
+    """:func:`spectrum` of a baseline's states (``isan.engine.baselines.recurrent.BaselineParams``; the ``h``
     part of the LSTM's state) after each character of ``ids``, from its initial state."""
     table = params.input_table()
     return _segmented_spectrum(ids, params.initial_state(), lambda S, x: baseline_step_batch(params, S, table[x]),

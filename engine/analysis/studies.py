@@ -337,7 +337,7 @@ def study_pca(models: dict, text: str, out_dir=None, segments: int = 256) -> dic
 
     Args:
         models: name -> (kind, params, symbols): kind ``"isan"`` with :class:`ISANParams`, or a
-            baseline kind with :class:`isan.engine.runners.recurrent.BaselineParams`.
+            baseline kind with :class:`isan.engine.baselines.recurrent.BaselineParams`.
     Returns {name: {"kind", "d", "ratio" (first 250), "dims_for", "participation_ratio", "states",
     "warmup_error"}, "figure"}."""
     spectra = {}

@@ -1,13 +1,8 @@
-"""Every model other than the ISAN core that the engine runs, behind one runner interface.
+"""Deprecated: the models other than the ISAN core moved to :mod:`isan.engine.baselines` (issue #46), so that
+"runner" means one thing in the engine (:class:`isan.engine.kernels.chunked.Runner`, a kernel that advances
+state rows). ``isan.engine.runners`` and its modules stay for one release as aliases of the new ones, and
+importing them warns."""
+import warnings
 
-A runner has ``kind, K, V, d, state_size, state_names, backend, provider``, ``initial_state()``,
-``score_ids(ids, state)`` and ``score_batch(ids_list, states)``; :class:`RunnerEngine`
-(:mod:`isan.engine.runners.recurrent`) gives any runner the :class:`isan.engine.Engine` API.
-
-- :mod:`~isan.engine.runners.recurrent`: tanh RNN, IRNN, GRU, LSTM (numpy references) and RunnerEngine
-- :mod:`~isan.engine.runners.linear`: the linear controls of Table 1
-- :mod:`~isan.engine.runners.reservoir`: ESN and NPM (Cernansky et al. 2008)
-- :mod:`~isan.engine.runners.occam`: the Occam-gated LSTM (Raiman and Sidor)
-- :mod:`~isan.engine.runners.ngram`: the Kneser-Ney n-gram's model and scoring (counting: :mod:`isan.train.ngram`)
-- :mod:`~isan.engine.runners.onnx`: any bundle's ONNX graphs under onnxruntime (``--backend onnx``)
-"""
+warnings.warn("isan.engine.runners is deprecated: import isan.engine.baselines instead "
+              "(the same modules; the alias goes after one release)", DeprecationWarning, stacklevel=2)

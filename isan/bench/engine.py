@@ -503,7 +503,7 @@ def bench_onnx(text: str, repeats: int = 3, stream_chars: int = 50_000, steps: i
     from isan.alphabet import Alphabet
     from isan.engine import Engine, default_model_path
     from isan.engine.bundle import write_bundle
-    from isan.engine.runners.onnx import OnnxRunner
+    from isan.engine.baselines.onnx import OnnxRunner
     from isan.export.checkpoint import export_from_bundle
     from isan.export.onnx_export import onnx_hook
     from isan.train.baselines import LSTM

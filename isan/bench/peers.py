@@ -24,7 +24,7 @@ def _bench_onnx_lstm(ids: np.ndarray, repeats: int, log, sz: dict) -> list[dict]
 
     from isan.alphabet import Alphabet
     from isan.engine.bundle import write_bundle
-    from isan.engine.runners.onnx import OnnxRunner
+    from isan.engine.baselines.onnx import OnnxRunner
     from isan.export.onnx_export import onnx_hook
     from isan.train.baselines import LSTM
 

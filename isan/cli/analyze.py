@@ -223,7 +223,7 @@ def ngram_cmd(model, out, data, compare):
 def _pca_models(model, baselines, compare=()):
     """name -> (kind, params, symbols) for the ISAN, the ISANs of ``compare`` (:func:`_compare_paths`)
     and each baseline bundle (an ISAN bundle is allowed too)."""
-    from isan.engine.runners.recurrent import load_baseline_bundle
+    from isan.engine.baselines.recurrent import load_baseline_bundle
     from isan.engine.bundle import load_isan_bundle, read_manifest
 
     _, p, sym, path = _load(model)

@@ -42,7 +42,7 @@ def export(checkpoint_dir, out_dir, which, overwrite, with_onnx, arpa, table, ta
 
     src = default_model_path() if checkpoint_dir == "default" else Path(checkpoint_dir)
     if arpa:
-        from isan.engine.runners.ngram import load_ngram
+        from isan.engine.baselines.ngram import load_ngram
         from isan.export.arpa import write_arpa
 
         if Path(out_dir).exists() and not overwrite:

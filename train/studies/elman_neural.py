@@ -3,7 +3,7 @@
 the main verb after a relative clause.
 
 Scoring uses the engine's numpy references (:func:`isan.engine.reference.score_ref`,
-:func:`isan.engine.runners.recurrent.baseline_score_ref`) over the test stream from the model's initial
+:func:`isan.engine.baselines.recurrent.baseline_score_ref`) over the test stream from the model's initial
 state, the same convention as every other model of the study (the state before a word predicts it).
 
 Kappa (Foerster et al. 2017, eqs. 4-6; docs/ARCHITECTURE.md, 'The model and its conventions'):
@@ -49,7 +49,7 @@ def _load(run_dir: Path):
 
 def score_run(run_dir: Path, label: str = "", command: str = "") -> dict:
     """Test NNL and bits per word of a trained run's best checkpoint; valid too."""
-    from isan.engine.runners.recurrent import BaselineParams, baseline_score_ref
+    from isan.engine.baselines.recurrent import BaselineParams, baseline_score_ref
     from isan.engine.reference import score_ref
     from isan.params import ISANParams
 

@@ -95,7 +95,7 @@ def _scored(lp_before: np.ndarray, ids: np.ndarray) -> float:
 
 def fig1_records(run: int, ids: dict, esn_sizes=ESN_SIZES, contexts=NPM_CONTEXTS, models=MODELS):
     """Yield one record per (model, size) of run ``run`` (seed = 1000 * run + size-independent offset)."""
-    from isan.engine.runners.reservoir import ReservoirParams
+    from isan.engine.baselines.reservoir import ReservoirParams
 
     tr, te, V = ids["train"], ids["test"], len(EG.SYMBOLS)
     for plus in (False, True):
@@ -115,7 +115,7 @@ def fig1_records(run: int, ids: dict, esn_sizes=ESN_SIZES, contexts=NPM_CONTEXTS
 def _batched_states(E: np.ndarray, W: np.ndarray, ids: np.ndarray, block: int = 2048):
     """Yield (t0, H) blocks of the states *before* each symbol for R networks at once:
     E (R, V, n), W (R, n, n) -> H (R, len(block), n); the recurrence of
-    :func:`isan.engine.runners.reservoir.reservoir_states_ref` (h0 = 0), one Python step for all runs."""
+    :func:`isan.engine.baselines.reservoir.reservoir_states_ref` (h0 = 0), one Python step for all runs."""
     Rn, _, n = E.shape
     h = np.zeros((Rn, n))
     WT = np.ascontiguousarray(np.transpose(W, (0, 2, 1)))
@@ -175,7 +175,7 @@ def esn_batched(runs: list[int], ids: dict, n: int, plus: bool, ridge: float = R
 
 def npm_records(run: int, ids: dict, contexts=NPM_CONTEXTS, models=MODELS):
     """One record per number of contexts for each NPM model of ``models`` (run ``run``)."""
-    from isan.engine.runners.reservoir import ReservoirParams
+    from isan.engine.baselines.reservoir import ReservoirParams
 
     tr, te, V = ids["train"], ids["test"], len(EG.SYMBOLS)
     for name in ("npm-u", "npm-u+", "npm-t", "npm-u+eq6", "npm-t-ekf"):
@@ -318,8 +318,8 @@ def all_records(results: Path) -> list[dict]:
 
 def export_bundles(out: Path, size: int = 100, contexts: int = 100) -> list[dict]:
     """One bundle per reservoir model (run 0) under ``out/bundles``; each is loaded back and scored by
-    :func:`isan.engine.runners.reservoir.load_reservoir_bundle` on the test text. Returns their records."""
-    from isan.engine.runners.reservoir import load_reservoir_bundle, write_reservoir_bundle
+    :func:`isan.engine.baselines.reservoir.load_reservoir_bundle` on the test text. Returns their records."""
+    from isan.engine.baselines.reservoir import load_reservoir_bundle, write_reservoir_bundle
 
     ids = study_ids()
     tr, V = ids["train"], len(EG.SYMBOLS)

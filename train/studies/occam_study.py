@@ -6,7 +6,7 @@ word boundaries?).
 ``score``: the best checkpoint of a run on test and a 200,000-character train slice (the
 generalisation gap against the valid bpc the loop logged for that checkpoint), with :func:`isan.train.loop.evaluate_bpc` (the loop's own evaluator: 100
 streams from the initial state), plus gate statistics by character class over the test split and a
-check of the torch forward against the numpy reference (:mod:`isan.engine.runners.occam`) on a slice.
+check of the torch forward against the numpy reference (:mod:`isan.engine.baselines.occam`) on a slice.
 ``gates``: PNG + HTML highlights. ``table``: TABLE.md / table.json from the committed files.
 """
 
@@ -99,7 +99,7 @@ def score_run(run_dir: Path, data: str, out: Path, max_chars: int | None = None)
 
     import torch
 
-    from isan.engine.runners.occam import OccamParams, occam_score_ref
+    from isan.engine.baselines.occam import OccamParams, occam_score_ref
     from isan.train.loop import evaluate_bpc
 
     cfg, model, t = _load_model(run_dir)
@@ -303,16 +303,16 @@ def _fmt(x, nd: int = 4):
 def export_bundle(run_dir: Path, out: Path, data: str, check_chars: int = 2000) -> dict:
     """Write the best checkpoint as a bundle (``kind`` = the run's Occam kind, ``model`` = its config,
     float32 weights; the engine's :func:`isan.engine.bundle.write_bundle`), load it back with
-    :func:`isan.engine.runners.recurrent.load_params_bundle` and :class:`isan.engine.runners.occam.OccamParams`,
+    :func:`isan.engine.baselines.recurrent.load_params_bundle` and :class:`isan.engine.baselines.occam.OccamParams`,
     and check its numpy scorer against the torch module on the first ``check_chars`` test characters.
     No ONNX graph: the gate is not in the LSTM graph of :mod:`isan.export` yet."""
     import torch
 
     from isan.alphabet import Alphabet
-    from isan.engine.runners.recurrent import load_params_bundle
+    from isan.engine.baselines.recurrent import load_params_bundle
     from isan.engine.bundle import write_bundle
     from isan.data import read_text8_split
-    from isan.engine.runners.occam import OCCAM_KINDS, NumpyOccamRunner, OccamParams
+    from isan.engine.baselines.occam import OCCAM_KINDS, NumpyOccamRunner, OccamParams
 
     cfg, model, t = _load_model(run_dir)
     mc = cfg["model"]

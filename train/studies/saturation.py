@@ -2,7 +2,7 @@
 
 A diagnostic of Table 1's 1.28e6 GRU (issue #26, results/table1/notes/README.md). Reads a baseline
 bundle (``isan export RUN BUNDLE --no-table``), runs the float64 numpy reference
-(:func:`isan.engine.runners.recurrent.baseline_states_ref`) from h0 over ``--chars``
+(:func:`isan.engine.baselines.recurrent.baseline_states_ref`) from h0 over ``--chars``
 characters of the train split (from offset 2,000,000) and of the valid split (from its start),
 and prints JSON per slice: bits per character, the share of hidden units with |h| > 0.99 (tanh
 saturated: their gradient is under 2% of its largest), and the mean update gate z.
@@ -20,7 +20,7 @@ import json
 import numpy as np
 
 from isan.data import read_text8_split
-from isan.engine.runners.recurrent import _sigmoid, baseline_states_ref, bits_from_logits, load_baseline_bundle
+from isan.engine.baselines.recurrent import _sigmoid, baseline_states_ref, bits_from_logits, load_baseline_bundle
 
 #: |h| above this counts as saturated (1 - tanh^2 < 0.02)
 SATURATED = 0.99
