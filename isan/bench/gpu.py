@@ -124,16 +124,21 @@ def bench_gpu(model: str | None, data: str | Path, device: str = "cuda", repeats
             row(f"{tag}: {len(docs):,} documents x {L}", n_doc_chars, sec, times, base_docs)
             doc_bits[dt, st] = np.array([b.sum() for b in bits])
             if profile and "profile" not in facts:
-                try:
-                    table = _profile(lambda: eng.score_ids(docs, h0, chunks="none"), device)
-                except Exception as e:  # noqa: BLE001 - the profiler is an extra: its failure ends nothing
-                    table = f"the profiler failed: {type(e).__name__}: {e}"
-                facts["profile"] = {"run": tag, "table": table}
-                log(table)
+                facts["profile"] = _where_time_goes(lambda: eng.score_ids(docs, h0, chunks="none"), device, tag,
+                                                    "documents", n_doc_chars, log)
+                if "kernel_device_s" in facts["profile"]:
+                    row(f"{tag}: the same, the step's kernel alone (device time)", n_doc_chars,
+                        facts["profile"]["kernel_device_s"], [], base_docs)
             sec, times, _ = _median_time(lambda: eng.score_ids(docs, h0, chunks="none", want_bits=False), repeats)
             row(f"{tag}: the same, steps only (no readout)", n_doc_chars, sec, times, base_docs)
             sec, times, res = _median_time(lambda: eng.score(ids_all), repeats)
             row(f"{tag}: long text, chunk-parallel", len(ids_all), sec, times, base_long)
+            if profile and "profile_long" not in facts:
+                facts["profile_long"] = _where_time_goes(lambda: eng.score(ids_all), device, tag, "long text",
+                                                         len(ids_all), log)
+                if "kernel_device_s" in facts["profile_long"]:
+                    row(f"{tag}: long text, the step's kernel alone (device time)", len(ids_all),
+                        facts["profile_long"]["kernel_device_s"], [], base_long)
             long_res[dt, st] = res
         except Exception as e:  # noqa: BLE001 - a step that cannot run is reported, and the others still run
             errors[tag] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
@@ -173,9 +178,34 @@ def bench_gpu(model: str | None, data: str | Path, device: str = "cuda", repeats
             "rows": rows, "facts": facts}
 
 
-def _profile(fn, device: str, rows: int = 15) -> str:
+#: The fused step's kernel, as torch.profiler names it (engine/kernels/torch/grouped.py).
+STEP_KERNEL = "_grouped_step_kernel"
+
+
+def _where_time_goes(fn, device: str, tag: str, what: str, chars: int, log, rows: int = 15) -> dict:
+    """Where one call of ``fn`` spends its time, two ways: torch.profiler's top ``rows`` operations
+    by device time (CPU time on the CPU device), with the fused step's kernel's total device time
+    (``kernel_device_s``: the rate the step alone would give), and cProfile's top functions of the
+    host by cumulative time (the Python side: preparation, bookkeeping, waits). A profiler that
+    fails is reported in the result, and ends nothing."""
+    out: dict = {"run": tag, "what": what}
+    try:
+        out.update(_profile(fn, device, rows))
+    except Exception as e:  # noqa: BLE001 - the profiler is an extra: its failure ends nothing
+        out["table"] = f"the profiler failed: {type(e).__name__}: {e}"
+    try:
+        out["host"] = _host_profile(fn, rows)
+    except Exception as e:  # noqa: BLE001
+        out["host"] = f"cProfile failed: {type(e).__name__}: {e}"
+    if out.get("kernel_device_s"):
+        out["kernel_chars_per_s"] = chars / out["kernel_device_s"]
+    log(f"profile of one call ({tag}, {what}):\n{out['table']}\nhost (cProfile, by cumulative time):\n{out['host']}")
+    return out
+
+
+def _profile(fn, device: str, rows: int = 15) -> dict:
     """torch.profiler's table of one call of ``fn``: the top ``rows`` operations by device time
-    (by CPU time on the CPU device)."""
+    (by CPU time on the CPU device), and the fused step kernel's device seconds where it ran."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -185,7 +215,25 @@ def _profile(fn, device: str, rows: int = 15) -> str:
         if device.startswith("cuda"):
             torch.cuda.synchronize()
     key = "self_device_time_total" if device.startswith("cuda") else "self_cpu_time_total"
-    return prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60)
+    avg = prof.key_averages()
+    out = {"table": avg.table(sort_by=key, row_limit=rows, max_name_column_width=60)}
+    step_us = sum(getattr(e, "self_device_time_total", 0) or 0 for e in avg if STEP_KERNEL in e.key)
+    if step_us:
+        out["kernel_device_s"] = step_us / 1e6
+    return out
+
+
+def _host_profile(fn, rows: int) -> str:
+    """cProfile's top ``rows`` functions of one call of ``fn``, by cumulative time."""
+    import cProfile
+    import io
+    import pstats
+
+    pr = cProfile.Profile()
+    pr.runcall(fn)
+    buf = io.StringIO()
+    pstats.Stats(pr, stream=buf).sort_stats("cumulative").print_stats(rows)
+    return "\n".join(line for line in buf.getvalue().splitlines() if line.strip())[-6000:]
 
 
 def markdown(result: dict) -> str:
@@ -207,8 +255,11 @@ def markdown(result: dict) -> str:
             sc = lt["scoring"]
             lines.append(f"| {k}: chunks, extra work, total vs the CPU's (relative) | "
                          f"{sc.get('chunks')}, {sc.get('extra_fraction', 0):.1%}, {lt['bits_rel_vs_cpu']:.1e} |")
-    if "profile" in f:
-        lines += ["", f"Profile of one call ({f['profile']['run']}, documents):", "", "```", f["profile"]["table"], "```"]
+    for key in ("profile", "profile_long"):
+        if key in f:
+            pr = f[key]
+            lines += ["", f"Profile of one call ({pr['run']}, {pr['what']}): device", "", "```", pr["table"], "```",
+                      "", "host (cProfile, by cumulative time):", "", "```", str(pr.get("host", "")), "```"]
     for key, cfg in f.get("triton_configs", {}).items():
         lines.append(f"| Triton step's tuned tile ({key}) | {cfg} |")
     for tag, err in f.get("errors", {}).items():

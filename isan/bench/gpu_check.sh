@@ -4,24 +4,29 @@
 # full, 215 s with --no-scaling and 150 s with --gpu-only, the install included.
 #
 # Such a machine has Python 3.12, a CUDA build of torch, numpy, pytest, hypothesis, safetensors,
-# click, tqdm and gcc, but no package index; isan needs marisa-trie besides, and the tests and the
-# benchmark read text8 from ../shared, which does not travel. So, in two steps:
+# click, tqdm, anyio, httpx, uvloop and gcc, but no package index; isan needs marisa-trie besides,
+# corpora zstandard, the server FastAPI and its stack, and the tests and the benchmarks read text8
+# from ../shared, which does not travel. So, in two steps:
 #
-#   bash isan/bench/gpu_check.sh --prepare     # here: marisa-trie's wheel for Python 3.12 and the
-#                                              # shared data into .gpu/ (ignored by git, ~16 MB)
+#   bash isan/bench/gpu_check.sh --prepare     # here: those wheels for Python 3.12 and the shared
+#                                              # data into .gpu/ (ignored by git, ~25 MB)
 #   bash isan/bench/gpu_check.sh               # there, with .gpu carried (the device tool's carry)
-#   bash isan/bench/gpu_check.sh --no-scaling  # the same without the CPU scaling tables (~2 minutes less)
-#   bash isan/bench/gpu_check.sh --gpu-only    # no scaling tables, and only the tests marked gpu
+#   bash isan/bench/gpu_check.sh --no-scaling  # the same without the CPU scaling tables and the probe
+#   bash isan/bench/gpu_check.sh --gpu-only    # no scaling tables, no probe, and only the tests marked gpu
 #
-# ISAN_GPU_BENCH_ARGS adds options to `isan bench gpu` (for example "--profile --steps float32:triton").
+# ISAN_GPU_STEPS chooses the runs of `isan bench gpu` (default float32:triton,float64:triton) and
+# ISAN_GPU_BENCH_ARGS adds options to it.
 #
 # The check installs the carried wheels and isan itself (--no-deps --no-build-isolation: the C
-# kernels compile there), runs the tests of the torch backend (those marked gpu run on CUDA), then
-# `isan bench gpu` (65,536 documents x 512 characters and the 12.5M-character text8 head, float32
-# and float64, against the CPU's compiled kernels on all cores) and `isan bench train --device cuda`
-# at B = 256, then issue #36's scaling tables on the machine's cores (`isan bench corpus --workers`
-# and `isan bench engine --threads`), and prints their tables. Results go to $OUT (the device
-# tool's output folder) or .gpu/out: commit them under bench_results/ with the machine named.
+# kernels compile there), starts issue #48's probe (results/structured/probe.sh: three training runs
+# on the GPU, in the background) and runs the tests of the torch backend (those marked gpu run on
+# CUDA) meanwhile, then `isan bench gpu --profile` (65,536 documents x 512 characters and the
+# 12.5M-character text8 head, float32 and float64, against the CPU's compiled kernels on all cores:
+# end to end, steps only, the step's kernel alone, and where one call's time goes on the device and
+# on the host), then the 16-core scaling tables: `isan bench engine --threads` (with the fraction of
+# the FMA peak), `isan bench corpus --workers` and `isan bench serve --workers 1,2,4,8`. Results go
+# to $OUT (the device tool's output folder) or .gpu/out: commit them under bench_results/ with the
+# machine named.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 GPU_DIR=.gpu
@@ -31,7 +36,15 @@ if [ "${1:-}" = "--prepare" ]; then
     mkdir -p "$GPU_DIR/whl" "$GPU_DIR/data/text8_head" "$GPU_DIR/data/tinyshakespeare" "$GPU_DIR/data/wikitext2"
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-        -d "$GPU_DIR/whl" "marisa-trie==$(python3 -c 'import importlib.metadata as m; print(m.version("marisa-trie"))')"
+        -d "$GPU_DIR/whl" $(python3 - <<'PY'
+import importlib.metadata as m
+# what isan needs beyond that machine's image: marisa-trie (the core), zstandard (corpora), and the
+# server's stack for `isan bench serve` (its image has anyio, h11, httpx, uvloop, prometheus-client)
+names = ["marisa-trie", "zstandard", "fastapi", "starlette", "pydantic", "pydantic_core", "annotated-types",
+         "typing-inspection", "uvicorn", "websockets", "httptools", "orjson", "platformdirs"]
+print(" ".join(f"{n}=={m.version(n)}" for n in names))
+PY
+)
     cp "$DATA_SRC/text8_head/text8_head.txt" "$GPU_DIR/data/text8_head/"
     cp "$DATA_SRC/tinyshakespeare/input.txt" "$GPU_DIR/data/tinyshakespeare/"
     cp "$DATA_SRC/wikitext2/"*.txt "$GPU_DIR/data/wikitext2/"
@@ -63,14 +76,32 @@ step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
          else status+=("$name: FAILED ($? after $((SECONDS - t0)) s; 124 = over its ${limit} s)"); fi; }
 MODE=${1:-}
 MARK=""; [ "$MODE" = "--gpu-only" ] && MARK="-m gpu"
-step tests 150 bash -c "python3 -m pytest -q -p no:cacheprovider -rs $MARK tests/test_torch_backend.py tests/test_backends.py tests/test_scan_dense.py 2>&1 | tee '$OUT_DIR/gpu_tests.log' | tail -15; exit \${PIPESTATUS[0]}"
-step "bench gpu" 240 bash -c "$ISAN bench gpu --data '$TEXT8' ${ISAN_GPU_BENCH_ARGS:-} --out '$OUT_DIR/gpu.json' 2>&1 | tee -a '$OUT_DIR/check.log'; exit \${PIPESTATUS[0]}"
-step "bench train" 60 bash -c "$ISAN bench train --data '$TEXT8' --device cuda --batch 256 --models isan --budgets 1.28e6 --no-reference --out '$OUT_DIR/gpu_train.json' 2>&1 | tee -a '$OUT_DIR/check.log'; exit \${PIPESTATUS[0]}"
+# issue #48's probe (results/structured/probe.sh): three training runs at once on the GPU (each leaves
+# most of it idle), in the background while the tests run; waited for before the benchmarks
+PROBE_PID=""
+if [ "$MODE" = "" ] && [ -f results/structured/probe.sh ]; then
+    ( RUNS=/tmp/isan-probe DEVICE=cuda PARALLEL=1 timeout 420 bash results/structured/probe.sh \
+        > "$OUT_DIR/probe.log" 2>&1; echo "probe exit $?" >> "$OUT_DIR/probe.log" ) &
+    PROBE_PID=$!
+fi
+step tests 150 bash -c "python3 -m pytest -q -p no:cacheprovider -rs $MARK tests/test_torch_backend.py tests/test_backends.py tests/test_scan_dense.py tests/test_structured.py 2>&1 | tee '$OUT_DIR/gpu_tests.log' | tail -15; exit \${PIPESTATUS[0]}"
+if [ -n "$PROBE_PID" ]; then
+    t0=$SECONDS; wait "$PROBE_PID" || true
+    status+=("probe: $(tail -1 "$OUT_DIR/probe.log") (waited $((SECONDS - t0)) s after the tests)")
+    python3 results/structured/table.py /tmp/isan-probe >> "$OUT_DIR/probe.log" 2>&1 || true
+    tar -czf "$OUT_DIR/probe_runs.tar.gz" -C /tmp/isan-probe --exclude='*.safetensors' --exclude='*.pt' . 2>/dev/null || true
+fi
+STEPS_ARG=${ISAN_GPU_STEPS:-float32:triton,float64:triton}
+step "bench gpu" 300 bash -c "$ISAN bench gpu --data '$TEXT8' --profile --steps $STEPS_ARG ${ISAN_GPU_BENCH_ARGS:-} --out '$OUT_DIR/gpu.json' 2>&1 | tee -a '$OUT_DIR/check.log'; exit \${PIPESTATUS[0]}"
+if [ "$MODE" = "" ]; then  # issue #47 part 3: a corpus of JSONL (zstd) scored by one GPU process
+step "corpus gpu" 200 bash -c "bash isan/bench/gpu_corpus.sh '$GPU_DIR/data' ${ISAN_GPU_CORPUS_MB:-400} '$OUT_DIR' 2>&1 | tee -a '$OUT_DIR/check.log'; exit \${PIPESTATUS[0]}"
+fi
 if [ "$MODE" != "--no-scaling" ] && [ "$MODE" != "--gpu-only" ]; then
 CORES=$(nproc)
 COUNTS=$(python3 -c "n=$CORES; c=[1]; [c.append(c[-1]*2) for _ in range(8) if c[-1]*2<=n]; print(','.join(map(str,c+([n] if c[-1]!=n else []))))")
-step "corpus scaling" 90 bash -c "$ISAN bench corpus --data-dir '$GPU_DIR/data' --mb 20 --no-ray --workers $COUNTS --out '$OUT_DIR/scaling_corpus.json' 2>&1 | tee -a '$OUT_DIR/check.log'; exit \${PIPESTATUS[0]}"
 step "engine scaling" 150 bash -c "$ISAN bench engine --data '$TEXT8' --repeats 1 --no-peers --no-progress --threads $COUNTS --out '$OUT_DIR/scaling_engine.json' 2>&1 | tee -a '$OUT_DIR/check.log'; exit \${PIPESTATUS[0]}"
+step "corpus scaling" 100 bash -c "$ISAN bench corpus --data-dir '$GPU_DIR/data' --mb 20 --no-ray --workers $COUNTS --out '$OUT_DIR/scaling_corpus.json' 2>&1 | tee -a '$OUT_DIR/check.log'; exit \${PIPESTATUS[0]}"
+step "serve scaling" 100 bash -c "$ISAN bench serve --data '$TEXT8' --only http --duration 5 --workers 1,2,4,8 --out '$OUT_DIR/scaling_serve.json' 2>&1 | tee -a '$OUT_DIR/check.log'; exit \${PIPESTATUS[0]}"
 fi
 printf "%s\n" "${status[@]}" | tee -a "$OUT_DIR/check.log"
 echo "results in $OUT_DIR"

@@ -258,10 +258,12 @@ class TorchStreams:
         P = len(start)
         blk = check_every if pairs else self.block
         lo, hi = int(start.min()), int((start + length).max())  # the span the rows read: only it travels
-        ids_d = torch.from_numpy(np.ascontiguousarray(ids[lo:hi])).to(dev).long()  # int32 travels: half the bytes
-        start_d = torch.from_numpy(start - lo).to(dev)
-        length_d = torch.from_numpy(length).to(dev)
-        Hall = torch.from_numpy(H[:, : d + 1].copy()).to(dev, tdt)  # (P or 2P, d + 1), never the caller's H
+        # the ids travel and stay in the narrowest type that holds the alphabet (uint8 for K <= 256: a
+        # quarter of int32's bytes); a block widens only its own symbols
+        ids_d = _to_device(ids[lo:hi], dev, np.uint8 if K <= 256 else np.int32)
+        start_d = _to_device(start - lo, dev)
+        length_d = _to_device(length, dev)
+        Hall = _to_device(H[:, : d + 1], dev).to(tdt)  # (P or 2P, d + 1), never the caller's H
         bits_d = written = None
         if bits is not None:  # never the caller's; one slot more, where steps not kept write (no sync to mask them)
             bits_d = torch.empty(hi - lo + 1, dtype=torch.float64, device=dev)
@@ -301,8 +303,11 @@ class TorchStreams:
         m = _max_abs(Hall[:P, :d], 1)
         div_d = torch.where((div_d < 0) & ~(m <= limit), steps_d, div_d)
         H[:, : d + 1] = _to_host(Hall)
-        if bits is not None:
-            np.copyto(bits[lo:hi], _to_host(bits_d[: hi - lo]), where=_to_host(written[: hi - lo]))
+        if bits is not None:  # where every character of the span was written (the rule), no masked copy
+            if bool(written[: hi - lo].all()):
+                bits[lo:hi] = _to_host(bits_d[: hi - lo])
+            else:
+                np.copyto(bits[lo:hi], _to_host(bits_d[: hi - lo]), where=_to_host(written[: hi - lo]))
         steps_done[:] = _to_host(steps_d)
         residual[:] = _to_host(res_d)
         diverged[:] = _to_host(div_d)
@@ -323,6 +328,18 @@ def _max_abs(x: torch.Tensor, dim: int) -> torch.Tensor:
     """``max |x|`` along ``dim`` in one reduction (no ``|x|`` made first: a gigabyte at a GPU
     readout); NaN where a NaN is, as ``x.abs().amax(dim)``."""
     return torch.linalg.vector_norm(x, ord=math.inf, dim=dim)
+
+
+def _to_device(a: np.ndarray, device: torch.device, dtype=None) -> torch.Tensor:
+    """A copy of ``a`` (cast to ``dtype`` if given) on ``device``, never sharing the caller's
+    memory; to a GPU through page-locked memory, asynchronously (torch's caching host allocator
+    keeps the buffer until the copy is done)."""
+    dtype = np.dtype(dtype or a.dtype)
+    if device.type == "cpu":
+        return torch.from_numpy(np.array(a, dtype=dtype, copy=True))
+    buf = torch.empty(a.shape, dtype=torch.from_numpy(np.empty(0, dtype=dtype)).dtype, pin_memory=True)
+    np.copyto(buf.numpy(), a, casting="unsafe")
+    return buf.to(device, non_blocking=True)
 
 
 def _to_host(t: torch.Tensor) -> np.ndarray:
@@ -361,7 +378,7 @@ class _Block:
         lens_a = length_d[act] - t0  # steps left, >= 1
         self.live = steps[:, None] < lens_a[None, :]  # (blk, A)
         self.pos = start_d[act][None, :] + t0 + steps[:, None]
-        self.sym = torch.where(self.live, ids_d[self.pos.clamp(max=len(ids_d) - 1)], torch.full_like(self.pos, K))
+        self.sym = torch.where(self.live, ids_d[self.pos.clamp(max=len(ids_d) - 1)].long(), torch.full_like(self.pos, K))
         sym_rows = torch.cat([self.sym, self.sym], dim=1) if P else self.sym  # (blk, rows): sentinel K sorts last
         order = torch.sort(sym_rows, dim=1, stable=True)
         self.perm = order.indices
