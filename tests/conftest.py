@@ -115,39 +115,32 @@ def text8_test_ref(default_engine, text8_test):
     return score_ref(p, default_engine.encode(text8_test).astype(np.int64), p.h0)
 
 
-# ---- the compiled kernels' instruction sets (generic, avx2, avx512): tests taking `isa` run on each ----
+# ---- the compiled kernels' variants (generic; avx2 and avx512, each in several register tiles): tests
+# taking `isa` run on each variant this CPU runs ----
 def isas():
-    """Instruction sets this CPU can run (the module picks the best on load; tests run each)."""
+    """Variants this CPU can run ("generic_4x2", "avx2_3x4", ..., "avx512_14x2", "avx512_6x4", ...: every
+    instruction set in every register tile the autotune may choose)."""
     from isan.engine.kernels import native
 
     nat = native()
     if nat is None:
         return [None]
-    best = nat.isa()
-    out = []
-    for name in ("generic", "avx2", "avx512"):
-        try:
-            nat.set_isa(name)
-            out.append(name)
-        except ValueError:
-            pass
-    nat.set_isa(best)
-    return out
+    return [v[0] for v in nat.variants()]
 
 
 @pytest.fixture
 def isa(request):
-    """Runs a test once for each instruction set of the compiled kernels this CPU can run (None:
-    the kernels are not built), and restores the best one after."""
+    """Runs a test once for each variant of the compiled kernels this CPU can run (None: the
+    kernels are not built), and restores the one that ran before after."""
     from isan.engine.kernels import native
 
     nat = native()
-    best = nat.isa() if nat is not None else None
+    before = nat.variant() if nat is not None else None
     if request.param is not None:
         nat.set_isa(request.param)
     yield request.param
     if nat is not None:
-        nat.set_isa(best)
+        nat.set_isa(before)
 
 
 def pytest_generate_tests(metafunc):

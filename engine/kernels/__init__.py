@@ -35,9 +35,13 @@ except ImportError as e:  # pragma: no cover - depends on the install
 
 _warned = False
 
+from isan.engine.kernels import autotune as _autotune  # noqa: E402  (after _native: it imports nothing of ours at load)
+
 
 def native():
-    """The compiled module, or None (then the numpy twins run). Logs the reason once."""
+    """The compiled module, or None (then the numpy twins run). Logs the reason once. The first
+    call of a process chooses the kernels' register tile (:mod:`~isan.engine.kernels.autotune`:
+    cached, or timed in under 0.3 s)."""
     global _warned
     if _native is None and not _warned and os.environ.get("ISAN_KERNELS", "") != "numpy":
         _warned = True
@@ -46,16 +50,33 @@ def native():
                     "to build them.", _NATIVE_ERROR)
     if os.environ.get("ISAN_KERNELS", "") == "numpy":
         return None
+    if _native is not None and not _autotune._done:
+        _autotune.ensure(_native)
     return _native
 
 
 def native_status() -> dict:
-    """{"available": bool, "isa": "avx512"|"avx2"|"generic"|None, "error": str|None, "threads": int}."""
+    """{"available": bool, "isa": "avx512"|"avx2"|"generic"|None, "error": str|None, "threads": int,
+    "tile": the register tile that runs ("avx512_14x2") or None, "tile_how": why (autotuned, cached,
+    forced, default; "not yet chosen" before the first kernel call), "tile_timings": the autotune's
+    {variant: {"gflops", ...}} (empty unless timed or cached)}."""
     mod = _native
+    tile = _autotune.tile_status(mod) if mod is not None else {"variant": None, "how": None, "timings": {}}
     return {"available": mod is not None and os.environ.get("ISAN_KERNELS", "") != "numpy",
             "isa": mod.isa() if mod is not None else None,
             "error": _NATIVE_ERROR if mod is None else None,
-            "threads": default_threads()}
+            "threads": default_threads(),
+            "tile": tile["variant"] or (mod.variant() if mod is not None else None),
+            "tile_how": tile["how"], "tile_timings": tile["timings"]}
+
+
+def autotune_kernels(force: bool = False, d: int = 216) -> dict:
+    """Choose the compiled kernels' register tile now rather than at the first kernel call (see
+    :mod:`~isan.engine.kernels.autotune`); ``force`` times the tiles again, ignoring the cache.
+    Returns {"variant", "how", "timings"}; {} without the compiled kernels."""
+    if _native is None:
+        return {}
+    return _autotune.autotune(_native, force=force, d=d)
 
 
 def default_threads() -> int:

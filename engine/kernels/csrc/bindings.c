@@ -404,6 +404,74 @@ static PyObject *py_fma_peak(PyObject *self, PyObject *args) {
 
 static PyObject *py_isa(PyObject *self, PyObject *noargs) { return PyUnicode_FromString(KERN->name); }
 
+static PyObject *py_variant(PyObject *self, PyObject *noargs) { return PyUnicode_FromString(KERN->variant); }
+
+static PyObject *py_variants(PyObject *self, PyObject *noargs) {
+    const Kernels *ks[64];
+    const int n = kernel_variants(ks, 64);
+    PyObject *out = PyList_New(n);
+    for (int i = 0; out && i < n; i++) {
+        PyObject *t = Py_BuildValue("(ssii)", ks[i]->variant, ks[i]->name, ks[i]->mr, ks[i]->nvm);
+        if (!t) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, t);
+    }
+    return out;
+}
+
+/* The autotune's probe: a pass is `calls` GEMMs, call c applying matrix c % mats (of `mats` matrices
+ * of kd x cols, cols rounded up to 16, B in panels as the kernels read it) to a group of `group` rows
+ * (rows of kd floats, cycling through `rows` of them), the next matrix prefetched, as a grouped step
+ * does; reps passes, the GIL released. Returns (best seconds of one pass, FLOPs of one pass). */
+static PyObject *py_time_gemm(PyObject *self, PyObject *args) {
+    const char *want;
+    int kd, cols, mats, calls, group, rows, reps;
+    if (!PyArg_ParseTuple(args, "siiiiiii", &want, &kd, &cols, &mats, &calls, &group, &rows, &reps)) return NULL;
+    const Kernels *K = choose_kernels(want);
+    if (!K) {
+        PyErr_Format(PyExc_ValueError, "kernel variant %s is not available on this CPU", want);
+        return NULL;
+    }
+    if (kd < 1 || kd > 4096 || cols < 1 || cols > 4096 || mats < 1 || mats > 4096 || group < 1 || group > 4096 ||
+        calls < 1 || calls > 65536 || rows < group || rows > 65536 || reps < 1 || reps > 1000) {
+        PyErr_SetString(PyExc_ValueError, "time_gemm: sizes out of range");
+        return NULL;
+    }
+    cols = (cols + 15) / 16 * 16;
+    const size_t dp = (size_t)(kd + 15) / 16 * 16, msz = (size_t)kd * cols;
+    float *B = (float *)aligned_alloc(64, sizeof(float) * msz * mats);
+    float *A = (float *)aligned_alloc(64, sizeof(float) * dp * rows);
+    float *Cb = (float *)aligned_alloc(64, sizeof(float) * (size_t)cols * group);
+    const float **Ap = (const float **)malloc(sizeof(float *) * rows);
+    float **Cp = (float **)malloc(sizeof(float *) * group);
+    double best = INFINITY;
+    if (B && A && Cb && Ap && Cp) {
+        Py_BEGIN_ALLOW_THREADS
+        for (size_t i = 0; i < msz * mats; i++) B[i] = (float)((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+        for (size_t i = 0; i < dp * rows; i++) A[i] = (float)((i * 40503u) % 1000) * 1e-3f;
+        for (int r = 0; r < rows; r++) Ap[r] = A + (size_t)r * dp;
+        for (int r = 0; r < group; r++) Cp[r] = Cb + (size_t)r * cols;
+        for (int rep = 0; rep < reps; rep++) {
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            for (int c = 0; c < calls; c++) {
+                const int r0 = (int)(((int64_t)c * group) % (rows - group + 1));
+                const float *next = B + msz * (size_t)((c + 1) % mats);
+                K->gemm_rows_pf(group, Ap + r0, B + msz * (size_t)(c % mats), kd, 0, cols, Cp, next, sizeof(float) * msz);
+            }
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            const double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+            if (secs < best) best = secs;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    free(B); free(A); free(Cb); free(Ap); free(Cp);
+    if (!isfinite(best)) return PyErr_NoMemory();
+    return Py_BuildValue("(dd)", best, 2.0 * kd * (double)cols * group * calls);
+}
+
 
 static PyObject *py_set_isa(PyObject *self, PyObject *args) {
     const char *want;
@@ -436,7 +504,12 @@ static PyMethodDef methods[] = {
     {"trie_segment", py_trie_segment, METH_VARARGS, "Greedy longest-match segmentation along a trie (see composed.py)."},
     {"fma_peak", py_fma_peak, METH_VARARGS, "fma_peak(n, threads) -> (flops, seconds, threads used, sink)."},
     {"isa", py_isa, METH_NOARGS, "The instruction set the kernels run with."},
-    {"set_isa", py_set_isa, METH_VARARGS, "Choose the instruction set: generic, avx2 or avx512 (tests)."},
+    {"set_isa", py_set_isa, METH_VARARGS,
+     "Choose the instruction set (generic, avx2 or avx512: its default tile) or a variant (avx512_6x4)."},
+    {"variant", py_variant, METH_NOARGS, "The variant the kernels run with: instruction set and register tile."},
+    {"variants", py_variants, METH_NOARGS, "[(variant, isa, rows, vectors)] this CPU runs, each isa's default first."},
+    {"time_gemm", py_time_gemm, METH_VARARGS,
+     "time_gemm(variant, kd, cols, mats, calls, group, rows, reps) -> (best seconds, flops): the autotune's probe."},
     {"inject_faults", py_inject_faults, METH_VARARGS,
      "inject_faults(alloc_tid, max_threads): the next kernel call's thread alloc_tid fails its allocations (-1: "
      "none) and the call gets at most max_threads threads (0: no limit). For the tests of the failure paths."},

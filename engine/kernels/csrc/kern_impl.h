@@ -6,8 +6,10 @@
  *   MR         rows per register tile of the grouped GEMM
  *   NVM        vectors per register tile (columns = NVM * VL)
  *   HAVE_F16C  1 if the variant may use the F16C conversion instructions
- * and KERNEL_NAME (the variant's name), and wrap the inclusion in `#pragma GCC target(...)` for the
- * instruction set. The end of this file undefines them all.
+ * and KERNEL_NAME (the instruction set's name), and wrap the inclusion in `#pragma GCC target(...)` for
+ * the instruction set. A further register tile of an instruction set already included defines
+ * TILE_OF(name) too (the suffix of that first inclusion): then only the GEMM is compiled again and
+ * every other primitive is the first inclusion's. The end of this file undefines them all.
  *
  * Everything here is plain C with GCC vector extensions; the compiler emits the variant's
  * instructions. Shapes and meaning are documented in native.h and in the numpy twins
@@ -151,6 +153,8 @@ static void SFX(gemm_rows_h)(const int n, const float *const *A, const uint16_t 
 #undef TILE_NV
 #undef GEMM_DISPATCH
 
+#ifndef TILE_OF /* the primitives besides the GEMM: once an instruction set */
+#define TILE_OF(name) SFX(name)
 /* ---- exp on a vector (Cephes expf: range reduction to |r| <= ln2/2 and a degree-5 polynomial;
  * about 1 ulp). Inputs below -87 are clamped (the result is then ~1e-38, not 0). ---- */
 static inline __attribute__((always_inline)) SFX(vf) SFX(vexp)(SFX(vf) x) {
@@ -337,12 +341,18 @@ static float SFX(fma_loop)(int64_t n) {
     return s;
 }
 
+#endif
+
+#define KSTR2(x) #x
+#define KSTR(x) KSTR2(x)
 static const Kernels SFX(kernels) = {
-    .name = KERNEL_NAME, .vl = VL, .mr = MR, .nvm = NVM,
-    .gemm_rows = SFX(gemm_rows), .gemm_rows_pf = SFX(gemm_rows_pf), .gemm_rows_h = SFX(gemm_rows_h), .lse_bits = SFX(lse_bits),
-    .matvec_f32 = SFX(matvec_f32), .matvec_f16 = SFX(matvec_f16),
-    .row_ok = SFX(row_ok), .row_absmax = SFX(row_absmax), .fma_loop = SFX(fma_loop),
+    .name = KERNEL_NAME, .variant = KERNEL_NAME "_" KSTR(MR) "x" KSTR(NVM), .vl = VL, .mr = MR, .nvm = NVM,
+    .gemm_rows = SFX(gemm_rows), .gemm_rows_pf = SFX(gemm_rows_pf), .gemm_rows_h = SFX(gemm_rows_h),
+    .lse_bits = TILE_OF(lse_bits), .matvec_f32 = TILE_OF(matvec_f32), .matvec_f16 = TILE_OF(matvec_f16),
+    .row_ok = TILE_OF(row_ok), .row_absmax = TILE_OF(row_absmax), .fma_loop = TILE_OF(fma_loop),
 };
+#undef KSTR
+#undef KSTR2
 
 /* the parameters of this instantiation: the next one defines its own */
 #undef SFX
@@ -351,3 +361,4 @@ static const Kernels SFX(kernels) = {
 #undef NVM
 #undef HAVE_F16C
 #undef KERNEL_NAME
+#undef TILE_OF

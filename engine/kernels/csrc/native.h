@@ -27,7 +27,9 @@
  * holds [W_ro | b_ro] transposed, so row @ RoT are the logits (Vp = roundup(V, 16)).
  *
  * Instruction sets: the kernels are compiled for AVX-512, AVX2+FMA+F16C and a portable baseline,
- * and the best one the CPU supports is chosen when the module loads (isa() tells which).
+ * and the best one the CPU supports is chosen when the module loads (isa() tells which); the x86
+ * ones in several register tiles of the GEMM (variants(); set_isa chooses one, time_gemm times one:
+ * isan.engine.kernels.autotune picks the fastest at first use).
  *
  * The files, one concept each (setup.py compiles them into the one extension):
  *   native.h      this header: the table of one instruction set's primitives (Kernels)
@@ -88,7 +90,8 @@ static inline float half_to_float(uint16_t h) {
 }
 
 typedef struct {
-    const char *name;
+    const char *name;    /* the instruction set: "generic", "avx2", "avx512" */
+    const char *variant; /* with its register tile, rows x vectors: "avx512_14x2" */
     int vl, mr, nvm;
     void (*gemm_rows)(int n, const float *const *A, const float *B, int kd, int j0, int j1, float *const *C);
     void (*gemm_rows_pf)(int n, const float *const *A, const float *B, int kd, int j0, int j1, float *const *C,
@@ -106,8 +109,12 @@ typedef struct {
 /* The variant the kernels run with (isa.c): the best one this CPU supports, or set_isa's. */
 extern const Kernels *KERN;
 
-/* The variant called want ("generic", "avx2", "avx512"; NULL or "": the best this CPU supports), or
- * NULL if this CPU cannot run it. */
+/* The variant called want: an instruction set ("generic", "avx2", "avx512": its default tile), a
+ * variant ("avx512_6x4"), NULL or "" (the best instruction set's default tile); NULL if this CPU
+ * cannot run it or there is none of that name. */
 const Kernels *choose_kernels(const char *want);
+
+/* The variants this CPU runs (at most cap, into out), each instruction set's default first. */
+int kernel_variants(const Kernels **out, int cap);
 
 #endif
