@@ -88,6 +88,11 @@ class Plan:
         return out
 
 
+#: Characters a call should hold where the caller chooses (:attr:`Backend.batch_chars`), by device.
+CPU_BATCH_CHARS = 2_000_000
+GPU_BATCH_CHARS = 32_000_000
+
+
 @runtime_checkable
 class Backend(Protocol):
     """One backend, its device and dtype, and its runners: what the Engine, the corpus scorer and
@@ -107,6 +112,10 @@ class Backend(Protocol):
         reports_where: whether a scoring report names the backend and device (all but the default).
         rounding: the name of the kernel a corpus job records where the bits depend on the
             backend (``"torch-cuda-float32"``), or None where they are the CPU kernels'.
+        batch_chars: characters a caller should hand over in one call where it can choose (a
+            corpus job's batches): about 2M on the CPU (a call's rows fit the caches' worth of work
+            per thread), 32M on a GPU (a call there has a fixed cost of launches and
+            synchronisations that only a large batch amortises; ``isan bench gpu``).
     """
 
     name: str
@@ -120,6 +129,9 @@ class Backend(Protocol):
 
     @property
     def on_cpu(self) -> bool: ...
+
+    @property
+    def batch_chars(self) -> int: ...
 
     @property
     def rounding(self) -> str | None: ...
@@ -145,6 +157,11 @@ class _Kernels:
     @property
     def on_cpu(self) -> bool:
         return self.device == "cpu"
+
+    @property
+    def batch_chars(self) -> int:
+        """Characters a call should hold where the caller chooses (:class:`Backend`)."""
+        return GPU_BATCH_CHARS if self.device.startswith("cuda") else CPU_BATCH_CHARS
 
     def describe(self) -> dict:
         """``{"backend", "device", "dtype"}``: what ran."""
