@@ -401,6 +401,15 @@ def test_bench_engine_runs_and_is_exact(text8_path):
     assert f["long_text_float16"]["max_abs_bits_vs_reference"] < 0.02
     assert set(f["batched_kernel"].values()) == {"chunked", "jumps"}
     assert f["fma_peak"]["gflops_1_thread"] > 0
+    # the fraction of the FMA peak: the long text on one thread against one thread's peak, on all
+    # against all threads'; the documents; the register tile the kernels ran and why
+    pf = f["peak_fraction"]
+    assert "long text, 1 thread" in pf and any(k.startswith("documents") for k in pf)
+    one = next(row for row in r["rows"] if row["name"] == "long text, 1 thread")
+    assert one["peak_threads"] == 1 and one["of_peak"] == pytest.approx(one["useful_gflops"] / f["fma_peak"]["gflops_1_thread"])
+    assert all(0 < v["of_peak"] for v in pf.values())
+    assert f["kernels"]["tile"] and f["kernels"]["tile_how"]
+    assert "of the FMA peak of 1 thread(s)" in markdown(r) and "register tile" in markdown(r)
     sw = f["sweep"]["points"]
     assert {p["kernel"] for p in sw} == {"per symbol", "composed jumps"} and all(p["chars_per_s"] > 0 for p in sw)
     assert f["streaming"]["float16_max_abs_bits_vs_reference"] < 0.02

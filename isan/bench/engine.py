@@ -18,7 +18,8 @@ import numpy as np
 
 from isan.bench.common import machine, median_time, rss_mb, write_json  # noqa: F401  (re-exported)
 from isan.bench.peers import _bench_kenlm, _bench_onnx_lstm, _PeerUnavailable  # noqa: F401  (re-exported)
-from isan.bench.sweep import amdahl, fma_peak, markdown_scaling, plot_sweep, sweep_rows, thread_scaling  # noqa: F401
+from isan.bench.sweep import (amdahl, fma_peak, markdown_peak, markdown_scaling, peak_fractions, plot_sweep,  # noqa: F401
+                             sweep_rows, thread_scaling)
 
 
 #: What `isan bench engine` measures (issue "The fast engine"); sizes in characters.
@@ -213,10 +214,7 @@ def measure_ingest_and_flops(run: _Run, long_name: str, scaling: list[int] | Non
     facts["long_text"]["flops_per_char"] = flops
     facts["long_text"]["flop_bound_chars_per_s_at_100_gflops_per_core"] = 100e9 * threads / flops
     facts["fma_peak"] = fma_peak(threads)
-    peak = facts["fma_peak"].get("gflops_all_threads")
-    for row in run.rows:  # useful FLOP/s: counted per character (a composed jump counts its characters)
-        row["useful_gflops"] = row["chars_per_s"] * flops / 1e9 if row["name"] != "reference" else None
-        row["of_peak"] = row["useful_gflops"] / peak if peak and row["useful_gflops"] else None
+    facts["peak_fraction"] = peak_fractions(run.rows, flops, facts["fma_peak"], threads)  # useful FLOP/s per row
     facts["sweep"] = sweep_rows(eng, ids, sz.get("sweep_rows", (64, 256, 1024, 4096)), sz.get("sweep_len", 500),
                                 threads_list=sorted({1, threads}), repeats=run.repeats, log=run.log)
     if scaling:
@@ -369,7 +367,7 @@ def markdown(result: dict) -> str:
     lines = [f"Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, numpy {m['numpy']}; "
              f"kernels {result['facts']['kernels'].get('isa')}, {result['threads']} threads",
              f"Command: `{result['command']}`  (median of {result['repeats']} runs)", "",
-             "| measurement | chars | chars/s | vs reference | useful GFLOP/s (of FMA peak) |",
+             "| measurement | chars | chars/s | vs reference | useful GFLOP/s (of the FMA peak of its threads) |",
              "|---|---:|---:|---:|---:|"]
     for r in result["rows"]:
         g = r.get("useful_gflops")
@@ -385,6 +383,7 @@ def markdown(result: dict) -> str:
               f"| long text: GFLOP/s ({lt['flops_per_char'] / 1e3:.0f} kFLOP a character) | {lt['gflops']:.0f} |",
               f"| float32 FMA peak measured ({f.get('fma_peak', {}).get('isa')}; 1 thread / all) | "
               f"{f.get('fma_peak', {}).get('gflops_1_thread', 0):.0f} / {f.get('fma_peak', {}).get('gflops_all_threads', 0):.0f} GFLOP/s |",
+              *markdown_peak(f),
               f"| long text: kernel (default path), characters a jump | {sc.get('path')}, "
               f"{sc.get('chars_per_jump', 1.0):.2f} |",
               f"| long text one character a step: max bits/char from the reference, total from the default (relative) | "

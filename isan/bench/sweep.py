@@ -1,6 +1,7 @@
 """The engine benchmark's scaling measurements: the batched kernels against rows and threads
 (``sweep_rows``, ``plot_sweep``), thread scaling with Amdahl's law (``thread_scaling``), and the
-machine's FMA peak (``fma_peak``); all through the engine's public API."""
+machine's FMA peak (``fma_peak``) and the fraction of it the long text and the documents reach
+(``peak_fractions``); all through the engine's public API."""
 
 from __future__ import annotations
 
@@ -70,22 +71,70 @@ def markdown_scaling(rows: list[dict]) -> str:
 
 
 def fma_peak(threads: int, rounds: int = 20_000_000) -> dict:
-    """The machine's float32 FMA peak as the compiled kernels' instruction set reaches it (12
-    independent vector FMA chains a thread; :func:`_native.fma_peak`), median of 3, on one thread
-    and on ``threads``. Empty without the compiled kernels."""
+    """The machine's float32 FMA peak as the widest instruction set of the compiled kernels reaches
+    it (12 independent vector FMA chains a thread; :func:`_native.fma_peak`), median of 3, on one
+    thread and on ``threads``, whatever tile or instruction set the kernels run. Empty without
+    the compiled kernels."""
     from isan.engine.kernels import native
 
     nat = native()
     if nat is None:
         return {}
-    out = {"isa": nat.isa()}
-    for key, th in (("gflops_1_thread", 1), ("gflops_all_threads", threads)):
-        vals = []
-        for _ in range(3):
-            fl, secs, used, _sink = nat.fma_peak(rounds, th)
-            vals.append(fl / secs / 1e9)
-        out[key] = statistics.median(vals)
+    before = nat.variant()
+    try:
+        out = {"isa": nat.set_isa("")}  # the widest instruction set this CPU runs
+        for key, th in (("gflops_1_thread", 1), ("gflops_all_threads", threads)):
+            vals = []
+            for _ in range(3):
+                fl, secs, used, _sink = nat.fma_peak(rounds, th)
+                vals.append(fl / secs / 1e9)
+            out[key] = statistics.median(vals)
+    finally:
+        nat.set_isa(before)
     return out
+
+
+def peak_fractions(rows: list[dict], flops_per_char: float, peak: dict, threads: int) -> dict:
+    """Each row's useful GFLOP/s (chars/s x ``flops_per_char``: 2 d^2 for the step and 2 V d for the
+    readout, a composed jump counted by its characters) and its fraction of the FMA peak of the
+    threads it ran on (rows named "..., 1 thread": one thread's peak; the others: all ``threads``');
+    set in the rows ("useful_gflops", "of_peak", "peak_threads"). Returns the summary of the long
+    text and the documents (batched rows, default path) on one thread and on all:
+    {name: {"chars_per_s", "gflops", "threads", "of_peak"}}."""
+    p1, pn = peak.get("gflops_1_thread"), peak.get("gflops_all_threads")
+    out = {}
+    for row in rows:
+        if row["name"] == "reference" or "chars_per_s" not in row:
+            continue
+        th = 1 if row["name"].endswith("1 thread") else threads
+        pk = p1 if th == 1 else pn
+        g = row["chars_per_s"] * flops_per_char / 1e9
+        row.update(useful_gflops=g, of_peak=g / pk if pk else None, peak_threads=th)
+        key = None
+        if row["name"].startswith("long text") and ("default path" in row["name"] or th == 1):
+            key = f"long text, {th} thread{'s' if th > 1 else ''}"
+        elif row["name"].startswith("batched") and row["name"].endswith("default"):
+            key = "documents, " + row["name"].split(", ")[1] + f", {th} threads"
+        if key:
+            out[key] = {"chars_per_s": row["chars_per_s"], "gflops": g, "threads": th, "of_peak": row["of_peak"]}
+    return out
+
+
+def markdown_peak(facts: dict) -> list[str]:
+    """Fact-table lines: the fraction of the FMA peak of the long text and the documents, and the
+    kernels' register tile with the autotune's timings."""
+    pk, k = facts.get("fma_peak", {}), facts.get("kernels", {})
+    lines = []
+    for name, r in facts.get("peak_fraction", {}).items():
+        of = f"{r['of_peak']:.0%}" if r.get("of_peak") is not None else "-"
+        lines.append(f"| {name}: useful GFLOP/s, of the FMA peak of {r['threads']} thread(s) | "
+                     f"{r['gflops']:.0f} of {pk.get('gflops_1_thread' if r['threads'] == 1 else 'gflops_all_threads', 0):.0f}"
+                     f" = **{of}** |")
+    tm = k.get("tile_timings") or {}
+    timings = ", ".join(f"{v} {t['gflops']:.0f}" for v, t in tm.items() if "gflops" in t)
+    lines.append(f"| kernels' register tile (how chosen; autotune GFLOP/s a tile, one thread) | {k.get('tile')} "
+                 f"({k.get('tile_how')}){'; ' + timings if timings else ''} |")
+    return lines
 
 
 def sweep_rows(eng, ids: np.ndarray, rows_list, length: int, threads_list, repeats: int = 3, log=print) -> dict:
