@@ -32,7 +32,7 @@ from isan.engine.guard import MAX_STATE_ABS, check_bits, check_states, raise_div
 from isan.engine.normalize import Normalizer, Prepared, from_manifest, prepare, resolve
 import isan.engine.exact as exact
 from isan.engine.reference import LOG2E, log_softmax
-from isan.engine.kernels.backends import Plan
+from isan.engine.kernels.backends import Backend, Plan
 from isan.engine.paths import default_model_path, find_table
 from isan.engine.planning import Planner
 from isan.engine.prepare import prepare_batch, prepare_one
@@ -58,7 +58,7 @@ class Engine:
 
     def __init__(self, params: ISANParams, alphabet: Alphabet, manifest: dict | None = None,
                  source: str | None = None, table=None, path: str | None = None, threads: int | None = None,
-                 device: str = "cpu", dtype: str = "float32", kernels: str | None = None):
+                 device: str = "cpu", dtype: str = "float32", kernels: "str | Backend | None" = None):
         if params.V != len(alphabet) or params.K not in (alphabet.K, len(alphabet)):
             raise IsanError(f"params have K={params.K}, V={params.V} but the alphabet has {alphabet.K} inputs and "
                             f"{len(alphabet)} outputs")
@@ -117,7 +117,7 @@ class Engine:
     # ---- construction -----------------------------------------------------------------
     @classmethod
     def load(cls, path: str | Path, path_mode: str = "auto", progress_bar: bool = True, device: str = "cpu",
-             dtype: str = "float32", kernels: str | None = None) -> "Engine":
+             dtype: str = "float32", kernels: "str | Backend | None" = None, **kernel_options) -> "Engine":
         """Load a bundle directory written by ``isan export``.
 
         Args:
@@ -133,7 +133,8 @@ class Engine:
                 sees a GPU); see :mod:`isan.engine.kernels.backends`.
             dtype: ``"float32"`` or ``"float64"`` (the torch backend's exact reference arithmetic).
             kernels: the backend by name (``"native"``, ``"numpy"``, ``"torch"``; default: native
-                on the CPU in float32, else torch).
+                on the CPU in float32, else torch), or one already built; ``kernel_options`` are its own
+                (:func:`~isan.engine.kernels.backends.get_backend`: torch's ``step`` and ``precision``).
         Raises:
             BackendUnavailableError: a GPU asked for where torch or CUDA is missing.
             BundleFormatError: missing, corrupt or mismatched files (the message says how to rebuild).
@@ -143,7 +144,7 @@ class Engine:
             raise IsanError(f"path must be auto or one of {', '.join(PATHS)}; got {path_mode!r}")
         from isan.engine.kernels.backends import get_backend
 
-        backend = get_backend(kernels, device, dtype)  # a missing GPU or torch is said before the bundle is read
+        backend = get_backend(kernels, device, dtype, **kernel_options)  # a missing GPU or torch: said first
         manifest, params, alphabet = load_isan_bundle(path)
         table = None
         if path_mode in ("auto", "composed", "jumps") and backend.runs_tables:
@@ -151,8 +152,8 @@ class Engine:
         elif path_mode in ("composed", "jumps"):
             raise IsanError(f"the {path_mode} path runs on the CPU's kernels; on the torch backend (device "
                             f"{backend.device}, {dtype}) texts go chunk-parallel by its runner: use path auto or chunked")
-        return cls(params, alphabet, manifest, source=str(path), table=table,
-                   path=None if path_mode == "auto" else path_mode, device=device, dtype=dtype, kernels=backend.name)
+        return cls(params, alphabet, manifest, source=str(path), table=table, kernels=backend,
+                   path=None if path_mode == "auto" else path_mode, device=backend.device, dtype=backend.dtype)
 
     @classmethod
     def default(cls, path_mode: str = "auto", device: str = "cpu", dtype: str = "float32",

@@ -68,6 +68,8 @@ class Plan:
         runner: the kernel that advances the rows (:class:`~isan.engine.kernels.chunked.Runner`).
         path: the name the report gives the kernel (None: ``"chunked"``).
         rtol: the correction's tolerance where the backend sets its own (None: the default).
+        check_every: steps between the correction's convergence checks where the backend sets its
+            own (None: the default; a GPU checks less often, each check being a synchronisation).
     """
 
     kernel: str
@@ -76,15 +78,18 @@ class Plan:
     runner: "Runner" = field(repr=False)
     path: str | None = None
     rtol: float | None = None
+    check_every: int | None = None
 
     def keywords(self) -> dict:
         """The keywords of :func:`~isan.engine.kernels.chunked.score_texts_chunked` this plan sets
-        (``runner``, and ``path`` and ``rtol`` where it has them)."""
+        (``runner``, and ``path``, ``rtol`` and ``check_every`` where it has them)."""
         out: dict = {"runner": self.runner}
         if self.path is not None:
             out["path"] = self.path
         if self.rtol is not None:
             out["rtol"] = self.rtol
+        if self.check_every is not None:
+            out["check_every"] = self.check_every
         return out
 
 
@@ -246,7 +251,8 @@ class TorchBackend(_Kernels):
         rtol = plan.rtol(self.dtype)
         chunks = plan.chunks(lengths, self.device, threads, self.dtype, source.forget_bound_chars(rtol=rtol)) \
             if cut else [1] * len(lengths)
-        return Plan("torch", source.stream_model(), tuple(chunks), self.streams, path="chunked", rtol=rtol)
+        return Plan("torch", source.stream_model(), tuple(chunks), self.streams, path="chunked", rtol=rtol,
+                    check_every=plan.check_every(self.device))
 
     def fallback(self, params: "ISANParams", forget_bound_chars: int | None):
         """Always :class:`~isan.engine.kernels.chunked.Float64Fallback`: the device's chunks and
@@ -316,11 +322,15 @@ def resolve_device(device: str) -> str:
     raise IsanError(f"device must be one of {', '.join(DEVICES)} (or cuda:N); got {device!r}")
 
 
-def get_backend(name: str | None = None, device: str = "cpu", dtype: str = "float32") -> Backend:
+def get_backend(name: "str | Backend | None" = None, device: str = "cpu", dtype: str = "float32",
+                **options) -> Backend:
     """The backend that runs on ``device``.
 
     Args:
-        name: ``"native"``, ``"numpy"``, ``"torch"``, or None: native on the CPU, torch on a GPU.
+        name: ``"native"``, ``"numpy"``, ``"torch"``, or None: native on the CPU, torch on a GPU;
+            or a backend already built (returned as it is: ``device`` and ``dtype`` are its own).
+        options: the backend's own options (torch: ``step`` and ``precision`` of
+            :class:`~isan.engine.kernels.torch.TorchStreams`); the CPU backends take none.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (:func:`resolve_device`).
         dtype: ``"float32"`` or ``"float64"`` (float64 runs on the torch backend only: the exact
             reference on the device).
@@ -331,6 +341,8 @@ def get_backend(name: str | None = None, device: str = "cpu", dtype: str = "floa
         IsanError: an unknown name, device or dtype, or a combination that cannot run (the
             native and numpy backends on a GPU; float64 outside torch).
     """
+    if isinstance(name, _Kernels):
+        return name
     if dtype not in DTYPES:
         raise IsanError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
     device = resolve_device(device)
@@ -338,7 +350,10 @@ def get_backend(name: str | None = None, device: str = "cpu", dtype: str = "floa
         name = "native" if device == "cpu" and dtype == "float32" else "torch"
     if name not in BACKENDS:
         raise IsanError(f"backend must be one of {', '.join(NAMES)}; got {name!r}")
-    return BACKENDS[name](device, dtype)
+    try:
+        return BACKENDS[name](device, dtype, **options)
+    except TypeError as e:  # an option the backend does not have
+        raise IsanError(f"the {name} backend takes no option {', '.join(map(repr, options))} ({e})") from None
 
 
 def _cpu_only(name: str, device: str, dtype: str) -> None:
@@ -366,12 +381,17 @@ def _numpy_backend(device: str, dtype: str) -> Backend:
     return CpuBackend("numpy", device, dtype, run_streams_ref, run_jumps_ref)
 
 
-def _torch_backend(device: str, dtype: str) -> Backend:
-    """:class:`~isan.engine.kernels.torch.TorchStreams` on any torch device, float32 or float64."""
+def _torch_backend(device: str, dtype: str, step: str = "auto", precision: str = "ieee") -> Backend:
+    """:class:`~isan.engine.kernels.torch.TorchStreams` on any torch device, float32 or float64,
+    with its ``step`` and ``precision`` (ValueError as an IsanError where they cannot run)."""
     _torch()
     from isan.engine.kernels.torch import TorchStreams
 
-    return TorchBackend("torch", device, dtype, TorchStreams(device, dtype))
+    try:
+        runner = TorchStreams(device, dtype, step=step, precision=precision)
+    except ValueError as e:
+        raise IsanError(str(e)) from e
+    return TorchBackend("torch", device, dtype, runner)
 
 
 #: The registry: a backend's name to its factory ``(device, dtype) -> Backend`` (device resolved,

@@ -72,23 +72,18 @@ def bench_gpu(model: str | None, data: str | Path, device: str = "cuda", repeats
     device = resolve_device(device)
     src = model or default_model_path()
     cpu = Engine.load(src, progress_bar=False)
-    import dataclasses
-
-    from isan.engine.kernels.torch import TorchStreams
+    from isan.errors import IsanError
 
     if runs is None:
         runs = list(GPU_RUNS) if device.startswith("cuda") else [("float32", "mm"), ("float64", "mm")]
     gpu = {}
     for dt, st in runs:
         step, _, precision = st.partition("-")
-        try:
-            runner = TorchStreams(device, dt, step=step, precision=precision or "ieee")
-        except ValueError as e:
+        try:  # the backend with this step, for every path (documents and the long text alike)
+            gpu[dt, st] = Engine.load(src, progress_bar=False, device=device, dtype=dt, kernels="torch", step=step,
+                                      precision=precision or "ieee")
+        except IsanError as e:
             gpu[dt, st] = e
-            continue
-        eng = Engine.load(src, progress_bar=False, device=device, dtype=dt, kernels="torch")
-        eng.kernels = dataclasses.replace(eng.kernels, streams=runner)
-        gpu[dt, st] = eng
     text = Path(data).read_text(encoding="utf-8", errors="replace")
     ids_all = cpu.prepare(text[: sz["long_chars"]] if sz["long_chars"] else text).ids
     rng = np.random.default_rng(seed)

@@ -51,6 +51,17 @@ def chunks(lengths: Sequence[int], device: str, threads: int = 1, dtype: str = "
     return plan_chunks(lengths, target_rows=ROWS_PER_THREAD * max(1, threads), min_chunk=shortest)
 
 
+#: Steps between the correction pass's convergence checks on a GPU, where each check is a
+#: synchronisation that drains the device's queue (the CPU kernels check every ``CHECK_EVERY``): a
+#: converged pair runs at most this many steps more.
+GPU_CHECK_EVERY = 64
+
+
+def check_every(device: str) -> int | None:
+    """Steps between convergence checks for the torch runner on ``device`` (None: the default)."""
+    return GPU_CHECK_EVERY if str(device).startswith("cuda") else None
+
+
 def rtol(dtype: str) -> float:
     """The correction's relative tolerance for a runner computing in ``dtype``."""
     return FLOAT64_RTOL if dtype == "float64" else DEFAULT_RTOL

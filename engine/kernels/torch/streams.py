@@ -59,8 +59,14 @@ from isan.engine.guard import MAX_STATE_ABS
 from isan.engine.kernels.streams import SCHED_FRAC, StreamModel, StreamsResult, _check, _check_frac
 from isan.engine.kernels.torch.precision import matmul_tf32
 
-#: Steps a block runs between synchronisations when rows are not in pairs (with pairs: ``check_every``).
+#: Steps a block runs between synchronisations when rows are not in pairs (with pairs: ``check_every``)
+#: on the CPU device; on a GPU as many as :data:`BLOCK_BYTES` of the block's bookkeeping allow (a
+#: synchronisation drains the device's queue: 65,536 documents x 512 characters ran in 8 blocks of 64
+#: steps at 55M chars/s on an H200, bench_results/gpu_h200/run4, where their steps alone ran at 261M).
 BLOCK_STEPS = 64
+#: Bytes of a block's bookkeeping on a GPU (about 56 a row a step: its positions, symbols, their sort
+#: and the Triton step's tiles), which bounds the steps of a block there.
+BLOCK_BYTES = 2 << 30
 #: How a step runs (see :class:`TorchStreams`).
 STEPS = ("auto", "mm", "triton")
 #: What importing Triton (with the step's module, which compiles nothing but builds its kernel and
@@ -98,7 +104,8 @@ class TorchStreams:
     Args:
         device: a torch device (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...).
         dtype: ``"float32"`` (default) or ``"float64"``: the arithmetic of states and products.
-        block: steps between synchronisations without pairs (default :data:`BLOCK_STEPS`).
+        block: steps between synchronisations without pairs (default: :data:`BLOCK_STEPS` on the
+            CPU device; on a GPU all the rows' steps, as far as :data:`BLOCK_BYTES` allows).
         step: how a step runs: ``"mm"`` (one torch GEMM per symbol between a gather and a scatter;
             any device), ``"triton"`` (one fused grouped kernel a step,
             :mod:`~isan.engine.kernels.torch.grouped`; a GPU, or the CPU device under Triton's
@@ -121,17 +128,17 @@ class TorchStreams:
 
     name = "torch"
 
-    def __init__(self, device: str | torch.device = "cpu", dtype: str = "float32", block: int = BLOCK_STEPS,
+    def __init__(self, device: str | torch.device = "cpu", dtype: str = "float32", block: int | None = None,
                  step: str = "auto", precision: str = "ieee"):
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}; got {dtype!r}")
-        if int(block) < 1:
+        if block is not None and int(block) < 1:
             raise ValueError(f"block must be at least 1; got {block}")
         if step not in STEPS:
             raise ValueError(f"step must be one of {', '.join(STEPS)}; got {step!r}")
         self.device = torch.device(device)
         self.dtype = dtype
-        self.block = int(block)
+        self.block = int(block) if block is not None else None
         self._tdtype = _DTYPES[dtype]
         self._model: _DeviceModel | None = None
         self._grouped = None  # the Triton step's module, where it runs
@@ -250,13 +257,22 @@ class TorchStreams:
                               float(limit), steps_done, residual, diverged)
         return StreamsResult(int(total), steps_done, residual, diverged)
 
+    def _block_steps(self, rows: int, longest: int) -> int:
+        """Steps a block runs without pairs: ``block`` if given; on the CPU device
+        :data:`BLOCK_STEPS`; on a GPU the longest row's, as far as :data:`BLOCK_BYTES` allows."""
+        if self.block is not None:
+            return self.block
+        if self.device.type == "cpu":
+            return BLOCK_STEPS
+        return max(BLOCK_STEPS, min(longest, BLOCK_BYTES // (56 * max(1, rows))))
+
     def _run(self, model, ids, start, length, H, bits, pairs, stop_ratio, check_every, limit,
              steps_done, residual, diverged) -> int:
         dev, tdt = self.device, self._tdtype
         dm = self.device_model(model)
         d, K = dm.d, dm.K
         P = len(start)
-        blk = check_every if pairs else self.block
+        blk = check_every if pairs else self._block_steps(P, int(length.max()))
         lo, hi = int(start.min()), int((start + length).max())  # the span the rows read: only it travels
         # the ids travel and stay in the narrowest type that holds the alphabet (uint8 for K <= 256: a
         # quarter of int32's bytes); a block widens only its own symbols
