@@ -54,6 +54,8 @@ def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, which: str = "b
 
     with tempfile.TemporaryDirectory(prefix="isan-cert-") as cert_dir:
         if kind == "isan":
+            if "W" not in tensors and cfg["model"].get("structure") == "dplr":  # latest/: no materialised W
+                tensors = {**tensors, "W": dplr_dense_W(tensors["a"], tensors["U"], tensors["V"])}
             basis = tensors.get("P")
             tensors = {n: tensors[n] for n in ISAN_TENSORS}
             extra = None
@@ -67,6 +69,16 @@ def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, which: str = "b
                             normalizer=normalizer if normalizer is not None else normalizer_for(cfg, alphabet))
 
 
+
+
+def dplr_dense_W(a: np.ndarray, U: np.ndarray, V: np.ndarray) -> np.ndarray:
+    """The dense maps of a structured ISAN (``isan train --structure dplr``, issue #48): ``W[k] = diag(a[k]) +
+    U[k] V[k]^T``, float32 (K, d, d) from a (K, d), U and V (K, d, r); the same affine maps exactly, so the
+    bundle is a normal dense ISAN bundle."""
+    W = np.einsum("kir,kjr->kij", np.asarray(U, np.float64), np.asarray(V, np.float64))
+    idx = np.arange(W.shape[1])
+    W[:, idx, idx] += np.asarray(a, np.float64)
+    return W.astype(np.float32)
 
 
 def is_stable(cfg: dict) -> bool:

@@ -53,6 +53,9 @@ class TrainConfig:
     ema: float = 0.0  # decay of an exponential moving average of the weights (0: none); any model
     lr_schedule: str = "plateau"  # plateau: times lr_decay when valid does not improve; cosine: over the budget
     lr_min: float = 0.02  # cosine: the final rate as a fraction of lr
+    # ---- structure (issue 48; train/structured.py; isan on characters only) ----
+    structure: str = "dense"  # dense: W[x] (d, d); dplr: W[x] = diag(a[x]) + U[x] V[x]^T, U and V (d, rank)
+    rank: int | None = None  # dplr only: the rank r of U V^T
     # ---- distillation (issue 37; train/distill.py; language models only) ----
     teacher: str | None = None  # an exported ISAN bundle with the same alphabet, trained on the same split;
     #                             several, comma-separated: an ensemble, distilled as the mixture of their q

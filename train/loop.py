@@ -150,6 +150,13 @@ class Trainer(RunDirectory):
             raise IsanError(f"unknown lr schedule {cfg.lr_schedule!r}; choose plateau or cosine")
         if cfg.state_dropout:
             init["state_dropout"] = cfg.state_dropout
+        if cfg.structure != "dense" or cfg.rank is not None:  # issue 48: W[x] = diag(a) + U V^T (train/structured.py)
+            from isan.train.structured import structure_problem
+
+            problem = structure_problem(cfg.structure, cfg.rank, cfg.model, cfg.d, cfg.stable_rho, cfg.stable_basis,
+                                        cfg.teacher, cfg.alphabet, dist is not None)
+            if problem:
+                raise IsanError(problem)
         self.teacher_logq = None  # (N, V) float16 log q over the train split (train/distill.py)
         self.train_ids = self.corpus.train  # what an epoch reads: the train split, and any synthetic text
         check_synthetic_chars(cfg.synthetic_chars, V)  # a whole number 0 or more that fits in memory, before any work
@@ -165,6 +172,10 @@ class Trainer(RunDirectory):
             self.model = StableISAN(K, V, d, rho=cfg.stable_rho, basis=cfg.stable_basis,
                                     basis_penalty=cfg.stable_basis_penalty, exact_every=cfg.stable_exact_every,
                                     seed=cfg.seed, **init).to(cfg.device)
+        elif cfg.structure == "dplr":
+            from isan.train.structured import DPLRISAN
+
+            self.model = DPLRISAN(K, V, cfg.d, cfg.rank, seed=cfg.seed, **init).to(cfg.device)
         else:
             self.model = build_model(self.task.model_kind if self.task else cfg.model, K, V, d=cfg.d,
                                      params=cfg.params, seed=cfg.seed, **init).to(cfg.device)

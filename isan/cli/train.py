@@ -97,11 +97,15 @@ class CharCount(click.ParamType):
 @click.option("--synthetic-chars", type=CharCount(), default=0, show_default=True,
               help="With --teacher: sample this many characters of text from the teacher (the ensemble's "
                    "mixture), kept with its distributions in --out, and train on it beside the train split.")
+@click.option("--structure", type=click.Choice(["dense", "dplr"]), default="dense", show_default=True,
+              help="isan only: each symbol's map dense (d x d), or dplr: diag(a) + U V^T with U, V (d x R), "
+                   "d (2R + 1) multiply-adds a step (issue #48; needs --d and --rank).")
+@click.option("--rank", type=int, default=None, help="With --structure dplr: the rank R of U V^T.")
 @friendly
 def train(model, out_dir, data, dataset, params, d, batch_size, bptt, lr, lr_decay, weight_decay, clip, max_epochs,
           max_chars, max_steps, patience, eval_every, seed, device, threads, init_scale, progress, orders,
           alphabet, inputs, valid_data, distributed, stable_rho, stable_basis, stable_exact_every, state_dropout,
-          ema, lr_schedule, lr_min, teacher, distill, synthetic_chars):
+          ema, lr_schedule, lr_min, teacher, distill, synthetic_chars, structure, rank):
     """Train MODEL (default: isan) on text8-10M or a text file; resumes a run found in --out.
 
     MODEL: isan, rnn, irnn, gru, lstm, linear, linear_nlro, isan_nobias, or ngram (interpolated
@@ -121,6 +125,13 @@ def train(model, out_dir, data, dataset, params, d, batch_size, bptt, lr, lr_dec
         raise click.UsageError("--init-scale applies to irnn only")
     if stable_basis and not stable_rho:
         raise click.UsageError("--stable-basis goes with --stable-rho RHO")
+    if structure != "dense" or rank is not None:
+        from isan.train.structured import structure_problem
+
+        problem = structure_problem(structure, rank, model, d, stable_rho, stable_basis, ",".join(teacher) or None,
+                                    alphabet, distributed)
+        if problem:
+            raise click.UsageError(problem)
     from isan.train.loop import TrainConfig, Trainer
 
     cfg = TrainConfig(model=model, d=d, params=None if d else params, data=data, dataset=dataset,
@@ -131,7 +142,7 @@ def train(model, out_dir, data, dataset, params, d, batch_size, bptt, lr, lr_dec
                       valid_data=valid_data, stable_rho=stable_rho, stable_basis=stable_basis,
                       stable_exact_every=stable_exact_every, state_dropout=state_dropout, ema=ema,
                       lr_schedule=lr_schedule, lr_min=lr_min, teacher=",".join(teacher) or None, distill=distill,
-                      synthetic_chars=synthetic_chars)
+                      synthetic_chars=synthetic_chars, structure=structure, rank=rank)
     # on resume the saved config rules, except for the budget options given on this command line
     # (a default must not override: `--patience` defaulting to 2 ended a resumed run set to 1000)
     ctx = click.get_current_context()
