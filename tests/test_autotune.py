@@ -196,3 +196,50 @@ def test_the_real_timing_is_short_and_complete():
     t = at.time_variants(nat, candidates(), repeats=1)
     assert set(t) == set(candidates())
     assert all(x["seconds"] > 0 and x["gflops"] > 0 for x in t.values())
+
+
+# ---- the team's threads placed on physical cores (team.c; opt-in: ISAN_PIN_THREADS=1) ----
+def test_pin_plan_covers_the_affinity_mask_one_core_first(monkeypatch):
+    import os
+
+    monkeypatch.delenv("ISAN_PIN_THREADS", raising=False)
+    assert nat.pin_plan() == ([], 0)  # off unless asked for
+    monkeypatch.setenv("ISAN_PIN_THREADS", "1")
+    cpus, n_cores = nat.pin_plan()
+    allowed = os.sched_getaffinity(0)
+    assert sorted(cpus) == sorted(allowed) and len(set(cpus)) == len(cpus)
+    assert 1 <= n_cores <= len(cpus)
+    monkeypatch.setenv("ISAN_PIN_THREADS", "0")
+    assert nat.pin_plan() == ([], 0)
+
+
+def test_pin_plan_respects_a_narrower_mask():
+    """A worker process limited to some CPUs (as corpus workers may be) plans within them only."""
+    import os
+    import subprocess
+    import sys
+
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    code = (f"import os; os.sched_setaffinity(0, {{{cpu}}}); from isan.engine.kernels import _native as n; "
+            "print(n.pin_plan())")
+    env = {**os.environ, "ISAN_PIN_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    assert out.strip() == f"([{cpu}], 1)"
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_pinning_does_not_change_results(default_engine, text8_test, monkeypatch, threads):
+    model = StreamModel.from_params(default_engine.params32)
+    P, L = 24, 300
+    start = np.arange(P, dtype=np.int64) * L
+    length = np.full(P, L, dtype=np.int64)
+    ids = np.ascontiguousarray(default_engine.encode(text8_test[: P * L]), dtype=np.int32)
+    H0 = model.rows(np.tile(default_engine.params.h0, (P, 1)))
+    out = []
+    for pin in ("1", "0"):
+        monkeypatch.setenv("ISAN_PIN_THREADS", pin)
+        H, bits = H0.copy(), np.zeros(P * L)
+        run_streams(model, ids, start, length, H, bits, threads=threads)
+        out.append((H, bits))
+    np.testing.assert_array_equal(out[0][0], out[1][0])
+    np.testing.assert_array_equal(out[0][1], out[1][1])

@@ -59,7 +59,9 @@ def native_status() -> dict:
     """{"available": bool, "isa": "avx512"|"avx2"|"generic"|None, "error": str|None, "threads": int,
     "tile": the register tile that runs ("avx512_14x2") or None, "tile_how": why (autotuned, cached,
     forced, default; "not yet chosen" before the first kernel call), "tile_timings": the autotune's
-    {variant: {"gflops", ...}} (empty unless timed or cached)}."""
+    {variant: {"gflops", ...}} (empty unless timed or cached), "pinning": where a team that covers
+    every core puts its threads ({"cpus": [...], "physical_cores": n}; empty unless
+    ``ISAN_PIN_THREADS=1``: opt-in)}."""
     mod = _native
     tile = _autotune.tile_status(mod) if mod is not None else {"variant": None, "how": None, "timings": {}}
     return {"available": mod is not None and os.environ.get("ISAN_KERNELS", "") != "numpy",
@@ -67,7 +69,8 @@ def native_status() -> dict:
             "error": _NATIVE_ERROR if mod is None else None,
             "threads": default_threads(),
             "tile": tile["variant"] or (mod.variant() if mod is not None else None),
-            "tile_how": tile["how"], "tile_timings": tile["timings"]}
+            "tile_how": tile["how"], "tile_timings": tile["timings"],
+            "pinning": dict(zip(("cpus", "physical_cores"), mod.pin_plan())) if mod is not None else {}}
 
 
 def autotune_kernels(force: bool = False, d: int = 216) -> dict:

@@ -8,8 +8,8 @@ timed on short probes (< 0.3 s in all, :data:`PROBES`): a round of the per-symbo
 (groups of 40 rows, 27 matrices of (d+1) x d, d = 216) with its readout, and a jumps-like round
 (groups of 12 rows, 70 matrices of (d+1) x (d + 32), about 16 MiB). The fastest is kept unless it beats the instruction set's default by less
 than :data:`MARGIN` (noise), and cached in ``$ISAN_CACHE_DIR/kernels/tile.json`` (default
-``~/.cache/isan``), keyed by the CPU model, the instruction set, the kernel build (a hash of the
-compiled module) and d; a corrupt or mismatched cache is ignored and rewritten (atomically).
+``~/.cache/isan``), keyed by the CPU model, the instruction set, the kernel build (the compiled module's size,
+time and variants) and d; a corrupt or mismatched cache is ignored and rewritten (atomically).
 
 ``ISAN_KERNEL_TILE`` forces a choice: ``auto`` (or unset: cached, else timed), ``default`` (the
 instruction set's default tile, nothing timed), or a variant (``avx512_6x4``) or instruction set
@@ -65,11 +65,14 @@ def cpu_model() -> str:
 
 
 def build_id(nat) -> str:
-    """A hash of the compiled module's file (a rebuilt kernel invalidates the cache)."""
+    """The kernel build: a hash of the compiled module's size, modification time and variants (a
+    rebuilt kernel invalidates the cache; cheaper at start-up than hashing the file's 2 MB)."""
     try:
-        return hashlib.sha256(Path(nat.__file__).read_bytes()).hexdigest()[:16]
+        st = os.stat(nat.__file__)
+        key = f"{st.st_size}:{st.st_mtime_ns}:{nat.variants()}"
     except (OSError, AttributeError):
-        return "unknown"
+        key = f"unknown:{nat.variants()}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def cache_path() -> Path:

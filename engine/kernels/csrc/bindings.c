@@ -404,6 +404,15 @@ static PyObject *py_fma_peak(PyObject *self, PyObject *args) {
 
 static PyObject *py_isa(PyObject *self, PyObject *noargs) { return PyUnicode_FromString(KERN->name); }
 
+static PyObject *py_pin_plan(PyObject *self, PyObject *noargs) {
+    static int cpus[1024];
+    int n_cores;
+    const int n = pin_plan(cpus, 1024, &n_cores);
+    PyObject *l = PyList_New(n);
+    for (int i = 0; l && i < n; i++) PyList_SET_ITEM(l, i, PyLong_FromLong(cpus[i]));
+    return l ? Py_BuildValue("(Ni)", l, n_cores) : NULL;
+}
+
 static PyObject *py_variant(PyObject *self, PyObject *noargs) { return PyUnicode_FromString(KERN->variant); }
 
 static PyObject *py_variants(PyObject *self, PyObject *noargs) {
@@ -506,6 +515,9 @@ static PyMethodDef methods[] = {
     {"isa", py_isa, METH_NOARGS, "The instruction set the kernels run with."},
     {"set_isa", py_set_isa, METH_VARARGS,
      "Choose the instruction set (generic, avx2 or avx512: its default tile) or a variant (avx512_6x4)."},
+    {"pin_plan", py_pin_plan, METH_NOARGS,
+     "([cpus], physical cores): where a team that covers every core is pinned, thread t on cpus[t] (thread 0, the "
+     "caller, is not moved); ([], 0) unless ISAN_PIN_THREADS=1 (opt-in)."},
     {"variant", py_variant, METH_NOARGS, "The variant the kernels run with: instruction set and register tile."},
     {"variants", py_variants, METH_NOARGS, "[(variant, isa, rows, vectors)] this CPU runs, each isa's default first."},
     {"time_gemm", py_time_gemm, METH_VARARGS,

@@ -1,4 +1,8 @@
 /* The thread team of a kernel call and its barrier: see team.h. */
+#define _GNU_SOURCE /* CPU_SET, pthread_setaffinity_np */
+#include <stdio.h>
+#include <unistd.h>
+
 #include "team.h"
 
 
@@ -88,11 +92,74 @@ typedef struct {
     WorkFn fn;
     void *arg;
     int tid;
+    int cpu; /* the CPU this thread is pinned to, or -1 */
     Start *start;
 } ThreadArg;
 
+/* ---- placement on physical cores (Linux: the affinity mask and /sys's topology) ---- */
+#define MAX_CPUS 1024
+static int core_of[MAX_CPUS]; /* the lowest CPU of each CPU's core (its thread_siblings_list), or -1 */
+static int n_conf = 0;
+static pthread_once_t topo_once = PTHREAD_ONCE_INIT;
+
+static void topo_init(void) {
+    long n = sysconf(_SC_NPROCESSORS_CONF);
+    n_conf = n < 1 ? 1 : n > MAX_CPUS ? MAX_CPUS : (int)n;
+    for (int c = 0; c < MAX_CPUS; c++) core_of[c] = -1;
+    for (int c = 0; c < n_conf; c++) {
+        char path[96];
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/thread_siblings_list", c);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        int first;
+        if (fscanf(f, "%d", &first) == 1 && first >= 0 && first < MAX_CPUS) core_of[c] = first;
+        fclose(f);
+    }
+}
+
+int pin_plan(int *cpus, int cap, int *n_cores) {
+    *n_cores = 0;
+#ifdef __linux__
+    const char *env = getenv("ISAN_PIN_THREADS"); /* opt-in: on a shared, busy machine a pinned thread
+                                                    * cannot leave a loaded core (unmeasured there) */
+    if (!env || env[0] != '1') return 0;
+    cpu_set_t m;
+    CPU_ZERO(&m);
+    if (sched_getaffinity(0, sizeof m, &m) != 0) return 0;
+    pthread_once(&topo_once, topo_init);
+    static _Thread_local char seen[MAX_CPUS], chosen[MAX_CPUS];
+    memset(seen, 0, sizeof seen);
+    memset(chosen, 0, sizeof chosen);
+    int n = 0;
+    for (int c = 0; c < n_conf && n < cap; c++) /* one CPU of each allowed core first */
+        if (CPU_ISSET(c, &m)) {
+            const int core = core_of[c] >= 0 ? core_of[c] : c;
+            if (!seen[core]) {
+                seen[core] = 1;
+                chosen[c] = 1;
+                cpus[n++] = c;
+            }
+        }
+    *n_cores = n;
+    for (int c = 0; c < n_conf && n < cap; c++) /* then their other hardware threads */
+        if (CPU_ISSET(c, &m) && !chosen[c]) cpus[n++] = c;
+    return n;
+#else
+    (void)cpus; (void)cap;
+    return 0;
+#endif
+}
+
 static void *thread_main(void *p) {
     ThreadArg *t = (ThreadArg *)p;
+#ifdef __linux__
+    if (t->cpu >= 0) { /* best effort: a refusal leaves the thread where the system puts it */
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(t->cpu, &one);
+        (void)pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+    }
+#endif
     pthread_mutex_lock(&t->start->mu);
     while (!t->start->go) pthread_cond_wait(&t->start->cv, &t->start->mu);
     const int nt = t->start->nt;
@@ -116,10 +183,16 @@ int run_parallel(WorkFn fn, void *arg, int nt, void (*set_nt)(void *, int), int 
     st.go = 0;
     st.nt = 1;
     int created = 1;
+    /* a team that covers every core this process may use puts thread t on the t-th of them (the
+     * caller, thread 0, stays where it is: the first core is left to it); a smaller team is not
+     * pinned, so that several of them (worker processes, server threads) never pile onto the
+     * same first cores */
+    int cpus[MAX_CPUS], n_cores = 0, n_cpus = nt > 1 ? pin_plan(cpus, MAX_CPUS, &n_cores) : 0;
+    const int pin = n_cores > 1 && nt >= n_cores;
     if (nt > 1 && pthread_mutex_init(&st.mu, NULL) == 0) {
         if (pthread_cond_init(&st.cv, NULL) == 0) {
             for (int t = 1; t < nt; t++) {
-                ta[t] = (ThreadArg){fn, arg, t, &st};
+                ta[t] = (ThreadArg){fn, arg, t, pin ? cpus[t % n_cpus] : -1, &st};
                 if (pthread_create(&th[t], NULL, thread_main, &ta[t]) != 0) break;
                 created++;
             }

@@ -45,6 +45,12 @@ extern atomic_int fault_max_threads; /* the next call gets at most this many thr
 
 typedef void (*WorkFn)(void *arg, int tid, int nt);
 
+/* The CPUs this thread may run on, one of each physical core first (their other hardware threads
+ * after), into cpus (at most cap); *n_cores: how many distinct cores. Returns the count; 0 unless
+ * ISAN_PIN_THREADS=1 (pinning is opt-in), or when the mask cannot be read. run_parallel pins a team that
+ * covers every core along it (team.c). */
+int pin_plan(int *cpus, int cap, int *n_cores);
+
 /* Run fn(arg, tid, nt) on up to nt threads (the caller is thread 0) and join them; set_nt(arg, n)
  * is called with the final count before any work starts. Returns the count (team.c). */
 int run_parallel(WorkFn fn, void *arg, int nt, void (*set_nt)(void *, int), int max_threads);
