@@ -385,26 +385,26 @@ class Engine:
         return self._planner.fallback(lengths, chunks)
 
     def score_ids(self, ids_list: Sequence[np.ndarray], hs: np.ndarray, *, chunks: str | Sequence[int] = "auto",
-                  want_bits: bool = True, threads: int | None = None, kernel: str = "auto",
+                  want_bits: bool | str = True, threads: int | None = None, kernel: str = "auto",
                   where: str | None = None):
         """Score texts already in ids, chunk-parallel, all as rows of one batch on the engine's
         backend: the one batched call under :meth:`score`, :meth:`score_batch`, :meth:`advance`,
         the server's rounds and corpus scoring (:func:`isan.engine.kernels.chunked.score_texts_chunked`).
 
         Args:
-            ids_list: B int arrays of symbol ids (output ids), each non-empty.
-            hs: (B, d) the state before each text.
+            ids_list: B int arrays of symbol ids (output ids), each non-empty; hs: (B, d) the state before each.
             chunks: ``"auto"`` (long texts cut by the backend's plan, :meth:`plan`),
                 ``"none"`` (one row a text) or the chunk count of each text (a corpus cuts each
                 document by its own length, so that its bits do not depend on its batch).
-            want_bits: False to advance the states only (no readout).
+            want_bits: False to advance the states only (no readout); ``"totals"`` for each text's
+                total bits alone (reduced on the device by a backend that can: no per-character bits).
             threads: kernel threads (default: the engine's).
             kernel: ``"auto"``, ``"chunked"``, ``"jumps"`` or ``"jumps-f16"`` (:meth:`plan`;
                 the torch backend has one kernel and ignores it).
             where: the path an error names (default: the kernel's name).
         Returns:
-            (bits per text: B float64 arrays (empty without want_bits), final states (B, d) float32
-            or the backend's state dtype, :class:`~isan.engine.kernels.chunked.ChunkedReport`).
+            (bits per text: B float64 arrays (none: empty; ``"totals"``: one (B,) float64 array), final
+            states (B, d) float32 or the backend's state dtype, :class:`~isan.engine.kernels.chunked.ChunkedReport`).
         Raises:
             StateDivergedError: a state leaves the range; located exactly by the float64 reference,
                 naming the offset in its text, with ``text_index`` the text.

@@ -70,6 +70,9 @@ class Plan:
         rtol: the correction's tolerance where the backend sets its own (None: the default).
         check_every: steps between the correction's convergence checks where the backend sets its
             own (None: the default; a GPU checks less often, each check being a synchronisation).
+        empty_bits: where the runner writes bits, ``n -> (n,) float64`` (None: ``np.empty``; a GPU's
+            runner: page-locked memory).
+        row_totals: whether the runner reduces each row's bits itself (``want_bits="totals"``).
     """
 
     kernel: str
@@ -79,10 +82,13 @@ class Plan:
     path: str | None = None
     rtol: float | None = None
     check_every: int | None = None
+    empty_bits: "Callable[[int], np.ndarray] | None" = field(default=None, repr=False)
+    row_totals: bool = False
 
     def keywords(self) -> dict:
         """The keywords of :func:`~isan.engine.kernels.chunked.score_texts_chunked` this plan sets
-        (``runner``, and ``path``, ``rtol`` and ``check_every`` where it has them)."""
+        (``runner``, and ``path``, ``rtol``, ``check_every``, ``empty_bits`` and ``row_totals`` where
+        it has them)."""
         out: dict = {"runner": self.runner}
         if self.path is not None:
             out["path"] = self.path
@@ -90,6 +96,10 @@ class Plan:
             out["rtol"] = self.rtol
         if self.check_every is not None:
             out["check_every"] = self.check_every
+        if self.empty_bits is not None:
+            out["empty_bits"] = self.empty_bits
+        if self.row_totals:
+            out["row_totals"] = True
         return out
 
 
@@ -252,7 +262,7 @@ class TorchBackend(_Kernels):
         chunks = plan.chunks(lengths, self.device, threads, self.dtype, source.forget_bound_chars(rtol=rtol)) \
             if cut else [1] * len(lengths)
         return Plan("torch", source.stream_model(), tuple(chunks), self.streams, path="chunked", rtol=rtol,
-                    check_every=plan.check_every(self.device))
+                    check_every=plan.check_every(self.device), empty_bits=self.streams.empty_bits, row_totals=True)
 
     def fallback(self, params: "ISANParams", forget_bound_chars: int | None):
         """Always :class:`~isan.engine.kernels.chunked.Float64Fallback`: the device's chunks and

@@ -155,9 +155,10 @@ class Runner(Protocol):
 def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init: np.ndarray, *,
                         chunks: Sequence[int] | None = None, guess: np.ndarray | None = None,
                         rtol: float = DEFAULT_RTOL, margin: float = DEFAULT_MARGIN, check_every: int = CHECK_EVERY,
-                        threads: int = 1, limit: float = MAX_STATE_ABS, want_bits: bool = True,
+                        threads: int = 1, limit: float = MAX_STATE_ABS, want_bits: bool | str = True,
                         runner: Runner = run_streams, fallback: "Float64Fallback | None" = None,
-                        path: str = "chunked") -> tuple[list[np.ndarray], np.ndarray, ChunkedReport, list]:
+                        path: str = "chunked", empty_bits=None, row_totals: bool = False,
+                        ) -> tuple[list[np.ndarray] | np.ndarray, np.ndarray, ChunkedReport, list]:
     """Score B texts exactly, each cut into chunks, all chunks in one batch.
 
     Args:
@@ -168,15 +169,21 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
         guess: (d,) the start state guessed for chunks after the first (default: ``h_init[0]``).
         rtol, margin, check_every: the correction's stopping rule (module docstring).
         threads: threads for the kernel.
-        want_bits: False to ingest only (no readout; final states only).
+        want_bits: True (each character's bits), ``"totals"`` (each text's total bits only) or
+            False (no readout; final states only).
         runner: :func:`run_streams`, its numpy twin :func:`run_streams_ref`, or another runner with
             their signature (:class:`Runner`); the state rows are float32, or the runner's
             ``state_dtype`` where it has one (the float64 torch runner keeps chunk starts in float64).
         fallback: how chunks whose errors do not die out are redone (default: float64 reference
             recurrence of the model, :class:`Float64Fallback`, built from ``model``'s weights).
         path: the name the report gives the kernel (``"chunked"``, ``"jumps"``).
+        empty_bits: ``n -> (n,) float64`` where the runner writes bits (default ``np.empty``; the torch
+            runner's page-locked memory on a GPU: :meth:`TorchStreams.empty_bits`).
+        row_totals: the runner reduces each row's bits itself (its ``totals`` keyword): with
+            ``want_bits="totals"`` and texts not cut, no character's bits are made on the host.
     Returns:
-        (bits per text (n_i,) float64 (empty arrays if not want_bits), final states (B, d) float32
+        (bits per text (n_i,) float64 (empty arrays if not want_bits; with ``want_bits="totals"`` one
+        (B,) float64 array, each text's total bits), final states (B, d) float32
         (float64 for a runner whose ``state_dtype`` is float64),
         report, divergences). ``divergences`` is empty, or holds one ``(text index, offset of the
         chunk in its text, the chunk's exact start state (d,), step t)``: the state before the
@@ -219,7 +226,12 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
     first[1:] = c_text[1:] != c_text[:-1]
     h_init = np.asarray(h_init, dtype=np.float64).reshape(B, d)
     g = np.asarray(guess if guess is not None else h_init[0], dtype=np.float64).reshape(d)
-    bits = np.empty(len(ids), dtype=np.float64) if want_bits else None
+    if want_bits not in (True, False, "totals"):
+        raise ValueError(f"want_bits must be True, False or 'totals'; got {want_bits!r}")
+    totals = None
+    if want_bits == "totals" and row_totals and C == B:  # one row a text: the runner sums each text's bits
+        totals = np.zeros(B, dtype=np.float64)
+    bits = (empty_bits or _empty_bits)(len(ids)) if want_bits and totals is None else None
     report = ChunkedReport(chunks=C, chars=len(ids), rtol=rtol, margin=margin, path=path)
     sdt = np.dtype(runner.state_dtype)  # the dtype of the state rows
     stop = rtol / margin
@@ -229,7 +241,8 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
     H[:, :d] = g
     H[first, :d] = h_init[c_text[first]]
     H[:, d] = 1.0
-    r1 = runner(model, ids, c_start, c_len, H, bits, threads=threads, limit=limit)
+    r1 = runner(model, ids, c_start, c_len, H, bits, threads=threads, limit=limit,
+                **({"totals": totals} if totals is not None else {}))
     report.steps, report.jumps = int(r1.total_steps), int(r1.jumps)
     F = H[:, :d].copy()  # final state of each chunk in the guess pass
     div1 = np.asarray(r1.diverged)
@@ -318,9 +331,16 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
             exact_prev, prev_matches = h64.astype(sdt), False
         if p == C - 1 or c_text[p + 1] != c_text[p]:
             finals[c_text[p]] = exact_prev
+    if want_bits == "totals":
+        return (totals if totals is not None else np.add.reduceat(bits, base[:-1])), finals, report, divergences
     bl = base.tolist()
     out_bits = [bits[bl[i] : bl[i + 1]] for i in range(B)] if want_bits else [np.zeros(0)] * B
     return out_bits, finals, report, divergences
+
+
+def _empty_bits(n: int) -> np.ndarray:
+    """Where a runner writes the bits of ``n`` characters, unless the plan says otherwise."""
+    return np.empty(n, dtype=np.float64)
 
 
 def _concat_ids(texts: Sequence[np.ndarray]) -> np.ndarray:

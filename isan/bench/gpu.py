@@ -124,6 +124,12 @@ def bench_gpu(model: str | None, data: str | Path, device: str = "cuda", repeats
                 if "kernel_device_s" in facts["profile"]:
                     row(f"{tag}: the same, the step's kernel alone (device time)", n_doc_chars,
                         facts["profile"]["kernel_device_s"], [], base_docs)
+            sec, times, tot = _median_time(lambda: eng.score_ids(docs, h0, chunks="none", want_bits="totals"),
+                                           repeats)
+            row(f"{tag}: the same, each document's total only (reduced on the device)", n_doc_chars, sec, times,
+                base_docs)
+            facts[f"docs {dt} step {st}: totals vs per-character sums (max rel)"] = float(
+                np.max(np.abs(tot[0] - doc_bits[dt, st]) / doc_bits[dt, st]))
             sec, times, _ = _median_time(lambda: eng.score_ids(docs, h0, chunks="none", want_bits=False), repeats)
             row(f"{tag}: the same, steps only (no readout)", n_doc_chars, sec, times, base_docs)
             sec, times, res = _median_time(lambda: eng.score(ids_all), repeats)
