@@ -44,7 +44,7 @@ CACHE_FORMAT, CACHE_VERSION = "isan-kernel-tile", 1
 #: 1,953 chunk rows on two threads) and 11 for 70 (a jumps-like grouping: the default
 #: table's 70 entries, smaller groups, more matrices). A microbenchmark of the GEMM alone ranked
 #: the tiles otherwise than the kernel did on an EPYC, so the kernel is what is timed.
-PROBES = (("grouped step", 27, 768, 8), ("jumps-like", 70, 768, 6))
+PROBES = (("grouped step", 27, 768, 6), ("jumps-like", 70, 768, 4))
 ENV = "ISAN_KERNEL_TILE"
 
 _lock = threading.Lock()
@@ -131,14 +131,17 @@ def _run_probe(nat, a: dict) -> float:
     return time.perf_counter() - t0
 
 
-def time_variants(nat, variants: list[str], d: int = 216, repeats: int = 3) -> dict:
-    """{variant: {"seconds": s, "gflops": g, "gflops_<probe>": g, ...}}: each variant's best time
-    over ``repeats`` runs of every probe (:data:`PROBES`), the variants in alternation each repeat
-    (a slow spell falls on all alike; the best time ignores it); "seconds" is the sum over the
-    probes (the score), GFLOP/s the useful work (the step and the readout) over it. Leaves the
-    variant that ran before in place."""
+def time_variants(nat, variants: list[str], d: int = 216, repeats: int = 6) -> dict:
+    """{variant: {"seconds": s, "halves": [s1, s2], "gflops": g, "gflops_<probe>": g, ...}}: each
+    variant's best time over ``repeats`` runs of every probe (:data:`PROBES`), the variants in
+    alternation each repeat (a slow spell falls on all alike; the best time ignores it);
+    "seconds" is the sum over the probes of the best times (the score), "halves" the same score
+    from the first and from the second half of the repeats (:func:`pick` asks both to agree),
+    GFLOP/s the useful work (the step and the readout) over it. Leaves the variant that ran
+    before in place."""
     before = nat.variant()
-    best = {v: {} for v in variants}
+    half = max(1, repeats // 2)
+    best = {v: {} for v in variants}  # {variant: {probe: [best of the first half, of the second]}}
     flops = {}
     try:
         for name, nsym, rows, length in PROBES:
@@ -146,33 +149,44 @@ def time_variants(nat, variants: list[str], d: int = 216, repeats: int = 3) -> d
             flops[name] = 2.0 * (d + 1) * (d + a["V"]) * rows * length
             nat.set_isa(variants[0])  # untimed: pages, caches and the vector unit's clock
             _run_probe(nat, a)
-            for _ in range(repeats):
+            for r in range(max(2, repeats)):
                 for v in variants:
                     nat.set_isa(v)
                     secs = _run_probe(nat, a)
-                    best[v][name] = min(secs, best[v].get(name, secs))
+                    h = best[v].setdefault(name, [float("inf"), float("inf")])
+                    h[min(1, r // half)] = min(h[min(1, r // half)], secs)
     finally:
         nat.set_isa(before)
     out = {}
     for v, probes in best.items():
-        secs = sum(probes.values())
-        out[v] = {"seconds": secs, "gflops": sum(flops.values()) / secs / 1e9,
-                  **{f"gflops_{p.replace(' ', '_').replace('-', '_')}": flops[p] / s / 1e9 for p, s in probes.items()}}
+        halves = [sum(h[i] for h in probes.values()) for i in (0, 1)]
+        secs = sum(min(h) for h in probes.values())
+        out[v] = {"seconds": secs, "halves": halves, "gflops": sum(flops.values()) / secs / 1e9,
+                  **{f"gflops_{p.replace(' ', '_').replace('-', '_')}": flops[p] / min(h) / 1e9
+                     for p, h in probes.items()}}
     return out
 
 
 def pick(timings: dict, default: str, margin: float = MARGIN) -> str:
-    """The fastest variant, unless it beats ``default`` by no more than ``margin`` (then the default).
+    """The fastest variant, unless it beats ``default`` by no more than ``margin`` (then the default),
+    or (where the timings have "halves") unless it does so in both halves of the repeats: on a
+    busy machine the two halves disagree and the default stays.
 
     >>> pick({"a_14x2": {"seconds": 1.0}, "a_6x4": {"seconds": 0.99}}, "a_14x2")
     'a_14x2'
     >>> pick({"a_14x2": {"seconds": 1.0}, "a_6x4": {"seconds": 0.8}}, "a_14x2")
     'a_6x4'
+    >>> pick({"a_14x2": {"seconds": 1.0, "halves": [1.0, 1.0]}, "a_6x4": {"seconds": 0.8, "halves": [0.8, 1.1]}}, "a_14x2")
+    'a_14x2'
     """
     fastest = min(timings, key=lambda v: timings[v]["seconds"])
-    if default in timings and timings[fastest]["seconds"] >= timings[default]["seconds"] * (1 - margin):
-        return default
-    return fastest
+    if default not in timings or fastest == default:
+        return fastest
+    f, d0 = timings[fastest], timings[default]
+    pairs = list(zip(f["halves"], d0["halves"])) if "halves" in f and "halves" in d0 else []
+    if all(a < b * (1 - margin) for a, b in [(f["seconds"], d0["seconds"]), *pairs]):
+        return fastest
+    return default
 
 
 def _key(nat, isa: str, d: int) -> str:
