@@ -224,7 +224,7 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
     C = len(c_len)
     first = np.ones(C, dtype=bool)
     first[1:] = c_text[1:] != c_text[:-1]
-    h_init = np.asarray(h_init, dtype=np.float64).reshape(B, d)
+    h_init = np.asarray(h_init).reshape(B, d)  # read in its own dtype (float32 or float64) where it is copied
     g = np.asarray(guess if guess is not None else h_init[0], dtype=np.float64).reshape(d)
     if want_bits not in (True, False, "totals"):
         raise ValueError(f"want_bits must be True, False or 'totals'; got {want_bits!r}")
@@ -237,9 +237,13 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
     stop = rtol / margin
 
     # 1. guess pass
-    H = np.zeros((C, dp), dtype=sdt)
-    H[:, :d] = g
-    H[first, :d] = h_init[c_text[first]]
+    H = np.empty((C, dp), dtype=sdt)
+    H[:, d + 1 :] = 0.0
+    if C == B:  # one chunk a text, in order: every row starts from its text's state
+        H[:, :d] = h_init
+    else:
+        H[:, :d] = g
+        H[first, :d] = h_init[c_text[first]]
     H[:, d] = 1.0
     r1 = runner(model, ids, c_start, c_len, H, bits, threads=threads, limit=limit,
                 **({"totals": totals} if totals is not None else {}))
@@ -275,15 +279,16 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
     finals = np.empty((B, d), dtype=sdt)
     divergences: list[tuple[int, int, np.ndarray, int]] = []
     uncut = bool(first.all() and (div1 < 0).all())  # one row a text, none left the range
-    if uncut:  # each text's final is its row's: the loop below has nothing to keep or redo
-        finals[c_text] = F
+    if uncut:  # each text's final is its row's (one row a text, in order): nothing to keep or redo below
+        finals[:] = F
     exact_prev = None  # exact final state of the previous chunk
     prev_matches = True  # F[p - 1] (the start chunk p's correction used) equals exact_prev
     for p in range(0 if uncut else C):
         off = int(c_start[p] - base[c_text[p]])
         if first[p]:
             if div1[p] >= 0:
-                divergences.append((int(c_text[p]), off, h_init[c_text[p]].astype(sdt), int(div1[p])))
+                divergences.append((int(c_text[p]), off, np.asarray(h_init[c_text[p]], dtype=np.float64).astype(sdt),
+                                    int(div1[p])))
                 break
             exact_prev, prev_matches = F[p], True
             redo = False

@@ -185,5 +185,28 @@ def grouped_step(h_in: torch.Tensor, h_out: torch.Tensor, WT_ext: torch.Tensor, 
         w = triton.next_power_of_2(n_cols)  # and no program for the empty tiles at the end (-1: last)
         _KERNEL[(int((tile_sym >= 0).sum()), 1)](*args, n_cols=n_cols, BM=BM, BN=w, BK=w, PREC=precision)
     else:
-        _TUNED[lambda meta: (tile_sym.numel(), triton.cdiv(n_cols, meta["BN"]))](*args, n_cols=n_cols, BM=BM,
-                                                                                PREC=precision)
+        _launch_tuned(args, tile_sym.numel(), n_cols, precision, h_in.dtype)
+
+
+#: The autotuner's choice by (width, precision, dtype), once made: later steps launch the kernel with
+#: it directly, without the autotuner's own bookkeeping a launch (about 40 us of host time of a step's
+#: 120-140 us on the H200's host, bench_results/gpu_h200/run4: the long text launches 1,441 steps).
+_CHOSEN: dict = {}
+
+
+def _launch_tuned(args: tuple, tiles: int, n_cols: int, precision: str, dtype) -> None:
+    """One step on a GPU: through the autotuner until it has chosen for this key, then directly
+    with its choice (a direct launch that fails falls back to the autotuner for good)."""
+    key = (n_cols, precision, dtype)
+    cfg = _CHOSEN.get(key)
+    if cfg:
+        try:
+            _KERNEL[(tiles, triton.cdiv(n_cols, cfg.kwargs["BN"]))](
+                *args, n_cols=n_cols, BM=BM, PREC=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                **cfg.kwargs)
+            return
+        except Exception:  # noqa: BLE001 - a Triton whose launch API differs: the autotuner still works
+            _CHOSEN[key] = False
+    _TUNED[lambda meta: (tiles, triton.cdiv(n_cols, meta["BN"]))](*args, n_cols=n_cols, BM=BM, PREC=precision)
+    if cfg is None and getattr(_TUNED, "best_config", None) is not None:
+        _CHOSEN[key] = _TUNED.best_config
