@@ -198,8 +198,10 @@ class Alphabet(IdsOrText, SameInputs):
         bad = (a < 0) | (a >= n)
         if bad.any():
             raise AlphabetError(f"id {int(a[np.argmax(bad)])} is out of range for an alphabet of {n} symbols")
-        codes = np.array([ord(s) for s in self.symbols], dtype="<u4")
-        return codes[a].tobytes().decode("utf-32-le", "surrogatepass")
+        codes = [ord(s) for s in self.symbols]
+        if max(codes) < 256:  # one byte a character (latin-1 is code points 0-255): a quarter of the bytes
+            return np.array(codes, dtype=np.uint8)[a].tobytes().decode("latin-1")
+        return np.array(codes, dtype="<u4")[a].tobytes().decode("utf-32-le", "surrogatepass")
 
     def to_list(self) -> list[str]:
         return list(self.symbols)
