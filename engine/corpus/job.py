@@ -21,7 +21,7 @@ from pathlib import Path
 from isan.atomic import write_json_atomic
 from isan.errors import IsanError, install_hint
 from isan.engine.corpus.readers import FORMATS, detect_format, expand_inputs, is_url  # noqa: F401
-from isan.engine.corpus.scoring import DEFAULT_BATCH_CHARS, DocScorer, corpus_path
+from isan.engine.corpus.scoring import DEFAULT_BATCH_CHARS, DocScorer, corpus_path  # noqa: F401
 from isan.engine.corpus.writers import COLUMNS_V1
 # the per-file units every runner shares (the workers and the Ray actors import them from parts.py, not from here)
 from isan.engine.corpus.parts import FileParts, JobConfig, _file_error_row, load_corpus_engine, process_file  # noqa: F401
@@ -139,11 +139,11 @@ def _check_job(out: Path, cfg: JobConfig) -> None:
 def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = "auto", text_field: str = "text",
                  id_field: str | None = "id", per_line: bool = False, runner: str = "local",
                  ray_address: str | None = None, model: str | None = None, normalize: str = "auto",
-                 unknown: str = "error", replacement: str | None = None, batch_chars: int = DEFAULT_BATCH_CHARS,
+                 unknown: str = "error", replacement: str | None = None, batch_chars: int | None = None,
                  per_char_max: int = 0, part_docs: int = 10_000, part_chars: int = 32_000_000,
                  threads: int | None = None, progress: bool = True, ray_actors: int | None = None,
                  ray_cpus_per_actor: float = 1, engine=None, device: str = "cpu", dtype: str = "float32",
-                 workers: int = 1) -> dict:
+                 workers: int = 1, readers: int | None = None) -> dict:
     """Score every document of a corpus with an ISAN and write Parquet shards and ``summary.json``.
 
     Args:
@@ -156,13 +156,20 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
             running cluster, e.g. ``ray://head:10001`` or ``HOST:6379``, or None to start a local one).
         model: a bundle directory (default: the shipped model). ``engine``: an Engine instead (local only).
         normalize, unknown, replacement: as for :meth:`Engine.score`.
-        batch_chars: characters scored together in one call of the batched kernel.
+        batch_chars: characters scored together in one call of the batched kernel (default: the
+            backend's, ``Backend.batch_chars``: 2M on the CPU, 32M on a GPU; the output does not
+            depend on it on the CPU's kernels).
         per_char_max: also keep per-character bits of documents of at most this many scored characters.
         part_docs, part_chars: an output part (the unit of resumption) closes after this many documents or characters.
         threads: kernel threads of the local runner (default: all the CPUs this process may use),
             of each worker process when ``workers`` > 1 (default there: 1).
         workers: worker processes of the local runner (:mod:`isan.engine.corpus.workers`); the
             output files are the same whatever their number.
+        readers: with a backend that runs a job in one process (a GPU, or float64: the torch
+            backend), reader processes that read, decompress, parse, normalise and map the
+            documents to ids for it (:mod:`isan.engine.corpus.feed`); 0 reads in the scoring
+            process; default: a CPU each but one, at most 15 (0 for inputs under 4 MB). The output
+            files are the same for any number.
         progress: show a progress bar (stderr).
         ray_actors, ray_cpus_per_actor: Ray actors (default: the cluster's CPUs / CPUs per actor) and CPUs each.
         device, dtype: where and in what the kernels run (:meth:`Engine.load`): ``device="cuda"``
@@ -188,7 +195,7 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
     if not paths:
         raise IsanError("no input files; give paths, globs or directories of JSONL, Parquet or text files")
     for k, v in {"part_docs": part_docs, "part_chars": part_chars, "batch_chars": batch_chars}.items():
-        if v < 1:
+        if v is not None and v < 1:
             raise IsanError(f"{k} must be at least 1; got {v}")
     if per_char_max < 0:
         raise IsanError(f"per_char_max must be at least 0; got {per_char_max}")
@@ -209,7 +216,13 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
     if workers > 1 and engine.kernels.one_process:
         raise IsanError("worker processes run the CPU's compiled kernels: on the torch backend (a GPU, or float64) "
                         "one process drives the device (and its GEMMs choose their kernels by shape, so a "
-                        "document's last bits could depend on how the work was cut); use workers=1")
+                        "document's last bits could depend on how the work was cut); use workers=1, and readers "
+                        "to read and prepare the documents in other processes")
+    if readers is not None and readers > 0 and not (runner == "local" and engine.kernels.one_process):
+        raise IsanError("reader processes feed a backend that runs a job in one process (a GPU, or float64) on the "
+                        "local runner; the CPU's kernels take worker processes: use workers")
+    if batch_chars is None and not on_actors:
+        batch_chars = engine.kernels.batch_chars  # the backend's (the Ray actors' own on their device)
     kernel = f"torch-{device.split(':')[0]}-{dtype}" if on_actors else corpus_path(engine)  # as the actors name it
     cfg = JobConfig(model=str(model) if model else None, params_sha256=engine.params_sha256, kernel=kernel,
                     device=device if on_actors else engine.kernels.device,
@@ -242,8 +255,20 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
             where = {"runner": "local", **facts}
         else:
             scorer = DocScorer(engine, cfg.options(threads))
-            records = [process_file(scorer, cfg, p, shards, on_part=on_part) for p in paths]
-            where = {"runner": "local", "workers": 1, "threads": scorer.threads}
+            n_readers = 0
+            if engine.kernels.one_process:
+                from isan.engine.corpus.feed import plan_readers
+
+                n_readers = plan_readers(readers, input_bytes([str(p) for p in paths]))
+            if n_readers > 0:
+                from isan.engine.corpus.feed import run_readers
+
+                records, facts = run_readers(paths, cfg, shards, scorer, n_readers, on_part=on_part)
+            else:
+                records = [process_file(scorer, cfg, p, shards, on_part=on_part) for p in paths]
+                facts = {"readers": 0} if engine.kernels.one_process else {}
+            where = {"runner": "local", "workers": 1, "threads": scorer.threads, "batch_chars": scorer.batch_chars,
+                     **facts}
         if runner == "local" and engine.kernels.rounding is not None:  # say where it ran
             where.update(engine.kernels.describe())
     finally:

@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 from isan.atomic import write_json_atomic
 from isan.engine.corpus.readers import InputFileError, read_docs
-from isan.engine.corpus.scoring import DEFAULT_BATCH_CHARS, ROW_MAX_CHARS, DocScorer, ScoreOptions
+from isan.engine.corpus.scoring import ROW_MAX_CHARS, DocScorer, ScoreOptions
 from isan.engine.corpus.writers import COLUMNS, part_name, part_totals, rows_totals, shard_key, write_part
 
 
@@ -42,7 +42,8 @@ class JobConfig:
     #: the parts' columns (writers.COLUMNS); a job started before changed_fraction keeps COLUMNS_V1
     columns: list = field(default_factory=lambda: list(COLUMNS))
     # not part of the output's identity (the kernel records what the device and dtype change)
-    batch_chars: int = field(default=DEFAULT_BATCH_CHARS, compare=False)
+    #: characters a call of the batched kernel holds (None: the backend's, ``Backend.batch_chars``)
+    batch_chars: int | None = field(default=None, compare=False)
     device: str = field(default="cpu", compare=False)
     dtype: str = field(default="float32", compare=False)
 

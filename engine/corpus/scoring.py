@@ -33,6 +33,8 @@ import numpy as np
 
 from isan.errors import EmptyTextError, IsanError, StateDivergedError
 from isan.engine.corpus.readers import Doc
+# the rows' helpers live with the preparation (a reader process makes the rows of documents that cannot be scored)
+from isan.engine.corpus.prepared import COUNT_KEYS, PreparedDocs, _fill, _message, _row, changed_fraction, prepare_docs  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +44,9 @@ ROW_MAX_CHARS = 65_536
 LONG_DOC_THREADS = 2
 #: characters of a block when a long document is scored block by block
 BLOCK_CHARS = 1_000_000
-#: characters a batch of rows holds (bounds memory: ~40 bytes a character)
+#: characters a batch of rows holds on the CPU (bounds memory: ~40 bytes a character); the job's default
+#: is the backend's (``Backend.batch_chars``: this on the CPU, more on a GPU)
 DEFAULT_BATCH_CHARS = 2_000_000
-COUNT_KEYS = ("changed", "dropped", "skipped", "replaced")
 
 
 def corpus_path(engine) -> str:
@@ -85,106 +87,64 @@ class ScoreOptions:
     normalize: str = "auto"
     unknown: str = "error"
     replacement: str | None = None
-    batch_chars: int = DEFAULT_BATCH_CHARS
+    batch_chars: int | None = None  # characters a call holds (None: the backend's, ``Backend.batch_chars``)
     row_max_chars: int = ROW_MAX_CHARS
     per_char_max: int = 0  # keep per-character bits of documents of at most this many scored characters
     threads: int | None = None  # threads of the row kernel (default: all the CPUs this process may use)
 
 
-def _row(doc: Doc, error: str | None = None) -> dict:
-    return {"id": doc.id, "index": doc.index, "chars_read": 0, "chars_scored": 0, "bits": 0.0, "bpc": None,
-            **{k: 0 for k in COUNT_KEYS}, "changed_fraction": None, "error": error or doc.error, "per_char_bits": None}
-
-
-def changed_fraction(report: dict) -> float | None:
-    """The share of a text's characters that did not reach the model as they were, from a
-    normalisation report (``Prepared.report``): ``(changed + dropped + skipped + replaced) /
-    chars_read``, at most 1 (a spelled-out digit skipped by the alphabet would count twice); None
-    when nothing was read. 1.0 for text in another script (it scores as a space), 0.0 for text
-    already in the model's alphabet."""
-    read = int(report.get("chars_read", 0))
-    if read <= 0:
-        return None
-    return min(1.0, sum(int(report.get(k, 0)) for k in COUNT_KEYS) / read)
-
-
-def _fill(row: dict, report: dict | None, chars: int, bits: float) -> dict:
-    report = report or {}
-    row["chars_read"] = int(report.get("chars_read", 0))
-    row["chars_scored"] = int(chars)
-    row["bits"] = float(bits)
-    row["bpc"] = float(bits) / chars if chars else None
-    for k in COUNT_KEYS:
-        row[k] = int(report.get(k, 0))
-    row["changed_fraction"] = changed_fraction(report)
-    return row
-
-
-def _message(e: Exception) -> str:
-    msg = str(e).strip() or type(e).__name__
-    return f"{type(e).__name__}: {msg}"
-
-
 class DocScorer:
-    """Scores lists of :class:`Doc` into output rows (dicts; see :mod:`isan.engine.corpus.writers`)."""
+    """Scores lists of :class:`Doc` into output rows (dicts; see :mod:`isan.engine.corpus.writers`):
+    :func:`~isan.engine.corpus.prepared.prepare_docs` then :meth:`score_prepared`, which a reader
+    process and the scoring process may share between them (:mod:`isan.engine.corpus.feed`)."""
 
     def __init__(self, engine, options: ScoreOptions | None = None):
         self.engine = corpus_engine(engine)
         self.opt = options or ScoreOptions()
-        if self.opt.batch_chars < 1:
+        #: characters a call of the batched kernel holds: the option, else the backend's
+        #: (``Backend.batch_chars``: 2M on the CPU, 32M on a GPU); rows do not depend on it on
+        #: the CPU's kernels
+        if self.opt.batch_chars is not None and self.opt.batch_chars < 1:
             raise IsanError(f"batch_chars must be at least 1; got {self.opt.batch_chars}")
+        self.batch_chars = int(self.opt.batch_chars or self.engine.kernels.batch_chars)
         from isan.engine.kernels import default_threads
 
         #: threads of the batched kernel (results do not depend on them)
         self.threads = int(self.opt.threads or default_threads())
         self.seconds = 0.0
 
+    def prepare(self, docs: list[Doc]) -> PreparedDocs:
+        """``docs`` read, normalised and mapped to ids in this process (:func:`prepare_docs`)."""
+        o = self.opt
+        return prepare_docs(self.engine, docs, o.normalize, o.unknown, o.replacement, o.row_max_chars)
+
     def score(self, docs: list[Doc]) -> list[dict]:
         t0 = time.perf_counter()
-        docs = list(docs)
-        rows: list[dict | None] = [None] * len(docs)
-        short: list[tuple[int, object]] = []  # (position, Prepared)
-        o = self.opt
-        for k, doc in enumerate(docs):
-            if doc.error is not None:
-                rows[k] = _row(doc)
-                continue
-            if doc.text is None and doc.blocks is not None and 0 <= doc.chars <= 4 * o.row_max_chars:
-                # a small file: read it whole, so that it scores as the same text from any format
-                try:
-                    doc = docs[k] = Doc(doc.index, doc.id, "".join(doc.blocks()), chars=doc.chars)
-                except (IsanError, OSError) as e:
-                    rows[k] = _row(doc, _message(e))
-                    continue
-            if doc.text is None or len(doc.text) > 2 * o.row_max_chars + 16:
-                rows[k] = self._score_long(doc)
-                continue
-            try:
-                prep = self.engine.prepare(doc.text, o.normalize, o.unknown, o.replacement)
-            except IsanError as e:
-                rows[k] = _row(doc, _message(e))
-                continue
-            if len(prep.ids) == 0:
-                rows[k] = _fill(_row(doc, "EmptyTextError: the document is empty" + (
-                    " after normalisation" if doc.text else "")), prep.report, 0, 0.0)
-                rows[k]["bpc"] = None
-                continue
-            if len(prep.ids) > o.row_max_chars:
-                rows[k] = self._score_long(doc)
-                continue
-            short.append((k, prep))
-        # longest first, batches of about batch_chars characters: rows of like length finish together
-        short.sort(key=lambda kp: -len(kp[1].ids))
-        batch: list[tuple[int, object]] = []
+        prepared = self.prepare(docs)
+        self.seconds += time.perf_counter() - t0
+        return self.score_prepared(prepared)
+
+    def score_prepared(self, p: PreparedDocs) -> list[dict]:
+        """The rows of a part's prepared documents, in its order: long documents in blocks, the
+        others longest first in batches of about ``batch_chars`` characters (rows of like length
+        finish together)."""
+        t0 = time.perf_counter()
+        rows = list(p.rows)
+        for k in p.long:
+            rows[k] = self._score_long(p.docs[k])
+        ids = p.ids.astype(np.int64)  # as Engine.prepare gives them
+        b = p.bounds
+        order = sorted(range(len(p.short)), key=lambda j: -int(b[j + 1] - b[j]))
+        batch: list[int] = []
         size = 0
-        for item in short:
-            batch.append(item)
-            size += len(item[1].ids)
-            if size >= o.batch_chars:
-                self._score_rows(docs, batch, rows)
+        for j in order:
+            batch.append(j)
+            size += int(b[j + 1] - b[j])
+            if size >= self.batch_chars:
+                self._score_rows(p, ids, batch, rows)
                 batch, size = [], 0
         if batch:
-            self._score_rows(docs, batch, rows)
+            self._score_rows(p, ids, batch, rows)
         self.seconds += time.perf_counter() - t0
         return rows  # type: ignore[return-value]
 
@@ -202,33 +162,38 @@ class DocScorer:
                                    kernel=kernel if eng.kernels.runs_tables else "chunked")
         return bits
 
-    def _score_rows(self, docs: list[Doc], batch: list, rows: list) -> None:
+    def _score_rows(self, p: PreparedDocs, ids: np.ndarray, batch: list[int], rows: list) -> None:
+        """Score the short documents ``batch`` (positions in ``p.short``) as one batch into ``rows``."""
         from isan.engine.results import in_input_terms
 
         o = self.opt
+        b = p.bounds
         todo = list(batch)
         while todo:
             try:
-                res = self._bits([p.ids for _, p in todo])
+                res = self._bits([ids[b[j] : b[j + 1]] for j in todo])
             except StateDivergedError as e:  # that document is recorded; the others are scored again
                 i = getattr(e, "text_index", None)
                 if i is None or not 0 <= i < len(todo):
-                    for k, _ in todo:
-                        rows[k] = _row(docs[k], _message(e))
+                    for j in todo:
+                        rows[p.short[j]] = _row(p.docs[p.short[j]], _message(e))
                     return
-                k, prep = todo.pop(i)
+                j = todo.pop(i)
+                k = p.short[j]
+                prep = p.prepared(j, ids[b[j] : b[j + 1]])
                 msg = str(in_input_terms(e, prep, self.engine.alphabet.symbols))
-                rows[k] = _fill(_row(docs[k], f"StateDivergedError: {msg}"), prep.report, 0, 0.0)
+                rows[k] = _fill(_row(p.docs[k], f"StateDivergedError: {msg}"), prep.report, 0, 0.0)
                 rows[k]["bpc"] = None
                 continue
             except IsanError as e:
-                for k, _ in todo:
-                    rows[k] = _row(docs[k], _message(e))
+                for j in todo:
+                    rows[p.short[j]] = _row(p.docs[p.short[j]], _message(e))
                 return
-            for (k, prep), b in zip(todo, res):
-                row = _fill(_row(docs[k]), prep.report, len(b), float(b.sum()))
-                if o.per_char_max and len(b) <= o.per_char_max:
-                    row["per_char_bits"] = np.asarray(b, dtype=np.float64)
+            for j, bits in zip(todo, res):
+                k = p.short[j]
+                row = _fill(_row(p.docs[k]), p.reports[j], len(bits), float(bits.sum()))
+                if o.per_char_max and len(bits) <= o.per_char_max:
+                    row["per_char_bits"] = np.asarray(bits, dtype=np.float64)
                 rows[k] = row
             return
 

@@ -180,6 +180,7 @@ def run_workers(paths: list[str], cfg, shards: Path, workers: int, threads: int,
         IsanError: a worker could not load the model, or died; what was written stands.
     """
     from isan.engine.corpus.parts import FileParts
+    from isan.engine.corpus.scoring import DEFAULT_BATCH_CHARS  # the CPU's: workers run its kernels
 
     if threads < 1 or workers < 1:
         raise IsanError(f"workers and threads must be at least 1; got {workers}, {threads}")
@@ -238,7 +239,7 @@ def run_workers(paths: list[str], cfg, shards: Path, workers: int, threads: int,
                 nxt = next(parts, None)
                 part = _Part(fp, part_path, docs, file_error, last=nxt is None)
                 if docs and not part_path.is_file():
-                    for piece in pieces(docs, workers, cfg.batch_chars):
+                    for piece in pieces(docs, workers, cfg.batch_chars or DEFAULT_BATCH_CHARS):
                         part.futures.append(ex.submit(_score_piece, piece))
                         in_flight += 1
                 queue.append(part)

@@ -44,8 +44,9 @@ def _existing_inputs(ctx, param, inputs):
 @click.option("--ray-actors", type=int, default=None, help="Ray actors (default: the cluster's CPUs / --ray-cpus-per-actor).")
 @click.option("--ray-cpus-per-actor", type=float, default=1.0, show_default=True, help="CPUs (and kernel threads) per actor.")
 @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
-@click.option("--batch-chars", type=int, default=2_000_000, show_default=True,
-              help="Characters scored together in one call of the batched kernel (memory: about 40 bytes each).")
+@click.option("--batch-chars", type=int, default=None,
+              help="Characters scored together in one call of the batched kernel (memory: about 40 bytes each; "
+                   "default: the backend's, 2,000,000 on the CPU, 32,000,000 on a GPU).")
 @click.option("--per-char-max", type=int, default=0, show_default=True,
               help="Also store per-character bits for documents of at most this many scored characters (0: none).")
 @click.option("--part-docs", type=int, default=10_000, show_default=True,
@@ -55,6 +56,11 @@ def _existing_inputs(ctx, param, inputs):
                    "this process may use divided by --threads; inputs under 4 MB: 1); the output is the same for any number.")
 @click.option("--threads", type=int, default=None,
               help="Kernel threads of each worker (default: 1, or the CPUs divided by --workers when that is given).")
+@click.option("--readers", type=int, default=None,
+              help="With --device cuda (or --dtype float64), processes that read, decompress, parse, normalise and "
+                   "map the documents to ids for the one scoring process, a whole input file each (default: the "
+                   "CPUs but one, at most 15; inputs under 4 MB: 0, in the scoring process); the output is the "
+                   "same for any number.")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True,
               help="cuda: score on the GPU with the torch backend (the gpu extra; with --runner ray one actor a "
                    "GPU); auto: cuda when torch sees a GPU.")
@@ -66,8 +72,8 @@ def _existing_inputs(ctx, param, inputs):
 @unknown_options
 @friendly
 def corpus_score_cmd(inputs, out, fmt, text_field, id_field, per_line, runner, ray_address, ray_actors,
-                     ray_cpus_per_actor, model, batch_chars, per_char_max, part_docs, workers, threads, device, dtype,
-                     progress, as_json, normalize, unknown, replacement):
+                     ray_cpus_per_actor, model, batch_chars, per_char_max, part_docs, workers, threads, readers, device,
+                     dtype, progress, as_json, normalize, unknown, replacement):
     """Score every document of INPUT... (paths, globs, directories, fsspec URLs) into --out DIR.
 
     DIR gets shards/*.parquet (per document: id, chars read and scored, bits, bpc, the
@@ -78,9 +84,11 @@ def corpus_score_cmd(inputs, out, fmt, text_field, id_field, per_line, runner, r
 
     if ray_address:
         runner = "ray"
-    for name, v in (("--threads", threads), ("--workers", workers)):
+    for name, v in (("--threads", threads), ("--workers", workers), ("--batch-chars", batch_chars)):
         if v is not None and v < 1:
             raise UserError(f"{name} must be at least 1; got {v}")
+    if readers is not None and readers < 0:
+        raise UserError(f"--readers must be at least 0; got {readers}")
     if runner == "ray":
         if workers is not None:
             raise UserError("--workers is the local runner's; the Ray runner has --ray-actors")
@@ -94,7 +102,7 @@ def corpus_score_cmd(inputs, out, fmt, text_field, id_field, per_line, runner, r
                            normalize=normalize, unknown=unknown, replacement=replacement, batch_chars=batch_chars,
                            per_char_max=per_char_max, part_docs=part_docs, threads=threads, progress=progress,
                            ray_actors=ray_actors, ray_cpus_per_actor=ray_cpus_per_actor, device=device, dtype=dtype,
-                           workers=workers or 1)
+                           workers=workers or 1, readers=readers)
     if as_json:
         emit_json(summary)
         return
@@ -107,7 +115,8 @@ def corpus_score_cmd(inputs, out, fmt, text_field, id_field, per_line, runner, r
     rate = f"{_rate(run['docs_per_s'])} docs/s, {_rate(run['chars_per_s'])} chars/s" if run["seconds"] else ""
     skipped = run["files_skipped"]
     how = run["runner"] + (f", {_count(run['workers'], 'worker')} x {_count(run['threads'], 'thread')}"
-                           if "workers" in run else "")
+                           if "workers" in run else "") + (f", {_count(run['readers'], 'reader')}"
+                                                           if run.get("readers") else "")
     click.echo(f"this run ({how}): {_count(run['documents'], 'document')} in {run['seconds']:.1f} s "
                f"({rate}); {_count(skipped, 'file')} {'was' if skipped == 1 else 'were'} complete already")
     for fe in summary["file_errors"][:5]:
