@@ -14,7 +14,7 @@ from isan.engine import Engine  # noqa: E402
 from isan.engine.kernels.chunked import score_texts_chunked  # noqa: E402
 from isan.engine.kernels.torch import TorchStreams  # noqa: E402
 from isan.engine.reference import score_ref  # noqa: E402
-from isan.errors import IsanError  # noqa: E402
+from isan.errors import IsanError, StateDivergedError  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="no CUDA GPU")])]
@@ -132,3 +132,106 @@ def test_backend_options_reach_the_runner_and_unknown_ones_are_refused(default_e
         Engine.load(default_engine.source, progress_bar=False, dtype="float64", kernels="torch", step="mm",
                     precision="tf32x3")
     assert Engine.load(default_engine.source, progress_bar=False, kernels=eng.kernels).kernels is eng.kernels
+
+
+# ---- batches through the overlapped pipeline (engine/batches.py, kernels/torch/pipeline.py) ----------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from isan.engine.batches import score_batches  # noqa: E402
+
+
+def _batches(ids: np.ndarray, sizes: list[list[int]], h0: np.ndarray, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for lens in sizes:
+        starts = rng.integers(0, len(ids) - max(lens), len(lens))
+        out.append(([ids[s : s + n] for s, n in zip(starts, lens)], np.tile(h0, (len(lens), 1))))
+    return out
+
+
+@settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_pipelined_batches_equal_one_call_each(default_engine, text8_test, dtype, data):
+    """Hypothesis-made batches (1-4 batches of 1-30 documents of 1-300 characters) through the
+    torch backend's overlapped pipeline: each batch's totals, bits and final states equal those of
+    one ``score_ids`` call of that batch (float64: to 1e-13; float32: to 1e-6 relative), and the
+    totals equal the bits' sums."""
+    eng = Engine.load(default_engine.source, progress_bar=False, dtype=dtype, kernels="torch", step="mm")
+    ids = default_engine.encode(text8_test[:20_000])
+    sizes = data.draw(st.lists(st.lists(st.integers(1, 300), min_size=1, max_size=30), min_size=1, max_size=4))
+    batches = _batches(ids, sizes, eng.params.h0, seed=len(sizes))
+    tol = 1e-13 if dtype == "float64" else 1e-6
+    got_bits = list(score_batches(eng, batches, want="bits"))
+    got_tot = list(score_batches(eng, batches, want="totals"))
+    assert len(got_bits) == len(got_tot) == len(batches)
+    for (texts, hs), (bits, fin_b), (tot, fin_t) in zip(batches, got_bits, got_tot):
+        ref_bits, ref_fin, _ = eng.score_ids(texts, hs, chunks="none")
+        for b, r in zip(bits, ref_bits):
+            np.testing.assert_allclose(b, r, rtol=tol, atol=0)
+        np.testing.assert_allclose(tot, [b.sum() for b in bits], rtol=1e-13)
+        np.testing.assert_allclose(fin_b, ref_fin, rtol=tol, atol=tol)
+        np.testing.assert_array_equal(fin_t, fin_b)
+
+
+def test_batches_on_the_cpu_kernels_are_score_ids_in_turn(default_engine, docs):
+    """The native backend has no pipeline: its batches are ``score_ids`` calls one after the other
+    (the same states exactly; each total is the host's sum of the same bits)."""
+    h0 = np.tile(default_engine.params.h0, (len(docs), 1))
+    (tot, fin), = score_batches(default_engine, [(docs, h0)])
+    bits, ref_fin, _ = default_engine.score_ids(docs, h0, chunks="none")
+    np.testing.assert_allclose(tot, np.array([b.sum() for b in bits]), rtol=1e-14)
+    np.testing.assert_array_equal(fin, ref_fin)
+    (none, fin_n), = score_batches(default_engine, [(docs, h0)], want="none")
+    assert none is None and np.array_equal(fin_n, ref_fin)
+
+
+@pytest.mark.parametrize("kernels", ["native", "torch"])
+def test_a_diverging_document_is_located_then_the_next_batches_score(kernels, default_engine):
+    """The unconstrained model's state overflows on repeated 'z': the error names the document,
+    its batch and the offset, as ``score_ids`` does; the same engine then scores good batches."""
+    from tests.conftest import UNCONSTRAINED
+
+    dtype = "float32" if kernels == "native" else "float64"
+    eng = Engine.load(UNCONSTRAINED, progress_bar=False, kernels=kernels, dtype=dtype)
+    good = [eng.encode("the cat sat on the mat "), eng.encode("a dog ran ")]
+    bad = [eng.encode("the cat "), eng.encode("z" * 200)]
+    h = np.tile(eng.params.h0, (2, 1))
+    with pytest.raises(StateDivergedError) as err:
+        list(score_batches(eng, [(good, h), (bad, h), (good, h)]))
+    assert err.value.text_index == 1 and err.value.batch_index == 1 and err.value.offset is not None
+    ((tot, _),) = score_batches(eng, [(good, h)])
+    np.testing.assert_allclose(tot, [b.sum() for b in eng.score_ids(good, h, chunks="none")[0]], rtol=1e-12)
+
+
+def test_the_host_builds_the_next_batch_while_the_device_works(default_engine, docs, monkeypatch):
+    """The overlap, shown on a fake device whose batches are done only when collected: a batch's
+    results are collected only after the next batch was built and submitted (submit 0, submit 1,
+    collect 0, submit 2, collect 1, ...), so the host's build of batch k + 1 runs while the device
+    works on batch k; and the results are the same as without the fake."""
+    from isan.engine.kernels.torch import pipeline
+
+    events, real_submit, real_result = [], pipeline.submit, pipeline.Pending.result
+
+    def logged_submit(*a, **kw):
+        p = real_submit(*a, **kw)
+        events.append("submit")
+        return p
+
+    def logged_result(self):
+        events.append("collect")
+        return real_result(self)
+
+    eng = Engine.load(default_engine.source, progress_bar=False, dtype="float64", kernels="torch", step="mm")
+    h0 = np.tile(eng.params.h0, (4, 1))
+    batches = [(docs[4 * k : 4 * k + 4], h0) for k in range(4)]
+    plain = list(score_batches(eng, batches))
+    monkeypatch.setattr(pipeline, "submit", logged_submit)
+    monkeypatch.setattr(pipeline.Pending, "result", logged_result)
+    out = list(score_batches(eng, batches))
+    assert events == ["submit", "submit", "collect", "submit", "collect", "submit", "collect", "collect"]
+    for (t1, f1), (t2, f2) in zip(plain, out):
+        np.testing.assert_array_equal(t1, t2)
+        np.testing.assert_array_equal(f1, f2)

@@ -605,14 +605,16 @@ def test_bench_gpu_quick_run_on_the_cpu_device(text8_path):
 
     r = bench_gpu(None, text8_path, device="cpu", repeats=1, sizes=QUICK_SIZES, log=lambda m: None)
     names = [row["name"] for row in r["rows"]]
-    # the CPU kernels' two rows, then four for each dtype (documents, totals only, steps only, long text)
-    assert len(names) == 10 and names[0].startswith("CPU compiled kernels") and r["gpu"]["device"] == "cpu"
+    # the CPU kernels' two rows, then five for each dtype (documents, totals only, overlapped batches,
+    # steps only, long text)
+    assert len(names) == 12 and names[0].startswith("CPU compiled kernels") and r["gpu"]["device"] == "cpu"
     assert all(row["chars_per_s"] > 0 and row["chars"] > 0 for row in r["rows"])
     f = r["facts"]
     assert "errors" not in f
     assert f["docs float64 step mm: max rel vs the float64 reference (8 docs)"] <= 1e-12
     assert f["docs float32 step mm: max rel vs float64 step mm"] <= 1e-6
     assert f["docs float64 step mm: totals vs per-character sums (max rel)"] <= 1e-13
+    assert f["docs float64 step mm: overlapped totals vs one call's (max rel)"] <= 1e-13
     assert f["long text float32 step mm: rel vs float64"] <= 1e-6 and f["long text float64 step mm"]["bits_rel_vs_cpu"] <= 1e-6
     md = markdown(r)
     assert md.startswith("Machine:") and "docs float64 step mm: max rel vs the float64 reference" in md

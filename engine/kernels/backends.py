@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Protocol, Sequence, runtime_checkable
 
 from isan.errors import BackendUnavailableError, IsanError, install_hint
 
 if TYPE_CHECKING:  # names for the annotations only
-    from isan.engine.kernels.chunked import Runner
+    from isan.engine.kernels.chunked import BatchResult, Runner
     from isan.engine.kernels.jumps import JumpTable
     from isan.engine.kernels.streams import StreamModel
     from isan.params import ISANParams
@@ -156,6 +156,9 @@ class Backend(Protocol):
 
     def fallback(self, params: "ISANParams", forget_bound_chars: int | None): ...
 
+    def batches(self, model: "StreamModel", batches: Iterable, want: str = "totals",
+                threads: int = 1) -> "Iterator[BatchResult]": ...
+
     def describe(self) -> dict: ...
 
 
@@ -177,6 +180,15 @@ class _Kernels:
     def batch_chars(self) -> int:
         """Characters a call should hold where the caller chooses (:class:`Backend`)."""
         return GPU_BATCH_CHARS if self.device.startswith("cuda") else CPU_BATCH_CHARS
+
+    def batches(self, model: "StreamModel", batches: Iterable, want: str = "totals",
+                threads: int = 1) -> "Iterator[BatchResult]":
+        """Batches of documents (``(texts, hs)`` pairs; one row a document, none cut), each one's
+        :class:`~isan.engine.kernels.chunked.BatchResult` in order: here one after the other
+        (:func:`~isan.engine.kernels.chunked.score_batches_in_turn`); on a GPU overlapped."""
+        from isan.engine.kernels.chunked import score_batches_in_turn
+
+        return score_batches_in_turn(self.streams, model, batches, want, threads)
 
     def describe(self) -> dict:
         """``{"backend", "device", "dtype"}``: what ran."""
@@ -263,6 +275,15 @@ class TorchBackend(_Kernels):
             if cut else [1] * len(lengths)
         return Plan("torch", source.stream_model(), tuple(chunks), self.streams, path="chunked", rtol=rtol,
                     check_every=plan.check_every(self.device), empty_bits=self.streams.empty_bits, row_totals=True)
+
+    def batches(self, model: "StreamModel", batches: Iterable, want: str = "totals",
+                threads: int = 1) -> "Iterator[BatchResult]":
+        """Batches of documents, each one's results in order, the host building and submitting
+        batch k + 1 while the device works on batch k
+        (:func:`~isan.engine.kernels.torch.pipeline.overlapped`)."""
+        from isan.engine.kernels.torch.pipeline import overlapped
+
+        return overlapped(self.streams, model, batches, want)
 
     def fallback(self, params: "ISANParams", forget_bound_chars: int | None):
         """Always :class:`~isan.engine.kernels.chunked.Float64Fallback`: the device's chunks and

@@ -55,6 +55,39 @@ CHECK_EVERY = 16
 
 
 @dataclass
+class BatchResult:
+    """One batch of documents' results (:meth:`Backend.batches`; one row a document, none cut).
+
+    Attributes:
+        values: (B,) float64 each document's total bits (``"totals"``), a list of B (n_i,) float64
+            arrays of each character's bits (``"bits"``), or None (``"none"``).
+        finals: (B, d) each document's final state (the runner's state dtype).
+        diverged: (B,) int64: -1, or the step at which the document's state left the range (its
+            values are then not meaningful: the caller locates it with the float64 reference).
+    """
+
+    values: object
+    finals: np.ndarray
+    diverged: np.ndarray
+
+
+def score_batches_in_turn(runner: "Runner", model: StreamModel, batches, want: str = "totals",
+                          threads: int = 1, limit: float = MAX_STATE_ABS):
+    """Each batch of documents through :func:`score_texts_chunked` (one row a document), one after
+    the other: what a backend without an overlapped pipeline does (:meth:`Backend.batches`)."""
+    wants = {"totals": "totals", "bits": True, "none": False}
+    if want not in wants:
+        raise ValueError(f"want must be one of {', '.join(wants)}; got {want!r}")
+    for texts, hs in batches:
+        values, finals, _, div = score_texts_chunked(model, texts, hs, chunks=[1] * len(texts), threads=threads,
+                                                     limit=limit, want_bits=wants[want], runner=runner)
+        diverged = np.full(len(texts), -1, dtype=np.int64)
+        for i, _off, _h, t in div:
+            diverged[i] = t
+        yield BatchResult(values if want != "none" else None, finals, diverged)
+
+
+@dataclass
 class ChunkedReport:
     """How chunk-parallel scoring went (see the module docstring).
 

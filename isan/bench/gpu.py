@@ -31,8 +31,8 @@ import numpy as np
 from isan.bench.engine import machine, median_time
 
 #: The issue's sizes: 65,536 documents of 512 characters; the long text is the whole data file.
-SIZES = {"docs": 65_536, "doc_chars": 512, "long_chars": None, "check_docs": 256}
-QUICK_SIZES = {"docs": 48, "doc_chars": 200, "long_chars": 30_000, "check_docs": 8}
+SIZES = {"docs": 65_536, "doc_chars": 512, "long_chars": None, "check_docs": 256, "pipeline_batches": 4}
+QUICK_SIZES = {"docs": 48, "doc_chars": 200, "long_chars": 30_000, "check_docs": 8, "pipeline_batches": 2}
 
 
 def _median_time(fn, repeats: int) -> tuple[float, list[float], object]:
@@ -72,6 +72,7 @@ def bench_gpu(model: str | None, data: str | Path, device: str = "cuda", repeats
     device = resolve_device(device)
     src = model or default_model_path()
     cpu = Engine.load(src, progress_bar=False)
+    from isan.engine.batches import score_batches
     from isan.errors import IsanError
 
     if runs is None:
@@ -130,6 +131,12 @@ def bench_gpu(model: str | None, data: str | Path, device: str = "cuda", repeats
                 base_docs)
             facts[f"docs {dt} step {st}: totals vs per-character sums (max rel)"] = float(
                 np.max(np.abs(tot[0] - doc_bits[dt, st]) / doc_bits[dt, st]))
+            n_batches = sz["pipeline_batches"]
+            sec, times, outs = _median_time(lambda: list(score_batches(eng, [(docs, h0)] * n_batches)), repeats)
+            row(f"{tag}: {n_batches} such batches, overlapped (score_batches, totals)", n_batches * n_doc_chars, sec,
+                times, base_docs)
+            facts[f"docs {dt} step {st}: overlapped totals vs one call's (max rel)"] = float(
+                max(np.max(np.abs(o[0] - tot[0]) / tot[0]) for o in outs))
             sec, times, _ = _median_time(lambda: eng.score_ids(docs, h0, chunks="none", want_bits=False), repeats)
             row(f"{tag}: the same, steps only (no readout)", n_doc_chars, sec, times, base_docs)
             sec, times, res = _median_time(lambda: eng.score(ids_all), repeats)

@@ -426,7 +426,10 @@ class _Block:
     one, so no state is copied to be kept. Nothing in a step waits for the host."""
 
     def __init__(self, runner: TorchStreams, dm: _DeviceModel, Hall, act, P: int, ids_d, start_d, length_d,
-                 t0: int, blk: int, limit: float):
+                 t0: int, blk: int, limit: float, n_steps: int | None = None):
+        """``n_steps``: the block's steps with a live row where the caller knows them (every row
+        from step ``t0``: the longest row's steps left, at most ``blk``); then the Triton step's
+        block waits for nothing on the host (the ``mm`` step still reads its group sizes there)."""
         dev = Hall.device
         K = dm.K
         self.runner, self.dm, self.Hall, self.act, self.P, self.limit = runner, dm, Hall, act, P, limit
@@ -442,8 +445,11 @@ class _Block:
         self.perm = order.indices
         counts = torch.zeros(blk, K + 1, dtype=torch.int64, device=dev)
         counts.scatter_add_(1, order.values, torch.ones_like(order.values))
-        self.counts = counts.cpu().numpy()  # one transfer for the whole block
-        self.n_steps = int((self.counts[:, :K].sum(axis=1) > 0).sum())  # steps with a live row
+        if n_steps is None or runner.step == "mm":
+            self.counts = counts.cpu().numpy()  # one transfer for the whole block
+            self.n_steps = int((self.counts[:, :K].sum(axis=1) > 0).sum())  # steps with a live row
+        else:
+            self.counts, self.n_steps = None, int(n_steps)
         if runner.step == "triton":
             self.tile_rows, self.tile_sym = runner._grouped.tile_layout(
                 order.values[: self.n_steps], self.perm[: self.n_steps], K + 1, counts=counts[: self.n_steps])
