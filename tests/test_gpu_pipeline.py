@@ -153,13 +153,15 @@ def _batches(ids: np.ndarray, sizes: list[list[int]], h0: np.ndarray, seed: int 
 
 @settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_pipelined_batches_equal_one_call_each(default_engine, text8_test, dtype, data):
+def test_pipelined_batches_equal_one_call_each(default_engine, text8_test, device, dtype, data):
     """Hypothesis-made batches (1-4 batches of 1-30 documents of 1-300 characters) through the
     torch backend's overlapped pipeline: each batch's totals, bits and final states equal those of
     one ``score_ids`` call of that batch (float64: to 1e-13; float32: to 1e-6 relative), and the
     totals equal the bits' sums."""
-    eng = Engine.load(default_engine.source, progress_bar=False, dtype=dtype, kernels="torch", step="mm")
+    eng = Engine.load(default_engine.source, progress_bar=False, device=device, dtype=dtype, kernels="torch",
+                      step="mm" if device == "cpu" else "auto")  # a GPU: the fused Triton step in float32
     ids = default_engine.encode(text8_test[:20_000])
     sizes = data.draw(st.lists(st.lists(st.integers(1, 300), min_size=1, max_size=30), min_size=1, max_size=4))
     batches = _batches(ids, sizes, eng.params.h0, seed=len(sizes))
