@@ -132,7 +132,7 @@ class DocScorer:
         rows = list(p.rows)
         for k in p.long:
             rows[k] = self._score_long(p.docs[k])
-        ids = p.ids.astype(np.int64)  # as Engine.prepare gives them
+        ids = p.ids  # uint8 where the alphabet allows: the kernels take ids of any integer type
         b = p.bounds
         order = sorted(range(len(p.short)), key=lambda j: -int(b[j + 1] - b[j]))
         batch: list[int] = []
