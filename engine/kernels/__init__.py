@@ -68,9 +68,9 @@ def native_status() -> dict:
             "isa": mod.isa() if mod is not None else None,
             "error": _NATIVE_ERROR if mod is None else None,
             "threads": default_threads(),
-            "tile": tile["variant"] or (mod.variant() if mod is not None else None),
+            "tile": tile["variant"] or (mod.variant() if hasattr(mod, "variant") else None),
             "tile_how": tile["how"], "tile_timings": tile["timings"],
-            "pinning": dict(zip(("cpus", "physical_cores"), mod.pin_plan())) if mod is not None else {}}
+            "pinning": dict(zip(("cpus", "physical_cores"), mod.pin_plan())) if hasattr(mod, "pin_plan") else {}}
 
 
 def autotune_kernels(force: bool = False, d: int = 216) -> dict:

@@ -279,7 +279,8 @@ def ensure(nat) -> None:
         except Exception as e:  # the kernels run with their default tile whatever goes wrong here
             log.warning("choosing the kernels' register tile failed (%s); running the default tile", e)
             _done = True
-            _status.update(variant=nat.variant(), how="default (the autotune failed)", timings={})
+            variant = getattr(nat, "variant", None)  # a module built before the tiles has none
+            _status.update(variant=variant() if variant else None, how="default (the autotune failed)", timings={})
 
 
 def _choose(nat, force: bool, d: int) -> None:
@@ -326,6 +327,6 @@ def tile_status(nat) -> dict:
     autotune (empty when nothing was timed)}."""
     out = dict(_status)
     out["timings"] = {k: dict(v) for k, v in (out.get("timings") or {}).items()}
-    if nat is not None and out["variant"] is not None and nat.variant() != out["variant"]:
+    if nat is not None and out["variant"] is not None and hasattr(nat, "variant") and nat.variant() != out["variant"]:
         out.update(variant=nat.variant(), how="set by set_isa")  # the tests, or a caller, chose another
     return out
