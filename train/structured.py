@@ -8,14 +8,16 @@ and the attribution ``kappa`` of eqs. 4-6 hold with ``W[x] = dense_W()[x]`` (:me
 
 What it follows:
   * S4 (Gu, Goel and Re 2022, "Efficiently Modeling Long Sequences with Structured State Spaces", ICLR),
-    its diagonal-plus-low-rank (DPLR) state matrix ``A = Lambda - P Q^*`` (section 3: a normal matrix, made
-    diagonal, plus a low-rank correction). Here the diagonal is real and learned per input symbol, and the
-    correction ``U V^T`` has rank r; S4's use of the form (a Cauchy kernel and the Woodbury identity for a
-    convolution kernel) does not apply to an input-switched recurrence, only the matrix form does.
+    its diagonal-plus-low-rank (DPLR) state matrix ``A = Lambda - P Q^*`` (a normal matrix, diagonalised,
+    plus a low-rank correction; the paper's section 3, "the S4 parameterization"). Here the diagonal is real
+    and learned per input symbol, and the correction ``U V^T`` has rank r; S4's use of the form (a Cauchy
+    kernel and the Woodbury identity for a convolution kernel) does not apply to an input-switched
+    recurrence, only the matrix form does. (Read from secondary sources, not the paper's text:
+    results/structured/README.md says which.)
   * The LRU (Orvieto et al. 2023, "Resurrecting Recurrent Neural Networks for Long Sequences", ICML): a
-    linear, diagonal recurrence whose eigenvalues are initialised on a ring ``r_min <= |lambda| <= r_max``
-    (uniformly over the ring's area) with spread phases. A real diagonal's only phases are 0 and pi, so
-    :class:`DPLRISAN` draws ``|a|`` on the ring and a random sign.
+    linear, diagonal recurrence whose eigenvalues are initialised uniformly on a ring ``r_min <= |lambda|
+    <= r_max`` with phases in ``[0, max_phase]``. A real diagonal's only phases are 0 and pi, so
+    :class:`DPLRISAN` draws ``|a|`` on the ring (uniform over its area) and a random sign.
   * Stability as in the dense ISAN (train/models.py, ``init_scale`` 0.95): ``||W[x]||_2 <= max|a[x]| +
     ||U[x]||_2 ||V[x]||_2 <= r_max + lowrank_scale = 0.95`` at the start.
 
