@@ -15,7 +15,10 @@
 #   bash isan/bench/gpu_check.sh --gpu-only    # no scaling tables and no probe
 #
 # ISAN_GPU_STEPS chooses the runs of `isan bench gpu` (default float32:triton,float64:triton) and
-# ISAN_GPU_BENCH_ARGS adds options to it.
+# ISAN_GPU_BENCH_ARGS adds options to it; ISAN_GPU_TESTS the test files; ISAN_GPU_PROBE=0 leaves the
+# probe out; ISAN_GPU_CORPUS_MB (default 400; set, it runs in any mode) the corpus's size;
+# ISAN_GPU_SCALING (engine,corpus,serve in full; set, in any mode) which scaling tables run, and
+# ISAN_GPU_SERVE_SECONDS (default 5) each server load's length.
 #
 # The check installs the carried wheels and isan itself (--no-deps --no-build-isolation: the C
 # kernels compile there), starts issue #48's probe (results/structured/probe.sh: three training runs
@@ -82,12 +85,13 @@ MARK="-m gpu"  # the tests' CPU halves run in CI; here the ones marked gpu, on C
 # issue #48's probe (results/structured/probe.sh): three training runs at once on the GPU (each leaves
 # most of it idle), in the background while the tests run; waited for before the benchmarks
 PROBE_PID=""
-if [ "$MODE" = "" ] && [ -f results/structured/probe.sh ]; then
+if [ "$MODE" = "" ] && [ "${ISAN_GPU_PROBE:-1}" != 0 ] && [ -f results/structured/probe.sh ]; then
     ( RUNS=/tmp/isan-probe DEVICE=cuda PARALLEL=1 timeout 420 bash results/structured/probe.sh \
         > "$OUT_DIR/probe.log" 2>&1; echo "probe exit $?" >> "$OUT_DIR/probe.log" ) &
     PROBE_PID=$!
 fi
-step tests 150 bash -c "python3 -m pytest -q -p no:cacheprovider -rs $MARK tests/test_torch_backend.py tests/test_backends.py tests/test_gpu_pipeline.py tests/test_scan_dense.py 2>&1 | tee '$OUT_DIR/gpu_tests.log' | tail -15; exit \${PIPESTATUS[0]}"
+TESTS=${ISAN_GPU_TESTS:-tests/test_torch_backend.py tests/test_backends.py tests/test_gpu_pipeline.py tests/test_scan_dense.py}
+step tests 150 bash -c "python3 -m pytest -q -p no:cacheprovider -rs $MARK $TESTS 2>&1 | tee '$OUT_DIR/gpu_tests.log' | tail -15; exit \${PIPESTATUS[0]}"
 if [ -n "$PROBE_PID" ]; then
     t0=$SECONDS; wait "$PROBE_PID" || true
     status+=("probe: $(tail -1 "$OUT_DIR/probe.log") (waited $((SECONDS - t0)) s after the tests)")
@@ -99,12 +103,20 @@ step "bench gpu" 300 bash -c "$ISAN bench gpu --data '$TEXT8' --profile --steps 
 if [ "$MODE" = "" ] || [ -n "${ISAN_GPU_CORPUS_MB:-}" ]; then  # issue #47 part 3: a JSONL (zstd) corpus, one GPU process
 step "corpus gpu" 200 bash -c "bash isan/bench/gpu_corpus.sh '$GPU_DIR/data' ${ISAN_GPU_CORPUS_MB:-400} '$OUT_DIR' 2>&1 | tee -a '$OUT_DIR/check.log'; exit \${PIPESTATUS[0]}"
 fi
-if [ "$MODE" != "--no-scaling" ] && [ "$MODE" != "--gpu-only" ]; then
+SCALING=${ISAN_GPU_SCALING:-}
+if [ "$MODE" = "" ] && [ -z "$SCALING" ]; then SCALING=engine,corpus,serve; fi
+if [ -n "$SCALING" ]; then
 CORES=$(nproc)
 COUNTS=$(python3 -c "n=$CORES; c=[1]; [c.append(c[-1]*2) for _ in range(8) if c[-1]*2<=n]; print(','.join(map(str,c+([n] if c[-1]!=n else []))))")
-step "engine scaling" 150 bash -c "$ISAN bench engine --data '$TEXT8' --repeats 1 --no-peers --no-progress --threads $COUNTS --out '$OUT_DIR/scaling_engine.json' 2>&1 | tee -a '$OUT_DIR/check.log'; exit \${PIPESTATUS[0]}"
-step "corpus scaling" 100 bash -c "$ISAN bench corpus --data-dir '$GPU_DIR/data' --mb 20 --no-ray --workers $COUNTS --out '$OUT_DIR/scaling_corpus.json' 2>&1 | tee -a '$OUT_DIR/check.log'; exit \${PIPESTATUS[0]}"
-step "serve scaling" 100 bash -c "$ISAN bench serve --data '$TEXT8' --only http --duration 5 --workers 1,2,4,8 --out '$OUT_DIR/scaling_serve.json' 2>&1 | tee -a '$OUT_DIR/check.log'; exit \${PIPESTATUS[0]}"
+if [[ ,$SCALING, == *,engine,* ]]; then
+    step "engine scaling" 150 bash -c "$ISAN bench engine --data '$TEXT8' --repeats 1 --no-peers --no-progress --threads $COUNTS --out '$OUT_DIR/scaling_engine.json' 2>&1 | tee -a '$OUT_DIR/check.log'; exit \${PIPESTATUS[0]}"
+fi
+if [[ ,$SCALING, == *,corpus,* ]]; then
+    step "corpus scaling" 100 bash -c "$ISAN bench corpus --data-dir '$GPU_DIR/data' --mb 20 --no-ray --workers $COUNTS --out '$OUT_DIR/scaling_corpus.json' 2>&1 | tee -a '$OUT_DIR/check.log'; exit \${PIPESTATUS[0]}"
+fi
+if [[ ,$SCALING, == *,serve,* ]]; then
+    step "serve scaling" 100 bash -c "$ISAN bench serve --data '$TEXT8' --only http --duration ${ISAN_GPU_SERVE_SECONDS:-5} --workers 1,2,4,8 --out '$OUT_DIR/scaling_serve.json' 2>&1 | tee -a '$OUT_DIR/check.log'; exit \${PIPESTATUS[0]}"
+fi
 fi
 printf "%s\n" "${status[@]}" | tee -a "$OUT_DIR/check.log"
 echo "results in $OUT_DIR"
