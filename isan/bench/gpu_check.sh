@@ -16,7 +16,8 @@
 #
 # ISAN_GPU_STEPS chooses the runs of `isan bench gpu` (default float32:triton,float64:triton) and
 # ISAN_GPU_BENCH_ARGS adds options to it; ISAN_GPU_TESTS the test files; ISAN_GPU_PROBE=0 leaves the
-# probe out; ISAN_GPU_CORPUS_MB (default 400; set, it runs in any mode) the corpus's size;
+# probe out, ISAN_GPU_PROBE=last runs it (in any mode) after everything else, alone on the card, for at
+# most ISAN_GPU_PROBE_SECONDS (default 600); ISAN_GPU_CORPUS_MB (default 400; set, it runs in any mode) the corpus's size;
 # ISAN_GPU_SCALING (engine,corpus,serve in full; set, in any mode) which scaling tables run, and
 # ISAN_GPU_SERVE_SECONDS (default 5) each server load's length.
 #
@@ -85,7 +86,7 @@ MARK="-m gpu"  # the tests' CPU halves run in CI; here the ones marked gpu, on C
 # issue #48's probe (results/structured/probe.sh): three training runs at once on the GPU (each leaves
 # most of it idle), in the background while the tests run; waited for before the benchmarks
 PROBE_PID=""
-if [ "$MODE" = "" ] && [ "${ISAN_GPU_PROBE:-1}" != 0 ] && [ -f results/structured/probe.sh ]; then
+if [ "$MODE" = "" ] && [ "${ISAN_GPU_PROBE:-1}" = 1 ] && [ -f results/structured/probe.sh ]; then
     ( RUNS=/tmp/isan-probe DEVICE=cuda PARALLEL=1 timeout 420 bash results/structured/probe.sh \
         > "$OUT_DIR/probe.log" 2>&1; echo "probe exit $?" >> "$OUT_DIR/probe.log" ) &
     PROBE_PID=$!
@@ -117,6 +118,16 @@ fi
 if [[ ,$SCALING, == *,serve,* ]]; then
     step "serve scaling" 100 bash -c "$ISAN bench serve --data '$TEXT8' --only http --duration ${ISAN_GPU_SERVE_SECONDS:-5} --workers 1,2,4,8 --out '$OUT_DIR/scaling_serve.json' 2>&1 | tee -a '$OUT_DIR/check.log'; exit \${PIPESTATUS[0]}"
 fi
+fi
+if [ "${ISAN_GPU_PROBE:-}" = last ] && [ -f results/structured/probe.sh ]; then
+    # the probe alone on the GPU after the measurements (none of them shares the card with it); its
+    # training logs are copied to $OUT_DIR as they grow, so that a run cut short still brings them back
+    ( while sleep 10; do for f in /tmp/isan-probe/*/train_log.jsonl; do
+          [ -f "$f" ] && cp "$f" "$OUT_DIR/probe_$(basename "$(dirname "$f")").jsonl"; done; done ) &
+    COPIER=$!
+    step probe "${ISAN_GPU_PROBE_SECONDS:-600}" bash -c "RUNS=/tmp/isan-probe DEVICE=cuda PARALLEL=1 THREADS=4 bash results/structured/probe.sh 2>&1 | tail -20 | tee -a '$OUT_DIR/check.log'"
+    kill "$COPIER" 2>/dev/null || true
+    for f in /tmp/isan-probe/*/train_log.jsonl; do [ -f "$f" ] && cp "$f" "$OUT_DIR/probe_$(basename "$(dirname "$f")").jsonl"; done
 fi
 printf "%s\n" "${status[@]}" | tee -a "$OUT_DIR/check.log"
 echo "results in $OUT_DIR"
