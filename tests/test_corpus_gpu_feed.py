@@ -203,3 +203,14 @@ def test_reader_and_batch_options(corpus, tmp_path):
     r = subprocess.run([sys.executable, "-m", "isan.cli", "corpus", "score", str(corpus / "a.jsonl"), "--out",
                         str(tmp_path / "y"), "--readers", "-1"], capture_output=True, text=True)
     assert r.returncode == 2 and "--readers must be at least 0" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bench_readers_table(tmp_path, text8_path):
+    """`python -m isan.bench.corpus DATA --readers 1`: the reading side alone on a small corpus, a
+    row per count (in process first), each run's files equal to the first's, the table printed."""
+    from isan.bench.corpus import bench_readers, readers_markdown
+
+    r = bench_readers(text8_path.parent.parent, mb=0.3, files=2, readers=[1], log=lambda m: None, work_dir=tmp_path)
+    assert [row["readers"] for row in r["rows"]] == [0, 1] and all(row["identical"] for row in r["rows"])
+    assert r["rows"][1]["first_part_seconds"] is not None and r["rows"][0]["chars"] == r["rows"][1]["chars"] > 0
+    assert "| readers | seconds | chars/s |" in readers_markdown(r)

@@ -23,6 +23,12 @@ share of the documents; chars/s, the speed-up against one worker, isan's ratio t
 count, the share of the wall time the driver was busy (reading, cutting and writing: the serial
 part), and the serial fraction s that Amdahl's law gives from the speed-up at N (S = 1 / (s + (1 -
 s) / N)), with what that s predicts for 16 cores.
+
+:func:`bench_readers` (``python -m isan.bench.corpus DATA_DIR --readers 1,2,4``) times the reading side
+of a one-process (GPU) job alone: the same corpus compressed with zstd, read, decompressed, parsed,
+normalised and mapped to ids by N reader processes (:mod:`isan.engine.corpus.feed`) feeding a scorer
+whose device takes no time (its parts are written with zero bits): the most characters a second the
+readers can hand a GPU on this machine.
 """
 
 from __future__ import annotations
@@ -416,3 +422,130 @@ def markdown(result: dict) -> str:
                          f"{'yes' if r['identical'] else 'NO'} | {busy} | {sf} | {p16} |"
                          + (f" {r['kenlm_chars_per_s']:,.0f} | {r['isan_over_kenlm']:.2f} |" if kl else ""))
     return "\n".join(lines)
+
+
+class _NoDevice:
+    """A scorer whose device takes no time: each part's rows with their counts and zero bits
+    (``PreparedDocs.rows_without_bits``), so that a run measures the reading side alone."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def score(self, docs: list) -> list[dict]:
+        from isan.engine.corpus.prepared import prepare_docs
+
+        return prepare_docs(self.engine, docs).rows_without_bits()
+
+    def score_prepared(self, prepared) -> list[dict]:
+        return prepared.rows_without_bits()
+
+
+def zstd_corpus(corpus: Path) -> Path:
+    """The corpus's JSONL files compressed with zstd (level 3), beside it (made once)."""
+    import zstandard
+
+    d = corpus.parent / (corpus.name + "-zst")
+    if (d / "DONE").is_file():
+        return d
+    tmp = Path(tempfile.mkdtemp(prefix=".zst-", dir=corpus.parent))
+    for f in sorted(corpus.glob("*.jsonl")):
+        (tmp / (f.name + ".zst")).write_bytes(zstandard.ZstdCompressor(level=3).compress(f.read_bytes()))
+    (tmp / "DONE").write_text("{}\n")
+    if d.exists():
+        shutil.rmtree(d)
+    os.replace(tmp, d)
+    return d
+
+
+def bench_readers(data_dir: str | Path, mb: float = 50.0, files: int = 16, readers: list[int] | None = None,
+                  in_process: bool = True, log=print, work_dir: str | Path | None = None) -> dict:
+    """The reading side of a one-process (GPU) job alone (see the module docstring): for each count
+    of readers (0: this process reads and prepares, as a job with ``readers=0`` does), the seconds,
+    characters read a second in all and a reader, the wait for the first part and the scorer's
+    wait after it. Each run's files are checked equal to the first's."""
+    from isan.engine.corpus.feed import run_readers
+    from isan.engine.corpus.parts import JobConfig, load_corpus_engine, process_file
+
+    readers = list(readers or [1, 2])
+    corpus = make_corpus(Path(data_dir), mb, files)
+    meta = json.loads((corpus / "DONE").read_text())
+    zst = zstd_corpus(corpus)
+    paths = sorted(str(p) for p in zst.glob("*.zst"))
+    zbytes = sum(os.path.getsize(p) for p in paths)
+    log(f"corpus: {meta['documents']:,} documents, {meta['bytes'] / 1e6:.1f} MB of JSONL in {files} files, "
+        f"{zbytes / 1e6:.1f} MB zstd ({zst})")
+    engine = load_corpus_engine(None)
+    cfg = JobConfig(params_sha256=engine.params_sha256)
+    work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="isan-bench-readers-"))
+    rows, first = [], None
+    try:
+        for n in ([0] if in_process else []) + readers:
+            shards = work / f"readers-{n}" / "shards"
+            shutil.rmtree(shards.parent, ignore_errors=True)
+            shards.mkdir(parents=True)
+            t = time.perf_counter()
+            if n == 0:
+                recs, facts = [process_file(_NoDevice(engine), cfg, p, shards) for p in paths], {}
+            else:
+                recs, facts = run_readers(paths, cfg, shards, _NoDevice(engine), n)
+            dt = time.perf_counter() - t
+            chars = sum(r["chars_read"] for r in recs)
+            files_now = {q.name: q.read_bytes() for q in sorted(shards.iterdir())}
+            first = first or files_now
+            row = {"readers": n, "seconds": dt, "chars": chars, "chars_per_s": chars / dt,
+                   "chars_per_s_per_reader": chars / dt / max(n, 1), "first_part_seconds": facts.get("first_part_seconds"),
+                   "scorer_wait_seconds": facts.get("wait_seconds"), "identical": files_now == first}
+            rows.append(row)
+            log(f"  readers {n}: {dt:.1f} s, {row['chars_per_s']:,.0f} chars/s "
+                f"({row['chars_per_s_per_reader']:,.0f} a reader)")
+    finally:
+        if not work_dir:
+            shutil.rmtree(work, ignore_errors=True)
+    return {"benchmark": "corpus-readers", "machine": machine(),
+            "command": " ".join(["python -m isan.bench.corpus"] + sys.argv[1:]),
+            "corpus": {"path": str(zst), **meta, "files": files, "zstd_bytes": zbytes}, "rows": rows,
+            "model": engine.params_sha256}
+
+
+def readers_markdown(result: dict) -> str:
+    m, c = result["machine"], result["corpus"]
+    lines = [f"Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}",
+             f"Command: `{result['command']}`  (one run of each; the device takes no time: the reading side alone)",
+             f"Corpus: {c['documents']:,} documents, {c['bytes'] / 1e6:.1f} MB of JSONL in {c['files']} zstd files "
+             f"({c['zstd_bytes'] / 1e6:.1f} MB)", "",
+             "| readers | seconds | chars/s | chars/s a reader | first part after | scorer waited after it | same files |",
+             "|---:|---:|---:|---:|---:|---:|---|"]
+    for r in result["rows"]:
+        fp = f"{r['first_part_seconds']:.2f} s" if r["first_part_seconds"] is not None else "-"
+        w = f"{r['scorer_wait_seconds']:.2f} s" if r["scorer_wait_seconds"] is not None else "-"
+        lines.append(f"| {r['readers'] or '0 (in process)'} | {r['seconds']:.1f} | {r['chars_per_s']:,.0f} | "
+                     f"{r['chars_per_s_per_reader']:,.0f} | {fp} | {w} | {'yes' if r['identical'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m isan.bench.corpus DATA_DIR --readers 1,2,4 [--mb 50] [--files 16] [--out JSON]``:
+    :func:`bench_readers`, its table on stdout."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m isan.bench.corpus", description=bench_readers.__doc__)
+    ap.add_argument("data_dir", help="the shared data (wikitext2/, tinyshakespeare/, text8_head/)")
+    ap.add_argument("--readers", default="1,2", help="reader counts, comma-separated (default 1,2)")
+    ap.add_argument("--mb", type=float, default=50.0)
+    ap.add_argument("--files", type=int, default=16)
+    ap.add_argument("--no-in-process", dest="in_process", action="store_false",
+                    help="skip the run that reads in this process")
+    ap.add_argument("--out", default=None, help="also write the result as JSON here")
+    a = ap.parse_args(argv)
+    counts = [int(x) for x in a.readers.split(",") if x.strip()]
+    if not counts or min(counts) < 1:
+        ap.error("--readers takes counts of at least 1, e.g. 1,2,4")
+    r = bench_readers(a.data_dir, mb=a.mb, files=a.files, readers=counts, in_process=a.in_process,
+                      log=lambda m: print(m, file=sys.stderr))
+    if a.out:
+        write_json(r, a.out)
+    print(readers_markdown(r))
+
+
+if __name__ == "__main__":
+    main()
