@@ -15,9 +15,9 @@
 #   bash isan/bench/gpu_check.sh --gpu-only    # no scaling tables and no probe
 #
 # ISAN_GPU_STEPS chooses the runs of `isan bench gpu` (default float32:triton,float64:triton) and
-# ISAN_GPU_BENCH_ARGS adds options to it; ISAN_GPU_TESTS the test files; ISAN_GPU_PROBE=0 leaves the
+# ISAN_GPU_BENCH_ARGS adds options to it; ISAN_GPU_TESTS the test files (- for none); ISAN_GPU_PROBE=0 leaves the
 # probe out, ISAN_GPU_PROBE=last runs it (in any mode) after everything else, alone on the card, for at
-# most ISAN_GPU_PROBE_SECONDS (default 600); ISAN_GPU_CORPUS_MB (default 400; set, it runs in any mode) the corpus's size;
+# most ISAN_GPU_PROBE_SECONDS (default 600) or until ISAN_GPU_DEADLINE seconds after the check began; ISAN_GPU_CORPUS_MB (default 400; set, it runs in any mode) the corpus's size;
 # ISAN_GPU_SCALING (engine,corpus,serve in full; set, in any mode) which scaling tables run, and
 # ISAN_GPU_SERVE_SECONDS (default 5) each server load's length.
 #
@@ -92,7 +92,7 @@ if [ "$MODE" = "" ] && [ "${ISAN_GPU_PROBE:-1}" = 1 ] && [ -f results/structured
     PROBE_PID=$!
 fi
 TESTS=${ISAN_GPU_TESTS:-tests/test_torch_backend.py tests/test_backends.py tests/test_gpu_pipeline.py tests/test_scan_dense.py}
-step tests 150 bash -c "python3 -m pytest -q -p no:cacheprovider -rs $MARK $TESTS 2>&1 | tee '$OUT_DIR/gpu_tests.log' | tail -15; exit \${PIPESTATUS[0]}"
+[ "$TESTS" = - ] || step tests 150 bash -c "python3 -m pytest -q -p no:cacheprovider -rs $MARK $TESTS 2>&1 | tee '$OUT_DIR/gpu_tests.log' | tail -15; exit \${PIPESTATUS[0]}"
 if [ -n "$PROBE_PID" ]; then
     t0=$SECONDS; wait "$PROBE_PID" || true
     status+=("probe: $(tail -1 "$OUT_DIR/probe.log") (waited $((SECONDS - t0)) s after the tests)")
@@ -125,7 +125,10 @@ if [ "${ISAN_GPU_PROBE:-}" = last ] && [ -f results/structured/probe.sh ]; then
     ( while sleep 10; do for f in /tmp/isan-probe/*/train_log.jsonl; do
           [ -f "$f" ] && cp "$f" "$OUT_DIR/probe_$(basename "$(dirname "$f")").jsonl"; done; done ) &
     COPIER=$!
-    step probe "${ISAN_GPU_PROBE_SECONDS:-600}" bash -c "RUNS=/tmp/isan-probe DEVICE=cuda PARALLEL=1 THREADS=4 bash results/structured/probe.sh 2>&1 | tail -20 | tee -a '$OUT_DIR/check.log'"
+    LIMIT=${ISAN_GPU_PROBE_SECONDS:-600}  # or until ISAN_GPU_DEADLINE seconds after the check began
+    if [ -n "${ISAN_GPU_DEADLINE:-}" ] && [ $((ISAN_GPU_DEADLINE - SECONDS)) -lt "$LIMIT" ]; then LIMIT=$((ISAN_GPU_DEADLINE - SECONDS)); fi
+    [ "$LIMIT" -ge 10 ] || LIMIT=10  # timeout 0 would mean no limit
+    step probe "$LIMIT" bash -c "RUNS=/tmp/isan-probe DEVICE=cuda PARALLEL=1 THREADS=4 bash results/structured/probe.sh 2>&1 | tail -20 | tee -a '$OUT_DIR/check.log'"
     kill "$COPIER" 2>/dev/null || true
     for f in /tmp/isan-probe/*/train_log.jsonl; do [ -f "$f" ] && cp "$f" "$OUT_DIR/probe_$(basename "$(dirname "$f")").jsonl"; done
 fi
