@@ -26,7 +26,7 @@ python3 -m isan.cli corpus score "$WORK/zst" --out "$WORK/out" --device "${DEVIC
 rc=$?
 t1=$(date +%s.%N)
 python3 -c "import json, sys; s = json.load(open(sys.argv[1])); sec = float(sys.argv[3]) - float(sys.argv[2]); \
-print({k: v for k, v in s.items() if not isinstance(v, (dict, list))}); \
+print({k: v for k, v in s.items() if not isinstance(v, (dict, list))}); print('this run:', s.get('this_run')); \
 print(f'isan corpus score --device ${DEVICE:-cuda}: {sec:.1f} s wall, {s[\"chars_scored\"] / sec:,.0f} chars/s, '
       f'{s[\"chars_read\"] / sec / 1e6:.1f} MB/s of text read')" "$OUT_DIR/corpus_gpu_summary.json" "$t0" "$t1" || true
 exit $rc
