@@ -111,3 +111,17 @@ def test_the_table_budget_measurement_names_the_default_model():
     from isan.engine import Engine
 
     assert load("bench_results/budgets.json")["model"]["params_sha256"] == Engine.default().params_sha256
+
+
+def test_gpu_numbers_are_run5s():
+    """The README's and the GPU guide's H200 numbers are those of bench_results/gpu_h200/run5/gpu.json."""
+    rows = {r["name"]: r for r in load("bench_results/gpu_h200/run5/gpu.json")["rows"]}
+    one = rows["cuda float32, step triton: 65,536 documents x 512"]
+    over = rows["cuda float32, step triton: 4 such batches, overlapped (score_batches, totals)"]
+    readme, guide = text("README.md"), text("docs/guide/gpu.md")
+    for page in (readme, guide):
+        assert f"{one['chars_per_s'] / 1e6:.0f}M" in page and f"{over['chars_per_s'] / 1e6:.0f}M" in page
+        assert f"{one['ratio']:.1f} " in page and f"{over['ratio']:.1f} times" in page
+    for r in rows.values():
+        if r["name"].startswith("cuda") or r["name"].startswith("CPU"):
+            assert f"{r['chars_per_s']:,.0f}" in guide, r["name"]
