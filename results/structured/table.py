@@ -23,10 +23,16 @@ MARGIN = 0.015  # issue #48: bits a character the structured model must gain
 
 
 def read_run(path: Path) -> dict | None:
-    if not (path / "config.json").is_file() or not (path / "train_log.jsonl").is_file():
+    if not (path / "train_log.jsonl").is_file():
         return None
-    cfg = json.loads((path / "config.json").read_text())
     events = [json.loads(line) for line in (path / "train_log.jsonl").read_text().splitlines() if line.strip()]
+    if (path / "config.json").is_file():
+        cfg = json.loads((path / "config.json").read_text())
+    else:  # a log brought back alone (the GPU check copies the logs out): its start event has the model
+        start = next((e for e in events if e["event"] == "start"), None)
+        if start is None:
+            return None
+        cfg = {"model": start["model"], "n_params": start.get("n_params")}
     model = cfg["model"]
     d, r, V = int(model["d"]), model.get("rank"), int(model.get("V", 27))
     valid = {e["chars_seen"]: e["valid_bpc"] for e in events if e["event"] == "valid"}
