@@ -595,27 +595,3 @@ def test_the_cli_never_ignores_a_device(text8_test):
         for cmd in (["score", "--device", "cuda", "-"], ["sample", "--device", "cuda", "-n", "3"]):
             r = CliRunner().invoke(main, cmd, input=text)
             assert r.exit_code == 2 and "cuda" in r.output and "Traceback" not in r.output, r.output
-
-
-def test_bench_gpu_quick_run_on_the_cpu_device(text8_path):
-    """`isan bench gpu --quick --device cpu`: the benchmark runs where there is no GPU (the torch
-    backend on the CPU device), records its command, machine and device, and its exactness facts
-    are what the tests above promise."""
-    from isan.bench.gpu import QUICK_SIZES, bench_gpu, markdown
-
-    r = bench_gpu(None, text8_path, device="cpu", repeats=1, sizes=QUICK_SIZES, log=lambda m: None)
-    names = [row["name"] for row in r["rows"]]
-    # the CPU kernels' two rows, then five for each dtype (documents, totals only, overlapped batches,
-    # steps only, long text)
-    assert len(names) == 12 and names[0].startswith("CPU compiled kernels") and r["gpu"]["device"] == "cpu"
-    assert all(row["chars_per_s"] > 0 and row["chars"] > 0 for row in r["rows"])
-    f = r["facts"]
-    assert "errors" not in f
-    assert f["docs float64 step mm: max rel vs the float64 reference (8 docs)"] <= 1e-12
-    assert f["docs float32 step mm: max rel vs float64 step mm"] <= 1e-6
-    assert f["docs float64 step mm: totals vs per-character sums (max rel)"] <= 1e-13
-    assert f["docs float64 step mm: overlapped totals vs one call's (max rel)"] <= 1e-13
-    assert f["long text float32 step mm: rel vs float64"] <= 1e-6 and f["long text float64 step mm"]["bits_rel_vs_cpu"] <= 1e-6
-    md = markdown(r)
-    assert md.startswith("Machine:") and "docs float64 step mm: max rel vs the float64 reference" in md
-    assert md.count("\n| ") >= 14
