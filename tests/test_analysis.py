@@ -597,16 +597,3 @@ def test_sample_inverse_temperature(runner, small_bundle):
     assert r.exit_code == 2 and "not both" in r.output
     r = runner.invoke(main, ["sample", "--model", str(small_bundle), "--inverse-temperature", "0"])
     assert r.exit_code == 2
-
-
-def test_naive_bayes_cites_the_section_it_quotes():
-    """The Naive Bayes sentence is in ICML Sec 3.1 ("ISAN performance on Text8 prediction"); Sec 3.2 is the
-    Billion Word Benchmark (issue #34 item 18)."""
-    from isan.cli.analyze import _naive_bayes
-
-    r = _naive_bayes("ab ab ab ba", "ab ba", tuple(" ab"), max_window=2)
-    assert r["paper"].startswith("ICML Sec 3.1") and "3.2" not in r["paper"]
-
-
-def test_finite_json():
-    assert studies.finite({"a": np.float32(np.nan), "b": [np.inf, 1], "c": np.arange(2)}) == {"a": None, "b": [None, 1], "c": [0, 1]}

@@ -584,29 +584,3 @@ def test_table_build_works_from_any_directory(good, tmp_path):
 def _corpus_of(bundle: Path) -> Path:
     rec = read_manifest(bundle)["table"]["corpus"]
     return (bundle / rec["path"]).resolve()
-
-
-# ---- the shipped model's ONNX graphs, built into the cache on first use -------------------------------
-def test_shipped_model_onnx_graphs_are_cached_and_verified(tmp_path, monkeypatch, text8_valid_head):
-    pytest.importorskip("onnxruntime")
-    pytest.importorskip("onnx")
-    from isan.engine import default_model_path
-    from isan.engine.verify import verify_all
-    from isan.engine.baselines.onnx import load_onnx_engine
-
-    monkeypatch.setenv("ISAN_CACHE_DIR", str(tmp_path / "cache"))
-    text = text8_valid_head[:1500]
-    eng = load_onnx_engine(default_model_path())
-    graphs = eng.runner.graphs_dir
-    assert graphs.parent == tmp_path / "cache" / "onnx" and (graphs / "graphs.json").is_file()
-    ref = Engine.default(path_mode="reference").score(text)
-    assert eng.score(text).bits == pytest.approx(ref.bits, rel=1e-5)
-    assert not list((default_model_path()).glob("*.onnx"))      # the package is never written to
-    # a damaged cached graph is noticed by its hash and rebuilt
-    data = bytearray((graphs / "sequence.onnx").read_bytes())
-    data[len(data) // 2] ^= 4
-    (graphs / "sequence.onnx").write_bytes(bytes(data))
-    assert "sequence.onnx" in verify_all(default_model_path())["onnx"]
-    eng2 = load_onnx_engine(default_model_path())
-    assert eng2.score(text).bits == pytest.approx(ref.bits, rel=1e-5)
-    assert verify_all(default_model_path())["onnx"] == "ok"
