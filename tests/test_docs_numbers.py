@@ -125,3 +125,13 @@ def test_gpu_numbers_are_run5s():
     for r in rows.values():
         if r["name"].startswith("cuda") or r["name"].startswith("CPU"):
             assert f"{r['chars_per_s']:,.0f}" in guide, r["name"]
+
+
+def test_structured_probe_numbers_are_its_logs():
+    """Issue #48's probe: the bpc the training guide and results/structured quote are the CPU runs' logs."""
+    guide, page = text("docs/guide/training.md"), text("results/structured/README.md")
+    for name in ("dense216", "dplr384r54", "dplr512r37"):
+        done = [json.loads(line) for line in text(f"results/structured/cpu/{name}/train_log.jsonl").splitlines()][-1]
+        assert done["event"] == "done" and done["chars_seen"] >= 45_000_000
+        bpc = f"{done['best_valid_bpc']:.4f}"
+        assert bpc in guide and bpc in page, name
