@@ -23,7 +23,6 @@ immediate, and the results equal the single call's (tests/test_gpu_pipeline.py).
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
@@ -33,8 +32,7 @@ import torch
 from isan.engine.guard import MAX_STATE_ABS
 from isan.engine.kernels.chunked import BatchResult, _concat_ids
 from isan.engine.kernels.streams import StreamModel
-from isan.engine.kernels.torch.precision import matmul_tf32
-from isan.engine.kernels.torch.streams import TorchStreams, _Block, _max_abs, _Out, _to_device
+from isan.engine.kernels.torch.streams import TorchStreams, _Block, _max_abs, _Out
 
 #: What a batch's results hold: each document's total bits, each character's bits, or none.
 WANTS = ("totals", "bits", "none")
@@ -109,18 +107,10 @@ def submit(runner: TorchStreams, model: StreamModel, texts: Sequence[np.ndarray]
     rows = np.empty((B, d + 1), dtype=runner.state_dtype)
     rows[:, :d] = hs
     rows[:, d] = 1.0
-    hold = matmul_tf32(False) if runner._holds_tf32 else contextlib.nullcontext()
-    with hold, torch.no_grad():
-        ids_d = _to_device(ids, dev, np.uint8 if dm.K <= 256 else np.int32)
-        start_d, lens_d = _to_device(start, dev), _to_device(lens, dev)
-        Hall = _to_device(rows, dev).to(runner._tdtype)
-        out = _Out()
+    with runner.ieee(), torch.no_grad():
+        ids_d, start_d, lens_d, Hall = runner.upload(dm, ids, start, lens, rows)
         n_chars = len(ids)
-        if want == "bits":
-            out.bits = torch.empty(n_chars + 1, dtype=torch.float64, device=dev)
-            out.written = torch.zeros(n_chars + 1, dtype=torch.bool, device=dev)
-        elif want == "totals":
-            out.totals = torch.zeros(B, dtype=torch.float64, device=dev)
+        out = _Out.on(dev, chars=n_chars if want == "bits" else None, rows=B if want == "totals" else None)
         act = torch.arange(B, device=dev)
         div = torch.full((B,), -1, dtype=torch.int64, device=dev)
         longest = int(lens.max())

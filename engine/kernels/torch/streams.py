@@ -257,7 +257,7 @@ class TorchStreams:
             return StreamsResult(0, steps_done, residual, diverged)
         # float32 means float32 (TF32 would err by ~1e-3): torch's GEMMs on CUDA read a process-wide
         # setting, held at IEEE for the call by a lock shared with the other calls (precision.py)
-        with matmul_tf32(False) if self._holds_tf32 else contextlib.nullcontext(), torch.no_grad():
+        with self.ieee(), torch.no_grad():
             total = self._run(model, ids, start, length, H, bits, pairs, float(stop_ratio), check_every,
                               float(limit), steps_done, residual, diverged, totals)
         return StreamsResult(int(total), steps_done, residual, diverged)
@@ -271,6 +271,20 @@ class TorchStreams:
             return BLOCK_STEPS
         return max(BLOCK_STEPS, min(longest, BLOCK_BYTES // (56 * max(1, rows))))
 
+    def ieee(self) -> contextlib.AbstractContextManager:
+        """What a call holds while it launches: torch's cuBLAS setting at IEEE float32 on CUDA in
+        float32 (:func:`.precision.matmul_tf32`, a lock shared with the other calls), else nothing."""
+        return matmul_tf32(False) if self._holds_tf32 else contextlib.nullcontext()
+
+    def upload(self, dm: "_DeviceModel", ids: np.ndarray, start: np.ndarray, length: np.ndarray,
+               rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A call's inputs on the device, never sharing the caller's memory: the ids in the narrowest
+        type that holds the alphabet (uint8 for K <= 256: a quarter of int32's bytes; a block widens
+        only its own symbols), the rows' starts and lengths, and the state rows in the runner's dtype."""
+        dev = self.device
+        return (_to_device(ids, dev, np.uint8 if dm.K <= 256 else np.int32), _to_device(start, dev),
+                _to_device(length, dev), _to_device(rows, dev).to(self._tdtype))
+
     def empty_bits(self, n: int) -> np.ndarray:
         """(n,) float64, uninitialised: where a caller has this runner write the bits of ``n``
         characters; on a GPU page-locked, so that they come back in one direct copy (no staging
@@ -281,24 +295,14 @@ class TorchStreams:
 
     def _run(self, model, ids, start, length, H, bits, pairs, stop_ratio, check_every, limit,
              steps_done, residual, diverged, totals=None) -> int:
-        dev, tdt = self.device, self._tdtype
+        dev = self.device
         dm = self.device_model(model)
-        d, K = dm.d, dm.K
+        d = dm.d
         P = len(start)
         blk = check_every if pairs else self._block_steps(P, int(length.max()))
         lo, hi = int(start.min()), int((start + length).max())  # the span the rows read: only it travels
-        # the ids travel and stay in the narrowest type that holds the alphabet (uint8 for K <= 256: a
-        # quarter of int32's bytes); a block widens only its own symbols
-        ids_d = _to_device(ids[lo:hi], dev, np.uint8 if K <= 256 else np.int32)
-        start_d = _to_device(start - lo, dev)
-        length_d = _to_device(length, dev)
-        Hall = _to_device(H[:, : d + 1], dev).to(tdt)  # (P or 2P, d + 1), never the caller's H
-        out = _Out()
-        if bits is not None:  # never the caller's; one slot more, where steps not kept write (no sync to mask them)
-            out.bits = torch.empty(hi - lo + 1, dtype=torch.float64, device=dev)
-            out.written = torch.zeros(hi - lo + 1, dtype=torch.bool, device=dev)  # what goes back; the rest stays
-        if totals is not None:
-            out.totals = torch.zeros(P, dtype=torch.float64, device=dev)
+        ids_d, start_d, length_d, Hall = self.upload(dm, ids[lo:hi], start - lo, length, H[:, : d + 1])
+        out = _Out.on(dev, chars=hi - lo if bits is not None else None, rows=P if totals is not None else None)
         steps_d = torch.zeros(P, dtype=torch.int64, device=dev)
         div_d = torch.full((P,), -1, dtype=torch.int64, device=dev)
         res_d = torch.full((P,), math.inf, dtype=torch.float32, device=dev)
@@ -371,6 +375,19 @@ class _Out:
     bits: torch.Tensor | None = None
     written: torch.Tensor | None = None
     totals: torch.Tensor | None = None
+
+    @classmethod
+    def on(cls, device: torch.device, chars: int | None = None, rows: int | None = None) -> "_Out":
+        """Each of ``chars`` characters' bits (with one slot more, where steps not kept write: no
+        synchronisation to mask them; ``written`` says what goes back), and/or each of ``rows``
+        rows' total, on ``device``."""
+        out = cls()
+        if chars is not None:
+            out.bits = torch.empty(chars + 1, dtype=torch.float64, device=device)
+            out.written = torch.zeros(chars + 1, dtype=torch.bool, device=device)
+        if rows is not None:
+            out.totals = torch.zeros(rows, dtype=torch.float64, device=device)
+        return out
 
     @property
     def reads_out(self) -> bool:
