@@ -28,6 +28,7 @@ the rest for ever; the manager only loses that reader's connection.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import logging
 import multiprocessing
 import pickle
@@ -127,7 +128,7 @@ def run_readers(paths: list[str], cfg, shards: Path, scorer, readers: int,
 
     from isan.engine.corpus.parts import FileParts
     from isan.engine.corpus.prepared import TextPreparer
-    from isan.engine.corpus.workers import _stop, _terminate_as_interrupt
+    from isan.engine.corpus.workers import pool_run
 
     if readers < 1:
         raise IsanError(f"readers must be at least 1 here; got {readers}")
@@ -148,8 +149,9 @@ def run_readers(paths: list[str], cfg, shards: Path, scorer, readers: int,
     manager = SyncManager(ctx=ctx)
     manager.start(_init_manager)
     ex = None
-    previous = _terminate_as_interrupt()
-    try:
+    with contextlib.ExitStack() as ending:
+        ending.callback(manager.shutdown)  # after the pool has ended, whichever way
+        ending.enter_context(pool_run(lambda: ex, "reader", broken=(EOFError, ConnectionError, BrokenPipeError)))
         q = manager.Queue(maxsize=readers + 1)
         ex = cf.ProcessPoolExecutor(readers, mp_context=ctx, initializer=_init_reader,
                                     initargs=(asdict(cfg), TextPreparer.of(scorer.engine), q))
@@ -192,25 +194,6 @@ def run_readers(paths: list[str], cfg, shards: Path, scorer, readers: int,
                 fp.add(Path(part), prepared.docs, rows, file_error)
                 stats["writing_seconds"] += time.perf_counter() - t1
                 stats["parts"] += 1
-    except cf.process.BrokenProcessPool as e:
-        _stop(ex)
-        raise IsanError(f"a reader process died ({e}; out of memory, or killed?); the parts written so far are "
-                        "kept: run the same command again to resume") from None
-    except (EOFError, ConnectionError, BrokenPipeError) as e:
-        if ex is not None:
-            _stop(ex)
-        raise IsanError(f"the readers' queue broke ({type(e).__name__}: {e}); the parts written so far are kept: "
-                        "run the same command again to resume") from None
-    except BaseException:
-        if ex is not None:
-            _stop(ex)
-        raise
-    else:
-        ex.shutdown(wait=True)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-        manager.shutdown()
     return [records[p] for p in paths], stats
 
 

@@ -28,6 +28,7 @@ characters each) wait or run, besides the part being cut; by file, a worker hold
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -219,8 +220,7 @@ def run_workers(paths: list[str], cfg, shards: Path, workers: int, threads: int,
             stats["driver_busy_seconds"] += time.perf_counter() - t0
 
     by_file = len(paths) >= FILES_PER_WORKER * workers
-    previous = _terminate_as_interrupt()
-    try:
+    with pool_run(lambda: ex, "worker"):
         if by_file:
             _by_file(ex, paths, cfg, shards, on_part, records, stats)
         for path in paths if not by_file else ():
@@ -251,18 +251,6 @@ def run_workers(paths: list[str], cfg, shards: Path, workers: int, threads: int,
             stats["driver_busy_seconds"] += time.perf_counter() - t0
         while queue:
             drain(block=True)
-    except cf.process.BrokenProcessPool as e:
-        _stop(ex)
-        raise IsanError(f"a worker process died ({e}; out of memory, or killed?); the parts written so far are kept: "
-                        "run the same command again to resume") from None
-    except BaseException:
-        _stop(ex)
-        raise
-    else:
-        ex.shutdown(wait=True)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
     return [records[p] for p in paths], {"workers": workers, "threads": threads,
                                          "shares": "files" if by_file else "pieces", **stats}
 
@@ -286,6 +274,39 @@ def _by_file(ex, paths: list[str], cfg, shards: Path, on_part, records: dict, st
         if on_part:
             on_part({"path": path, "documents": rec["new_documents"], "chars_read": rec["new_chars"], "new": True,
                      "done": True})
+
+
+@contextlib.contextmanager
+def pool_run(pool: Callable[[], "cf.ProcessPoolExecutor | None"], who: str, broken: tuple = ()):
+    """The work of a process pool (the local runner's workers, a GPU job's readers), ended the one
+    way both need: SIGTERM stops it as Ctrl-C does; a process that died (``BrokenProcessPool``) or a
+    broken link to it (``broken``) becomes an IsanError saying that what was written stands and a
+    re-run resumes; any error stops the pool at once (:func:`_stop`); a normal end waits for it.
+    ``pool`` gives the pool when it ends (None: not started yet)."""
+    previous = _terminate_as_interrupt()
+
+    def stop() -> None:
+        if pool() is not None:
+            _stop(pool())
+
+    try:
+        yield
+    except cf.process.BrokenProcessPool as e:
+        stop()
+        raise IsanError(f"a {who} process died ({e}; out of memory, or killed?); the parts written so far are "
+                        "kept: run the same command again to resume") from None
+    except broken as e:
+        stop()
+        raise IsanError(f"the {who}s' queue broke ({type(e).__name__}: {e}); the parts written so far are kept: "
+                        "run the same command again to resume") from None
+    except BaseException:
+        stop()
+        raise
+    else:
+        pool().shutdown(wait=True)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _terminate_as_interrupt():
