@@ -64,6 +64,19 @@ def one_torch_thread():
     torch.set_num_threads(n)
 
 
+def child_pids(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (read from /proc: Linux)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if int((p / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(p.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
 def random_params(K=27, V=27, d=16, seed=0, scale=0.9) -> ISANParams:
     """A random stable ISAN (orthogonal W scaled below 1)."""
     rng = np.random.default_rng(seed)

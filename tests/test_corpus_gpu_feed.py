@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import child_pids
 
 pytest.importorskip("pyarrow")
 zstandard = pytest.importorskip("zstandard")
@@ -130,18 +131,6 @@ def test_a_failing_reader_then_good_runs(corpus, torch_engine, in_process, tmp_p
     assert files_of(tmp_path / "good") == files_of(in_process[0])
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                if int((p / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(p.name))
-            except (OSError, IndexError, ValueError):
-                pass
-    return out
-
-
 def _reading(pid: int, folder: Path) -> bool:
     """Whether process ``pid`` holds a file of ``folder`` open (a reader amid its file)."""
     try:
@@ -167,7 +156,7 @@ def test_a_killed_reader_ends_the_job_and_a_rerun_resumes(corpus, tmp_path, text
                          stderr=subprocess.PIPE, text=True)
     victim, deadline = None, time.time() + 120
     while victim is None and time.time() < deadline and p.poll() is None:
-        victim = next((c for c in _children(p.pid) if _reading(c, src)), None)
+        victim = next((c for c in child_pids(p.pid) if _reading(c, src)), None)
         time.sleep(0.02)
     assert victim is not None, "no reader was seen reading"
     os.kill(victim, signal.SIGKILL)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import child_pids
 
 pytest.importorskip("pyarrow")
 zstandard = pytest.importorskip("zstandard")
@@ -96,18 +97,6 @@ def _alive(pids: list[int]) -> list[int]:
             Path(f"/proc/{p}/status").read_text().lower()]
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                if int((p / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(p.name))
-            except (OSError, IndexError, ValueError):
-                pass
-    return out
-
-
 @pytest.mark.parametrize("how", ["kill -9 the job", "kill -9 the driver", "Ctrl-C the job", "SIGTERM the driver"])
 def test_killed_or_interrupted_then_rerun_gives_the_same_files(corpus, one_worker, tmp_path, how):
     """kill -9 of the whole job (its process group) or of the driver alone (its workers end with it),
@@ -122,7 +111,7 @@ def test_killed_or_interrupted_then_rerun_gives_the_same_files(corpus, one_worke
         if len(list((out / "shards").glob("*.parquet"))) >= 2 if (out / "shards").is_dir() else False:
             break
         time.sleep(0.05)
-    workers = _children(p.pid)
+    workers = child_pids(p.pid)
     if how.startswith("kill -9"):
         if how.endswith("job"):
             os.killpg(p.pid, signal.SIGKILL)
