@@ -16,6 +16,17 @@ from isan.params import isan_param_count, largest_isan_d
 from isan.train.scan import isan_scan
 
 
+def add_bias_and_readout(m: nn.Module, K: int, V: int, d: int, g: torch.Generator) -> None:
+    """What every ISAN has besides its maps ``W[x]`` (Foerster et al. 2017, eqs. 1-3), as parameters
+    of ``m``: ``b`` (K, d) and ``b_ro`` (V,) zeros, the readout ``W_ro`` (V, d) uniform in
+    +-1/sqrt(d) drawn from ``g``, and the learned initial state ``h0`` (d,) zeros."""
+    m.b = nn.Parameter(torch.zeros(K, d))
+    bound = 1 / math.sqrt(d)
+    m.W_ro = nn.Parameter(torch.empty(V, d).uniform_(-bound, bound, generator=g))
+    m.b_ro = nn.Parameter(torch.zeros(V))
+    m.h0 = nn.Parameter(torch.zeros(d))
+
+
 class ISAN(nn.Module):
     """Input Switched Affine Network: ``h_t = W[x_t] h_{t-1} + b[x_t]``, ``l_t = W_ro h_t + b_ro``.
 
@@ -42,11 +53,7 @@ class ISAN(nn.Module):
             q, r = torch.linalg.qr(torch.randn(d, d, generator=g))
             W[k] = q * torch.sign(torch.diagonal(r)).unsqueeze(0) * init_scale
         self.W = nn.Parameter(W)
-        self.b = nn.Parameter(torch.zeros(K, d))
-        bound = 1 / math.sqrt(d)
-        self.W_ro = nn.Parameter(torch.empty(V, d).uniform_(-bound, bound, generator=g))
-        self.b_ro = nn.Parameter(torch.zeros(V))
-        self.h0 = nn.Parameter(torch.zeros(d))
+        add_bias_and_readout(self, K, V, d, g)
 
     @classmethod
     def for_budget(cls, K: int, V: int, params: float, **kw) -> "ISAN":

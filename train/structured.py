@@ -34,11 +34,11 @@ pair of skinny GEMMs per symbol present, for the CPU; ``"masked"`` runs all symb
 
 from __future__ import annotations
 
-import math
 
 import torch
 from torch import nn
 
+from isan.train.models import add_bias_and_readout
 from isan.train.scan import _step_groups
 
 
@@ -314,11 +314,7 @@ class DPLRISAN(nn.Module):
             Vs[k] = torch.linalg.qr(torch.randn(d, rank, generator=g))[0]
         self.U = nn.Parameter(Us)
         self.V = nn.Parameter(Vs)  # (the output count is n_out: "V" in config(), as the dense ISAN's)
-        self.b = nn.Parameter(torch.zeros(K, d))
-        bound = 1 / math.sqrt(d)
-        self.W_ro = nn.Parameter(torch.empty(V, d).uniform_(-bound, bound, generator=g))
-        self.b_ro = nn.Parameter(torch.zeros(V))
-        self.h0 = nn.Parameter(torch.zeros(d))
+        add_bias_and_readout(self, K, V, d, g)
 
     @staticmethod
     def param_count(K: int, V: int, d: int, r: int) -> int:
