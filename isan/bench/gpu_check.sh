@@ -122,15 +122,16 @@ fi
 if [ "${ISAN_GPU_PROBE:-}" = last ] && [ -f results/structured/probe.sh ]; then
     # the probe alone on the GPU after the measurements (none of them shares the card with it); its
     # training logs are copied to $OUT_DIR as they grow, so that a run cut short still brings them back
-    ( while sleep 10; do for f in /tmp/isan-probe/*/train_log.jsonl; do
-          [ -f "$f" ] && cp "$f" "$OUT_DIR/probe_$(basename "$(dirname "$f")").jsonl"; done; done ) &
+    copy_probe_logs() { for f in /tmp/isan-probe/*/train_log.jsonl; do
+                            [ -f "$f" ] && cp "$f" "$OUT_DIR/probe_$(basename "$(dirname "$f")").jsonl"; done; return 0; }
+    ( while sleep 10; do copy_probe_logs; done ) &
     COPIER=$!
     LIMIT=${ISAN_GPU_PROBE_SECONDS:-600}  # or until ISAN_GPU_DEADLINE seconds after the check began
     if [ -n "${ISAN_GPU_DEADLINE:-}" ] && [ $((ISAN_GPU_DEADLINE - SECONDS)) -lt "$LIMIT" ]; then LIMIT=$((ISAN_GPU_DEADLINE - SECONDS)); fi
     [ "$LIMIT" -ge 10 ] || LIMIT=10  # timeout 0 would mean no limit
     step probe "$LIMIT" bash -c "RUNS=/tmp/isan-probe DEVICE=cuda PARALLEL=1 THREADS=4 bash results/structured/probe.sh 2>&1 | tail -20 | tee -a '$OUT_DIR/check.log'"
     kill "$COPIER" 2>/dev/null || true
-    for f in /tmp/isan-probe/*/train_log.jsonl; do [ -f "$f" ] && cp "$f" "$OUT_DIR/probe_$(basename "$(dirname "$f")").jsonl"; done
+    copy_probe_logs
 fi
 printf "%s\n" "${status[@]}" | tee -a "$OUT_DIR/check.log"
 echo "results in $OUT_DIR"
