@@ -1,5 +1,6 @@
 """isan-serve against a reliability tester's findings (issue #45): a shutdown held open by a client
-that reads nothing, WebSocket handshakes the websockets library cannot read, two ``Host`` headers,
+that reads nothing, WebSocket handshakes the websockets library cannot read, two ``Host`` headers
+(and, from issue #52, a missing, empty or malformed one),
 and snapshots signed with the key whose last symbol is not the model's.
 
 Real servers on loopback: ``isan-serve`` processes (:class:`isan.bench.serve.ServerProcess`) where
@@ -191,6 +192,28 @@ def test_two_host_headers_are_400(served):
     with connect(f"ws://{addr}/v1/stream", additional_headers={"Host": "localhost"}) as ws:  # a second Host
         ans = json.loads(ws.recv(timeout=30))
     assert ans["status"] == 400 and "Host" in ans["error"], ans
+
+
+def test_a_missing_empty_or_malformed_host_is_400(served):
+    """RFC 9112, section 3.2: an HTTP/1.1 request without Host, or whose Host is empty or not a host,
+    is 400 (the empty one was 403, the missing one served), in OpenAI's shape on its paths and as an
+    error frame on a WebSocket handshake; an HTTP/1.0 request, which has no Host, is served."""
+    addr, _ = served
+    body = b'{"text": "the cat"}'
+    post = f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+    for host in (None, "", "user@127.0.0.1", "127.0.0.1:port"):
+        line = "" if host is None else f"Host: {host}\r\n"
+        got, _, err = split(raw_http(addr, f"GET /healthz HTTP/1.1\r\n{line}\r\n".encode()))
+        assert got == 400 and "Host" in err["error"] and "RFC 9112" in err["error"], (host, err)
+        got, _, err = split(raw_http(addr, f"POST /v1/score HTTP/1.1\r\n{line}".encode() + post))
+        assert got == 400 and "Host" in err["error"], (host, err)
+        raw = raw_http(addr, f"POST /v1/completions HTTP/1.1\r\n{line}".encode() + post)
+        assert raw.startswith(b"HTTP/1.1 400"), raw[:300]
+        assert json.loads(raw.partition(b"\r\n\r\n")[2])["error"]["code"] == 400, raw
+        raw = raw_http(addr, f"GET /v1/stream HTTP/1.1\r\n{line}{UPGRADE.split(chr(10), 1)[1]}\r\n".encode(), wait=5)
+        assert b'"status":400' in raw and b"Host" in raw and b"\x88\x02\x03\xf0" in raw, (host, raw[:400])
+    raw = raw_http(addr, b"GET /healthz HTTP/1.0\r\n\r\n")
+    assert raw.startswith(b"HTTP/1.1 200") and json.loads(raw.partition(b"\r\n\r\n")[2])["status"] == "ready", raw
 
 
 # ---- 19: a snapshot signed with the key, its last symbol not the model's -------------------------

@@ -4,8 +4,9 @@
   time with ``Authorization: Bearer KEY``, ``X-API-Key: KEY`` or, on a WebSocket, ``?api_key=KEY``.
 * **Host** (:func:`host_refused`): a request whose ``Host`` is not one of the server's names is
   refused with 403, so a web page cannot reach the server by rebinding its own DNS name to the
-  server's address (it would otherwise be the server's own origin); one with two ``Host``
-  headers with 400 (:func:`hosts_error`).
+  server's address (it would otherwise be the server's own origin); an HTTP/1.1 request without
+  ``Host``, with two, or with one that is not a host name or address is refused with 400
+  (:func:`hosts_error`).
 * **Origin** (:func:`origin_refused`): a WebSocket handshake that carries a web page's ``Origin``
   is refused unless that origin is the server's own, a loopback one, or one of ``--allow-origin``:
   without an API key, a web page could otherwise use the server through its visitors' browsers.
@@ -158,12 +159,27 @@ def host_refused(scope, allowed: tuple[str, ...] = ()) -> str | None:
 
 
 def hosts_error(scope) -> RequestError | None:
-    """400 for a request or WebSocket handshake with more than one ``Host`` header (RFC 9112,
-    section 3.2: a server must refuse it, since two parties may each read another one); else None."""
-    if sum(name == b"host" for name, _ in scope.get("headers", ())) <= 1:
+    """400 for a request or WebSocket handshake whose ``Host`` header is malformed, else None.
+
+    RFC 9112, section 3.2: a server must answer 400 to an HTTP/1.1 request without a ``Host``
+    header, with more than one (two parties may each read another one), or with one whose value is
+    not a host (a name or an address with an optional port; an empty one included). A request
+    without ``Host`` in HTTP/1.0, which has none, is served.
+    """
+    hosts = [value for name, value in scope.get("headers", ()) if name == b"host"]
+    if len(hosts) > 1:
+        why = "the request has more than one Host header; send exactly one"
+    elif not hosts:
+        if scope.get("http_version", "1.1") == "1.0":
+            return None
+        why = (f"an HTTP/{scope.get('http_version', '1.1')} request must carry a Host header (the server's name or "
+               "address, like 'Host: localhost:8000')")
+    elif host_name(hosts[0].decode("latin-1")) is None:
+        why = (f"the Host {hosts[0].decode('latin-1')[:100]!r} is not a host: send a name or an address with an "
+               "optional port, like 'Host: localhost:8000'")
+    else:
         return None
-    return RequestError(400, "the request has more than one Host header; send exactly one (RFC 9112, section 3.2)",
-                        headers={"Connection": "close"})
+    return RequestError(400, why + " (RFC 9112, section 3.2)", headers={"Connection": "close"})
 
 
 def host_error(host: str) -> RequestError:
