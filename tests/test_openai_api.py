@@ -174,6 +174,14 @@ def test_errors_have_openai_shape(server):
     err(c.get("/v1/completions"), 405)
     err(c.post("/v1/completions", content=b"{", headers={"content-type": "application/json"}), 400)
     assert "max_tokens" in err(c.post("/v1/completions", json={"prompt": "x", "max_tokens": 10**6}), 400)["message"]
+    # the OpenAI API's paths this server does not serve: 404 in OpenAI's shape, saying what to use instead
+    chat = err(c.post("/v1/chat/completions", json={"model": NAME, "messages": [{"role": "user", "content": "x"}]}),
+               404)
+    assert "POST /v1/completions" in chat["message"] and "chat" in chat["message"]
+    for path in ("/v1/embeddings", f"/v1/models/{NAME}", "/v1/responses"):
+        assert "/v1/completions" in err(c.post(path, json={}), 404)["message"]
+    other = c.get("/v1/no-such-thing")  # other unknown paths keep the API's own shape
+    assert other.status_code == 404 and other.json()["status"] == 404
 
 
 def test_api_key_in_openai_shape(default_engine):
@@ -212,6 +220,8 @@ def test_openai_client_scores_like_isan_score(server, text8_valid_head, tmp_path
     assert "".join(ch.choices[0].text for ch in stream) == eng.sample("the cat", n=40, seed=2).text
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-3.5-turbo-instruct", prompt="x")
+    with pytest.raises(openai.NotFoundError, match="POST /v1/completions"):  # the client shows the server's message
+        client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "the cat"}])
 
 
 # ---- the Origin check of /v1/stream -------------------------------------------------------------

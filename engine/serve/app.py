@@ -61,7 +61,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from isan.engine.serve import openapi, routes
 from isan.engine.serve.access import authorized, host_error, host_refused, hosts_error, key_error
 from isan.engine.serve.asgi import send_json
-from isan.engine.serve.completions import PATHS as OPENAI_PATHS, Completions, openai_error
+from isan.engine.serve.completions import Completions, openai_error, openai_path, unserved_message
 from isan.engine.serve.config import DEFAULT_MAX_CHARS, ServeConfig
 from isan.engine.serve.errors import RequestError
 from isan.engine.serve.metrics import MULTIPROC_ENV, Metrics
@@ -87,8 +87,7 @@ class IsanApp:
         state: ``fastapi.state`` (``service``, ``metrics``).
     """
 
-    def __init__(self, fastapi: FastAPI, http_routes: dict, ws_routes: dict, service: Service, api_key: str | None,
-                 openai_paths: tuple[str, ...] = ()):
+    def __init__(self, fastapi: FastAPI, http_routes: dict, ws_routes: dict, service: Service, api_key: str | None):
         self.fastapi = fastapi
         self.state = fastapi.state
         self.service = service
@@ -97,7 +96,6 @@ class IsanApp:
         # compared in its UTF-8 bytes (a key file is read as UTF-8; surrogateescape: an environment's undecodable bytes)
         self._key = api_key.encode("utf-8", "surrogateescape") if api_key else None
         self._protected = {path for _, path in http_routes} | set(ws_routes) | {"/metrics"}
-        self._openai = set(openai_paths)
 
     def openapi(self) -> dict:
         return self.fastapi.openapi()
@@ -112,12 +110,12 @@ class IsanApp:
             if e is not None or host is not None:
                 self.state.metrics.rejected.labels("host").inc()
                 e = e or host_error(host)
-                await send_json(send, e.status, encode_json(openai_error(e) if path in self._openai else e.body()),
+                await send_json(send, e.status, encode_json(openai_error(e) if openai_path(path) else e.body()),
                                 {"Connection": "close"})
                 return
             if path in self._protected and not authorized(scope, self._key):
                 e = key_error()
-                body = openai_error(e) if path in self._openai else e.body()
+                body = openai_error(e) if openai_path(path) else e.body()
                 await send_json(send, e.status, encode_json(body), e.headers)
                 return
             if handler is not None:
@@ -199,7 +197,7 @@ def create_app(engine=None, max_chars: int = DEFAULT_MAX_CHARS, config: ServeCon
     http_routes = routes.handlers(api)
     stream = StreamEndpoint(service, schemas)
     openapi.declare(fa, api, http_routes, stream)
-    app = IsanApp(fa, http_routes, {"/v1/stream": stream}, service, config.api_key, OPENAI_PATHS)
+    app = IsanApp(fa, http_routes, {"/v1/stream": stream}, service, config.api_key)
     if config.api_key:
         openapi.add_security(fa, app._protected)
     return app
@@ -222,13 +220,14 @@ def add_fastapi_routes(fa: FastAPI, service: Service) -> None:
                                   "(ws://HOST:PORT/v1/stream) and send JSON frames like {\"text\": \"...\"}")
             return error_response(e)
         if exc.status_code == 404:
-            msg = f"there is no {method} {path}; the endpoints are {ENDPOINTS}{LENS_ENDPOINT if config.ui else ''}"
+            msg = unserved_message(method, path) or (f"there is no {method} {path}; the endpoints are {ENDPOINTS}"
+                                                     f"{LENS_ENDPOINT if config.ui else ''}")
         elif exc.status_code == 405:
             allow = {k.lower(): v for k, v in (exc.headers or {}).items()}.get("allow", "?")
             msg = f"{method} is not allowed on {path}; allowed: {allow}"
         else:
             msg = str(exc.detail)
-        return error_response(RequestError(exc.status_code, msg, headers=exc.headers), openai=path in OPENAI_PATHS)
+        return error_response(RequestError(exc.status_code, msg, headers=exc.headers), openai=openai_path(path))
 
     @fa.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):  # pragma: no cover - no route declares params

@@ -61,6 +61,30 @@ MAX_TOP_VALUES = 4_000_000
 GEN_PIECE = 64
 #: the paths of this API (their errors have OpenAI's shape)
 PATHS = ("/v1/completions", "/v1/models", "/tokenize", "/detokenize", "/tokenizer_info")
+#: the OpenAI API's paths that this server does not serve (a chat model's, embeddings...): their 404
+#: has OpenAI's shape too, so an OpenAI client shows its message
+UNSERVED_PATHS = ("/v1/chat/completions", "/v1/embeddings", "/v1/responses", "/v1/moderations", "/v1/models",
+                  "/v1/audio", "/v1/images", "/v1/files", "/v1/uploads", "/v1/batches", "/v1/fine_tuning",
+                  "/v1/assistants", "/v1/threads", "/v1/vector_stores", "/v1/realtime")
+
+
+def openai_path(path: str) -> bool:
+    """Whether errors on ``path`` have OpenAI's shape: the paths of this API, and the OpenAI API's
+    others (:data:`UNSERVED_PATHS` and what lies under them, like ``/v1/models/NAME``)."""
+    return path in PATHS or any(path == p or path.startswith(p + "/") for p in UNSERVED_PATHS)
+
+
+def unserved_message(method: str, path: str) -> str | None:
+    """The 404 message of an OpenAI API path this server does not serve; None for other paths."""
+    if not openai_path(path) or path in PATHS:
+        return None
+    if path.startswith("/v1/chat/"):
+        return (f"there is no {method} {path}: this server has a character-level model without a chat template; "
+                "send the text as the prompt of POST /v1/completions")
+    return (f"there is no {method} {path}; the OpenAI-compatible API of this server is POST /v1/completions and "
+            "GET /v1/models")
+
+
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 405: "invalid_request_error", 408: "timeout_error", 409: "conflict_error",
