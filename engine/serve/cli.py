@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import signal
 
 import click
 
@@ -10,6 +12,12 @@ from isan.errors import IsanError, install_hint
 from isan.engine.serve.config import DEFAULT_MAX_CHARS, MAX_WORKERS, ServeConfig
 
 _D = ServeConfig()
+#: the longest timeout an option takes, in seconds (a week)
+MAX_TIMEOUT_S = 7 * 86_400
+#: the largest count or size an option takes (the kernels index texts and rounds with 32-bit ints)
+MAX_COUNT = 2**31 - 1
+#: the largest --max-pending-mb, in MiB (1 TiB)
+MAX_PENDING_MB = 2.0**20
 #: the engine's computation paths that ``--path`` takes (those of ``load_engine``)
 PATH_CHOICES = ("auto", "composed", "chunked", "jumps", "reference")
 
@@ -49,9 +57,59 @@ def bound_name(host: str) -> tuple[str, ...]:
     return ()
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+class FiniteFloat(click.FloatRange):
+    """A float option that refuses NaN and infinities (click's FloatRange takes them), bounded as
+    click.FloatRange is; a value outside is a usage error that names the option."""
+
+    def convert(self, value, param, ctx):
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return super().convert(number, param, ctx)
+
+
+#: seconds above 0, at most :data:`MAX_TIMEOUT_S`
+SECONDS = FiniteFloat(min=0, min_open=True, max=MAX_TIMEOUT_S)
+#: counts and sizes from 1 to :data:`MAX_COUNT`
+COUNT = click.IntRange(1, MAX_COUNT)
+
+
+class ServeCommand(click.Command):
+    """The ``isan-serve`` command: a bad option or value is one ``Error:`` line naming the option
+    (exit status 2), before anything is loaded or bound."""
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as e:
+            e.ctx = None  # no usage lines around it: ``isan-serve --help`` lists the options
+            raise
+
+
+def run_to_the_end(server) -> None:
+    """``server.run()`` (a ``uvicorn.Server``) that returns normally after a graceful shutdown on
+    SIGTERM or SIGINT, so that ``isan-serve`` exits 0 as it does with ``--workers``.
+
+    Once it has shut down, uvicorn raises again the signal that stopped it, for the handler that was
+    in place before ``run()``: by default SIGTERM would then end the process with -15, and SIGINT
+    raise KeyboardInterrupt (click's ``Aborted!``, status 1). During ``run()`` that handler is one
+    that does nothing (the signal has been handled: the shutdown is done); the previous ones come
+    back after it.
+    """
+    def handled(signum, frame) -> None:
+        return None
+
+    before = {sig: signal.signal(sig, handled) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run()
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+@click.command(cls=ServeCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65_535))
 @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
 @click.option("--path", "path_mode", type=click.Choice(list(PATH_CHOICES)), default="auto", show_default=True,
               help="The engine's path (auto: composed with a trie table, else chunked; chunked: chunk-parallel, no "
@@ -61,36 +119,38 @@ def bound_name(host: str) -> tuple[str, ...]:
               help="cuda: the numpy backend's rounds run on the GPU with the torch backend (the gpu extra; not yet "
                    "measured to pay for rounds of about a hundred rows), the onnx backend uses onnxruntime's CUDA "
                    "provider; auto: CUDA when present. /healthz (model.kernels) says which backend and device run.")
-@click.option("--max-chars", default=DEFAULT_MAX_CHARS, show_default=True, type=int, help="Largest text per request or frame.")
-@click.option("--max-pending-mb", default=_D.max_pending_mb, show_default=True, type=float,
+@click.option("--max-chars", default=DEFAULT_MAX_CHARS, show_default=True, type=COUNT,
+              help="Largest text per request or frame.")
+@click.option("--max-pending-mb", default=_D.max_pending_mb, show_default=True,
+              type=FiniteFloat(min=0, min_open=True, max=MAX_PENDING_MB),
               help="Memory bound: estimated MiB of request bodies, admitted texts and read-ahead frames held at once "
                    "(beyond it: 503 with Retry-After).")
-@click.option("--max-streams", default=_D.max_streams, show_default=True, type=int, help="Open WebSocket streams.")
-@click.option("--max-stream-frames", default=_D.max_stream_frames, show_default=True, type=int,
+@click.option("--max-streams", default=_D.max_streams, show_default=True, type=COUNT, help="Open WebSocket streams.")
+@click.option("--max-stream-frames", default=_D.max_stream_frames, show_default=True, type=COUNT,
               help="Frames a stream may send ahead of its answers.")
-@click.option("--round-chars", default=_D.round_chars, show_default=True, type=int,
+@click.option("--round-chars", default=_D.round_chars, show_default=True, type=COUNT,
               help="Characters scored per scheduler round over all requests and streams.")
-@click.option("--request-timeout", default=_D.request_timeout_s, show_default=True, type=float,
+@click.option("--request-timeout", default=_D.request_timeout_s, show_default=True, type=SECONDS,
               help="Seconds a text may wait and run before it is answered 503 and its work dropped.")
-@click.option("--stream-idle-timeout", default=_D.stream_idle_timeout_s, show_default=True, type=float,
+@click.option("--stream-idle-timeout", default=_D.stream_idle_timeout_s, show_default=True, type=SECONDS,
               help="Seconds a stream may send nothing before it is closed (or read nothing while an answer waits: "
                    "its connection is aborted).")
 @click.option("--batching/--no-batching", default=True, show_default=True,
               help="Score each round's texts in one batched kernel call, or each alone on the engine's path.")
-@click.option("--threads", type=int, default=None,
+@click.option("--threads", type=click.IntRange(1, 4096), default=None,
               help="Threads for the engine's kernels (default: one a CPU).")
-@click.option("--read-timeout", default=_D.read_timeout_s, show_default=True, type=float,
+@click.option("--read-timeout", default=_D.read_timeout_s, show_default=True, type=SECONDS,
               help="Seconds a request's headers, and then its body, may take to arrive (408 and closed beyond).")
-@click.option("--keep-alive-timeout", default=_D.keep_alive_s, show_default=True, type=float,
+@click.option("--keep-alive-timeout", default=_D.keep_alive_s, show_default=True, type=SECONDS,
               help="Seconds an idle keep-alive connection stays open.")
-@click.option("--max-connections", default=_D.max_connections, show_default=True, type=int,
+@click.option("--max-connections", default=_D.max_connections, show_default=True, type=COUNT,
               help="Open HTTP connections (streams are counted by --max-streams). At the cap, connections that "
                    "have waited a second for their client are closed (408) to make room; beyond: 503 and closed.")
-@click.option("--max-batch-texts", default=_D.max_batch_texts, show_default=True, type=int,
+@click.option("--max-batch-texts", default=_D.max_batch_texts, show_default=True, type=COUNT,
               help="Texts in one POST /v1/score/batch.")
-@click.option("--max-sample-chars", default=_D.max_sample_chars, show_default=True, type=int,
+@click.option("--max-sample-chars", default=_D.max_sample_chars, show_default=True, type=COUNT,
               help="Characters one POST /v1/sample may generate.")
-@click.option("--max-attribute-chars", default=_D.max_attribute_chars, show_default=True, type=int,
+@click.option("--max-attribute-chars", default=_D.max_attribute_chars, show_default=True, type=COUNT,
               help="Characters of one POST /v1/attribute text (memory grows with its square).")
 @click.option("--api-key-file", default=None, type=click.Path(dir_okay=False),
               help="Require this API key on /v1 and /metrics (default: $ISAN_API_KEY, else no key).")
@@ -114,7 +174,8 @@ def bound_name(host: str) -> tuple[str, ...]:
               help="Worker processes on the one port, each with its own scheduler and engine (and the limits above); "
                    "they share the state secret (drawn for the run if none is set) and /metrics. Each loads the "
                    "model before it takes connections; --threads defaults to the CPUs divided among the workers.")
-@click.option("--log-level", default="info", show_default=True)
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["critical", "error", "warning", "info", "debug", "trace"]))
 def main(host, port, model, path_mode, backend, device, max_chars, max_pending_mb, max_streams, max_stream_frames,
          round_chars, request_timeout, stream_idle_timeout, batching, threads, read_timeout, keep_alive_timeout,
          max_connections, max_batch_texts, max_sample_chars, max_attribute_chars, api_key_file, docs,
@@ -188,6 +249,6 @@ def main(host, port, model, path_mode, backend, device, max_chars, max_pending_m
         if why is not None:
             raise click.ClickException(why)
     else:
-        server.run()
+        run_to_the_end(server)
     if failed:
         raise click.ClickException(f"the model could not be loaded: {failed[0]}")

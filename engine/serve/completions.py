@@ -85,7 +85,6 @@ def unserved_message(method: str, path: str) -> str | None:
             "GET /v1/models")
 
 
-
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 405: "invalid_request_error", 408: "timeout_error", 409: "conflict_error",
           413: "invalid_request_error", 415: "invalid_request_error", 422: "invalid_request_error",
