@@ -32,9 +32,13 @@ QUICK_SIZES = {"long": 60_000, "stream_chunk": 1_000, "stream": 20_000, "batch_t
 STREAM_CHUNK = SIZES["stream_chunk"]
 
 
-def _ortho_flops(d: int, V: int) -> float:
-    """Multiply-adds x 2 of one character without composition: the step (d x (d+1)) and the readout (V x (d+1))."""
-    return 2.0 * (d + 1) * (d + V)
+def useful_flops_per_char(d: int, V: int, readout: bool = True) -> float:
+    """The useful FLOPs of one character without composition (two a multiply-add), a float: the step,
+    ``[W[x] | b[x]]`` (d, d + 1) times ``[h; 1]``, 2 d (d + 1); with ``readout``, also the logits,
+    ``[W_ro | b_ro]`` (V, d + 1) times ``[h; 1]``, 2 V (d + 1). ``d`` is the state's width, ``V`` the
+    number of symbols the readout predicts. A row that runs no readout (``isan bench engine``'s
+    "ingest") is counted with ``readout=False``."""
+    return 2.0 * (d + 1) * (d + V) if readout else 2.0 * (d + 1) * d
 
 
 class _Run:
@@ -208,13 +212,16 @@ def measure_ingest_and_flops(run: _Run, long_name: str, scaling: list[int] | Non
     run.add(f"ingest ({n:,} chars, no readout)", n, lambda: eng.advance(ids, normalize="none", threads=threads))
     bar.update()
     facts, r = run.facts, run.long_text
-    flops = _ortho_flops(eng.d, eng.params.V)
+    flops = useful_flops_per_char(eng.d, eng.params.V)
     lt = run.raw[long_name]
     facts["long_text"]["gflops"] = flops * n * (1 + r.scoring.get("extra_fraction", 0.0)) / lt["median_s"] / 1e9
     facts["long_text"]["flops_per_char"] = flops
     facts["long_text"]["flop_bound_chars_per_s_at_100_gflops_per_core"] = 100e9 * threads / flops
     facts["fma_peak"] = fma_peak(threads)
-    facts["peak_fraction"] = peak_fractions(run.rows, flops, facts["fma_peak"], threads)  # useful FLOP/s per row
+    readout = [row for row in run.rows if "no readout" not in row["name"]]
+    facts["peak_fraction"] = peak_fractions(readout, flops, facts["fma_peak"], threads)  # useful FLOP/s per row
+    step_only = [row for row in run.rows if "no readout" in row["name"]]  # ingest: the step's FLOPs only
+    peak_fractions(step_only, useful_flops_per_char(eng.d, eng.params.V, readout=False), facts["fma_peak"], threads)
     facts["sweep"] = sweep_rows(eng, ids, sz.get("sweep_rows", (64, 256, 1024, 4096)), sz.get("sweep_len", 500),
                                 threads_list=sorted({1, threads}), repeats=run.repeats, log=run.log)
     if scaling:
