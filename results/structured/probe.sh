@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #48 step 1: the probe. Three ISANs of equal cost (52,488 / 52,224 / 52,224 multiply-adds a character),
+# The structured ISANs' probe (results/structured/README.md). Three ISANs of equal cost (52,488 / 52,224 / 52,224 multiply-adds a character),
 # trained with the same recipe and seed on text8-10M for the same budget of characters:
 #   dense  d = 216            (the default's shape; its recipe without the certificate and the teacher)
 #   dplr   d = 384, r = 54    W[x] = diag(a[x]) + U[x] V[x]^T

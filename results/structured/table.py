@@ -1,11 +1,11 @@
-"""Issue #48 step 1: the probe's table from its run directories (results/structured/probe.sh).
+"""The structured ISANs' probe: its table from its run directories (results/structured/probe.sh).
 
     python results/structured/table.py [RUNS]        (default runs/structured)
 
 Reads RUNS/{dense216,dplr384r54,dplr512r37}/config.json and train_log.jsonl and prints markdown: per model its
 d, rank r, multiply-adds a character (train/structured.py dense_cost / dplr_cost), parameters, the valid bpc
-at the last characters every run reached (and the best up to there), training chars/s, and the decision of
-issue #48's rule: a structured model goes on only if its valid bpc is at least 0.015 below the dense one's
+at the last characters every run reached (and the best up to there), training chars/s, and the decision by
+the rule: a structured model goes on only if its valid bpc is at least 0.015 below the dense one's
 at equal characters and equal cost (decided on the best valid bpc up to the last common evaluation; the
 last evaluation's difference is shown beside it). A second table lists every common evaluation.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 from isan.train.structured import dense_cost, dplr_cost
 
 NAMES = ("dense216", "dplr384r54", "dplr512r37")
-MARGIN = 0.015  # issue #48: bits a character the structured model must gain
+MARGIN = 0.015  # the decision rule: bits a character the structured model must gain
 
 
 def read_run(path: Path) -> dict | None:
