@@ -81,30 +81,6 @@ def test_benchmarks_gap_to_the_paper_matches_table1():
     assert f"{min(gaps):.2f}-{max(gaps):.2f} bpc above the paper's" in text("docs/guide/benchmarks.md")
 
 
-def test_readme_headline_bits_and_speeds_are_the_committed_measurements():
-    """The README's first headline row and its introduction quote bench_results/frontier_epyc.json, a
-    measurement of the default model beside the others in one process (#45 items 5, 7); the engine
-    rows quote engine_epyc.json of the default."""
-    from isan.engine import Engine
-
-    readme = text("README.md")
-    frontier = load("bench_results/frontier_epyc.json")
-    rows = {r["name"]: r for r in frontier["rows"]}
-    default = Engine.default()
-    assert rows["text8-d216-distil"]["params_sha256"] == default.params_sha256, "measured on the default"
-    for name in ("text8-d216-distil", "text8-d216-stable", "text8-d320-stable"):
-        assert f"{rows[name]['test_bpc']:.4f}" in readme, name
-    assert f"{frontier['kenlm']['test_bpc']:.4f}" in readme
-    for name in ("text8-d216-stable", "text8-d320-stable"):  # the speed ratios of the introduction
-        ratio = rows[name]["chars_per_s"] / rows["text8-d216-distil"]["chars_per_s"]
-        assert f"{ratio:.2f} times" in readme, (name, ratio)
-    engine = load("bench_results/engine_epyc.json")
-    assert engine["model"]["params_sha256"] == default.params_sha256
-    by_name = {r["name"]: r["chars_per_s"] for r in engine["rows"]}
-    long_text = next(v for k, v in by_name.items() if k.startswith("long text") and "default path" in k)
-    assert f"{long_text / 1e6:.2f}M chars/s" in readme
-
-
 def test_the_table_budget_measurement_names_the_default_model():
     """The 16 MB default table budget rests on bench_results/budgets.json: it names the model it measured,
     and that is the default (#45 item 9)."""
@@ -113,18 +89,84 @@ def test_the_table_budget_measurement_names_the_default_model():
     assert load("bench_results/budgets.json")["model"]["params_sha256"] == Engine.default().params_sha256
 
 
-def test_gpu_numbers_are_run5s():
-    """The README's and the GPU guide's H200 numbers are those of bench_results/gpu_h200/run5/gpu.json."""
-    rows = {r["name"]: r for r in load("bench_results/gpu_h200/run5/gpu.json")["rows"]}
-    one = rows["cuda float32, step triton: 65,536 documents x 512"]
-    over = rows["cuda float32, step triton: 4 such batches, overlapped (score_batches, totals)"]
-    readme, guide = text("README.md"), text("docs/guide/gpu.md")
-    for page in (readme, guide):
-        assert f"{one['chars_per_s'] / 1e6:.0f}M" in page and f"{over['chars_per_s'] / 1e6:.0f}M" in page
-        assert f"{one['ratio']:.1f} " in page and f"{over['ratio']:.1f} times" in page
+def test_gpu_guide_numbers_are_run5s():
+    """The GPU guide's H200 numbers are those of bench_results/gpu_h200/run5/gpu.json, each ratio against the
+    CPU row it names (the README's are tied in test_docs_numbers_readme.py)."""
+    g = load("bench_results/gpu_h200/run5/gpu.json")
+    rows = {r["name"]: r for r in g["rows"]}
+    cpu_docs = rows["CPU compiled kernels: 65,536 documents x 512"]["chars_per_s"]
+    cpu_long = rows["CPU compiled kernels: long text, 12,549,837 chars"]["chars_per_s"]
+    one = rows["cuda float32, step triton: 65,536 documents x 512"]["chars_per_s"]
+    over = rows["cuda float32, step triton: 4 such batches, overlapped (score_batches, totals)"]["chars_per_s"]
+    long_text = rows["cuda float32, step triton: long text, chunk-parallel"]["chars_per_s"]
+    guide = " ".join(text("docs/guide/gpu.md").split())
+    assert (f"one call of 65,536 documents with each character's bits runs at {one / 1e6:.0f}M chars/s, "
+            f"{one / cpu_docs:.1f} times the same call on the CPU's compiled kernels on the machine's 16 cores") in guide
+    assert (f"four such batches overlapped, keeping each document's total only, at {over / 1e6:.0f}M, "
+            f"{over / cpu_docs:.1f} times that one CPU call") in guide
+    assert f"one long text chunk-parallel at {long_text / 1e6:.0f}M, {long_text / cpu_long:.1f} times the CPU's 16 cores" in guide
+    scaling = load("bench_results/gpu_h200/run1/scaling_engine.json")["facts"]["scaling"]
+    at16 = sorted(r["speedup"] for r in scaling if r["threads"] == 16)
+    assert f"16 threads of the CPU kernels run {at16[0]:.1f} to {at16[-1]:.1f} times one" in guide
     for r in rows.values():
         if r["name"].startswith("cuda") or r["name"].startswith("CPU"):
             assert f"{r['chars_per_s']:,.0f}" in guide, r["name"]
+
+
+def test_the_16_core_scaling_table_names_its_model():
+    """The speed guide's 16-core table is run 1's scaling_engine.json, which measured text8-d216-stable."""
+    res = load("bench_results/gpu_h200/run1/scaling_engine.json")
+    stable = json.loads(text("isan/models/text8-d216-stable/manifest.json"))["params_sha256"]
+    assert res["model"]["params_sha256"] == stable and res["machine"]["cores"] == 16
+    guide = text("docs/guide/tables-and-speed.md")
+    assert "run 1, 2026-11-26, of `text8-d216-stable`" in " ".join(guide.split())
+    for r in res["facts"]["scaling"]:
+        assert f"| {r['what']} | {r['threads']} | {r['chars_per_s']:,.0f} | {r['speedup']:.2f}x |" in guide, r
+
+
+def test_ingest_counts_the_step_only():
+    """A row without a readout is credited with the step's FLOPs, 2 d (d + 1) a character, not the readout's
+    2 V (d + 1) too; the speed guide's ingest row is engine_epyc.json's rate at that count."""
+    from isan.bench.engine import useful_flops_per_char
+
+    assert useful_flops_per_char(216, 27) == 2 * 217 * 216 + 2 * 217 * 27
+    assert useful_flops_per_char(216, 27, readout=False) == 2 * 217 * 216
+    assert useful_flops_per_char(1, 5, readout=False) == 4.0
+    e = load("bench_results/engine_epyc.json")
+    ingest = next(r for r in e["rows"] if r["name"].startswith("ingest"))
+    g = ingest["chars_per_s"] * useful_flops_per_char(216, 27, readout=False) / 1e9
+    of_peak = g / e["facts"]["fma_peak"]["gflops_all_threads"]
+    assert of_peak < 1, "no row does more than the FMA peak"
+    assert f"| {ingest['name']} | 2,500,000 | {ingest['chars_per_s']:,.0f} | {ingest['ratio']:.2f}x | {g:.0f} ({of_peak:.0%}) |" \
+        in text("docs/guide/tables-and-speed.md")
+
+
+def test_kenlm_and_d320_speeds_name_their_run():
+    """KenLM's speed and d = 320's ratio come from three runs; each page quotes its own run's, with the baseline."""
+    speed = text("docs/guide/tables-and-speed.md")
+    e = {r["name"]: r["chars_per_s"] for r in load("bench_results/engine_epyc.json")["rows"]}
+    kenlm = e["peer: KenLM (Python module) querying our order-8 n-gram, 1 thread"]
+    long_text = e["long text (2,500,000 unseen chars, chunk-parallel, default path)"]
+    assert f"at {kenlm / 1e6:.2f}M chars/s through its Python module on one thread; the ISAN's long-text path on 2 " \
+           f"threads is at {long_text / kenlm:.2f} times that" in " ".join(speed.split())
+    old = load("results/frontier/frontier_epyc.json")
+    rows = {r["name"]: r for r in old["rows"]}
+    base = rows["text8-d216-stable"]["chars_per_s"]
+    frontier = text("results/frontier/README.md")
+    d320 = f"{rows['text8-d320-stable']['chars_per_s'] / base:.2f}"
+    assert f"| {rows['text8-d320-stable']['chars_per_s']:,.0f} | {d320}x |" in frontier
+    assert f"| {old['kenlm']['chars_per_s']:,.0f} | {old['kenlm']['chars_per_s'] / base:.2f}x |" in frontier
+    new = load("bench_results/frontier_epyc.json")
+    nrows = {r["name"]: r for r in new["rows"]}
+    d320_new = f"{nrows['text8-d320-stable']['chars_per_s'] / nrows['text8-d216-distil']['chars_per_s']:.2f}"
+    assert (f"d = 320 scores at {d320_new} times the default's speed and KenLM at "
+            f"{new['kenlm']['chars_per_s'] / 1e6:.2f}M chars/s") in " ".join(frontier.split())
+    training = " ".join(text("docs/guide/training.md").split())
+    assert (f"{d320_new} times the default's speed in [frontier_epyc.json](../../bench_results/frontier_epyc.json); "
+            f"{d320} times `text8-d216-stable`'s in [the frontier]") in training
+    card = " ".join(text("isan/models/text8-d320-stable/MODEL_CARD.md").split())
+    assert f"at {d320} times its scoring speed (`results/frontier/frontier_epyc.json`)" in card
+    assert f"at {d320_new} times the default's speed (`bench_results/frontier_epyc.json`)" in card
 
 
 def test_structured_probe_numbers_are_its_logs():
@@ -135,3 +177,37 @@ def test_structured_probe_numbers_are_its_logs():
         assert done["event"] == "done" and done["chars_seen"] >= 45_000_000
         bpc = f"{done['best_valid_bpc']:.4f}"
         assert bpc in guide and bpc in page, name
+
+
+def test_structured_outcome_says_what_it_rests_on():
+    """The results page and the CHANGELOG give the gap at every evaluation as its range, CPU and GPU, from the
+    logs; the parameters and the dense engine's cost of the shapes are computed here."""
+    def valid(path):
+        return {e["chars_seen"]: e["valid_bpc"] for e in map(json.loads, text(path).splitlines()) if e["event"] == "valid"}
+
+    names = ("dense216", "dplr384r54", "dplr512r37")
+    page = " ".join(text("results/structured/README.md").split())
+    changelog = " ".join(text("CHANGELOG.md").split())
+    for where, path in (("CPU", "results/structured/cpu/{}/train_log.jsonl"),
+                        ("H200", "bench_results/gpu_h200/run5/probe_{}.jsonl")):
+        v = {n: valid(path.format(n)) for n in names}
+        common = sorted(set.intersection(*(set(x) for x in v.values())))
+        gaps = [v[n][c] - v["dense216"][c] for c in common for n in names[1:]]
+        assert min(gaps) > 0, "worse at every evaluation"
+        quoted = f"by {min(gaps):.3f} to {max(gaps):.3f} bpc on valid on the CPU" if where == "CPU" else \
+            f"by {min(gaps):.3f} to {max(gaps):.3f} on the H200 (to {common[-1] / 1e6:.1f}M characters)"
+        assert quoted in page, where
+        assert f"{min(gaps):.3f} to {max(gaps):.3f}" in changelog, where
+    starts = {n: json.loads(text(f"results/structured/cpu/{n}/train_log.jsonl").splitlines()[0]) for n in names}
+    for n in names:  # one recipe and one seed, the dense model's
+        cfg = starts[n]["config"]
+        assert (cfg["lr"], cfg["weight_decay"], cfg["seed"]) == (0.002, 0.1, 0), n
+    assert "learning rate (2e-3) and weight decay (0.1) and one seed (0)" in page
+    params = {n: starts[n]["n_params"] for n in names}
+    fewer = [1 - params[n] / params["dense216"] for n in names[1:]]
+    assert f"the DPLR shapes have {fewer[0]:.0%} and {fewer[1]:.0%} fewer parameters" in page
+    dense_cost = 216 * 216 + 27 * 216  # the default's multiply-adds a character, step and readout
+    engine_cost = [d * d + 27 * d for d in (384, 512)]
+    assert (f"({engine_cost[0]:,} at d = 384, {engine_cost[1]:,} at d = 512: {engine_cost[0] / dense_cost:.1f} and "
+            f"{engine_cost[1] / dense_cost:.1f} times the default's {dense_cost:,})") in page
+
