@@ -161,3 +161,17 @@ def test_front_page_headline_rows(frontier, engine):
     one, two = c["facts"]["scaling"]
     assert (f"2 workers {two['speedup']:.2f}x one, the same output bytes; isan / KenLM {one['isan_over_kenlm']:.2f} "
             f"and {two['isan_over_kenlm']:.2f} at 1 and 2 processes") in row(page, "worker processes")
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_the_inference_dependencies_are_the_packages(page):
+    """The page names every package the install requires (pyproject.toml's dependencies), and no other."""
+    import re
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"]
+    names = {re.match(r"[A-Za-z0-9_.-]+", d).group(0) for d in deps}
+    quoted = re.search(r"Inference needs only (.+?), plus isan's own C", flat(page))
+    assert quoted, f"{page} does not list the inference dependencies"
+    assert set(re.split(r", | and ", quoted.group(1))) == names
+
