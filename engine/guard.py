@@ -21,6 +21,10 @@ from isan.errors import StateDivergedError
 #: Largest |h_i| the engine accepts (see the module docstring for why).
 MAX_STATE_ABS = 1e4
 
+#: The command that lists the repeats that make a model diverge. Divergence messages name it in
+#: backquotes; the CLI adds the ``--model`` it was given (:func:`isan.cli.helpers.friendly`).
+MODEL_CHECK = "isan model check"
+
 
 def first_out_of_range(W: np.ndarray, b: np.ndarray, ids: np.ndarray, h: np.ndarray,
                        limit: float = MAX_STATE_ABS) -> int | None:
@@ -68,10 +72,10 @@ def raise_diverged(W: np.ndarray, b: np.ndarray, ids: np.ndarray, h: np.ndarray,
         ids = np.asarray(ids)
         run = _repeat_hint(ids, t, symbols)
         msg = (f"the model's state diverges at character offset {off} ({cause}, {where} path){run}; "
-               "the model cannot score this text meaningfully. `isan model check` lists the letters and "
+               f"the model cannot score this text meaningfully. `{MODEL_CHECK}` lists the letters and "
                "pairs whose repeats make this model diverge")
     else:
-        msg = f"the model's state diverges ({cause}, {where} path); `isan model check` lists the letters and pairs that do this"
+        msg = f"the model's state diverges ({cause}, {where} path); `{MODEL_CHECK}` lists the letters and pairs that do this"
     raise StateDivergedError(msg, offset=off, cause=cause)
 
 

@@ -132,3 +132,51 @@ def test_default_model_to_onnx_and_back(tmp_path, text8_valid_head):
     # the shipped model has no graphs in the package: they are built into the user cache on first use
     c = json.loads(isan("score", "--backend", "onnx", "--json", "-", input=text).stdout)
     assert c["chars"] == 2000 and c["bits"] == pytest.approx(b["bits"], rel=1e-5)
+
+
+def cli(*args, input=None):
+    """The CLI in this process (click's runner): (exit code, stdout, stderr)."""
+    from click.testing import CliRunner
+
+    from isan.cli import main
+
+    r = CliRunner().invoke(main, [str(a) for a in args], input=input)
+    return r.exit_code, r.stdout, r.stderr
+
+
+def test_verify_takes_the_bundle_as_model_too(small_bundle, tmp_path):
+    """`isan verify --model B` is `isan verify B`; both given and different is a usage error."""
+    code, out, _ = cli("verify", "--model", small_bundle)
+    assert code == 0 and out.splitlines()[-1] == cli("verify", small_bundle)[1].splitlines()[-1]
+    assert cli("verify", small_bundle, "--model", small_bundle)[0] == 0
+    code, _, err = cli("verify", small_bundle, "--model", tmp_path / "other")
+    assert code == 2 and "differ" in err and "Traceback" not in err
+
+
+def test_greedy_sampling_reports_no_seed(small_bundle):
+    """--temperature 0 (and --top-k 1) takes the most likely character each step: nothing is drawn, so the
+    JSON's seed is null, no seed line goes to stderr, and a given seed changes nothing."""
+    for greedy in (["--temperature", 0], ["--top-k", 1], ["--inverse-temperature", 1000]):
+        code, out, _ = cli("sample", "--model", small_bundle, "--prompt", "the ", "-n", 30, "--json", *greedy)
+        j = json.loads(out)
+        assert code == 0 and j["seed"] is None
+        code, text, err = cli("sample", "--model", small_bundle, "--prompt", "the ", "-n", 30, "--seed", 5, *greedy)
+        assert code == 0 and "seed" not in err and text.rstrip("\n") == "the " + j["text"]
+    code, out, err = cli("sample", "--model", small_bundle, "-n", 30)  # sampled: the drawn seed is reported
+    assert code == 0 and err.startswith("seed ")
+
+
+def test_divergence_error_names_the_model_given():
+    """The check the error suggests is run on the bundle the command was given."""
+    import shlex
+
+    from isan.cli.helpers import with_model_option
+    from isan.engine.paths import paper_model_path
+
+    code, _, err = cli("score", "--model", paper_model_path(), "--path", "reference", "-", input="z" * 40)
+    assert code == 2 and "Traceback" not in err
+    assert f"`isan model check --model {shlex.quote(str(paper_model_path()))}`" in err
+    message = "the model's state diverges; `isan model check` lists the letters"
+    assert with_model_option(message, None) == message
+    assert with_model_option(message, "my models/b") == \
+        "the model's state diverges; `isan model check --model 'my models/b'` lists the letters"

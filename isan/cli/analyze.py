@@ -17,7 +17,8 @@ from pathlib import Path
 
 import click
 
-from isan.cli.helpers import DEFAULT_TEXT8, UserError, emit_json, friendly
+from isan.cli.helpers import (DEFAULT_TEXT8, POSITIVE_FLOAT, POSITIVE_INT, SEED, IntList, UserError, emit_json,
+                              friendly)
 from isan.engine.paths import DEFAULT_MODEL
 from isan.errors import IsanError
 
@@ -143,8 +144,8 @@ def contributions_cmd(model, out, text, word, chars, compare):
 @analyze.command("decay", short_help="Figure 4a-c: kappa decay, place in the word, history.")
 @common
 @data_option
-@click.option("--window", type=int, default=50, show_default=True, help="Sources kept exactly per position.")
-@click.option("--max-chars", type=int, default=None, help="Only the first N characters of the test split.")
+@click.option("--window", type=POSITIVE_INT, default=50, show_default=True, help="Sources kept exactly per position.")
+@click.option("--max-chars", type=POSITIVE_INT, default=None, help="Only the first N characters of the test split.")
 @compare_option
 @friendly
 def decay_cmd(model, out, data, window, max_chars, compare):
@@ -178,7 +179,7 @@ def words_cmd(model, out, text, compare):
 @data_option
 @click.option("--words", "n_words", type=click.IntRange(50, 20_000), default=4000, show_default=True,
               help="How many of the train split's most frequent words.")
-@click.option("--seed", type=int, default=0, show_default=True, help="t-SNE's seed.")
+@click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True, help="t-SNE's seed.")
 @compare_option
 @friendly
 def word_embedding_cmd(model, out, data, n_words, seed, compare):
@@ -250,7 +251,7 @@ def _pca_models(model, baselines, compare=()):
 @click.option("--baseline", "baselines", multiple=True,
               default=tuple(f"results/paper/models/{b}" for b in BASELINES), show_default=True,
               help="Bundles to compare (RNN, GRU, LSTM or ISAN); repeat the option.")
-@click.option("--max-chars", type=int, default=None, help="Only the first N characters of the test split.")
+@click.option("--max-chars", type=POSITIVE_INT, default=None, help="Only the first N characters of the test split.")
 @compare_option
 @friendly
 def pca_cmd(model, out, data, baselines, max_chars, compare):
@@ -298,9 +299,9 @@ def _samples(model, prompt, n, betas, seeds, compare=()):
 @analyze.command("samples", short_help="Section 3.1: samples at inverse temperatures 1.5 and 2.")
 @common
 @click.option("--prompt", default="annual reve", show_default=True)
-@click.option("-n", "n", type=int, default=120, show_default=True)
-@click.option("--inverse-temperature", "betas", type=float, multiple=True, default=(1.5, 2.0), show_default=True)
-@click.option("--seed", "seeds", type=int, multiple=True, default=(0, 1, 2), show_default=True)
+@click.option("-n", "n", type=POSITIVE_INT, default=120, show_default=True)
+@click.option("--inverse-temperature", "betas", type=POSITIVE_FLOAT, multiple=True, default=(1.5, 2.0), show_default=True)
+@click.option("--seed", "seeds", type=SEED, multiple=True, default=(0, 1, 2), show_default=True)
 @compare_option
 @friendly
 def samples_cmd(model, out, prompt, n, betas, seeds, compare):
@@ -357,33 +358,30 @@ def _parentheses(checkpoint, out, chars, seed, seeds=tuple(range(10))):
 @click.option("--checkpoint", default=PAREN_CKPT, show_default=True,
               help="Training run directory of `isan train parentheses --d 35`.")
 @click.option("--out", default=DEFAULT_OUT, show_default=True, type=click.Path(file_okay=False))
-@click.option("--chars", type=int, default=20_000, show_default=True, help="Symbols of the fresh test stream.")
-@click.option("--seed", type=int, default=12345, show_default=True)
-@click.option("--seeds", default="0,1,2,3,4,5,6,7,8,9", show_default=True,
+@click.option("--chars", type=click.IntRange(min=200), default=20_000, show_default=True, help="Symbols of the fresh test stream.")
+@click.option("--seed", type=SEED, default=12345, show_default=True)
+@click.option("--seeds", type=IntList(min=0), default="0,1,2,3,4,5,6,7,8,9", show_default=True,
               help="More fresh streams (seeds, comma-separated) for accuracy and the start-up transient.")
 @friendly
 def parentheses_cmd(checkpoint, out, chars, seed, seeds):
     """Section 4, Figure 9: the counting task in the readout basis plus a sparse basis of its complement."""
-    if chars < 200:
-        raise UserError("--chars must be at least 200")
-    sd = tuple(int(x) for x in seeds.split(",") if x.strip())
-    _write(out, "parentheses", _parentheses(checkpoint, out, chars, seed, sd))
+    _write(out, "parentheses", _parentheses(checkpoint, out, chars, seed, seeds))
 
 
 @analyze.command("attribute", short_help="Attribution to a chosen target, windowed for long texts.")
 @click.option("--text", default=None, help="The text (default: the first --max-chars of the test split).")
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True)
-@click.option("--max-chars", type=int, default=2000, show_default=True)
+@click.option("--max-chars", type=POSITIVE_INT, default=2000, show_default=True)
 @click.option("--model", default=None, help="ISAN bundle directory (default: the paper's model, isan/models/text8-d216-unconstrained).")
 @click.option("--target", type=click.Choice(["logit", "logprob", "logit_diff"]), default="logprob", show_default=True,
               help="The scalar attributed at each position.")
 @click.option("--char", "char", default="next", show_default=True,
               help="The target character, or 'next' (the character that follows in the text).")
 @click.option("--other", default=None, help="With --target logit_diff: the subtracted character.")
-@click.option("--window", type=int, default=None,
+@click.option("--window", type=POSITIVE_INT, default=None,
               help="Keep the last N sources exact and sum everything older into one 'history' source "
                    "(memory T (N+1) V instead of T^2 V).")
-@click.option("--top", type=int, default=3, show_default=True, help="Sources listed per position.")
+@click.option("--top", type=POSITIVE_INT, default=3, show_default=True, help="Sources listed per position.")
 @click.option("--json", "as_json", is_flag=True, help="Print the contributions as JSON.")
 @friendly
 def attribute_cmd(text, data, max_chars, model, target, char, other, window, top, as_json):
@@ -447,7 +445,7 @@ def _naive_bayes(train: str, test: str, sym, max_window: int = 10) -> dict:
 @analyze.command("naive-bayes", short_help="Table 1's Naive Bayes control over the last k characters.")
 @click.option("--out", default=DEFAULT_OUT, show_default=True, type=click.Path(file_okay=False))
 @data_option
-@click.option("--max-window", type=int, default=10, show_default=True, help="Largest number of previous characters.")
+@click.option("--max-window", type=POSITIVE_INT, default=10, show_default=True, help="Largest number of previous characters.")
 @friendly
 def naive_bayes_cmd(out, data, max_window):
     """Table 1's Naive Bayes control (ICML Sec 3.1): test bits/char with the previous k characters as

@@ -7,25 +7,12 @@ import click
 
 from isan.errors import IsanError, install_hint
 
-from isan.cli.helpers import DEFAULT_TEXT8, UserError, friendly, main
+from isan.cli.helpers import (DEFAULT_TEXT8, POSITIVE_FLOAT, POSITIVE_INT, SEED, IntList, friendly, main)
 
 
 @main.group(short_help="Benchmarks, with ratios against a baseline in the same run.")
 def bench():
     """Benchmarks: medians over repeats, ratios against a baseline run in the same process."""
-
-
-def worker_counts(workers: str | None) -> list[int] | None:
-    """``--workers 1,2`` as a list of counts (None when not given); a bad list is a usage error."""
-    if not workers:
-        return None
-    try:
-        counts = [int(w) for w in workers.split(",") if w.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{workers!r} is not a comma-separated list of numbers", param_hint="--workers") from None
-    if not counts or min(counts) < 1:
-        raise click.BadParameter("worker counts must be at least 1", param_hint="--workers")
-    return counts
 
 
 def _report(table: str, result: dict, out: str | None, plot_fn=None, plot_path: str | None = None) -> None:
@@ -45,8 +32,8 @@ def _report(table: str, result: dict, out: str | None, plot_fn=None, plot_path: 
 @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True,
               help="text8 file: scoring runs on the characters after text8-10M (from offset 10,000,000).")
-@click.option("--repeats", type=int, default=3, show_default=True)
-@click.option("--threads", default=None,
+@click.option("--repeats", type=POSITIVE_INT, default=3, show_default=True)
+@click.option("--threads", type=IntList(min=1), default=None,
               help="Threads for the compiled kernels (default: all this process may use); a list (1,2,4) adds a "
                    "scaling table over them, the rest on the largest.")
 @click.option("--peers/--no-peers", default=True, show_default=True,
@@ -67,13 +54,7 @@ def bench_engine_cmd(model, data, repeats, threads, peers, quick, progress, out,
 
     scaling = None
     if threads is not None:
-        try:
-            counts = [int(t) for t in str(threads).split(",") if t.strip()]
-        except ValueError:
-            raise UserError(f"--threads takes a number or a comma-separated list; got {threads!r}") from None
-        if not counts or min(counts) < 1:
-            raise UserError(f"--threads must be at least 1; got {threads}")
-        threads, scaling = max(counts), (counts if len(counts) > 1 else None)
+        threads, scaling = max(threads), (list(threads) if len(threads) > 1 else None)
     result = bench_engine(model, data, repeats=repeats, threads=threads, peers=peers, progress=progress,
                           log=lambda m: click.echo(m, err=True), sizes=QUICK_SIZES if quick else None, scaling=scaling)
     _report(markdown(result), result, out, plot_sweep, plot)
@@ -84,9 +65,9 @@ def bench_engine_cmd(model, data, repeats, threads, peers, quick, progress, out,
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True,
               help="A text8 file: the long text (all of it) and the documents (drawn from it).")
 @click.option("--device", default="cuda", show_default=True, help="cuda, cuda:N, or cpu (torch on the CPU: a check).")
-@click.option("--repeats", type=int, default=3, show_default=True)
-@click.option("--docs", type=int, default=None, help="Documents (default 65,536).")
-@click.option("--doc-chars", type=int, default=None, help="Characters a document (default 512).")
+@click.option("--repeats", type=POSITIVE_INT, default=3, show_default=True)
+@click.option("--docs", type=POSITIVE_INT, default=None, help="Documents (default 65,536).")
+@click.option("--doc-chars", type=POSITIVE_INT, default=None, help="Characters a document (default 512).")
 @click.option("--quick", is_flag=True, help="Small sizes on any device: a check that it runs, not a measurement.")
 @click.option("--steps", default=None,
               help="Comma-separated DTYPE:STEP runs (STEP mm, triton or triton-tf32x3; default: every one the "
@@ -125,8 +106,8 @@ def bench_gpu_cmd(model, data, device, repeats, docs, doc_chars, quick, steps, p
 @click.option("--models", default=None,
               help="Comma-separated bundle directories (default: the shipped text8 model). Ratios are against the first.")
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8 file: its test split and unseen text.")
-@click.option("--repeats", type=int, default=3, show_default=True)
-@click.option("--long-chars", type=int, default=2_500_000, show_default=True, help="Unseen characters a timing scores.")
+@click.option("--repeats", type=POSITIVE_INT, default=3, show_default=True)
+@click.option("--long-chars", type=POSITIVE_INT, default=2_500_000, show_default=True, help="Unseen characters a timing scores.")
 @click.option("--kenlm/--no-kenlm", default=True, show_default=True, help="KenLM's point (its order-8 n-gram; needs kenlm).")
 @click.option("--out", default=None, help="Write the JSON results here (nothing is written without it).")
 @click.option("--plot", "plot_out", default=None, help="Write the plot of bpc against chars/s here (PNG; the plot extra).")
@@ -147,9 +128,9 @@ def bench_frontier_cmd(models, data, repeats, long_chars, kenlm, out, plot_out):
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8 file: mined on train, timed on test.")
 @click.option("--budgets", default="8MB,16MB,32MB,128MB", show_default=True)
 @click.option("--dtypes", default="float32,float16", show_default=True)
-@click.option("--chars", type=int, default=200_000, show_default=True, help="Test characters streamed per timing.")
-@click.option("--repeats", type=int, default=3, show_default=True)
-@click.option("--threads", type=int, default=None, help="Threads for the second column (default: all this process may use).")
+@click.option("--chars", type=POSITIVE_INT, default=200_000, show_default=True, help="Test characters streamed per timing.")
+@click.option("--repeats", type=POSITIVE_INT, default=3, show_default=True)
+@click.option("--threads", type=POSITIVE_INT, default=None, help="Threads for the second column (default: all this process may use).")
 @click.option("--out", default=None, help="Write the JSON results here (nothing is written without it).")
 @friendly
 def bench_budgets_cmd(model, data, budgets, dtypes, chars, repeats, threads, out):
@@ -172,12 +153,12 @@ def bench_budgets_cmd(model, data, budgets, dtypes, chars, repeats, threads, out
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8 file; chunks of the train split are used.")
 @click.option("--budgets", default=None, help="Comma-separated parameter budgets (default: Table 1's).")
 @click.option("--models", default=None, help="Comma-separated models (default: Table 1's five, the ISAN first).")
-@click.option("--batch", type=int, default=32, show_default=True, help="Streams B (the Table 1 protocol's).")
-@click.option("--steps", type=int, default=5, show_default=True, help="Optimizer steps per timing.")
-@click.option("--repeats", type=int, default=3, show_default=True)
+@click.option("--batch", type=POSITIVE_INT, default=32, show_default=True, help="Streams B (the Table 1 protocol's).")
+@click.option("--steps", type=POSITIVE_INT, default=5, show_default=True, help="Optimizer steps per timing.")
+@click.option("--repeats", type=POSITIVE_INT, default=3, show_default=True)
 @click.option("--reference/--no-reference", default=True, show_default=True,
               help="Also time the baselines' per-step loop (forward_reference).")
-@click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's).")
+@click.option("--threads", type=POSITIVE_INT, default=None, help="torch CPU threads (default: torch's).")
 @click.option("--device", default="cpu", show_default=True, help="torch device: cpu, cuda or cuda:N.")
 @click.option("--out", default=None, help="Write the JSON results here (nothing is written without it).")
 @friendly
@@ -203,9 +184,11 @@ def bench_train_cmd(data, budgets, models, batch, steps, repeats, reference, thr
         chosen["models"] = names
     if budgets is not None:
         try:
-            chosen["budgets"] = [(b.strip(), float(b)) for b in budgets.split(",") if b.strip()]
-        except ValueError:
-            raise click.BadParameter(f"{budgets!r} is not a comma-separated list of numbers", param_hint="--budgets") from None
+            chosen["budgets"] = [(b.strip(), POSITIVE_FLOAT.convert(b, None, None)) for b in budgets.split(",")
+                                 if b.strip()]
+        except click.BadParameter:
+            raise click.BadParameter(f"{budgets!r} is not a comma-separated list of finite numbers above 0",
+                                     param_hint="'--budgets'") from None
     ids = Alphabet.text8().encode(read_text8_split(data, "train")[:2_000_000]).astype(np.int64)
     result = bench_train(ids, **chosen, batch=batch, steps=steps, repeats=repeats, reference=reference,
                          threads=threads, device=device, log=lambda m: click.echo(m, err=True))
@@ -218,8 +201,8 @@ def bench_train_cmd(data, budgets, models, batch, steps, repeats, reference, thr
 
 @bench.command("onnx", short_help="onnxruntime: ISAN d=216 against an LSTM of equal parameters.")
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8 file; the test split is used.")
-@click.option("--repeats", type=int, default=3, show_default=True)
-@click.option("--batch", type=int, default=64, show_default=True, help="Streams in the batched measurement.")
+@click.option("--repeats", type=POSITIVE_INT, default=3, show_default=True)
+@click.option("--batch", type=POSITIVE_INT, default=64, show_default=True, help="Streams in the batched measurement.")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True)
 @click.option("--out", default=None, help="Write the JSON results here (nothing is written without it).")
 @friendly
@@ -240,25 +223,25 @@ def bench_onnx_cmd(data, repeats, batch, device, out):
 @bench.command("serve", short_help="isan-serve under load: HTTP, WebSocket, memory, slow clients.")
 @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8 file: texts from the valid and test splits.")
-@click.option("--clients", type=int, default=100, show_default=True, help="HTTP clients posting at once.")
-@click.option("--text-chars", type=int, default=1000, show_default=True, help="Characters per HTTP request.")
-@click.option("--duration", type=float, default=10.0, show_default=True, help="Seconds of HTTP load.")
-@click.option("--streams", type=int, default=1000, show_default=True, help="WebSocket streams open at once.")
-@click.option("--chunks", type=int, default=5, show_default=True, help="Chunks each stream sends.")
+@click.option("--clients", type=POSITIVE_INT, default=100, show_default=True, help="HTTP clients posting at once.")
+@click.option("--text-chars", type=POSITIVE_INT, default=1000, show_default=True, help="Characters per HTTP request.")
+@click.option("--duration", type=POSITIVE_FLOAT, default=10.0, show_default=True, help="Seconds of HTTP load.")
+@click.option("--streams", type=POSITIVE_INT, default=1000, show_default=True, help="WebSocket streams open at once.")
+@click.option("--chunks", type=POSITIVE_INT, default=5, show_default=True, help="Chunks each stream sends.")
 @click.option("--chunk-chars", default="1-400", show_default=True,
               help="Characters per chunk: N, or MIN-MAX for sizes drawn uniformly (seeded by --seed).")
-@click.option("--big-chars", type=int, default=1_000_000, show_default=True, help="Characters of the memory and cancel probes' requests.")
-@click.option("--big-requests", type=int, default=4, show_default=True, help="Concurrent big requests in the memory probe.")
-@click.option("--slow-conns", type=int, default=500, show_default=True,
+@click.option("--big-chars", type=POSITIVE_INT, default=1_000_000, show_default=True, help="Characters of the memory and cancel probes' requests.")
+@click.option("--big-requests", type=POSITIVE_INT, default=4, show_default=True, help="Concurrent big requests in the memory probe.")
+@click.option("--slow-conns", type=POSITIVE_INT, default=500, show_default=True,
               help="Connections of the slow-body probe (each sends 14 of the 1,000 bytes it declares).")
-@click.option("--cancel-clients", type=int, default=12, show_default=True,
+@click.option("--cancel-clients", type=POSITIVE_INT, default=12, show_default=True,
               help="Clients of the cancel probe (each sends up to 500,000 characters and leaves).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the stream texts and chunk sizes.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the stream texts and chunk sizes.")
 @click.option("--only", default=None,
               help="Which measurements, comma-separated (default: http,completions,stream,memory,cancel,slow; with "
                    "--url: http,completions,stream).")
 @click.option("--server-args", default="", help='Options for isan-serve, e.g. "--no-batching --threads 1".')
-@click.option("--workers", default=None,
+@click.option("--workers", type=IntList(min=1), default=None,
               help="Worker counts (e.g. 1,2): the measurements run against isan-serve --workers N for each in turn, "
                    "in one run, with the ratio of their requests/s.")
 @click.option("--url", default=None,
@@ -289,7 +272,7 @@ def bench_serve_cmd(model, data, clients, text_chars, duration, streams, chunks,
                        big_requests=big_requests, slow_conns=slow_conns, cancel_clients=cancel_clients, seed=seed,
                        server_args=shlex.split(server_args), which=which,
                        progress=lambda m: click.echo(m, err=True), url=url,
-                       workers=tuple(counts) if (counts := worker_counts(workers)) else None)
+                       workers=workers)
     click.echo(markdown(result))
     if out:
         write_json(result, out)
@@ -299,13 +282,13 @@ def bench_serve_cmd(model, data, clients, text_chars, duration, streams, chunks,
 @bench.command("corpus", short_help="The corpus job's docs/s and chars/s: local, Ray and KenLM.")
 @click.option("--data-dir", default="../shared/data", show_default=True,
               help="The shared data: wikitext2/, tinyshakespeare/, text8_head/ (text8 beyond offset 10,000,000).")
-@click.option("--mb", type=float, default=50.0, show_default=True, help="Size of the JSONL corpus to make (MB).")
-@click.option("--files", type=int, default=8, show_default=True, help="JSONL files the corpus is cut into.")
-@click.option("--cpus-per-node", type=int, default=1, show_default=True, help="CPUs of each node of the local 2-node Ray cluster.")
-@click.option("--threads", type=int, default=None, help="Kernel threads of the local runner (default: all CPUs).")
+@click.option("--mb", type=POSITIVE_FLOAT, default=50.0, show_default=True, help="Size of the JSONL corpus to make (MB).")
+@click.option("--files", type=POSITIVE_INT, default=8, show_default=True, help="JSONL files the corpus is cut into.")
+@click.option("--cpus-per-node", type=POSITIVE_INT, default=1, show_default=True, help="CPUs of each node of the local 2-node Ray cluster.")
+@click.option("--threads", type=POSITIVE_INT, default=None, help="Kernel threads of the local runner (default: all CPUs).")
 @click.option("--ray/--no-ray", "with_ray", default=True, show_default=True, help="Also run the Ray runner on a local 2-node cluster.")
 @click.option("--kenlm/--no-kenlm", "with_kenlm", default=True, show_default=True, help="Also score the documents with KenLM.")
-@click.option("--workers", default=None,
+@click.option("--workers", type=IntList(min=1), default=None,
               help="A scaling table over these numbers of worker processes (e.g. 1,2), one kernel thread each, "
                    "with KenLM in as many processes.")
 @click.option("--out", default=None, help="Also write the results as JSON here.")
@@ -315,9 +298,9 @@ def bench_corpus_cmd(data_dir, mb, files, cpus_per_node, threads, with_ray, with
     over the same documents (our order-8 n-gram as ARPA, order 6 where KenLM's build stops there), in one run."""
     from isan.bench.corpus import bench_corpus, markdown, write_json
 
-    counts = worker_counts(workers)
     result = bench_corpus(data_dir, mb=mb, files=files, cpus_per_node=cpus_per_node, threads=threads, ray=with_ray,
-                          kenlm=with_kenlm, log=lambda m: click.echo(m, err=True), workers=counts)
+                          kenlm=with_kenlm, log=lambda m: click.echo(m, err=True),
+                          workers=list(workers) if workers else None)
     click.echo(markdown(result))
     if out:
         write_json(result, out)

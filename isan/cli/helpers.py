@@ -10,12 +10,14 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
+import shlex
 import sys
 from pathlib import Path
 
 import click
 
-from isan.errors import IsanError, install_hint
+from isan.errors import IsanError, StateDivergedError, install_hint
 
 DEFAULT_TEXT8 = "../shared/data/text8_head/text8_head.txt"
 
@@ -24,13 +26,93 @@ class UserError(click.ClickException):
     exit_code = 2
 
 
+class FiniteFloat(click.FloatRange):
+    """A float option that refuses NaN and infinities (click's FLOAT and FloatRange take them), bounded
+    as click.FloatRange is: ``FiniteFloat(min=0, min_open=True)`` takes positive numbers only. A value
+    outside is a usage error (exit 2) that names the option; ``--help`` shows the range."""
+
+    def convert(self, value, param, ctx):
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return super().convert(number, param, ctx)
+
+
+class WholeNumber(click.IntRange):
+    """A count written as an integer or in float notation (``36000000``, ``36e6``), bounded as
+    click.IntRange is; NaN, infinities and fractions are usage errors (exit 2). Gives an int."""
+
+    name = "integer"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str):
+            text = value.strip()
+            try:
+                value = int(text)
+            except ValueError:
+                number = click.FLOAT.convert(text, param, ctx)
+                if not math.isfinite(number) or number != int(number):
+                    self.fail(f"{value!r} is not a whole number.", param, ctx)
+                value = int(number)
+        return super().convert(value, param, ctx)
+
+
+class IntList(click.ParamType):
+    """Comma-separated integers (``1,2,4``), each at least ``min``: a tuple of ints; an empty list, a
+    word or a number below ``min`` is a usage error (exit 2)."""
+
+    name = "N,N,..."
+
+    def __init__(self, min: int = 1):
+        self.min = min
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (tuple, list)):
+            return tuple(value)
+        items = [w.strip() for w in str(value).split(",") if w.strip()]
+        try:
+            numbers = tuple(int(w) for w in items)
+        except ValueError:
+            self.fail(f"{value!r} is not a comma-separated list of whole numbers.", param, ctx)
+        if not numbers:
+            self.fail("give at least one number.", param, ctx)
+        if min(numbers) < self.min:
+            self.fail(f"every number must be at least {self.min}; got {value!r}.", param, ctx)
+        return numbers
+
+
+#: whole numbers from 1 (counts, sizes, repeats, threads)
+POSITIVE_INT = click.IntRange(min=1)
+#: whole numbers from 0
+NON_NEGATIVE_INT = click.IntRange(min=0)
+#: a random seed: 0 to 2**53 - 1 (exact in every JSON reader, as the seeds isan draws itself)
+SEED = click.IntRange(0, 2**53 - 1)
+#: finite numbers above 0
+POSITIVE_FLOAT = FiniteFloat(min=0, min_open=True)
+#: finite numbers from 0
+NON_NEGATIVE_FLOAT = FiniteFloat(min=0)
+
+
+def with_model_option(message: str, model: str | None) -> str:
+    """``message`` with the `isan model check` it suggests given ``--model MODEL`` (quoted for a shell)
+    when the command was run on a bundle other than the default; else ``message`` unchanged."""
+    from isan.engine.guard import MODEL_CHECK
+
+    if not model:
+        return message
+    return message.replace(f"`{MODEL_CHECK}`", f"`{MODEL_CHECK} --model {shlex.quote(str(model))}`")
+
+
 def friendly(fn):
-    """Turn library errors into one-line CLI errors (exit 2) instead of tracebacks."""
+    """Turn library errors into one-line CLI errors (exit 2) instead of tracebacks. A diverging state's
+    message names the ``--model`` the command was given (``model``) in the check it suggests."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except StateDivergedError as e:
+            raise UserError(with_model_option(str(e), kwargs.get("model"))) from None
         except (IsanError, FileExistsError, FileNotFoundError) as e:
             raise UserError(str(e)) from None
         except PermissionError as e:
@@ -62,7 +144,7 @@ def model_options(fn):
                            "chunked: chunk-parallel in the compiled kernel, one character a step; jumps: always "
                            "by the table's composed jumps (exact; slower on short texts and small batches: see "
                            "the speed guide); reference: per-character float64 numpy.")(fn)
-    fn = click.option("--threads", type=int, default=None,
+    fn = click.option("--threads", type=POSITIVE_INT, default=None,
                       help="Threads for the compiled kernels (default: the CPUs this process may use; ISAN_NUM_THREADS).")(fn)
     fn = click.option("--backend", type=click.Choice(["numpy", "onnx"]), default="numpy", show_default=True,
                       help="numpy engine, or onnxruntime over the bundle's ONNX graphs (isan export --onnx).")(fn)
@@ -158,7 +240,7 @@ def read_input(file, text8_split):
 
 def table_options(fn):
     fn = click.option("--table-budget", default="16MB", show_default=True, help="Memory budget of the trie table (e.g. 8MB, 128MB); see `isan bench budgets`.")(fn)
-    fn = click.option("--table-max-len", type=int, default=12, show_default=True, help="Longest substring in the table.")(fn)
+    fn = click.option("--table-max-len", type=click.IntRange(1, 63), default=12, show_default=True, help="Longest substring in the table.")(fn)
     fn = click.option("--table-dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True)(fn)
     fn = click.option("--table-corpus", default=None, help="Text to mine (default: the model's training data, train split).")(fn)
     fn = click.option("--table-dataset", type=click.Choice(["text8", "text"]), default=None, help="How to split --table-corpus.")(fn)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from isan.cli.helpers import (UserError, emit_json, friendly, load_engine, main)
+from isan.cli.helpers import (POSITIVE_INT, UserError, emit_json, friendly, load_engine, main)
 
 
 @main.group("model")
@@ -16,7 +16,7 @@ def model_group():
 
 @model_group.command("check", short_help="Can any input make the model's state diverge?")
 @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
-@click.option("--max-chars", type=int, default=2000, show_default=True,
+@click.option("--max-chars", type=POSITIVE_INT, default=2000, show_default=True,
               help="Characters every repeated run is stepped from h0 before slow ones go on in jumps.")
 @click.option("--json", "as_json", is_flag=True)
 @friendly
@@ -71,10 +71,11 @@ def model_check(model, max_chars, as_json):
 
 @main.command("verify", short_help="Check every file of a bundle against its manifest's sha256.")
 @click.argument("bundle", required=False, default=None)
+@click.option("--model", default=None, help="The bundle, as every command names it (the same as BUNDLE).")
 @click.option("--json", "as_json", is_flag=True)
 @friendly
-def verify(bundle, as_json):
-    """Check every file of BUNDLE (default: the shipped model) against the sha256 its manifest records.
+def verify(bundle, model, as_json):
+    """Check every file of BUNDLE or --model (default: the shipped model) against the sha256 its manifest records.
 
     Also checks the manifest's own hash, the trie table (every section, and the cached table of
     a recipe), and the ONNX graphs (in the bundle, or cached on first use). Exit status 2 if
@@ -84,6 +85,10 @@ def verify(bundle, as_json):
     from isan.engine.paths import default_model_path
 
     from isan.engine.verify import verify_all
+
+    if bundle is not None and model is not None and Path(bundle) != Path(model):
+        raise click.UsageError(f"give the bundle once: BUNDLE {bundle!r} and --model {model!r} differ")
+    bundle = bundle if bundle is not None else model
     r = verify_all(Path(bundle) if bundle else default_model_path())
     if as_json:
         emit_json(r)

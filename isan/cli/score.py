@@ -6,8 +6,9 @@ import sys
 
 import click
 
-from isan.cli.helpers import (UserError, emit_json, friendly, load_engine, main, model_options,
-                              normalize_option, read_input, unknown_options, input_file, warn_if_mostly_dropped)
+from isan.cli.helpers import (NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT, SEED, UserError,
+                              emit_json, friendly, load_engine, main, model_options, normalize_option, read_input,
+                              unknown_options, input_file, warn_if_mostly_dropped)
 
 
 @main.command(short_help="Score FILE (or stdin) in bits: total and per character.")
@@ -89,16 +90,17 @@ def print_per_char(r, text: str) -> None:
 
 @main.command(short_help="Generate text after --prompt.")
 @click.option("--prompt", default="", help="Text to condition on (consumed before sampling).")
-@click.option("-n", "n", type=int, default=200, show_default=True, help="Characters to generate.")
-@click.option("--temperature", type=float, default=None,
+@click.option("-n", "n", type=NON_NEGATIVE_INT, default=200, show_default=True, help="Characters to generate.")
+@click.option("--temperature", type=NON_NEGATIVE_FLOAT, default=None,
               help="Logits are divided by it (default 1; 0, or below 0.01: greedy, the most likely character each "
                    "step, as /v1/completions).")
-@click.option("--inverse-temperature", "inverse_temperature", type=float, default=None,
+@click.option("--inverse-temperature", "inverse_temperature", type=POSITIVE_FLOAT, default=None,
               help="Logits are multiplied by it (the paper's section 3.1 samples at 1.5 and 2); instead of --temperature.")
-@click.option("--top-k", type=int, default=None, help="Sample among the k most likely characters only.")
-@click.option("--seed", type=int, default=None,
+@click.option("--top-k", type=POSITIVE_INT, default=None, help="Sample among the k most likely characters only.")
+@click.option("--seed", type=SEED, default=None,
               help="Random seed; the same seed gives the same text (default: a new one, reported: in the JSON, "
-                   "or on stderr).")
+                   "or on stderr). Greedy sampling (--temperature below 0.01, or --top-k 1) uses none: the "
+                   "JSON's seed is null.")
 @click.option("--json", "as_json", is_flag=True,
               help='Print {"prompt", "text", "bits", "seed", "temperature", "top_k", ...} as JSON.')
 @model_options
@@ -109,20 +111,23 @@ def sample(prompt, n, temperature, inverse_temperature, top_k, seed, as_json, mo
     """Generate text after --prompt (the prompt goes through the model's normaliser first)."""
     if temperature is not None and inverse_temperature is not None:
         raise UserError("give --temperature or --inverse-temperature, not both")
-    if inverse_temperature is not None:
-        if not inverse_temperature > 0:
-            raise UserError(f"--inverse-temperature must be positive; got {inverse_temperature}")
+    if inverse_temperature is not None:  # above 0 (its type)
         temperature = 1.0 / inverse_temperature
+        if temperature == float("inf"):
+            raise click.BadParameter(f"{inverse_temperature:g} is too small (1 / it is infinite).",
+                                     param_hint="'--inverse-temperature'")
     temperature = 1.0 if temperature is None else temperature
     given = [f"--device {device}"] * (device != "cpu") + [f"--dtype {dtype}"] * (dtype != "float32")
     if backend == "numpy" and given:  # name only the options given (their defaults are what sampling uses)
         raise UserError(f"isan sample draws one character a step on the CPU (numpy); {' and '.join(given)} "
                         f"{'is' if len(given) == 1 else 'are'} for scoring (isan score, isan corpus score)")
     engine = load_engine(model, path_mode, backend, device, threads, dtype)
-    drawn_seed = seed is None
-    if drawn_seed:  # pick one and report it, so that the sample can be drawn again (as the server does)
-        from isan.engine.sampling import new_seed
+    from isan.engine.sampling import greedy, new_seed
 
+    deterministic = greedy(temperature, top_k)[1] == 1  # the most likely character each step: no seed is used
+    seed = None if deterministic else seed
+    drawn_seed = seed is None and not deterministic
+    if drawn_seed:  # pick one and report it, so that the sample can be drawn again (as the server does)
         seed = new_seed()
     s = engine.sample(prompt, n=n, temperature=temperature, top_k=top_k, seed=seed, normalize=normalize)
     if prompt:  # a prompt the model cannot read (another script) is one space to it: say so, as isan score does
@@ -140,7 +145,7 @@ def sample(prompt, n, temperature, inverse_temperature, top_k, seed, as_json, mo
 @click.option("--json", "as_json", is_flag=True, help="Print the attribution as JSON.")
 @click.option("--full", is_flag=True, help="With --json: include the whole kappa tensor (T, S, V) and the logits.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a heatmap PNG (like the paper's Figure 2).")
-@click.option("--top", type=int, default=3, show_default=True, help="Sources listed per position in the text output.")
+@click.option("--top", type=POSITIVE_INT, default=3, show_default=True, help="Sources listed per position in the text output.")
 @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
 @unknown_options
 @normalize_option

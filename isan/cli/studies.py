@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-DEFAULT_TEXT8 = "../shared/data/text8_head/text8_head.txt"
+from isan.cli.helpers import DEFAULT_TEXT8, NON_NEGATIVE_INT, POSITIVE_INT, IntList
 
 
 def _setup(threads: int = 1) -> None:
@@ -52,14 +52,14 @@ def elman_data(out, data_dir):
 
 @elman.command("fig1", short_help="Train and score every model of Fig 1 (resumable).")
 @click.option("--out", default="results/elman", show_default=True, type=click.Path(file_okay=False))
-@click.option("--runs", type=int, default=10, show_default=True)
+@click.option("--runs", type=POSITIVE_INT, default=10, show_default=True)
 @click.option("--models", default="esn-paper,esn+-paper,npm-u,npm-u+eq6,npm-t-ekf", show_default=True,
               help="The paper's models as written (default; esn-paper also writes esn-paper-tf), or the first "
                    "study's variants: esn (dense, ridge), esn+ (transition ratios), npm-u+ (transition ratios), npm-t (Adam).")
-@click.option("--sizes", default=None, help="Reservoir sizes, comma-separated (default: the study's).")
-@click.option("--contexts", default=None, help="NPM context counts, comma-separated (default: the study's).")
+@click.option("--sizes", type=IntList(min=1), default=None, help="Reservoir sizes, comma-separated (default: the study's).")
+@click.option("--contexts", type=IntList(min=1), default=None, help="NPM context counts, comma-separated (default: the study's).")
 @click.option("--log-name", default="fig1_runs.jsonl", show_default=True)
-@click.option("--run-from", type=int, default=0, show_default=True,
+@click.option("--run-from", type=NON_NEGATIVE_INT, default=0, show_default=True,
               help="First run index (to split the runs over processes, each with its own --log-name).")
 def elman_fig1(out, runs, models, sizes, contexts, log_name, run_from):
     """Train and score every model of Fig. 1; appends to OUT/fig1_runs.jsonl (resumable)."""
@@ -68,9 +68,9 @@ def elman_fig1(out, runs, models, sizes, contexts, log_name, run_from):
     _setup()
     kw = {}
     if sizes:
-        kw["esn_sizes"] = tuple(int(x) for x in sizes.split(","))
+        kw["esn_sizes"] = sizes
     if contexts:
-        kw["contexts"] = tuple(int(x) for x in contexts.split(","))
+        kw["contexts"] = contexts
     p = S.run_fig1(Path(out), runs=runs, models=tuple(m.strip() for m in models.split(",")), log_name=log_name,
                    run_from=run_from, **kw)
     click.echo(f"wrote {p}")
@@ -140,7 +140,7 @@ def occam() -> None:
 @click.option("--name", required=True)
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True)
 @click.option("--out", default="results/occam", show_default=True, type=click.Path(file_okay=False))
-@click.option("--max-chars", type=int, default=None, help="Score only the first N characters of each split.")
+@click.option("--max-chars", type=POSITIVE_INT, default=None, help="Score only the first N characters of each split.")
 def occam_score(run_dir, name, data, out, max_chars):
     """Score a trained Occam LSTM (best checkpoint) on test and a train slice; gate statistics; OUT/NAME/score.json."""
     from isan.train.studies.occam_study import score_run
@@ -155,7 +155,7 @@ def occam_score(run_dir, name, data, out, max_chars):
 @click.option("--name", required=True)
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True)
 @click.option("--out", default="results/occam", show_default=True, type=click.Path(file_okay=False))
-@click.option("--chars", type=int, default=360, show_default=True, help="Length of the rendered test passage.")
+@click.option("--chars", type=POSITIVE_INT, default=360, show_default=True, help="Length of the rendered test passage.")
 def occam_gates(run_dir, name, data, out, chars):
     """Render the gates over a test passage as highlights (PNG and HTML, like the paper's Figs 9-10)."""
     from isan.train.studies.occam_study import render_gates

@@ -7,14 +7,18 @@ import logging
 
 import click
 
-from isan.cli.helpers import (DEFAULT_TEXT8, friendly, main)
+from isan.cli.helpers import (DEFAULT_TEXT8, NON_NEGATIVE_FLOAT, POSITIVE_FLOAT, POSITIVE_INT, SEED, FiniteFloat,
+                              IntList, WholeNumber, friendly, main)
 
 
-class CharCount(click.ParamType):
+class CharCount(WholeNumber):
     """A number of characters: a whole number (``36000000``, ``36e6``), finite, 0 or more, that fits in
     memory (:mod:`isan.train.synthetic_budget`); anything else is a usage error (exit 2) that says why."""
 
     name = "N"
+
+    def __init__(self):
+        super().__init__(min=0)
 
     def convert(self, value, param, ctx):
         from isan.train.synthetic_budget import synthetic_chars_problem
@@ -39,60 +43,64 @@ class CharCount(click.ParamType):
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Run directory (checkpoints, log); an existing run there is resumed.")
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8, text8.zip, text8_head.txt, or any text file with --dataset text.")
 @click.option("--dataset", type=click.Choice(["text8", "text"]), default="text8", show_default=True, help="text8: the text8-10M split; text: first 90% train, last 10% valid.")
-@click.option("--params", type=float, default=1.28e6, show_default=True, help="Parameter budget; the largest hidden size within it is used.")
-@click.option("--d", "--hidden", "d", type=int, default=None,
+@click.option("--params", type=POSITIVE_FLOAT, default=1.28e6, show_default=True,
+              help="Parameter budget; the largest hidden size within it is used.")
+@click.option("--d", "--hidden", "d", type=POSITIVE_INT, default=None,
               help="Hidden size (overrides --params); under torchrun write --hidden (torchrun reads --d as its own).")
-@click.option("--batch-size", type=int, default=256, show_default=True, help="Parallel streams B.")
-@click.option("--bptt", type=int, default=64, show_default=True, help="Truncated BPTT length T.")
-@click.option("--lr", type=float, default=2e-3, show_default=True)
-@click.option("--lr-decay", type=float, default=0.5, show_default=True, help="Rate factor when valid bpc does not improve.")
-@click.option("--weight-decay", type=float, default=0.0, show_default=True)
-@click.option("--clip", type=float, default=1.0, show_default=True, help="Gradient norm clipping.")
-@click.option("--max-epochs", type=int, default=30, show_default=True)
-@click.option("--max-chars", type=float, default=None, help="Budget in training characters seen.")
-@click.option("--max-steps", type=int, default=None, help="Stop after this many optimizer steps.")
-@click.option("--patience", type=int, default=2, show_default=True, help="Evaluations without improvement before early stopping.")
-@click.option("--eval-every", type=float, default=1.0, show_default=True, help="Epochs between validation evaluations.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--batch-size", type=POSITIVE_INT, default=256, show_default=True, help="Parallel streams B.")
+@click.option("--bptt", type=POSITIVE_INT, default=64, show_default=True, help="Truncated BPTT length T.")
+@click.option("--lr", type=POSITIVE_FLOAT, default=2e-3, show_default=True, help="Learning rate (Adam).")
+@click.option("--lr-decay", type=FiniteFloat(0, 1, min_open=True), default=0.5, show_default=True, help="Rate factor when valid bpc does not improve (1: none).")
+@click.option("--weight-decay", type=NON_NEGATIVE_FLOAT, default=0.0, show_default=True)
+@click.option("--clip", type=POSITIVE_FLOAT, default=1.0, show_default=True, help="Gradient norm clipping: the largest norm of a step's gradient.")
+@click.option("--max-epochs", type=POSITIVE_INT, default=30, show_default=True)
+@click.option("--max-chars", type=WholeNumber(min=1), default=None,
+              help="Budget in training characters seen (e.g. 36000000 or 36e6; default: no limit).")
+@click.option("--max-steps", type=POSITIVE_INT, default=None,
+              help="Stop after this many optimizer steps, at least 1 (default: no limit).")
+@click.option("--patience", type=POSITIVE_INT, default=2, show_default=True,
+              help="Evaluations without improvement before early stopping.")
+@click.option("--eval-every", type=POSITIVE_FLOAT, default=1.0, show_default=True, help="Epochs between validation evaluations.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the initial weights and the data order.")
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
-@click.option("--threads", type=int, default=None, help="torch CPU threads.")
-@click.option("--init-scale", type=float, default=None,
+@click.option("--threads", type=POSITIVE_INT, default=None, help="torch CPU threads.")
+@click.option("--init-scale", type=NON_NEGATIVE_FLOAT, default=None,
               help="irnn only: the recurrent matrix starts at this multiple of the identity (Le et al. 2015; default 1).")
 @click.option("--progress/--no-progress", default=True, show_default=True)
-@click.option("--orders", default="2,3,4,5,6,7,8", show_default=True,
+@click.option("--orders", type=IntList(min=1), default="2,3,4,5,6,7,8", show_default=True,
               help="ngram only: orders to try; the best on valid is kept.")
 @click.option("--alphabet", "alphabet", type=click.Choice(["chars", "bytes", "pairs", "words"]), default="chars",
               show_default=True,
               help="Tokens: characters; UTF-8 bytes (256 outputs, --inputs inputs); pairs of characters "
                    "(27^2 for text8); whitespace words. Bits (bpc in the logs) are per token.")
-@click.option("--inputs", type=int, default=70, show_default=True,
+@click.option("--inputs", type=click.IntRange(2, 256), default=70, show_default=True,
               help="bytes only: input symbols K, the K-1 most frequent bytes of the train part plus one 'other'.")
 @click.option("--valid-data", default=None, type=click.Path(dir_okay=False),
               help="With --dataset text: all of --data is train and this file is valid.")
 @click.option("--distributed", is_flag=True,
               help="Data-parallel training under torchrun (gloo on CPU, nccl on CUDA); "
                    "torchrun --nproc_per_node N -m isan.train.ddp MODEL ... adds it.")
-@click.option("--stable-rho", type=float, default=None,
+@click.option("--stable-rho", type=FiniteFloat(0, 1, min_open=True, max_open=True), default=None,
               help="isan only: a certified stable ISAN, W_x = P^-1 U_x P with ||U_x||_2 <= RHO < 1 after every step; "
                    "no input can make its state diverge (the export writes the certificate).")
 @click.option("--stable-basis", is_flag=True, help="With --stable-rho: learn the basis P (else P = I).")
-@click.option("--stable-exact-every", type=int, default=1, show_default=True,
+@click.option("--stable-exact-every", type=POSITIVE_INT, default=1, show_default=True,
               help="With --stable-rho: project onto the bound every N steps (N > 1 is faster; the bound then "
                    "holds at those steps and for the evaluated, saved and exported weights).")
-@click.option("--state-dropout", type=float, default=0.0, show_default=True,
+@click.option("--state-dropout", type=FiniteFloat(0, 1, max_open=True), default=0.0, show_default=True,
               help="isan only: dropout on the states before the readout (the recurrence stays exact).")
-@click.option("--ema", type=float, default=0.0, show_default=True,
+@click.option("--ema", type=FiniteFloat(0, 1, max_open=True), default=0.0, show_default=True,
               help="Decay of an exponential moving average of the weights, evaluated beside them and saved as "
                    "best when better (e.g. 0.999; 0: none).")
 @click.option("--lr-schedule", type=click.Choice(["plateau", "cosine"]), default="plateau", show_default=True,
               help="plateau: times --lr-decay when valid does not improve; cosine: from --lr to --lr-min x lr over "
                    "the budget (--max-chars, --max-steps or --max-epochs; a resume that raises it stretches the curve).")
-@click.option("--lr-min", type=float, default=0.02, show_default=True, help="cosine: the final rate as a fraction of --lr.")
+@click.option("--lr-min", type=FiniteFloat(0, 1), default=0.02, show_default=True, help="cosine: the final rate as a fraction of --lr.")
 @click.option("--teacher", multiple=True, type=click.Path(file_okay=False),
               help="An exported ISAN bundle with the data's alphabet, trained on the same train split: distil "
                    "from its next-character distributions (with --distill). Given several times: an ensemble, "
                    "distilled as the mixture (mean) of their distributions.")
-@click.option("--distill", type=float, default=0.0, show_default=True,
+@click.option("--distill", type=FiniteFloat(0, 1), default=0.0, show_default=True,
               help="With --teacher: the loss is (1 - A) CE(next character) + A CE(teacher's distribution).")
 @click.option("--synthetic-chars", type=CharCount(), default=0, show_default=True,
               help="With --teacher: sample this many characters of text from the teacher (the ensemble's "
@@ -100,7 +108,7 @@ class CharCount(click.ParamType):
 @click.option("--structure", type=click.Choice(["dense", "dplr"]), default="dense", show_default=True,
               help="isan only: each symbol's map dense (d x d), or dplr: diag(a) + U V^T with U, V (d x R), "
                    "d (2R + 1) multiply-adds a step (issue #48; needs --d and --rank).")
-@click.option("--rank", type=int, default=None, help="With --structure dplr: the rank R of U V^T.")
+@click.option("--rank", type=POSITIVE_INT, default=None, help="With --structure dplr: the rank R of U V^T.")
 @friendly
 def train(model, out_dir, data, dataset, params, d, batch_size, bptt, lr, lr_decay, weight_decay, clip, max_epochs,
           max_chars, max_steps, patience, eval_every, seed, device, threads, init_scale, progress, orders,
@@ -118,7 +126,7 @@ def train(model, out_dir, data, dataset, params, d, batch_size, bptt, lr, lr_dec
             raise click.UsageError("ngram trains on characters in one process (no --alphabet, --valid-data, --distributed)")
         from isan.train.ngram import train_ngram
 
-        info = train_ngram(data, out_dir, orders=tuple(int(o) for o in orders.split(",")), dataset=dataset)
+        info = train_ngram(data, out_dir, orders=orders, dataset=dataset)
         click.echo(json.dumps(info))
         return
     if init_scale is not None and model != "irnn":
@@ -136,7 +144,7 @@ def train(model, out_dir, data, dataset, params, d, batch_size, bptt, lr, lr_dec
 
     cfg = TrainConfig(model=model, d=d, params=None if d else params, data=data, dataset=dataset,
                       batch_size=batch_size, bptt=bptt, lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
-                      clip=clip, max_epochs=max_epochs, max_chars=int(max_chars) if max_chars else None,
+                      clip=clip, max_epochs=max_epochs, max_chars=max_chars,
                       max_steps=max_steps, patience=patience, eval_every=eval_every, seed=seed, device=device,
                       threads=threads, init_scale=init_scale, alphabet=alphabet, inputs=inputs,
                       valid_data=valid_data, stable_rho=stable_rho, stable_basis=stable_basis,
