@@ -113,6 +113,48 @@ def test_gpu_guide_numbers_are_run5s():
             assert f"{r['chars_per_s']:,.0f}" in guide, r["name"]
 
 
+def _within(x: float) -> tuple[str, str]:
+    """A bound ``x`` as a page prints it with two significant digits, rounded or rounded up ("7.6e-8")."""
+    import math
+
+    e = math.floor(math.log10(x))
+    up = math.ceil(x / 10 ** (e - 1)) / 10
+    return tuple(f"{m:.1f}e{e}" for m in (round(x / 10 ** e, 1), up))
+
+
+def test_gpu_guide_exactness_training_and_corpus_are_the_runs_files():
+    """The GPU guide's exactness bounds (run 5's gpu.json facts), training rates (runs 1-3's gpu_train.json)
+    and corpus run (run 5's summary and check.log)."""
+    guide = " ".join(text("docs/guide/gpu.md").split())
+    f = load("bench_results/gpu_h200/run5/gpu.json")["facts"]
+    f32 = _within(f["docs float32 step triton: max rel vs the float64 reference (256 docs)"])
+    f64 = _within(f["docs float64 step triton: max rel vs the float64 reference (256 docs)"])
+    totals = _within(max(f[f"docs {t} step triton: totals vs per-character sums (max rel)"] for t in ("float32", "float64")))
+    long_text = _within(f["long text float32 step triton: rel vs float64"])
+    assert any(f"float32 within {a} relative of the float64 reference per document, float64 within {b}" in guide
+               for a in f32 for b in f64)
+    assert any(f"float32 within {a} relative of the float64 reference (256 documents), float64 within {b}" in guide
+               for a in f32 for b in f64)
+    assert any(f"within {t} of the sum of its characters' bits" in guide for t in totals)
+    assert all(f[f"docs {t} step triton: overlapped totals vs one call's (max rel)"] == 0 for t in ("float32", "float64"))
+    assert any(f"the long text's total in float32 within {t} of float64's" in guide for t in long_text)
+    train = [load(f"bench_results/gpu_h200/run{r}/gpu_train.json")["rows"][0]["chars_per_s"] for r in (1, 2, 3)]
+    assert guide.count(f"at B = 256 runs {min(train) / 1e6:.2f}M to {max(train) / 1e6:.2f}M chars/s") == 1
+    assert guide.count(f"at B = 256 was {min(train) / 1e6:.2f}M to {max(train) / 1e6:.2f}M chars/s") == 1
+    readme = " ".join(text("bench_results/gpu_h200/README.md").split())
+    assert f"{train[0]:,.0f} chars/s (run 1), {train[1]:,.0f} (run 2), {train[2]:,.0f} (run 3)" in readme
+    c = load("bench_results/gpu_h200/run5/corpus_gpu_summary.json")
+    wall = re.search(r"isan corpus score --device cuda: ([\d.]+) s wall, ([\d,]+) chars/s",
+                     text("bench_results/gpu_h200/run5/check.log"))
+    assert round(c["chars_scored"] / float(wall.group(1))) == pytest.approx(int(wall.group(2).replace(",", "")), rel=1e-3)
+    assert (f"{c['files']} zstd files, {c['chars_scored'] / 1e6:.0f}M characters scored, `isan corpus score --device cuda` "
+            f"with {c['this_run']['readers']} reader processes took {wall.group(1)} s wall, "
+            f"{c['chars_scored'] / float(wall.group(1)) / 1e6:.1f}M chars/s") in guide
+    assert f"{c['this_run']['scoring_seconds']:.1f} s in the scoring process's calls" in guide
+    assert f"{c['this_run']['first_part_seconds']:.1f} s before the first part arrived" in guide
+    assert f"{c['this_run']['wait_seconds']:.1f} s waiting for readers" in guide
+
+
 def test_the_16_core_scaling_table_names_its_model():
     """The speed guide's 16-core table is run 1's scaling_engine.json, which measured text8-d216-stable."""
     res = load("bench_results/gpu_h200/run1/scaling_engine.json")
