@@ -155,6 +155,33 @@ def test_gpu_guide_exactness_training_and_corpus_are_the_runs_files():
     assert f"{c['this_run']['wait_seconds']:.1f} s waiting for readers" in guide
 
 
+def test_gpu_guide_table_rows_are_runs_4_and_5():
+    """Each row of the GPU guide's H200 table holds its run 5 float32, run 5 float64 and run 4 float32 rows."""
+    run5 = {r["name"]: r["chars_per_s"] for r in load("bench_results/gpu_h200/run5/gpu.json")["rows"]}
+    run4 = {r["name"]: r["chars_per_s"] for r in load("bench_results/gpu_h200/run4/gpu.json")["rows"]}
+    docs, long_text = "65,536 documents x 512", "long text"
+    rows = {  # the row's label: the benchmark row's name after "cuda float32/64, step triton: ", or the CPU's
+        "CPU compiled kernels, 16 threads: 65,536 documents x 512": f"CPU compiled kernels: {docs}",
+        "one call, each character's bits": docs,
+        "one call, each document's total only": "the same, each document's total only (reduced on the device)",
+        "four such batches overlapped": "4 such batches, overlapped (score_batches, totals)",
+        "one call, the steps only": "the same, steps only (no readout)",
+        "the step's kernel alone": "the same, the step's kernel alone (device time)",
+        "CPU compiled kernels, 16 threads: the long text": "CPU compiled kernels: long text, 12,549,837 chars",
+        "the long text, chunk-parallel": f"{long_text}, chunk-parallel",
+        "the long text, the step's kernel alone": f"{long_text}, the step's kernel alone (device time)",
+    }
+    guide = text("docs/guide/gpu.md").splitlines()
+    for label, name in rows.items():
+        line = [ln for ln in guide if ln.startswith(f"| {label}")]
+        assert len(line) == 1, label
+        cells = []
+        for runs, dtype in ((run5, "float32"), (run5, "float64"), (run4, "float32")):
+            key = name if name.startswith("CPU") else f"cuda {dtype}, step triton: {name}"
+            cells.append(f"{runs[key]:,.0f}" if key in runs and not (name.startswith("CPU") and dtype == "float64") else "-")
+        assert line[0].endswith(" | " + " | ".join(cells) + " |"), (label, cells)
+
+
 def test_the_16_core_scaling_table_names_its_model():
     """The speed guide's 16-core table is run 1's scaling_engine.json, which measured text8-d216-stable."""
     res = load("bench_results/gpu_h200/run1/scaling_engine.json")
@@ -181,6 +208,22 @@ def test_ingest_counts_the_step_only():
     assert of_peak < 1, "no row does more than the FMA peak"
     assert f"| {ingest['name']} | 2,500,000 | {ingest['chars_per_s']:,.0f} | {ingest['ratio']:.2f}x | {g:.0f} ({of_peak:.0%}) |" \
         in text("docs/guide/tables-and-speed.md")
+
+
+def test_the_xeon_tile_table_is_its_json():
+    """The speed guide's register-tile table: each tile's autotune GFLOP/s and long-text rates on 1 and 16
+    threads, with the fraction of the FMA peak of those threads, from bench_results/xeon_tiles/xeon_tiles.json."""
+    from isan.bench.engine import useful_flops_per_char
+
+    x = load("bench_results/xeon_tiles/xeon_tiles.json")
+    flops, guide = useful_flops_per_char(216, 27), text("docs/guide/tables-and-speed.md")
+    assert f"FMA peak {x['peak']['1']:.0f} GFLOP/s on one thread, {x['peak']['16']:,.0f} on 16" in " ".join(guide.split())
+    for tile in ("14x2", "8x3", "6x4", "4x6"):
+        cells = [f"{x['autotune']['timings'][f'avx512_{tile}']['gflops']:.0f}"]
+        for threads, kernel in (("1", "jumps"), ("1", "chunked"), ("16", "jumps"), ("16", "chunked")):
+            cps = x["ab"][f"{threads}t {kernel} avx512_{tile}"]
+            cells.append(f"{cps / 1e6:.2f}M ({cps * flops / 1e9 / x['peak'][threads]:.0%})")
+        assert f"| {tile} | " + " | ".join(cells) + " |" in guide, tile
 
 
 def test_kenlm_and_d320_speeds_name_their_run():
