@@ -132,3 +132,20 @@ def test_cli_from_both_places(tmp_path, where):
                          cwd=cwd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert '"chars": 11' in out.stdout
+
+
+def test_the_tour_writes_outside_the_committed_files():
+    """Every file or folder the README's tour writes (--out, --plot) goes under out/, runs/ or bundles/, folders
+    that hold no committed file: following the tour never overwrites the repository's results."""
+    text = (REPO / "README.md").read_text()
+    tour = re.search(r"## A tour of the commands\n.*?```bash\n(.*?)```", text, re.S)
+    assert tour, "the README has a tour with a bash block"
+    targets = re.findall(r"--(?:out|plot) (\S+)", tour.group(1))
+    assert len(targets) >= 4
+    tracked = subprocess.run(["git", "ls-files", "out", "runs", "bundles"], cwd=REPO, capture_output=True, text=True)
+    if tracked.returncode == 0:  # a clone; an unpacked archive has no git to ask
+        assert tracked.stdout == "", "out/, runs/ and bundles/ hold no committed file"
+    for target in targets:
+        assert target.split("/")[0] in ("out", "runs", "bundles"), f"the tour writes {target} into the repository"
+    first = [line for line in tour.group(1).splitlines() if line.startswith("isan export")]
+    assert first and all(re.search(r"isan export \S+ (runs|bundles|out)/", line) for line in first)
