@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from isan.cli import main
-from isan.cli.helpers import FiniteFloat, IntList, WholeNumber
+from isan.cli.helpers import ByteSize, CommaList, FiniteFloat, IntList, WholeNumber
 
 
 def commands(group: click.Group, path: tuple[str, ...] = ()):
@@ -59,6 +59,9 @@ def test_the_walk_finds_the_numeric_options():
             ("bench serve", "--duration"), ("analyze samples", "--inverse-temperature"),
             ("study elman fig1", "--runs")} <= found
     assert len(found) >= 80
+    assert {(" ".join(path), p.opts[0]) for path, p in LISTS} >= {("train", "--orders"), ("bench engine", "--threads"),
+                                                                ("bench budgets", "--budgets")}
+    assert {(" ".join(path), p.opts[0]) for path, p in SIZES} >= {("export", "--table-budget")}
 
 
 @pytest.mark.parametrize("path, option", NUMERIC, ids=[f"{' '.join(c)} {p.opts[0]}" for c, p in NUMERIC])
@@ -71,15 +74,30 @@ def test_every_numeric_option_is_bounded_and_refuses_nan_inf_and_out_of_range(pa
 
 
 LISTS = [(path, p) for path, cmd in commands(main) for p in cmd.params
-         if isinstance(p, click.Option) and isinstance(p.type, IntList)]
+         if isinstance(p, click.Option) and isinstance(p.type, CommaList)]
 
 
 @pytest.mark.parametrize("path, option", LISTS, ids=[f"{' '.join(c)} {p.opts[0]}" for c, p in LISTS])
-def test_every_list_of_numbers_refuses_words_nan_and_numbers_below_its_bound(path, option):
-    for value in ["nan", "1,x", "2.5", ",", str(option.type.min - 1)]:
+def test_every_list_refuses_an_empty_list_and_items_its_type_refuses(path, option):
+    values = ["nan", ",", "1,x", "-1"]
+    if isinstance(option.type, IntList):
+        values += ["2.5", f"{option.type.min + 1},{option.type.min - 1}"]
+        assert option.type.convert(f"{option.type.min}, {option.type.min + 3}", option, None) == \
+            (option.type.min, option.type.min + 3)
+    for value in values:
         assert_usage_error([*path, option.opts[0], value], option)
-    assert option.type.convert(f"{option.type.min}, {option.type.min + 3}", option, None) == \
-        (option.type.min, option.type.min + 3)
+
+
+SIZES = [(path, p) for path, cmd in commands(main) for p in cmd.params
+         if isinstance(p, click.Option) and isinstance(p.type, ByteSize)]
+
+
+@pytest.mark.parametrize("path, option", SIZES, ids=[f"{' '.join(c)} {p.opts[0]}" for c, p in SIZES])
+def test_every_size_refuses_nan_inf_zero_negative_and_words(path, option):
+    for value in ["nan", "inf", "1e400MB", "0", "0MB", "-5MB", "abc", "16XB"]:
+        assert_usage_error([*path, option.opts[0], value], option)
+    assert [option.type.convert(v, option, None) for v in ("16MB", "512KB", "1GB", "4096")] == \
+        ["16MB", "512KB", "1GB", "4096"]
 
 
 # ---- isan train: the values that ended in tracebacks or were taken silently -------------------------

@@ -7,7 +7,8 @@ import click
 
 from isan.errors import IsanError, install_hint
 
-from isan.cli.helpers import (DEFAULT_TEXT8, POSITIVE_FLOAT, POSITIVE_INT, SEED, IntList, friendly, main)
+from isan.cli.helpers import (DEFAULT_TEXT8, POSITIVE_FLOAT, POSITIVE_INT, SEED, ByteSize, CommaList, IntList,
+                              friendly, main)
 
 
 @main.group(short_help="Benchmarks, with ratios against a baseline in the same run.")
@@ -126,7 +127,8 @@ def bench_frontier_cmd(models, data, repeats, long_chars, kenlm, out, plot_out):
 @bench.command("budgets", short_help="Streaming speed against the table's size and storage type.")
 @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True, help="text8 file: mined on train, timed on test.")
-@click.option("--budgets", default="8MB,16MB,32MB,128MB", show_default=True)
+@click.option("--budgets", type=CommaList(ByteSize()), default="8MB,16MB,32MB,128MB", show_default=True,
+              help="Table sizes, comma-separated (e.g. 512KB,16MB,1GB).")
 @click.option("--dtypes", default="float32,float16", show_default=True)
 @click.option("--chars", type=POSITIVE_INT, default=200_000, show_default=True, help="Test characters streamed per timing.")
 @click.option("--repeats", type=POSITIVE_INT, default=3, show_default=True)
@@ -140,7 +142,7 @@ def bench_budgets_cmd(model, data, budgets, dtypes, chars, repeats, threads, out
     from isan.data import read_text8_split
 
     result = bench_budgets(model, read_text8_split(data, "train"), read_text8_split(data, "test"),
-                           [b.strip() for b in budgets.split(",") if b.strip()], repeats=repeats, chars=chars,
+                           list(budgets), repeats=repeats, chars=chars,
                            dtypes=tuple(d.strip() for d in dtypes.split(",") if d.strip()), threads=threads,
                            log=lambda m: click.echo(m, err=True))
     click.echo(markdown_budgets(result))

@@ -57,28 +57,50 @@ class WholeNumber(click.IntRange):
         return super().convert(value, param, ctx)
 
 
-class IntList(click.ParamType):
-    """Comma-separated integers (``1,2,4``), each at least ``min``: a tuple of ints; an empty list, a
-    word or a number below ``min`` is a usage error (exit 2)."""
+class ByteSize(click.ParamType):
+    """A size in bytes above 0: ``16MB``, ``512KB``, ``1.5GB`` (binary units), or a whole number of bytes.
+    NaN, infinities, 0, negative sizes and words are usage errors (exit 2); the value is passed on as given."""
 
-    name = "N,N,..."
+    name = "SIZE"
 
-    def __init__(self, min: int = 1):
-        self.min = min
+    def convert(self, value, param, ctx):
+        from isan.trie_tables.mining import parse_bytes
+
+        try:
+            size = parse_bytes(value)
+        except (ValueError, OverflowError):
+            self.fail(f"{value!r} is not a size (e.g. 16MB, 512KB, 1GB, or a number of bytes).", param, ctx)
+        if size < 1:
+            self.fail(f"{value!r} is not a size above 0 bytes.", param, ctx)
+        return value
+
+
+class CommaList(click.ParamType):
+    """Comma-separated values (``1,2,4``, ``8MB,16MB``), each converted by ``item`` (a click type): a tuple.
+    An empty list, or an item that ``item`` refuses, is a usage error (exit 2)."""
+
+    name = "A,B,..."
+
+    def __init__(self, item: click.ParamType):
+        self.item = item
 
     def convert(self, value, param, ctx):
         if isinstance(value, (tuple, list)):
             return tuple(value)
         items = [w.strip() for w in str(value).split(",") if w.strip()]
-        try:
-            numbers = tuple(int(w) for w in items)
-        except ValueError:
-            self.fail(f"{value!r} is not a comma-separated list of whole numbers.", param, ctx)
-        if not numbers:
-            self.fail("give at least one number.", param, ctx)
-        if min(numbers) < self.min:
-            self.fail(f"every number must be at least {self.min}; got {value!r}.", param, ctx)
-        return numbers
+        if not items:
+            self.fail("give at least one value.", param, ctx)
+        return tuple(self.item.convert(w, param, ctx) for w in items)
+
+
+class IntList(CommaList):
+    """Comma-separated whole numbers (``1,2,4``), each at least ``min``: a tuple of ints."""
+
+    name = "N,N,..."
+
+    def __init__(self, min: int = 1):
+        super().__init__(click.IntRange(min=min))
+        self.min = min
 
 
 #: whole numbers from 1 (counts, sizes, repeats, threads)
@@ -239,7 +261,7 @@ def read_input(file, text8_split):
 
 
 def table_options(fn):
-    fn = click.option("--table-budget", default="16MB", show_default=True, help="Memory budget of the trie table (e.g. 8MB, 128MB); see `isan bench budgets`.")(fn)
+    fn = click.option("--table-budget", type=ByteSize(), default="16MB", show_default=True, help="Memory budget of the trie table (e.g. 8MB, 128MB); see `isan bench budgets`.")(fn)
     fn = click.option("--table-max-len", type=click.IntRange(1, 63), default=12, show_default=True, help="Longest substring in the table.")(fn)
     fn = click.option("--table-dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True)(fn)
     fn = click.option("--table-corpus", default=None, help="Text to mine (default: the model's training data, train split).")(fn)
