@@ -140,3 +140,9 @@ def test_finite_float_refuses_what_click_float_range_takes():
         with pytest.raises(click.BadParameter):
             t.convert(bad, None, None)
     assert t.convert("1e-300", None, None) == 1e-300 and t.convert(2, None, None) == 2.0
+
+
+@pytest.mark.parametrize("value", ["0-5", "5-1", "nan", "x", "-3"])
+def test_bench_serve_chunk_sizes_are_read_before_the_benchmark(value):
+    option = next(p for p in main.commands["bench"].commands["serve"].params if p.name == "chunk_chars")
+    assert_usage_error(["bench", "serve", "--chunk-chars", value], option)

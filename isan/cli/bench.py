@@ -16,6 +16,18 @@ def bench():
     """Benchmarks: medians over repeats, ratios against a baseline run in the same process."""
 
 
+def chunk_sizes(spec: str) -> str:
+    """``--chunk-chars`` as given, once :func:`isan.bench.serve.parse_chunk_chars` reads it (N, or MIN-MAX with
+    1 <= MIN <= MAX); anything else is a usage error (exit 2) before the benchmark starts."""
+    from isan.bench.serve import parse_chunk_chars
+
+    try:
+        parse_chunk_chars(spec)
+    except IsanError as e:
+        raise click.BadParameter(str(e), param_hint="'--chunk-chars'") from None
+    return spec
+
+
 def _report(table: str, result: dict, out: str | None, plot_fn=None, plot_path: str | None = None) -> None:
     """Print a benchmark's table, then write its JSON (``out``) and its plot (``plot_path``) where asked."""
     from isan.bench.engine import write_json
@@ -230,7 +242,7 @@ def bench_onnx_cmd(data, repeats, batch, device, out):
 @click.option("--duration", type=POSITIVE_FLOAT, default=10.0, show_default=True, help="Seconds of HTTP load.")
 @click.option("--streams", type=POSITIVE_INT, default=1000, show_default=True, help="WebSocket streams open at once.")
 @click.option("--chunks", type=POSITIVE_INT, default=5, show_default=True, help="Chunks each stream sends.")
-@click.option("--chunk-chars", default="1-400", show_default=True,
+@click.option("--chunk-chars", default="1-400", show_default=True, callback=lambda ctx, param, value: chunk_sizes(value),
               help="Characters per chunk: N, or MIN-MAX for sizes drawn uniformly (seeded by --seed).")
 @click.option("--big-chars", type=POSITIVE_INT, default=1_000_000, show_default=True, help="Characters of the memory and cancel probes' requests.")
 @click.option("--big-requests", type=POSITIVE_INT, default=4, show_default=True, help="Concurrent big requests in the memory probe.")
