@@ -2,6 +2,8 @@
 
 One function per figure; each takes the numbers a study computed (never recomputes them) and
 writes one PNG atomically (:func:`isan.atomic.atomic_path`), sized to stay under about 200 KB a model.
+Each model's block is headed by its name, its committed test bpc and the paper's model's 1.58 bpc
+(:func:`isan.engine.analysis.quality.model_title`).
 """
 
 from __future__ import annotations
@@ -10,7 +12,14 @@ from pathlib import Path
 
 import numpy as np
 
+from isan.engine.analysis import quality
+
 DPI = 100
+#: Fig 4b's two readings of the caption's kappa^t_'_' (ICML Figure 4), as the panels name them: the one we adopt
+#: (the caption names the kept sources by their character; the text's "less than 1 bit / char" is reached
+#: only under it: results/paper/README.md, item 6) and the other
+FIG4B_OURS = "our reading: the kappa of every space read so far"
+FIG4B_OTHER = "the other reading: only the last space's kappa (the one that begins the word)"
 
 
 def _plt():
@@ -47,13 +56,14 @@ def _per_model(blocks: list, width: float, height: float, draw):
     """A figure with one block of panels per model, one below the other (issue #34 item 17: each figure
     shows the analysed model and the models compared with it side by side): ``draw(container, data,
     label)`` fills a block; ``blocks`` is [(label, data), ...]. One block is drawn into the figure
-    itself, without a heading; several each get a subfigure headed by its model's label."""
+    itself, several each into a subfigure; a block with a label is headed by :func:`quality.model_title`
+    (the model's name, its committed test bpc, the paper's model's)."""
     plt = _plt()
     fig = plt.figure(figsize=(width, height * len(blocks)), layout="constrained")
     subs = [fig] if len(blocks) == 1 else list(fig.subfigures(len(blocks), 1))
     for sf, (label, data) in zip(subs, blocks):
-        if len(blocks) > 1:
-            sf.suptitle(f"model: {label}", fontsize=11, fontweight="bold")
+        if label is not None:
+            sf.suptitle(quality.model_title(label), fontsize=10)
         draw(sf, data, label)
     return fig
 
@@ -101,7 +111,7 @@ def _fig2_block(sf, stack, label) -> None:
     ax2.set_xlabel("time step t: the character read (each block: the V output characters a-z and _)")
 
 
-def _fig3_row(ax, ax2, cf: dict, label: str | None = None) -> None:
+def _fig3_row(ax, ax2, cf: dict) -> None:
     chars = list(cf["contributions"])
     labels = cf["source_labels"]
     S = len(labels)
@@ -114,8 +124,7 @@ def _fig3_row(ax, ax2, cf: dict, label: str | None = None) -> None:
     ax.set_xticklabels(labels, fontsize=7, rotation=90)
     ax.axhline(0, color="k", lw=0.6)
     ax.set_ylabel("kappa (logit units)")
-    head = f"{label}: " if label else ""
-    ax.set_title(f"{head}contributions to the next character after {cf['text'].replace(' ', '_')!r}", fontsize=9)
+    ax.set_title(f"contributions to the next character after {cf['text'].replace(' ', '_')!r}", fontsize=9)
     ax.legend(fontsize=7)
     full, wo = cf["full"], cf["without"]
     x = np.arange(len(chars))
@@ -134,21 +143,17 @@ def _fig3_row(ax, ax2, cf: dict, label: str | None = None) -> None:
 def fig3_contributions(cf: dict, out, label: str | None = None, others: dict | None = None) -> Path:
     """Figure 3: each source's contribution to two logits, and the prediction with and without a word;
     one row per model (``label`` for ``cf``, then ``others`` = {label: cf} side by side below it)."""
-    plt = _plt()
     rows = [(label, cf)] + list((others or {}).items())
-    fig, axes = plt.subplots(len(rows), 2, figsize=(11, 4 * len(rows)), gridspec_kw={"width_ratios": [3, 1.3]},
-                             squeeze=False)
-    for (lab, c), (ax, ax2) in zip(rows, axes):
-        _fig3_row(ax, ax2, c, lab)
+    fig = _per_model(rows, 11, 4.4, lambda sf, c, lab: _fig3_row(*sf.subplots(1, 2, width_ratios=[3, 1.3]), c))
     return _save(fig, out)
 
 
 def fig4_decay(blocks: list, out, min_count: int = 1000) -> Path:
     """Figure 4, one row per model (``blocks`` = [(label, (stats, fit))]): (a) mean ||kappa[t, t-k]||
-    against the lag with two fitted rates; (b) bits by position in the word with all kappa, only the
-    last space's and without it, and (b') the same with every space's kappa instead of the last
-    space's (the two readings of the paper's caption; positions seen at least ``min_count`` times);
-    (c) bits keeping the last n kappa."""
+    against the lag with two fitted rates; (b) bits by position in the word with all kappa, only every
+    space's kappa and without them (our reading of the caption's kappa_'_', :data:`FIG4B_OURS`), and (b')
+    the same with only the last space's kappa, the one that begins the word (the other reading); positions
+    seen at least ``min_count`` times; (c) bits keeping the last n kappa."""
     fig = _per_model(blocks, 19, 4.2, lambda sf, data, label: _fig4_block(sf, *data, min_count=min_count))
     return _save(fig, out)
 
@@ -184,20 +189,20 @@ def _fig4_block(sf, stats, fit: dict, min_count: int) -> None:
     ax.set_title("(a) size of a source's contribution", fontsize=9)
     ax.legend(fontsize=7)
     full = (0, ("all kappa", stats.word_bits_full, stats.word_median_full, "o"))
-    _fig4_word_panel(axs[1], stats, (full, (1, ("only the last space's kappa", stats.word_bits_space_only,
-                                                stats.word_median_space_only, "s")),
-                                     (2, ("the last space's kappa removed", stats.word_bits_no_space,
-                                          stats.word_median_no_space, "^"))),
-                     f"(b) the space that begins the word: median (solid, the paper's) and mean (dotted);\n"
-                     f"positions seen >= {min_count:,} times", min_count)
     if stats.word_bits_spaces_only is not None:
-        _fig4_word_panel(axs[2], stats, (full, (3, ("only every space's kappa", stats.word_bits_spaces_only,
+        _fig4_word_panel(axs[1], stats, (full, (3, ("only every space's kappa", stats.word_bits_spaces_only,
                                                     stats.word_median_spaces_only, "s")),
                                          (4, ("every space's kappa removed", stats.word_bits_no_spaces,
                                               stats.word_median_no_spaces, "^"))),
-                         "(b') the other reading: every space read so far", min_count)
+                         f"(b) {FIG4B_OURS}: median (solid, the paper's)\nand mean (dotted); positions seen >= "
+                         f"{min_count:,} times", min_count)
     else:
-        axs[2].axis("off")
+        axs[1].axis("off")
+    _fig4_word_panel(axs[2], stats, (full, (1, ("only the last space's kappa", stats.word_bits_space_only,
+                                                stats.word_median_space_only, "s")),
+                                     (2, ("the last space's kappa removed", stats.word_bits_no_space,
+                                          stats.word_median_no_space, "^"))),
+                     f"(b') {FIG4B_OTHER}", min_count)
     ax = axs[3]
     n = np.arange(len(stats.bits_keep_last))
     ax.plot(n, stats.bits_keep_last, "o-", ms=3, label="only the last n kappa (+ b_ro)")
@@ -391,31 +396,37 @@ def _fig8_block(sf, ng: dict) -> None:
 
 
 def fig1b_pca(spectra: dict, out, first: int = 210) -> Path:
-    """Figure 1b: explained-variance ratio of the first components of the hidden states, per model."""
+    """Figure 1b: explained-variance ratio of the first components of the hidden states, per model; each
+    model's committed test bpc in its legend entry (:func:`quality.model_bpc`), the paper's model's in the title."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for name, sp in spectra.items():
         r = np.asarray(sp["ratio"])[:first]
+        bpc = quality.model_bpc(name)
         ax.semilogy(np.arange(1, len(r) + 1), np.maximum(r, 1e-12), label=f"{name} (d={len(sp['ratio'])}, "
-                    f"{sp['dims_for']['0.9']} comps for 90%)")
+                    f"{sp['dims_for']['0.9']} comps for 90%" + (f"; test {bpc})" if bpc else ")"))
     ax.set_xlabel("principal component")
     ax.set_ylabel("explained variance ratio")
-    ax.set_title("PCA of hidden states on the test split", fontsize=9)
+    ax.set_title(f"PCA of hidden states on text8-10M's test split (legend: each model's test bpc)\n"
+                 f"{quality.paper_bpc_note()}", fontsize=9)
     ax.legend(fontsize=7)
     return _save(fig, out)
 
 
 def fig9_parentheses(tb, Z: np.ndarray, ids: np.ndarray, symbols, effective: np.ndarray, ideal: np.ndarray,
                      out, steps: int = 48, H: np.ndarray | None = None, W_orig: np.ndarray | None = None,
-                     w_label: str = "'['") -> Path:
+                     w_label: str = "'['", title: str | None = None) -> Path:
     """Figure 9: the states of the parentheses ISAN in the task basis over a stretch of input, and each
     symbol's transition on the k-hot coordinates next to the exact delay-line solution; with ``H`` (the
     states in the original basis) and ``W_orig`` (one symbol's matrix as trained), a bottom row with the
-    paper's panels (a) and (b): both in the original basis."""
+    paper's panels (a) and (b): both in the original basis. ``title``: the heading that names the model
+    (:func:`quality.parentheses_title`)."""
     plt = _plt()
     K = effective.shape[0]
     orig = H is not None and W_orig is not None
     fig = plt.figure(figsize=(3.1 * (K + 1), 12.5 if orig else 8))
+    if title:
+        fig.suptitle(title, fontsize=10)
     gs = fig.add_gridspec(3 if orig else 2, K + 1, height_ratios=[1.1, 1, 1.1] if orig else [1.1, 1])
     ax = fig.add_subplot(gs[0, :])
     im = _diverging(ax, Z[:steps].T)

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from isan.engine.analysis import attribution, basis, decay, embedding, figures, parentheses, pca, stack
+from isan.engine.analysis import attribution, basis, decay, embedding, figures, parentheses, pca, quality, stack
 from isan.errors import IsanError
 from isan.params import ISANParams
 
@@ -429,7 +429,7 @@ def parentheses_over_seeds(p64: ISANParams, tb, streams: dict, kinds: int, level
 
 def study_parentheses(p: ISANParams, symbols, ids: np.ndarray, target_counts: np.ndarray, counts: np.ndarray,
                       kinds: int, levels: int, hold: int, out_dir=None, skip: int = 100,
-                      seed_streams: dict | None = None) -> dict:
+                      seed_streams: dict | None = None, model: str | None = None) -> dict:
     """Section 4, Figure 9: the parentheses ISAN in the task basis.
 
     Args:
@@ -441,6 +441,7 @@ def study_parentheses(p: ISANParams, symbols, ids: np.ndarray, target_counts: np
         skip: states left out of the k-hot measure at the start of the stream.
         seed_streams: optional {seed: (ids, target_counts, counts)}: more fresh streams, each read from
             h0, measured in the same basis (:func:`parentheses_over_seeds`; issue #26).
+        model: where the model lies (its checkpoint), named in the figure's heading beside its width and size.
     Returns {"accuracy", "exact" (task), "same_outputs_max_abs" (rotated vs original model),
     "k_hot" (:func:`parentheses.k_hotness`), "blocks" (:func:`parentheses.block_structure`),
     "rest_rms", "figure"}.
@@ -476,6 +477,7 @@ def study_parentheses(p: ISANParams, symbols, ids: np.ndarray, target_counts: np
         eff = parentheses.effective_transitions(tb, levels)
         proj = parentheses.code_projector(2 * n, levels)
         wi = list(symbols).index("[") if "[" in symbols else 0
+        title = quality.parentheses_title(p.d, p.n_params(), model)
         out["figure"] = figures.fig9_parentheses(tb, Z, ids, symbols, eff, ideal[0] @ proj, f, H=H,
-                                                 W_orig=p64.W[wi], w_label=repr(symbols[wi])).name
+                                                 W_orig=p64.W[wi], w_label=repr(symbols[wi]), title=title).name
     return finite(out)
