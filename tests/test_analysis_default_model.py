@@ -231,4 +231,6 @@ def test_the_gallerys_run_time_is_its_logs():
     assert f"It took {took}" in readme and f"{took} with one thread" in guide
     cpu_time = f"{int(cpu // 60)} min {round(cpu % 60)} s of CPU time"
     assert cpu_time in readme and cpu_time in guide
+    share = re.search(r"Percent of CPU this job got: (\d+)%", log).group(1)
+    assert f"command got {share}% of one on average" in readme
     assert f"both models, {studies['decay']} s" in readme and f"ICLR Fig 6, {studies['word_embedding']} s" in readme
