@@ -105,8 +105,9 @@ def test_parquet_values_python_cannot_hold_are_document_errors(tmp_path, engine)
 def test_truncated_compressed_inputs_are_file_errors(tmp_path, engine):
     """A .zst cut short was read to its last complete block and reported nothing (exit 0, no file
     error, documents lost); a one-document .txt.gz cut short raised EOFError out of the job. Every
-    compressed input now ends at its end of frame or is an error, and the job goes on; the documents
-    read before the damage are kept, as for a truncated .jsonl.gz."""
+    compressed input now ends at its end of frame or is an error, and the job goes on. A frame cut
+    short cannot be checked, so its documents are withheld (the file error says how many); the
+    frames before it are kept whole."""
     data = _jsonl(2000)
     full = _zst(data)
     d = tmp_path / "in"
@@ -117,6 +118,7 @@ def test_truncated_compressed_inputs_are_file_errors(tmp_path, engine):
     (d / "d-half.jsonl.zst").write_bytes(full[: len(full) // 2])
     gz = gzip.compress(data)
     (d / "e-cut.jsonl.gz").write_bytes(gz[: len(gz) // 2])
+    (d / "e2-frames-cut.jsonl.zst").write_bytes(_zst(data, frames=4)[:-100])  # the 4th frame cut short
     text = " ".join(np.random.default_rng(1).choice(WORDS, 30_000)).encode()  # about 90 kB
     (d / "f-doc.txt.zst").write_bytes(_zst(text)[:-100])
     tgz = gzip.compress(text)
@@ -126,17 +128,23 @@ def test_truncated_compressed_inputs_are_file_errors(tmp_path, engine):
     s = score_corpus([str(d)], tmp_path / "out", progress=False, engine=engine)
     rows = read_output(tmp_path / "out").to_pylist()
     files = {Path(fe["path"]).name: fe["error"] for fe in s["file_errors"]}
-    assert sorted(files) == ["c-cut100.jsonl.zst", "d-half.jsonl.zst", "e-cut.jsonl.gz"]
-    assert all("damaged or truncated" in e for e in files.values())
+    assert sorted(files) == ["c-cut100.jsonl.zst", "d-half.jsonl.zst", "e-cut.jsonl.gz", "e2-frames-cut.jsonl.zst"]
+    assert all("damaged or truncated" in e and "withheld" in e for e in files.values())
     by_src: dict[str, list] = {}
     for r in rows:
         by_src.setdefault(Path(r["source"]).name, []).append(r)
     assert [r["id"] for r in by_src["a-full.jsonl.zst"]] == [f"d{i}" for i in range(2000)]
     assert [r["id"] for r in by_src["b-frames.jsonl.zst"]] == [f"f{i}" for i in range(300)]
-    for name in ("c-cut100.jsonl.zst", "d-half.jsonl.zst", "e-cut.jsonl.gz"):
-        kept = [r["id"] for r in by_src[name] if r["index"] >= 0]
-        assert 0 < len(kept) < 2000 and kept == [f"d{i}" for i in range(len(kept))]  # the documents before the damage
-        assert by_src[name][-1]["index"] == -1 and "damaged or truncated" in by_src[name][-1]["error"]
+    for name in ("c-cut100.jsonl.zst", "d-half.jsonl.zst", "e-cut.jsonl.gz"):  # one frame: nothing of it is kept
+        (row,) = by_src[name]
+        unit = "gzip members" if name.endswith(".gz") else "zstd frames"
+        assert row["index"] == -1 and "damaged or truncated" in row["error"]
+        assert f"0 documents of the {unit} before it are kept" in row["error"]
+    kept = [r["id"] for r in by_src["e2-frames-cut.jsonl.zst"] if r["index"] >= 0]
+    whole = data[: 3 * (len(data) // 4)].count(b"\n")  # the lines that end in the three whole frames
+    assert 0 < whole < 2000 and kept == [f"d{i}" for i in range(whole)]
+    cut4 = files["e2-frames-cut.jsonl.zst"]
+    assert "zstd frame 4 " in cut4 and f"{whole:,} documents of the zstd frames before it are kept" in cut4
     for name in ("f-doc.txt.zst", "g-doc.txt.gz"):  # one document a file: the document cannot be read
         (r,) = by_src[name]
         assert "damaged or truncated" in r["error"] and r["chars_scored"] == 0
@@ -148,7 +156,7 @@ def test_truncated_compressed_inputs_are_file_errors(tmp_path, engine):
     s = score_corpus([str(tmp_path / "lines.txt.zst")], tmp_path / "out-lines", fmt="text", per_line=True,
                      progress=False, engine=engine)
     assert len(s["file_errors"]) == 1 and "damaged or truncated" in s["file_errors"][0]["error"]
-    assert 0 < s["documents"] < 3000
+    assert s["documents"] == 0  # one frame, cut short: withheld
 
 
 def test_the_progress_bar_counts_bytes_and_ends_at_100_percent(tmp_path, engine, monkeypatch):

@@ -15,13 +15,15 @@ value Python cannot hold) comes out as a :class:`Doc` with ``error`` set; a file
 at all (it is missing, unreadable, a corrupt compressed stream, one that ends before its end of
 frame, a malformed Parquet file) raises :class:`InputFileError` from the iterator, after the
 documents read before the damage (a file read as one document: from its blocks, and the document's
-row says why).
+row says why). A line longer than ``max_line_bytes`` is its document's error, and a compressed
+file's documents come only from gzip members and zstd frames that decoded whole and passed their
+check: those of a damaged one are withheld, and the file error says how many
+(:mod:`isan.engine.corpus.lines`).
 """
 
 from __future__ import annotations
 
 import glob
-import gzip
 import io
 import json
 import os
@@ -29,16 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from isan.engine.corpus.zstd_stream import ZstdFrames
+from isan.engine.corpus.frames import DecodedStream, InputFileError, is_url, open_decoder
+from isan.engine.corpus.frames import open_input as _open_raw
+from isan.engine.corpus.lines import MAX_LINE_BYTES, checked_lines
 from isan.errors import IsanError, install_hint
 
 FORMATS = ("auto", "jsonl", "parquet", "text")
 _JSONL_EXT = (".jsonl", ".json", ".ndjson")
 _COMPRESSED = (".gz", ".zst", ".zstd")
-
-
-class InputFileError(IsanError):
-    """A whole input file cannot be read (missing, unreadable, corrupt); the reason is the message."""
 
 
 @dataclass
@@ -69,10 +69,6 @@ class Doc:
     def size(self) -> int:
         """Characters, as far as known (for planning parts): the text's length or ``chars``."""
         return len(self.text) if self.text is not None else max(self.chars, 0)
-
-
-def is_url(path: str) -> bool:
-    return "://" in path and not path.startswith("file://")
 
 
 def _has_magic(p: str) -> bool:
@@ -120,6 +116,14 @@ def expand_inputs(inputs: list[str]) -> list[str]:
     return uniq
 
 
+def resolve_input(path: str) -> str:
+    """An input's canonical name, the same however it was spelled: a local path made absolute with
+    every symbolic link resolved (``k``, ``./k`` and ``/data/k`` are one file), a URL as it is. A
+    job names its parts and its ``source`` column by it, so a re-run finds them."""
+    p = path[len("file://"):] if path.startswith("file://") else path
+    return path if is_url(p) else os.path.realpath(p)
+
+
 def detect_format(path: str, fmt: str = "auto") -> str:
     if fmt not in FORMATS:
         raise IsanError(f"format must be one of {', '.join(FORMATS)}; got {fmt!r}")
@@ -134,48 +138,6 @@ def detect_format(path: str, fmt: str = "auto") -> str:
     if name.endswith(".parquet") or name.endswith(".pq"):
         return "parquet"
     return "text"
-
-
-def _open_raw(path: str):
-    """A binary file object for a local path or an fsspec URL (raises InputFileError)."""
-    try:
-        if is_url(path):
-            import fsspec
-
-            return fsspec.open(path, "rb").open()
-        return open(path, "rb")
-    except FileNotFoundError:
-        raise InputFileError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise InputFileError(f"{path}: is a directory, not a file") from None
-    except PermissionError:
-        raise InputFileError(f"{path}: permission denied (cannot read it)") from None
-    except OSError as e:
-        raise InputFileError(f"{path}: cannot open it ({e.strerror or e})") from None
-
-
-def _open_decompressed(path: str):
-    """(the file's decompressed bytes, the file itself: its position is how far the file was read)."""
-    f = _open_raw(path)
-    name = path.lower()
-    if name.endswith(".gz"):
-        return gzip.GzipFile(fileobj=f, mode="rb"), f
-    if name.endswith((".zst", ".zstd")):
-        try:
-            import zstandard
-        except ImportError:
-            f.close()
-            raise InputFileError(f"{path}: reading .zst needs zstandard: {install_hint('corpus')}") from None
-        return io.BufferedReader(ZstdFrames(f, zstandard), 1 << 20), f
-    return f, f
-
-
-def _tell(f) -> int:
-    """A file's position (bytes), -1 when it cannot say."""
-    try:
-        return f.tell()
-    except (OSError, ValueError, AttributeError):
-        return -1
 
 
 def _damaged(path: str, e: Exception) -> InputFileError:
@@ -195,36 +157,26 @@ def _id_of(value) -> str | None:
     return str(value)
 
 
-def _lines(f, path: str) -> Iterator[bytes]:
-    """Lines of a (decompressed) binary stream; a corrupt stream raises InputFileError."""
-    buf = io.BufferedReader(f, 1 << 20) if not isinstance(f, io.BufferedIOBase) else f
-    while True:
-        try:
-            line = buf.readline()
-        except Exception as e:  # noqa: BLE001  gzip.BadGzipFile, zstandard.ZstdError, EOFError of a truncated stream
-            raise _damaged(path, e) from None
-        if not line:
-            return
-        yield line
-
-
-def read_jsonl(path: str, text_field: str = "text", id_field: str | None = "id") -> Iterator[Doc]:
+def read_jsonl(path: str, text_field: str = "text", id_field: str | None = "id",
+               max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[Doc]:
     name = _name(path)
-    stream, file = _open_decompressed(path)
-    with stream as f:
-        index = 0
-        for lineno, raw in enumerate(_lines(f, path), 1):
-            if not raw.strip():
-                continue
-            i, fallback_id = index, f"{name}:{lineno}"
-            index += 1
+    for index, line in enumerate(checked_lines(path, max_line_bytes)):
+        fallback_id = f"{name}:{line.lineno}"
+        if line.raw is None:
+            doc = _too_long(index, fallback_id, line.lineno, line.length, max_line_bytes)
+        else:
             try:
-                doc = _jsonl_doc(raw, i, lineno, fallback_id, text_field, id_field)
+                doc = _jsonl_doc(line.raw, index, line.lineno, fallback_id, text_field, id_field)
             except RecursionError:  # json.loads, or str() of a deeply nested id
-                doc = Doc(i, fallback_id, error=f"line {lineno} is nested too deeply to be read as JSON "
-                                                "(RecursionError)")
-            doc.file_pos = _tell(file)
-            yield doc
+                doc = Doc(index, fallback_id, error=f"line {line.lineno} is nested too deeply to be read as JSON "
+                                                    "(RecursionError)")
+        doc.file_pos = line.file_pos
+        yield doc
+
+
+def _too_long(index: int, doc_id: str, lineno: int, length: int, limit: int) -> Doc:
+    return Doc(index, doc_id, error=f"line {lineno} is {length:,} bytes long, over the limit of {limit:,} "
+                                    "(--max-line-bytes); it was skipped unread")
 
 
 def _jsonl_doc(raw: bytes, i: int, lineno: int, fallback_id: str, text_field: str, id_field: str | None) -> Doc:
@@ -350,7 +302,7 @@ class FileBlocks:
     def __call__(self) -> Iterator[str]:
         from isan.engine.blocks import read_blocks
 
-        with _open_decompressed(self.path)[0] as f:
+        with DecodedStream(open_decoder(self.path)) as f:
             blocks = read_blocks(f, self.block_chars)
             while True:
                 try:
@@ -359,12 +311,13 @@ class FileBlocks:
                     return
                 except IsanError:  # not UTF-8: the document's error
                     raise
-                except Exception as e:  # noqa: BLE001  as in _lines: the file's stream cannot be decoded
+                except Exception as e:  # noqa: BLE001  zlib.error, zstandard.ZstdError, EOFError of a cut stream
                     raise _damaged(self.path, e) from None
                 yield block
 
 
-def read_text(path: str, per_line: bool = False, block_chars: int = 1_000_000) -> Iterator[Doc]:
+def read_text(path: str, per_line: bool = False, block_chars: int = 1_000_000,
+              max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[Doc]:
     name = _name(path)
     if not per_line:
         size = -1
@@ -377,32 +330,35 @@ def read_text(path: str, per_line: bool = False, block_chars: int = 1_000_000) -
             pass
         yield Doc(0, path, blocks=FileBlocks(path, block_chars), chars=size)
         return
-    stream, file = _open_decompressed(path)
-    with stream as f:
-        index = 0
-        for lineno, raw in enumerate(_lines(f, path), 1):
-            if not raw.strip():
-                continue
-            i = index
-            index += 1
+    for i, line in enumerate(checked_lines(path, max_line_bytes)):
+        doc_id = f"{name}:{line.lineno}"
+        if line.raw is None:
+            doc = _too_long(i, doc_id, line.lineno, line.length, max_line_bytes)
+        else:
             try:
-                doc = Doc(i, f"{name}:{lineno}", raw.decode("utf-8").rstrip("\r\n"))
+                doc = Doc(i, doc_id, line.raw.decode("utf-8").rstrip("\r\n"))
             except UnicodeDecodeError as e:
-                doc = Doc(i, f"{name}:{lineno}", error=f"line {lineno} is not UTF-8 text ({e.reason} at byte {e.start} of the line)")
-            doc.file_pos = _tell(file)
-            yield doc
+                doc = Doc(i, doc_id, error=f"line {line.lineno} is not UTF-8 text ({e.reason} at byte {e.start} of "
+                                           "the line)")
+        doc.file_pos = line.file_pos
+        yield doc
 
 
 def read_docs(path: str, fmt: str = "auto", text_field: str = "text", id_field: str | None = "id",
-              per_line: bool = False) -> Iterator[Doc]:
+              per_line: bool = False, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[Doc]:
     """The documents of one input file (see the module docstring).
 
+    Args:
+        max_line_bytes: the longest line (JSONL, or text one document a line) read, in bytes; a
+            longer one is its document's error, skipped in bounded memory.
     Raises:
         InputFileError: (from the iterator) the file cannot be read; documents already yielded stand.
     """
+    if max_line_bytes < 1:
+        raise IsanError(f"max_line_bytes must be at least 1; got {max_line_bytes}")
     kind = detect_format(path, fmt)
     if kind == "jsonl":
-        return read_jsonl(path, text_field, id_field)
+        return read_jsonl(path, text_field, id_field, max_line_bytes)
     if kind == "parquet":
         return read_parquet(path, text_field, id_field)
-    return read_text(path, per_line=per_line)
+    return read_text(path, per_line=per_line, max_line_bytes=max_line_bytes)

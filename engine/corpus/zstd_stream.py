@@ -7,6 +7,10 @@ middle lost every document, where a ``.gz`` with the same damage keeps all it de
 compressed bytes are fed one zstd element at a time (a frame header, a block, the checksum; the
 format: RFC 8878), read from the block headers: a damaged block, or a checksum that does not match,
 raises in the call that feeds it alone, after every block before it came out.
+
+:meth:`ZstdFrames.piece` also says where each frame ends: a frame's output can be trusted only once the
+frame decoded to its end (and matched its content checksum, where it has one), which
+:mod:`isan.engine.corpus.lines` waits for before it lets a document of the frame go.
 """
 
 from __future__ import annotations
@@ -35,11 +39,20 @@ class ZstdFrames(io.RawIOBase):
     FEED = 1 << 16
     #: compressed bytes read from the file at a time
     READ = 1 << 20
+    #: what a frame is called in messages
+    UNIT = "zstd frame"
+    #: its frames are checked (decoded to their end; their checksum, where they have one)
+    checks = True
 
     def __init__(self, raw, zstandard):
         super().__init__()
         self._raw, self._dctx, self._frame = raw, zstandard.ZstdDecompressor(), None
         self._in, self._in_pos, self._eof_in = b"", 0, False  # compressed bytes read and not yet decoded
+        self._base = 0  # the file offset of self._in[0]
+        #: the file offset (compressed bytes) where the frame being decoded, or the next one, starts
+        self.frame_start = 0
+        #: frames decoded to their end so far
+        self.frames = 0
         self._out, self._out_pos = b"", 0  # decoded bytes not yet returned
         # where the next element of the format starts: "frame" (a frame or a skippable frame), "block",
         # "checksum", or "lost" (bytes that are not zstd: fed in FEED pieces, the decoder says why)
@@ -55,6 +68,7 @@ class ZstdFrames(io.RawIOBase):
             if not more:
                 self._eof_in = True
                 break
+            self._base += self._in_pos
             self._in, self._in_pos = self._in[self._in_pos :] + more, 0
         return len(self._in) - self._in_pos
 
@@ -105,22 +119,42 @@ class ZstdFrames(io.RawIOBase):
         self._in_pos += n
         return chunk
 
-    def readinto(self, b) -> int:
-        while self._out_pos >= len(self._out):
+    def piece(self) -> tuple[bytes, bool] | None:
+        """The next decoded bytes and whether they end a frame that decoded whole (its checksum, where
+        it has one, matched); None at the end of the file.
+
+        Raises:
+            EOFError: the file ends inside a frame. zstandard.ZstdError: the frame is damaged.
+        """
+        while True:
             chunk = self._piece()
             if not chunk:
                 if self._frame is not None:
                     raise EOFError("the file ends inside a zstd frame (it was cut short)")
-                return 0
+                return None
             if self._frame is None:
                 self._frame = self._dctx.decompressobj()
-            self._out, self._out_pos = self._frame.decompress(chunk), 0
+                self.frame_start = self._base + self._in_pos - len(chunk)
+            out = self._frame.decompress(chunk)
             if self._frame.eof:  # the frame ended: the rest of the chunk starts the next one
                 rest = self._frame.unused_data
                 self._frame = None
+                self.frames += 1
                 self._expect, self._left = "frame", 0  # the decoder knows where the frame ended
                 if rest:
+                    self._base += self._in_pos - len(rest)
                     self._in, self._in_pos = rest + self._in[self._in_pos :], 0
+                self.frame_start = self._base + self._in_pos
+                return out, True
+            if out:
+                return out, False
+
+    def readinto(self, b) -> int:
+        while self._out_pos >= len(self._out):
+            got = self.piece()
+            if got is None:
+                return 0
+            self._out, self._out_pos = got[0], 0
         n = min(len(b), len(self._out) - self._out_pos)
         b[:n] = self._out[self._out_pos : self._out_pos + n]
         self._out_pos += n
