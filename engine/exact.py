@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from isan.errors import AttributionCheckError, EmptyTextError, IsanError, StateDivergedError, TextTooLongError
-from isan.engine.guard import MAX_STATE_ABS, check_bits, check_states, raise_diverged
+from isan.engine.guard import MAX_STATE_ABS, MODEL_CHECK, check_bits, check_states, raise_diverged
 from isan.engine.prepare import word_spans
 from isan.engine.reference import LOG2E, kappa_ref, log_softmax, logits_ref, segment_kappa_ref, states_ref
 from isan.engine.results import Attribution, Sample, State, in_input_terms
@@ -145,7 +145,7 @@ def sample(engine, prompt: str = "", n: int = 200, temperature: float = 1.0, top
             raise StateDivergedError(
                 f"the model's state diverges at generated character {len(drawn) - 1} ({symbols[x]!r}, sampling; "
                 f"state overflow (|h| > {MAX_STATE_ABS:g})); the generated text repeats a letter or pair whose "
-                "repeats diverge (`isan model check` lists them): lower the temperature or use top_k",
+                f"repeats diverge (`{MODEL_CHECK}` lists them): lower the temperature or use top_k",
                 offset=len(drawn) - 1, cause=f"state overflow (|h| > {MAX_STATE_ABS:g})")
         return h
 

@@ -34,6 +34,10 @@ class CheckpointError(IsanError, ValueError):
     """A training checkpoint directory is missing, incomplete or inconsistent."""
 
 
+class BudgetError(IsanError, ValueError):
+    """A size budget (a model's parameters, a table's bytes) cannot hold what it must."""
+
+
 class AttributionCheckError(IsanError, ArithmeticError):
     """``b_ro + sum_s kappa[t, s]`` did not reproduce the logits within tolerance."""
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from isan.errors import BundleFormatError, IsanError
+from isan.errors import BudgetError, BundleFormatError, IsanError
 
 ISAN_TENSORS = ("W", "b", "W_ro", "b_ro", "h0")
 
@@ -27,10 +27,11 @@ def largest_d(count, budget: float, what: str = "model") -> int:
     """The largest d >= 1 with ``count(d) <= budget``, for a parameter count increasing in d.
 
     Raises:
-        ValueError: not even d = 1 fits (``what`` names the model in the message).
+        BudgetError: not even d = 1 fits (``what`` names the model in the message).
     """
     if count(1) > budget:
-        raise ValueError(f"a parameter budget of {budget:g} is too small for any {what}")
+        raise BudgetError(f"a parameter budget of {budget:g} is too small for any {what} (d = 1 takes "
+                          f"{count(1):,}): raise --params")
     lo, hi = 1, 2
     while count(hi) <= budget:
         lo, hi = hi, hi * 2

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from isan.errors import BudgetError
 from isan.trie_tables.codes import greedy_segment, longest_matches, max_code_length, substring_codes
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,8 @@ def count_substrings(ids: np.ndarray, K: int, max_len: int, min_count: int) -> d
     frequent shorter substrings. Returns {k: (codes sorted uint64, counts int64)}.
     """
     if max_len > max_code_length(K):
-        raise ValueError(f"max length {max_len} exceeds {max_code_length(K)} for an alphabet of {K} symbols")
+        raise BudgetError(f"a table's longest entry is at most {max_code_length(K)} symbols for an alphabet of {K}; "
+                          f"got {max_len}: lower --table-max-len")
     out = {}
     c = substring_codes(ids, K, 1)
     frequent_prev = None
@@ -108,8 +110,8 @@ def select_entries(ids: np.ndarray, K: int, V: int, d: int, budget_bytes: int, m
     singles = np.array([k + 1 for k in range(K)], dtype=np.uint64)  # code of a single symbol x is x + 1
     budget = budget_bytes - singles_bytes(K, d, V, itemsize)
     if budget < 0:
-        raise ValueError(f"a budget of {budget_bytes:,} bytes does not hold the {K} single-symbol entries "
-                         f"({singles_bytes(K, d, V, itemsize):,} bytes)")
+        raise BudgetError(f"a budget of {budget_bytes:,} bytes does not hold the {K} single-symbol entries "
+                          f"({singles_bytes(K, d, V, itemsize):,} bytes): raise --table-budget")
     counted = count_substrings(ids, K, max_len, min_count)
     cand_codes = np.concatenate([c for c, _ in counted.values()]) if counted else np.zeros(0, np.uint64)
     cand_len = np.concatenate([np.full(len(c), k) for k, (c, _) in counted.items()]) if counted else np.zeros(0, int)
