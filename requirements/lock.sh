@@ -4,10 +4,13 @@
 # dependencies: the pins already there are kept. `--upgrade` moves every pin to the newest release
 # the ranges allow: do that on purpose, then run the whole suite before committing the new lock.
 #   pip install pip-tools && bash requirements/lock.sh [--upgrade]
+# The gpu extra is locked too, so `pip install -c requirements/ci.txt ".[gpu]"` takes pinned versions;
+# onnxruntime-gpu ships the same `onnxruntime` module as onnxruntime, so the two are pinned to one
+# version (the newest that both publish: `--upgrade-package onnxruntime==X` moves them together).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pip-compile -q "$@" --strip-extras --no-emit-index-url --no-emit-find-links \
-    --extra train --extra onnx --extra serve --extra dev --extra plot --extra evalharness --extra docs \
+    --extra train --extra onnx --extra gpu --extra serve --extra dev --extra plot --extra evalharness --extra docs \
     -c requirements/torch-cpu.in -o requirements/ci.txt pyproject.toml
 # The CPU wheel carries a local version label (2.13.0+cpu); pin the public version, which pip
 # satisfies with that wheel where it is offered, as `pip install torch==2.13.0` does.
