@@ -6,6 +6,6 @@ Example:
     >>> read_output("scores/").to_pandas()[["id", "bits", "bpc", "error"]]       # doctest: +SKIP
 """
 
-from isan.engine.corpus import Doc, DocScorer, InputFileError, ScoreOptions, read_docs, read_output, score_corpus
+from isan.engine.corpus import Doc, DocScorer, InputFileError, JobInterrupted, ScoreOptions, read_docs, read_output, score_corpus
 
-__all__ = ["Doc", "DocScorer", "InputFileError", "ScoreOptions", "read_docs", "read_output", "score_corpus"]
+__all__ = ["Doc", "DocScorer", "InputFileError", "JobInterrupted", "ScoreOptions", "read_docs", "read_output", "score_corpus"]

@@ -8,9 +8,9 @@ file into its parts, what every runner shares), :mod:`~isan.engine.corpus.worker
 processes), :mod:`~isan.engine.corpus.ray_runner` (Ray Data), :mod:`~isan.engine.corpus.datatrove` (a datatrove pipeline block).
 """
 
-from isan.engine.corpus.job import score_corpus
+from isan.engine.corpus.job import JobInterrupted, score_corpus
 from isan.engine.corpus.readers import Doc, InputFileError, read_docs
 from isan.engine.corpus.scoring import DocScorer, ScoreOptions
 from isan.engine.corpus.writers import read_output
 
-__all__ = ["Doc", "DocScorer", "InputFileError", "ScoreOptions", "read_docs", "read_output", "score_corpus"]
+__all__ = ["Doc", "DocScorer", "InputFileError", "JobInterrupted", "ScoreOptions", "read_docs", "read_output", "score_corpus"]

@@ -105,13 +105,6 @@ def _read_file(path: str, shards: str) -> float:
     return time.perf_counter() - t0
 
 
-def _init_manager() -> None:
-    from isan.engine.corpus.workers import _exit_with_parent
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _exit_with_parent()
-
-
 # ---- in the scoring process ------------------------------------------------------------------
 def run_readers(paths: list[str], cfg, shards: Path, scorer, readers: int,
                 on_part: Callable[[dict], None] | None = None) -> tuple[list[dict], dict]:
@@ -128,7 +121,7 @@ def run_readers(paths: list[str], cfg, shards: Path, scorer, readers: int,
 
     from isan.engine.corpus.parts import FileParts
     from isan.engine.corpus.prepared import TextPreparer
-    from isan.engine.corpus.workers import pool_run
+    from isan.engine.corpus.workers import init_manager, pool_run
 
     if readers < 1:
         raise IsanError(f"readers must be at least 1 here; got {readers}")
@@ -147,7 +140,7 @@ def run_readers(paths: list[str], cfg, shards: Path, scorer, readers: int,
         return [records[p] for p in paths], stats
     ctx = multiprocessing.get_context("spawn")
     manager = SyncManager(ctx=ctx)
-    manager.start(_init_manager)
+    manager.start(init_manager)
     ex = None
     with contextlib.ExitStack() as ending:
         ending.callback(manager.shutdown)  # after the pool has ended, whichever way

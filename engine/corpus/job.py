@@ -20,7 +20,8 @@ from pathlib import Path
 
 from isan.atomic import write_json_atomic
 from isan.errors import IsanError, install_hint
-from isan.engine.corpus.readers import FORMATS, detect_format, expand_inputs, is_url  # noqa: F401
+from isan.engine.corpus.lines import MAX_LINE_BYTES
+from isan.engine.corpus.readers import FORMATS, detect_format, expand_inputs, is_url, resolve_input  # noqa: F401
 from isan.engine.corpus.scoring import DEFAULT_BATCH_CHARS, DocScorer, corpus_path  # noqa: F401
 from isan.engine.corpus.writers import COLUMNS_V1
 # the per-file units every runner shares (the workers and the Ray actors import them from parts.py, not from here)
@@ -31,6 +32,27 @@ log = logging.getLogger(__name__)
 JOB_FORMAT = "isan-corpus-job"
 JOB_VERSION = 1
 RUNNERS = ("local", "ray")
+
+
+class JobInterrupted(KeyboardInterrupt):
+    """A corpus job stopped by Ctrl-C (or SIGTERM where it has worker or reader processes). Every
+    part written is kept, and a re-run of the same command resumes from them.
+
+    Attributes:
+        out: the job's output directory; parts_written: parts this run wrote; parts_kept: parts in
+        ``out/shards`` (this run's and earlier ones'); files_done: input files complete there.
+    """
+
+    def __init__(self, out, parts_written: int, parts_kept: int, files_done: int):
+        self.out, self.parts_written, self.parts_kept, self.files_done = out, parts_written, parts_kept, files_done
+        super().__init__(f"interrupted: this run wrote {parts_written:,} part{'' if parts_written == 1 else 's'}; "
+                         f"{parts_kept:,} part{'' if parts_kept == 1 else 's'} ({files_done:,} complete input "
+                         f"file{'' if files_done == 1 else 's'}) are kept in {out}/shards: run the same command "
+                         "again to resume from them")
+
+
+def _count_files(folder: Path, pattern: str) -> int:
+    return sum(1 for _ in folder.glob(pattern))
 
 
 def input_bytes(inputs: list[str]) -> int | None:
@@ -118,6 +140,9 @@ def _check_job(out: Path, cfg: JobConfig) -> None:
         if "columns" not in have:  # started before changed_fraction: its parts go on without it (one schema)
             cfg.columns = list(COLUMNS_V1)
             have["columns"] = cfg.columns
+        have.setdefault("max_line_bytes", MAX_LINE_BYTES)  # before the limit: lines that fitted in memory
+        if "input_paths" not in have:  # started before inputs were resolved: its parts keep their names
+            cfg.input_paths = have["input_paths"] = "as-given"
         want = {"format": JOB_FORMAT, "format_version": JOB_VERSION, **cfg.identity()}
         diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
         if diff:
@@ -143,7 +168,7 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
                  per_char_max: int = 0, part_docs: int = 10_000, part_chars: int = 32_000_000,
                  threads: int | None = None, progress: bool = True, ray_actors: int | None = None,
                  ray_cpus_per_actor: float = 1, engine=None, device: str = "cpu", dtype: str = "float32",
-                 workers: int = 1, readers: int | None = None) -> dict:
+                 workers: int = 1, readers: int | None = None, max_line_bytes: int = MAX_LINE_BYTES) -> dict:
     """Score every document of a corpus with an ISAN and write Parquet shards and ``summary.json``.
 
     Args:
@@ -170,6 +195,8 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
             documents to ids for it (:mod:`isan.engine.corpus.feed`); 0 reads in the scoring
             process; default: a CPU each but one, at most 15 (0 for inputs under 4 MB). The output
             files are the same for any number.
+        max_line_bytes: the longest line (JSONL, or text one document a line) read, in bytes; a
+            longer one is its document's error, skipped in bounded memory.
         progress: show a progress bar (stderr).
         ray_actors, ray_cpus_per_actor: Ray actors (default: the cluster's CPUs / CPUs per actor) and CPUs each.
         device, dtype: where and in what the kernels run (:meth:`Engine.load`): ``device="cuda"``
@@ -179,7 +206,9 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
         the summary (also written to ``out/summary.json``).
     Raises:
         IsanError: bad options, no inputs, or ``out`` holding another job's output. Bad documents
-        and unreadable files never raise: they are recorded in the output.
+            and unreadable files never raise: they are recorded in the output.
+        JobInterrupted: Ctrl-C (or SIGTERM with worker or reader processes); it says how many parts
+            this run wrote, all kept for a re-run to resume from.
     """
     if runner not in RUNNERS:
         raise IsanError(f"runner must be local or ray; got {runner!r}")
@@ -194,7 +223,8 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
     paths = expand_inputs([str(p) for p in inputs])
     if not paths:
         raise IsanError("no input files; give paths, globs or directories of JSONL, Parquet or text files")
-    for k, v in {"part_docs": part_docs, "part_chars": part_chars, "batch_chars": batch_chars}.items():
+    for k, v in {"part_docs": part_docs, "part_chars": part_chars, "batch_chars": batch_chars,
+                 "max_line_bytes": max_line_bytes}.items():
         if v is not None and v < 1:
             raise IsanError(f"{k} must be at least 1; got {v}")
     if per_char_max < 0:
@@ -219,8 +249,9 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
                         "document's last bits could depend on how the work was cut); use workers=1, and readers "
                         "to read and prepare the documents in other processes")
     if readers is not None and readers > 0 and not (runner == "local" and engine.kernels.one_process):
-        raise IsanError("reader processes feed a backend that runs a job in one process (a GPU, or float64) on the "
-                        "local runner; the CPU's kernels take worker processes: use workers")
+        raise IsanError("reader processes (--readers) feed the torch backend (--device cuda, or --dtype float64), "
+                        "which runs a job in one process, on the local runner; the CPU's kernels take worker "
+                        "processes instead: use --workers N (workers= from Python)")
     if batch_chars is None and not on_actors:
         batch_chars = engine.kernels.batch_chars  # the backend's (the Ray actors' own on their device)
     kernel = f"torch-{device.split(':')[0]}-{dtype}" if on_actors else corpus_path(engine)  # as the actors name it
@@ -229,9 +260,11 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
                     dtype=dtype if on_actors else engine.kernels.dtype, fmt=fmt,
                     text_field=text_field, id_field=id_field, per_line=per_line, normalize=normalize, unknown=unknown,
                     replacement=replacement, per_char_max=per_char_max, part_docs=part_docs, part_chars=part_chars,
-                    batch_chars=batch_chars)
+                    batch_chars=batch_chars, max_line_bytes=max_line_bytes)
     out = Path(out)
     _check_job(out, cfg)
+    if cfg.input_paths == "resolved":  # one name for a file however it was spelled (dict: once each, in order)
+        paths = list(dict.fromkeys(resolve_input(p) for p in paths))
     shards = out / "shards"
     shards.mkdir(exist_ok=True)
     for leftover in shards.glob(".*.tmp"):  # a killed run's unfinished writes (never read)
@@ -241,6 +274,7 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
     def on_part(t: dict) -> None:
         bar.update(t["path"], t["documents"], t["chars_read"], t.get("file_pos", -1), t.get("done", False))
 
+    parts_before = _count_files(shards, "*.part-*.parquet")
     try:
         if runner == "ray":
             from isan.engine.corpus.ray_runner import run_ray
@@ -271,6 +305,10 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
                      **facts}
         if runner == "local" and engine.kernels.rounding is not None:  # say where it ran
             where.update(engine.kernels.describe())
+    except KeyboardInterrupt:
+        bar.close()
+        raise JobInterrupted(out, _count_files(shards, "*.part-*.parquet") - parts_before,
+                             _count_files(shards, "*.part-*.parquet"), _count_files(shards, "*.done.json")) from None
     finally:
         bar.close()
     seconds = time.perf_counter() - t0

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from isan.atomic import write_json_atomic
+from isan.engine.corpus.lines import MAX_LINE_BYTES
 from isan.engine.corpus.readers import InputFileError, read_docs
 from isan.engine.corpus.scoring import ROW_MAX_CHARS, DocScorer, ScoreOptions
 from isan.engine.corpus.writers import COLUMNS, part_name, part_totals, rows_totals, shard_key, write_part
@@ -36,6 +37,11 @@ class JobConfig:
     part_docs: int = 10_000
     part_chars: int = 32_000_000
     row_max_chars: int = ROW_MAX_CHARS
+    #: the longest line read (bytes); a longer one is its document's error
+    max_line_bytes: int = MAX_LINE_BYTES
+    #: how the inputs are named (parts, ``source``): "resolved" (absolute, symbolic links resolved:
+    #: the same however a path is spelled); a job started before that keeps "as-given"
+    input_paths: str = "resolved"
     #: the batched kernel (``corpus_path``): "jumps" with the model's trie table, else "chunked";
     #: the two agree within 1e-7, not to the last bit, so a job's parts must not mix them
     kernel: str = "chunked"
@@ -116,7 +122,7 @@ class FileParts:
         cfg = self.cfg
         buf, size, k, file_error = [], 0, 0, None
         try:
-            for doc in read_docs(self.path, cfg.fmt, cfg.text_field, cfg.id_field, cfg.per_line):
+            for doc in read_docs(self.path, cfg.fmt, cfg.text_field, cfg.id_field, cfg.per_line, cfg.max_line_bytes):
                 buf.append(doc)
                 size += doc.size
                 if len(buf) >= cfg.part_docs or size >= cfg.part_chars:

@@ -84,15 +84,17 @@ def plan_workers(workers: int | None, threads: int | None, input_bytes: int | No
 _SCORER = None
 _JOB = None
 _LOAD_ERROR: str | None = None
+_PROGRESS = None  # the driver's progress queue (a manager's proxy), when it shows progress by file
 
 
-def _init_worker(cfg: dict, threads: int) -> None:
+def _init_worker(cfg: dict, threads: int, progress=None) -> None:
     """Load the job's model once in this worker (the driver's model, checked by hash and kernel).
     A failure is kept and said by the first piece (an initializer that raises would print a
     traceback and break the pool without a word of why)."""
-    global _SCORER, _JOB, _LOAD_ERROR
+    global _SCORER, _JOB, _LOAD_ERROR, _PROGRESS
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's: it stops the workers
     _exit_with_parent()
+    _PROGRESS = progress
     try:
         from isan.engine.corpus.parts import JobConfig, load_corpus_engine
         from isan.engine.corpus.scoring import DocScorer, corpus_path
@@ -135,8 +137,23 @@ def _score_file(path: str, shards: str) -> tuple[dict, float]:
     if _SCORER is None:
         raise IsanError(f"a worker process could not load the model ({_LOAD_ERROR})")
     t0 = time.perf_counter()
-    rec = process_file(_SCORER, _JOB, path, Path(shards))
+    rec = process_file(_SCORER, _JOB, path, Path(shards), on_part=_report if _PROGRESS is not None else None)
     return rec, time.perf_counter() - t0
+
+
+def _report(part: dict) -> None:
+    """Tell the driver's progress bar of a part written (best effort: progress is not output)."""
+    try:
+        _PROGRESS.put(part)
+    except Exception:  # noqa: BLE001  a manager gone with its driver
+        pass
+
+
+def init_manager() -> None:
+    """The start of a manager process that serves a job's queues: Ctrl-C is its driver's, and it
+    ends with its driver, however that ends."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _exit_with_parent()
 
 
 # ---- in the driver ---------------------------------------------------------------------------
@@ -189,7 +206,11 @@ def run_workers(paths: list[str], cfg, shards: Path, workers: int, threads: int,
     queue: deque[_Part] = deque()
     stats = {"worker_seconds": 0.0, "driver_busy_seconds": 0.0}
     ctx = multiprocessing.get_context("spawn")
-    ex = cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(asdict(cfg), threads))
+    by_file = len(paths) >= FILES_PER_WORKER * workers
+    ending = contextlib.ExitStack()
+    progress = _progress_queue(ctx, ending) if by_file and on_part is not None else None
+    ex = cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
+                                initargs=(asdict(cfg), threads, progress))
     in_flight = 0
 
     def drain(block: bool) -> None:
@@ -219,10 +240,9 @@ def run_workers(paths: list[str], cfg, shards: Path, workers: int, threads: int,
                 records[part.file.path] = part.file.finish()
             stats["driver_busy_seconds"] += time.perf_counter() - t0
 
-    by_file = len(paths) >= FILES_PER_WORKER * workers
-    with pool_run(lambda: ex, "worker"):
+    with ending, pool_run(lambda: ex, "worker"):
         if by_file:
-            _by_file(ex, paths, cfg, shards, on_part, records, stats)
+            _by_file(ex, paths, cfg, shards, on_part, records, stats, progress)
         for path in paths if not by_file else ():
             t0 = time.perf_counter()
             fp = FileParts(cfg, path, shards, on_part)
@@ -255,9 +275,27 @@ def run_workers(paths: list[str], cfg, shards: Path, workers: int, threads: int,
                                          "shares": "files" if by_file else "pieces", **stats}
 
 
-def _by_file(ex, paths: list[str], cfg, shards: Path, on_part, records: dict, stats: dict) -> None:
+def _progress_queue(ctx, ending: contextlib.ExitStack):
+    """A queue the workers report their parts on (a manager's, so that a worker killed while it
+    puts cannot break it for the others), shut down by ``ending``."""
+    from multiprocessing.managers import SyncManager
+
+    manager = SyncManager(ctx=ctx)
+    manager.start(init_manager)
+    ending.callback(manager.shutdown)
+    return manager.Queue()
+
+
+#: seconds between looks at the workers' progress queue while they score whole files
+POLL_SECONDS = 0.2
+
+
+def _by_file(ex, paths: list[str], cfg, shards: Path, on_part, records: dict, stats: dict, progress=None) -> None:
     """Each incomplete file to a worker, whole: it reads, scores and writes the file's parts and
-    done record itself (:func:`_score_file`), as one process does."""
+    done record itself (:func:`_score_file`), as one process does, and reports each part on
+    ``progress`` (when given) for the driver's ``on_part``."""
+    import queue as queue_mod
+
     from isan.engine.corpus.parts import FileParts
 
     futures = {}
@@ -266,14 +304,25 @@ def _by_file(ex, paths: list[str], cfg, shards: Path, on_part, records: dict, st
         if rec is not None:
             records[path] = rec
         else:
-            futures[path] = ex.submit(_score_file, path, str(shards))
-    for path, f in futures.items():
-        rec, seconds = f.result()
-        stats["worker_seconds"] += seconds
-        records[path] = rec
-        if on_part:
-            on_part({"path": path, "documents": rec["new_documents"], "chars_read": rec["new_chars"], "new": True,
-                     "done": True})
+            futures[ex.submit(_score_file, path, str(shards))] = path
+    pending = set(futures)
+    while pending:
+        done, pending = cf.wait(pending, timeout=POLL_SECONDS if progress is not None else None,
+                                return_when=cf.FIRST_COMPLETED)
+        while progress is not None:
+            try:
+                on_part(progress.get_nowait())
+            except queue_mod.Empty:
+                break
+            except (EOFError, OSError):  # the manager died: the bar stops, the job goes on
+                progress = None
+        for f in done:
+            rec, seconds = f.result()
+            stats["worker_seconds"] += seconds
+            records[futures[f]] = rec
+            if on_part and progress is None:
+                on_part({"path": futures[f], "documents": rec["new_documents"], "chars_read": rec["new_chars"],
+                         "new": True, "done": True})
 
 
 @contextlib.contextmanager

@@ -3,9 +3,16 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
-from isan.cli.helpers import UserError, emit_json, friendly, main, normalize_option, unknown_options
+from isan.cli.helpers import (POSITIVE_FLOAT, UserError, WholeNumber, emit_json, friendly, main, normalize_option,
+                              unknown_options)
+from isan.engine.corpus.lines import MAX_LINE_BYTES
+
+#: processes (workers, readers) and kernel threads a job may ask for
+MAX_PROCESSES = 1024
 
 
 @main.group(short_help="Score a corpus's documents into resumable Parquet shards.")
@@ -41,26 +48,31 @@ def _existing_inputs(ctx, param, inputs):
               help="local: this machine's cores through the batched kernels; ray: Ray Data actors, one engine each.")
 @click.option("--ray-address", default=None,
               help="A running Ray cluster (HOST:6379 or ray://HOST:10001; default: start a local one). Implies --runner ray.")
-@click.option("--ray-actors", type=int, default=None, help="Ray actors (default: the cluster's CPUs / --ray-cpus-per-actor).")
-@click.option("--ray-cpus-per-actor", type=float, default=1.0, show_default=True, help="CPUs (and kernel threads) per actor.")
+@click.option("--ray-actors", type=WholeNumber(1, MAX_PROCESSES), default=None,
+              help="Ray actors (default: the cluster's CPUs / --ray-cpus-per-actor).")
+@click.option("--ray-cpus-per-actor", type=POSITIVE_FLOAT, default=1.0, show_default=True,
+              help="CPUs (and kernel threads) per actor.")
 @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
-@click.option("--batch-chars", type=int, default=None,
+@click.option("--batch-chars", type=WholeNumber(min=1), default=None,
               help="Characters scored together in one call of the batched kernel (memory: about 40 bytes each; "
                    "default: the backend's, 2,000,000 on the CPU, 32,000,000 on a GPU).")
-@click.option("--per-char-max", type=int, default=0, show_default=True,
+@click.option("--per-char-max", type=WholeNumber(min=0), default=0, show_default=True,
               help="Also store per-character bits for documents of at most this many scored characters (0: none).")
-@click.option("--part-docs", type=int, default=10_000, show_default=True,
+@click.option("--part-docs", type=WholeNumber(min=1), default=10_000, show_default=True,
               help="Documents an output part holds (a part is the unit a re-run resumes from).")
-@click.option("--workers", type=int, default=None,
+@click.option("--workers", type=WholeNumber(1, MAX_PROCESSES), default=None,
               help="Worker processes of the local runner, each normalising and scoring its share (default: the CPUs "
                    "this process may use divided by --threads; inputs under 4 MB: 1); the output is the same for any number.")
-@click.option("--threads", type=int, default=None,
+@click.option("--threads", type=WholeNumber(1, MAX_PROCESSES), default=None,
               help="Kernel threads of each worker (default: 1, or the CPUs divided by --workers when that is given).")
-@click.option("--readers", type=int, default=None,
+@click.option("--readers", type=WholeNumber(0, MAX_PROCESSES), default=None,
               help="With --device cuda (or --dtype float64), processes that read, decompress, parse, normalise and "
                    "map the documents to ids for the one scoring process, a whole input file each (default: the "
                    "CPUs but one, at most 15; inputs under 4 MB: 0, in the scoring process); the output is the "
                    "same for any number.")
+@click.option("--max-line-bytes", type=WholeNumber(min=1), default=MAX_LINE_BYTES, show_default=True,
+              help="The longest line (JSONL, or text with --per-line) read, in bytes; a longer one is its document's "
+                   "error and is skipped in bounded memory.")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True,
               help="cuda: score on the GPU with the torch backend (the gpu extra; with --runner ray one actor a "
                    "GPU); auto: cuda when torch sees a GPU.")
@@ -72,23 +84,21 @@ def _existing_inputs(ctx, param, inputs):
 @unknown_options
 @friendly
 def corpus_score_cmd(inputs, out, fmt, text_field, id_field, per_line, runner, ray_address, ray_actors,
-                     ray_cpus_per_actor, model, batch_chars, per_char_max, part_docs, workers, threads, readers, device,
-                     dtype, progress, as_json, normalize, unknown, replacement):
+                     ray_cpus_per_actor, model, batch_chars, per_char_max, part_docs, workers, threads, readers,
+                     max_line_bytes, device, dtype, progress, as_json, normalize, unknown, replacement):
     """Score every document of INPUT... (paths, globs, directories, fsspec URLs) into --out DIR.
 
     DIR gets shards/*.parquet (per document: id, chars read and scored, bits, bpc, the
     normaliser's counts, error) and summary.json. A document that cannot be scored is recorded
     with its reason, never fatal; a re-run of a killed job resumes it and ends with the same files.
     """
-    from isan.engine.corpus import score_corpus
+    from isan.engine.corpus import JobInterrupted, score_corpus
 
     if ray_address:
         runner = "ray"
-    for name, v in (("--threads", threads), ("--workers", workers), ("--batch-chars", batch_chars)):
-        if v is not None and v < 1:
-            raise UserError(f"{name} must be at least 1; got {v}")
-    if readers is not None and readers < 0:
-        raise UserError(f"--readers must be at least 0; got {readers}")
+    if readers and runner == "local" and device == "cpu" and dtype == "float32":
+        raise UserError("--readers feeds the torch backend (--device cuda, or --dtype float64), which scores a job in "
+                        "one process; on the CPU's kernels use --workers N (worker processes) instead")
     if runner == "ray":
         if workers is not None:
             raise UserError("--workers is the local runner's; the Ray runner has --ray-actors")
@@ -97,12 +107,16 @@ def corpus_score_cmd(inputs, out, fmt, text_field, id_field, per_line, runner, r
         from isan.engine.corpus.workers import plan_workers
 
         workers, threads = plan_workers(workers, threads, input_bytes(list(inputs)), device, dtype)
-    summary = score_corpus(list(inputs), out, fmt=fmt, text_field=text_field, id_field=id_field or None,
-                           per_line=per_line, runner=runner, ray_address=ray_address, model=model,
-                           normalize=normalize, unknown=unknown, replacement=replacement, batch_chars=batch_chars,
-                           per_char_max=per_char_max, part_docs=part_docs, threads=threads, progress=progress,
-                           ray_actors=ray_actors, ray_cpus_per_actor=ray_cpus_per_actor, device=device, dtype=dtype,
-                           workers=workers or 1, readers=readers)
+    try:
+        summary = score_corpus(list(inputs), out, fmt=fmt, text_field=text_field, id_field=id_field or None,
+                               per_line=per_line, runner=runner, ray_address=ray_address, model=model,
+                               normalize=normalize, unknown=unknown, replacement=replacement, batch_chars=batch_chars,
+                               per_char_max=per_char_max, part_docs=part_docs, threads=threads, progress=progress,
+                               ray_actors=ray_actors, ray_cpus_per_actor=ray_cpus_per_actor, device=device,
+                               dtype=dtype, workers=workers or 1, readers=readers, max_line_bytes=max_line_bytes)
+    except JobInterrupted as e:
+        click.echo(str(e), err=True)
+        sys.exit(130)  # as a shell reports Ctrl-C
     if as_json:
         emit_json(summary)
         return
