@@ -10,6 +10,7 @@ import click
 
 from isan.errors import IsanError, install_hint
 from isan.engine.serve.config import DEFAULT_MAX_CHARS, MAX_WORKERS, ServeConfig
+from isan.engine.serve.malloc import MAX_MMAP_THRESHOLD_KIB
 
 _D = ServeConfig()
 #: the longest timeout an option takes, in seconds (a week)
@@ -174,12 +175,18 @@ def run_to_the_end(server) -> None:
               help="Worker processes on the one port, each with its own scheduler and engine (and the limits above); "
                    "they share the state secret (drawn for the run if none is set) and /metrics. Each loads the "
                    "model before it takes connections; --threads defaults to the CPUs divided among the workers.")
+@click.option("--malloc-mmap-threshold-kib", default=_D.malloc_mmap_threshold_kib, show_default=True,
+              type=click.IntRange(0, MAX_MMAP_THRESHOLD_KIB),
+              help="glibc's mmap threshold, fixed in each process: memory blocks of this many KiB or more (a long "
+                   "text's buffers and answers) go back to the system when freed, so resident memory follows what "
+                   "the server holds; 0: glibc's own threshold, which rises up to 32 MiB (memory then stays).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug", "trace"]))
 def main(host, port, model, path_mode, backend, device, max_chars, max_pending_mb, max_streams, max_stream_frames,
          round_chars, request_timeout, stream_idle_timeout, batching, threads, read_timeout, keep_alive_timeout,
          max_connections, max_batch_texts, max_sample_chars, max_attribute_chars, api_key_file, docs,
-         ui, state_secret_file, allow_origin, allow_host, served_model_name, workers, log_level):
+         ui, state_secret_file, allow_origin, allow_host, served_model_name, workers, malloc_mmap_threshold_kib,
+         log_level):
     """Serve scoring over HTTP (POST /v1/score, /v1/score/batch, /v1/next, /v1/sample, /v1/attribute; the
     OpenAI-compatible POST /v1/completions and GET /v1/models) and WebSocket (/v1/stream) with continuous batching. The server listens at once; GET /healthz says
     "loading" until the model is loaded, then "ready". SIGTERM or SIGINT stops it gracefully: requests in flight are
@@ -199,7 +206,8 @@ def main(host, port, model, path_mode, backend, device, max_chars, max_pending_m
                              max_batch_texts=max_batch_texts, max_sample_chars=max_sample_chars,
                              max_attribute_chars=max_attribute_chars, api_key=read_key(api_key_file), docs=docs, ui=ui,
                              allow_origins=tuple(allow_origin), allow_hosts=tuple(allow_host) + bound_name(host),
-                             model_name=served_model_name, workers=workers)
+                             model_name=served_model_name, workers=workers,
+                             malloc_mmap_threshold_kib=malloc_mmap_threshold_kib)
         import uvicorn
 
         from isan.engine import load_engine
@@ -232,6 +240,9 @@ def main(host, port, model, path_mode, backend, device, max_chars, max_pending_m
         else:  # other engines' states have other sizes than the manifest says: load first
             app = create_app(load(), config=config)
         if spec is None:
+            from isan.engine.serve.malloc import set_mmap_threshold
+
+            set_mmap_threshold(config.malloc_mmap_threshold_kib)  # each worker sets its own
             server = uvicorn.Server(app.uvicorn_config(host, port, log_level))
     except ModuleNotFoundError as e:
         raise click.ClickException(f"isan-serve needs {e.name}: {install_hint('serve')}") from None

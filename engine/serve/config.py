@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from isan.engine.serve.malloc import DEFAULT_MMAP_THRESHOLD_KIB, MAX_MMAP_THRESHOLD_KIB
 from isan.errors import IsanError
 
 DEFAULT_MAX_CHARS = 1_000_000
@@ -94,6 +95,9 @@ class ServeConfig:
             from elsewhere); False (``--no-ui``): ``/`` is a 404 like any unknown path.
         model_name: the name the OpenAI-compatible API serves the model under (``GET /v1/models``,
             the requests' ``model``); None: the bundle directory's name.
+        malloc_mmap_threshold_kib: glibc's mmap threshold that ``isan-serve`` fixes in each of its
+            processes, in KiB (0: glibc's own, which rises): blocks of this size or more are given
+            back to the system when freed (:mod:`isan.engine.serve.malloc`).
     """
 
     max_chars: int = DEFAULT_MAX_CHARS
@@ -121,6 +125,7 @@ class ServeConfig:
     allow_origins: tuple[str, ...] = ()
     allow_hosts: tuple[str, ...] = ()
     model_name: str | None = None
+    malloc_mmap_threshold_kib: int = DEFAULT_MMAP_THRESHOLD_KIB
 
     def __post_init__(self) -> None:
         checks = [
@@ -140,6 +145,7 @@ class ServeConfig:
             ("max_sample_chars", self.max_sample_chars >= 1),
             ("max_attribute_chars", self.max_attribute_chars >= 1),
             ("workers", 1 <= self.workers <= MAX_WORKERS),
+            ("malloc_mmap_threshold_kib", 0 <= self.malloc_mmap_threshold_kib <= MAX_MMAP_THRESHOLD_KIB),
         ]
         for name, ok in checks:
             if not ok:
@@ -181,7 +187,7 @@ class ServeConfig:
                                               "stream_idle_timeout_s", "batching", "threads",
                                               "read_timeout_s", "keep_alive_s", "max_connections",
                                               "max_batch_texts", "max_sample_chars", "max_attribute_chars",
-                                              "workers")}
+                                              "workers", "malloc_mmap_threshold_kib")}
         out["max_body_bytes"] = self.max_body_bytes
         out["state_secret"] = ("random per process" if self.state_secret is None else
                                "random per run, shared by the workers" if self.state_secret_drawn else "configured")

@@ -109,10 +109,13 @@ def worker_app(spec: WorkerSpec):
 
     A model that cannot be loaded is logged (one line, no traceback), its message written to the
     run folder, and the worker ends with uvicorn's startup-failure code (the supervisor then stops).
-    The worker is sent SIGTERM when its parent ends (:func:`~isan.engine.serve.orphans.die_with_parent`).
+    The worker is sent SIGTERM when its parent ends (:func:`~isan.engine.serve.orphans.die_with_parent`),
+    and fixes its allocator's mmap threshold (:func:`~isan.engine.serve.malloc.set_mmap_threshold`).
     """
     from isan.engine.serve.app import create_app
+    from isan.engine.serve.malloc import set_mmap_threshold
 
+    set_mmap_threshold(spec.config.malloc_mmap_threshold_kib)
     parent = multiprocessing.parent_process()
     if parent is not None:
         die_with_parent(parent.pid)

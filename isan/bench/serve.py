@@ -26,6 +26,11 @@ With ``workers`` (``isan bench serve --workers 1,2``) the measurements run again
 and ``scaling`` gives each count's requests/s, its ratio to the first count's and each worker's
 share of the HTTP load (memory is then summed over the server's processes).
 
+**resets** (:func:`run_resets`, ``python -m isan.bench.serve``): thousands of WebSocket streams that
+each send a long text with ``per_char`` and reset their connection once its answer has begun: the
+server's resident memory over time, with each ``--malloc-mmap-threshold-kib`` given (the server
+guide, 'Memory').
+
 With ``url`` (``isan bench serve --url http://HOST:PORT``) no server is started: the HTTP and
 stream load go to the server or load balancer already answering there (HAProxy in front of
 replicas, docs/guide/deployment.md), every answer checked against the library as above.
@@ -47,8 +52,8 @@ import numpy as np
 from isan.errors import IsanError
 # the server under test and the load live in serve_process.py and serve_load.py; their names import from here too
 from isan.bench.serve_load import (  # noqa: F401
-    HttpConn, _cancel_probe, _completions_bits, _completions_body, _http_load, _memory_probe, _metric, _pct, _score_bits,
-    _score_body, _slow_probe, _stream_load,
+    HttpConn, _cancel_probe, _completions_bits, _completions_body, _http_load, _memory_probe, _metric, _pct, _reset_probe,
+    _score_bits, _score_body, _slow_probe, _stream_load,
 )
 from isan.bench.serve_process import ServerProcess, _children, _free_port, _healthz, _rss_mib, _shares, _workers_in  # noqa: F401
 
@@ -300,5 +305,95 @@ def _tables(res: dict) -> str:
 
 
 def write_json(res: dict, path: str) -> None:
+    """``res`` as indented JSON at ``path`` (its folder made), written atomically (a temporary file renamed)."""
+    from isan.atomic import write_bytes_atomic
+
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(res, indent=2) + "\n")
+    write_bytes_atomic(path, (json.dumps(res, indent=2, allow_nan=False) + "\n").encode())
+
+
+def run_resets(model: str | None = None, data: str = "../shared/data/text8_head/text8_head.txt", streams: int = 5000,
+               chars: int = 40_000, frames: int = 1, concurrency: int = 20, every: int = 250,
+               thresholds: tuple[int, ...] = (128, 0), server_args: list[str] | None = None, progress=None) -> dict:
+    """The server's memory under streams reset abruptly: for each mmap threshold in ``thresholds``
+    (``isan-serve --malloc-mmap-threshold-kib``; 0 is glibc's own), a new server takes ``streams``
+    streams, ``concurrency`` at a time, each sending ``frames`` frames of ``chars`` characters of the
+    valid split with ``per_char`` and resetting its connection (TCP RST) once its answer has begun.
+
+    Returns:
+        ``{"benchmark": "serve_resets", "machine", "command", "model", "runs": [...]}``, a run per
+        threshold: the server's VmRSS (MiB) after every ``every`` streams (``samples``), after 5 s of
+        quiet (``rss_mib_settled``), its open file descriptors before and after, and its
+        ``isan_streams_open`` and ``isan_pending_bytes`` gauges at the end (both 0 when nothing leaked).
+    """
+    from isan.bench.engine import machine
+    from isan.data import read_text8_split
+    from isan.engine import load_engine
+
+    say = progress or (lambda msg: None)
+    valid = read_text8_split(data, "valid")
+    text = (valid * (chars // len(valid) + 1))[:chars]
+    eng = load_engine(model)
+    out: dict = {"benchmark": "serve_resets", "machine": machine(), "command": " ".join(["python"] + sys.argv),
+                 "model": {"source": str(eng.source), "params_sha256": eng.params_sha256}, "runs": []}
+    args = list(server_args or []) + (["--model", str(model)] if model else [])
+    for kib in thresholds:
+        say(f"--malloc-mmap-threshold-kib {kib}: {streams:,} streams x {frames} frame(s) of {chars:,} characters, reset")
+        with ServerProcess(args + ["--malloc-mmap-threshold-kib", str(kib)]) as srv:
+            idle = round(_rss_mib(srv.pid)[0], 1)
+            run = asyncio.run(_reset_probe("127.0.0.1", srv.port, srv.pid, text, streams, frames, concurrency, every))
+        out["runs"].append({"malloc_mmap_threshold_kib": kib, "server_args": args, "rss_mib_idle": idle, **run})
+    return out
+
+
+def resets_markdown(res: dict) -> str:
+    """One line a run: the threshold, RSS idle, at every sample, settled; fds and gauges at the end."""
+    lines = ["| --malloc-mmap-threshold-kib | RSS idle | RSS after streams (MiB) | settled | fds before / after | "
+             "streams open, pending bytes |", "|---:|---:|---|---:|---|---|"]
+    for r in res["runs"]:
+        samples = ", ".join(f"{s['streams']:,}: {s['rss_mib']:.0f}" for s in r["samples"][1:])
+        lines.append(f"| {r['malloc_mmap_threshold_kib']} | {r['rss_mib_idle']:.0f} | {samples} | "
+                     f"{r['rss_mib_settled']:.0f} | {r['fds_before']} / {r['fds_settled']} | "
+                     f"{r['streams_open']:.0f}, {r['pending_bytes']:.0f} |")
+    return "\n".join(lines)
+
+
+def _resets_command():
+    import click
+
+    @click.command(context_settings={"help_option_names": ["-h", "--help"]})
+    @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
+    @click.option("--data", default="../shared/data/text8_head/text8_head.txt", show_default=True,
+                  help="text8 file: the streams' text from its valid split.")
+    @click.option("--streams", type=click.IntRange(1, 1_000_000), default=5000, show_default=True)
+    @click.option("--chars", type=click.IntRange(1, 1_000_000), default=40_000, show_default=True,
+                  help="Characters of each frame (sent with per_char).")
+    @click.option("--frames", type=click.IntRange(1, 64), default=1, show_default=True, help="Frames each stream sends.")
+    @click.option("--concurrency", type=click.IntRange(1, 2048), default=20, show_default=True)
+    @click.option("--every", type=click.IntRange(1, 1_000_000), default=250, show_default=True,
+                  help="Streams between two samples of the server's memory.")
+    @click.option("--thresholds", default="128,0", show_default=True,
+                  help="--malloc-mmap-threshold-kib of each run, comma-separated (0: glibc's own).")
+    @click.option("--out", default=None, help="Also write the results as JSON here.")
+    def main(model, data, streams, chars, frames, concurrency, every, thresholds, out):
+        """isan-serve's resident memory under WebSocket streams reset abruptly (a server per threshold,
+        on a free localhost port)."""
+        try:
+            kibs = tuple(int(x) for x in thresholds.split(","))
+        except ValueError:
+            raise click.BadParameter("give comma-separated whole numbers, like 128,0", param_hint="--thresholds")
+        try:
+            res = run_resets(model, data, streams, chars, frames, concurrency, every, kibs,
+                             progress=lambda m: click.echo(m, err=True))
+        except IsanError as e:
+            raise click.ClickException(str(e)) from None
+        click.echo(resets_markdown(res))
+        if out:
+            write_json(res, out)
+            click.echo(f"\nwrote {out}")
+
+    return main
+
+
+if __name__ == "__main__":
+    _resets_command()()

@@ -268,8 +268,8 @@ async def _memory_probe(host, port, pid, big_text, n):
 
 
 def _metric(text: str, name: str, labels: str = "") -> float:
-    pat = re.escape(name) + (r"\{" + re.escape(labels) + r"\}" if labels else "") + r" ([0-9.eE+-]+)"
-    m = re.search(pat, text)
+    pat = r"^" + re.escape(name) + (r"\{" + re.escape(labels) + r"\}" if labels else "") + r" ([0-9.eE+-]+)$"
+    m = re.search(pat, text, re.MULTILINE)  # a sample's line, not its HELP or TYPE line
     return float(m.group(1)) if m else 0.0
 
 
@@ -308,3 +308,81 @@ async def _cancel_probe(host, port, big_text, after_s, clients=12):
                  - _metric(m0, "isan_cancelled_total", 'reason="disconnect"'))
     return {"clients": clients, "chars": len(big_text), "disconnect_after_s": after_s, "chars_scored": int(scored),
             "cancelled": int(cancelled), "new_stream_first_chunk_s": round(stream_wait, 3)}
+
+
+# ---- streams reset abruptly: the server's memory over time ------------------------------------------
+async def _reset_stream(host: str, port: int, frame: bytes, frames: int, wait_s: float = 120.0) -> bool:
+    """One WebSocket that sends ``frames`` copies of ``frame``, waits for the first byte of an answer
+    and resets its connection (SO_LINGER 0: a TCP RST, no close frame). Whether an answer had begun."""
+    import socket
+    import struct
+
+    from websockets.client import ClientProtocol
+    from websockets.http11 import Response
+    from websockets.uri import parse_uri
+
+    proto = ClientProtocol(parse_uri(f"ws://{host}:{port}/v1/stream"), max_size=None)
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        proto.send_request(proto.connect())
+        writer.write(b"".join(proto.data_to_send()))
+        while not any(isinstance(e, Response) for e in proto.events_received()):
+            data = await asyncio.wait_for(reader.read(4096), wait_s)
+            if not data:
+                return False
+            proto.receive_data(data)
+        for _ in range(frames):
+            proto.send_text(frame)
+        writer.write(b"".join(proto.data_to_send()))
+        await writer.drain()
+        return bool(await asyncio.wait_for(reader.read(1), wait_s))
+    except (OSError, asyncio.TimeoutError):
+        return False
+    finally:
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+
+
+async def _server_gauges(host: str, port: int) -> dict:
+    c = HttpConn(host, port)
+    _, data = await c.request("GET", "/metrics")
+    c.close()
+    text = data.decode()
+    return {"streams_open": _metric(text, "isan_streams_open"), "pending_bytes": _metric(text, "isan_pending_bytes")}
+
+
+def _fds(pid: int) -> int:
+    import os
+
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+async def _reset_probe(host, port, pid, text, streams, frames=1, concurrency=20, every=250, settle_s=5.0):
+    """``streams`` WebSocket streams, ``concurrency`` at a time, each sending ``frames`` frames of ``text``
+    with ``per_char`` and resetting its connection once the answer has begun (:func:`_reset_stream`).
+    The server's resident memory (VmRSS, MiB) after every ``every`` streams, then after ``settle_s``
+    seconds of quiet with its open file descriptors and its stream and memory-budget gauges."""
+    frame = json.dumps({"text": text, "per_char": True}).encode()
+    sem = asyncio.Semaphore(concurrency)
+    begun = [0]
+
+    async def one():
+        async with sem:
+            ok = await _reset_stream(host, port, frame, frames)
+            begun[0] += ok  # after the await: ``begun[0] += await ...`` would read the count before it
+
+    fds0 = _fds(pid)
+    samples = [{"streams": 0, "seconds": 0.0, "rss_mib": round(_rss_mib(pid)[0], 1)}]
+    t0 = time.perf_counter()
+    while samples[-1]["streams"] < streams:
+        k = min(every, streams - samples[-1]["streams"])
+        await asyncio.gather(*(one() for _ in range(k)))
+        samples.append({"streams": samples[-1]["streams"] + k, "seconds": round(time.perf_counter() - t0, 1),
+                        "rss_mib": round(_rss_mib(pid)[0], 1)})
+    await asyncio.sleep(settle_s)
+    return {"streams": streams, "chars": len(text), "frames": frames, "frame_bytes": len(frame),
+            "concurrency": concurrency, "answers_begun": begun[0], "samples": samples,
+            "rss_mib_settled": round(_rss_mib(pid)[0], 1), "fds_before": fds0, "fds_settled": _fds(pid),
+            **await _server_gauges(host, port)}
