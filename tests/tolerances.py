@@ -161,3 +161,117 @@ def default_model_tolerance(chars: int = 60_000) -> F32Tolerance:
     p = eng.params
     ids = eng.encode(read_text8_split(need(TEXT8), "test")[:chars]).astype(np.int64)
     return isan_float32_tolerance(p.W, p.b, p.W_ro, p.b_ro, p.h0, ids)
+
+
+def readout_tolerance(W_ro, b_ro, states, state_tol: float, u: float = U32) -> float:
+    """Tolerance of logits ``W_ro h + b_ro`` (absolute, any component) read out in precision ``u`` from
+    states within ``state_tol`` of exact: the state's error carried by the readout
+    (``max_v sum_j |W_ro[v, j]|`` times it) plus Higham's worst case for the readout's own d + 1
+    roundings, ``gamma(d + 1)`` times ``|W_ro| |h| + |b_ro|`` at the largest of ``states`` (..., d).
+
+    A distribution ``softmax(logits)`` is then within ``2 (e^t - 1) <= 2.01 t`` of exact in every
+    probability (t below 5e-3), since each log-probability moves by at most twice the logits' error."""
+    W_ro, b_ro = np.abs(np.asarray(W_ro, np.float64)), np.abs(np.asarray(b_ro, np.float64))
+    S = np.abs(np.asarray(states, np.float64)).reshape(-1, W_ro.shape[1])
+    own = gamma(W_ro.shape[1] + 1, u) * float((S @ W_ro.T + b_ro).max())
+    return float(W_ro.sum(1).max()) * state_tol + own
+
+
+def isan_worst_case(W, b, W_ro, b_ro, h0, ids, u: float = U32) -> tuple[np.ndarray, np.ndarray]:
+    """Higham's worst-case bounds (module docstring) on a short ISAN scan in precision ``u``, any order
+    of summation: the state after t characters rounds ``t (d + 1)`` times along a path, its readout
+    ``d + 1`` more, so
+
+        |H_t - exact| <= gamma(t (d + 1)) |H|_t,  |logits_t - exact| <= gamma((t + 1)(d + 1)) (|W_ro| |H|_t + |b_ro|)
+
+    with ``|H|`` the scan run on absolute values (``|W[x]| |h| + |b[x]|`` from ``|h0|``). Useful while
+    the bound stays a few times below the values compared (a dozen steps); a product of many ``|W|``
+    grows past any use, where :func:`isan_float32_tolerance` applies. Adding the sum of a (T + 1)-term
+    attribution is covered by adding T + 1 to the depth (the caller's ``gamma``).
+
+    Args:
+        W (K, d, d), b (K, d), W_ro (V, d), b_ro (V,), h0 (d,): the model; ids (T,) int.
+
+    Returns:
+        (state bounds (T, d), logits bounds (T, V)) float64, the logits read out after each character.
+
+    Raises:
+        ValueError: the depth reaches ``1 / u`` (no bound).
+    """
+    W, b, W_ro, b_ro, h = (np.abs(np.asarray(a, np.float64)) for a in (W, b, W_ro, b_ro, h0))
+    d = W.shape[1]
+    H = np.empty((len(ids), d))
+    for t, x in enumerate(np.asarray(ids, np.int64)):
+        h = W[x] @ h + b[x]
+        H[t] = h
+    steps = np.arange(1, len(ids) + 1)[:, None]
+    g_state = np.array([gamma(int(n) * (d + 1), u) for n in steps[:, 0]])[:, None]
+    g_logits = np.array([gamma((int(n) + 1) * (d + 1), u) for n in steps[:, 0]])[:, None]
+    return g_state * H, g_logits * (H @ W_ro.T + b_ro)
+
+
+#: float32 roundings along one element's path through a cell's elementwise part (the products, sums and
+#: transcendental functions after its inner products), a transcendental function counted as 4 (libm's
+#: tanhf, expf and logf are within 2 ulp, 4 u): rnn tanh; irnn relu (exact) and nothing; gru two
+#: sigmoids (3 operations and a tanh each), r * (.), tanh, (1 - z), two products and a sum; lstm three
+#: sigmoids, two tanh, three products and a sum
+CELL_ROUNDINGS = {"rnn": 4, "irnn": 1, "gru": 24, "lstm": 32}
+
+
+def _signs(rng, shape) -> np.ndarray:
+    return rng.choice([-1.0, 1.0], shape)
+
+
+def baseline_float32_tolerance(p, ids, state0=None, samples: int = 8, seed: int = 0,
+                               eps: float = EPS) -> F32Tolerance:
+    """Derived float32 tolerances of a recurrent baseline (rnn, irnn, gru, lstm; a
+    :class:`isan.engine.baselines.recurrent.BaselineParams`) scoring ``ids`` from ``state0``, against its
+    float64 reference, by the probabilistic model of this module (Higham and Mary 2019) sampled through the
+    nonlinear cell: at each step the input term (``E[x]``, or ``W_ih emb[x] + b_ih``: e + 1 terms) and the
+    recurrent inner products (``W_hh h``, d terms, plus ``b_hn``) round to a pre-activation error of
+    ``sqrt(d + e + 2) u32`` times their terms' magnitudes, with random signs; the cell's elementwise part to
+    ``sqrt(CELL_ROUNDINGS[kind]) u32`` of the new state, random signs; the readout and log-softmax as in
+    :func:`isan_float32_tolerance`. ``samples`` perturbed float64 runs; each tolerance is ``lam`` (for
+    ``eps`` over the outputs) times the largest root mean square deviation from the exact run.
+
+    Args:
+        p: the baseline's float64 parameters; ids (T,) int; state0 (S,): default ``p.initial_state()``.
+
+    Returns:
+        F32Tolerance, bits; ``state`` covers the flat state (h, and c for the LSTM).
+    """
+    from isan.engine.baselines.recurrent import baseline_step_ref
+
+    t_ = p.tensors
+    d, V, T = p.d, p.V, len(ids)
+    rng = np.random.default_rng(seed)
+    table = p.input_table()
+    if "E" in t_:
+        mag_in, e = np.abs(t_["E"]), 0
+    else:
+        mag_in, e = np.abs(t_["emb"]) @ np.abs(t_["W_ih"]).T + np.abs(t_["b_ih"]), t_["emb"].shape[1]
+    absW = np.abs(t_["W_hh"])
+    b_hn = np.concatenate([np.zeros(2 * d), np.abs(t_["b_hn"])]) if p.kind == "gru" else 0.0
+    g_pre, g_cell = math.sqrt(d + e + 2) * U32, math.sqrt(CELL_ROUNDINGS[p.kind]) * U32
+    g_out, g_sm = math.sqrt(d + 1) * U32, math.sqrt(2 * V + 2) * U32
+    W_ro, b_ro = t_["W_ro"], t_["b_ro"]
+    s = np.asarray(p.initial_state() if state0 is None else state0, np.float64)
+    S = np.repeat(s[None], samples, 0)
+    rms_bits, dev_total, rms_total, rms_state = np.zeros(T), np.zeros(samples), np.zeros(T), 0.0
+    for t, x in enumerate(np.asarray(ids, np.int64)):
+        logits = W_ro @ s[:d] + b_ro
+        L = S[:, :d] @ W_ro.T + b_ro + g_out * (np.abs(S[:, :d]) @ np.abs(W_ro).T + np.abs(b_ro)) * _signs(
+            rng, (samples, V))
+        lse = np.abs(logits).max() + math.log(V)
+        dev = _bits_of(L.T, x) - _bits_of(logits[:, None], x)[0] + g_sm * lse / math.log(2.0) * _signs(rng, samples)
+        rms_bits[t] = math.sqrt(float(np.mean(dev ** 2)))
+        dev_total += dev
+        rms_total[t] = math.sqrt(float(np.mean(dev_total ** 2)))
+        s = baseline_step_ref(p, s, table[x])
+        for k in range(samples):
+            mag = mag_in[x] + absW @ np.abs(S[k, :d]) + b_hn
+            new = baseline_step_ref(p, S[k], table[x] + g_pre * mag * _signs(rng, mag.shape))
+            S[k] = new * (1.0 + g_cell * _signs(rng, new.shape))
+        rms_state = max(rms_state, float(np.sqrt(np.mean((S - s) ** 2, axis=0)).max()))
+    return F32Tolerance(bits=lam(T, eps) * float(rms_bits.max()), total_bits=lam(T, eps) * float(rms_total.max()),
+                        state=lam(T * len(s), eps) * rms_state, chars=T)
