@@ -110,7 +110,8 @@ def run_to_the_end(server) -> None:
 
 @click.command(cls=ServeCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65_535))
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65_535),
+              help="TCP port (0: one the system picks).")
 @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
 @click.option("--path", "path_mode", type=click.Choice(list(PATH_CHOICES)), default="auto", show_default=True,
               help="The engine's path (auto: composed with a trie table, else chunked; chunked: chunk-parallel, no "
