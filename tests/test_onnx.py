@@ -32,8 +32,7 @@ from isan.export.onnx_export import (  # noqa: E402
 from isan.train.baselines import BASELINES, baseline_param_count  # noqa: E402
 
 from conftest import random_params  # noqa: E402
-from tolerances import (F32Tolerance, baseline_float32_tolerance, isan_float32_tolerance,  # noqa: E402
-                        isan_worst_case, readout_tolerance)
+from tolerances import bundle_float32_tolerance as f32_tol, isan_worst_case, readout_tolerance  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 TEXT8_HEAD = DATA / "text8_head" / "text8_head.txt"
@@ -115,26 +114,6 @@ def torch_bits(module, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         bits = (-lp[torch.arange(len(ids)), x[:, 0]] / np.log(2.0)).numpy()
     flat = torch.cat(state, 1) if isinstance(state, tuple) else state
     return bits, flat[0].double().numpy()
-
-
-_tols: dict = {}
-
-
-def f32_tol(bundle: Path, ids: np.ndarray, state0=None) -> tuple[F32Tolerance, np.ndarray, np.ndarray]:
-    """(the derived float32 tolerance of scoring ``ids`` from ``state0`` (default the initial state) with the
-    bundle's model, its W_ro, its b_ro), cached per bundle, text and state."""
-    key = (str(bundle), ids.tobytes(), None if state0 is None else np.asarray(state0).tobytes())
-    if key not in _tols:
-        if read_manifest(bundle)["kind"] == "isan":
-            from isan.engine import Engine
-
-            p = Engine.load(bundle, path_mode="reference").params.astype(np.float64)
-            h0 = p.h0 if state0 is None else np.asarray(state0, np.float64)
-            _tols[key] = (isan_float32_tolerance(p.W, p.b, p.W_ro, p.b_ro, h0, ids, samples=4), p.W_ro, p.b_ro)
-        else:
-            _, p, _ = load_baseline_bundle(bundle)
-            _tols[key] = (baseline_float32_tolerance(p, ids, state0, samples=4), p.tensors["W_ro"], p.tensors["b_ro"])
-    return _tols[key]
 
 
 def copy_bundle(src: Path, dst: Path) -> Path:

@@ -275,3 +275,30 @@ def baseline_float32_tolerance(p, ids, state0=None, samples: int = 8, seed: int 
         rms_state = max(rms_state, float(np.sqrt(np.mean((S - s) ** 2, axis=0)).max()))
     return F32Tolerance(bits=lam(T, eps) * float(rms_bits.max()), total_bits=lam(T, eps) * float(rms_total.max()),
                         state=lam(T * len(s), eps) * rms_state, chars=T)
+
+
+_bundle_tolerances: dict = {}
+
+
+def bundle_float32_tolerance(bundle, ids, state0=None) -> tuple[F32Tolerance, np.ndarray, np.ndarray]:
+    """(the derived float32 tolerance of scoring ``ids`` from ``state0`` (default the model's initial state)
+    with the ISAN or recurrent baseline of a bundle directory, its W_ro (V, d), its b_ro (V,)), four samples
+    (:func:`isan_float32_tolerance`, :func:`baseline_float32_tolerance`), cached per bundle, text and state."""
+    from isan.engine.baselines.recurrent import load_baseline_bundle
+    from isan.engine.bundle import read_manifest
+
+    ids = np.asarray(ids)
+    key = (str(bundle), ids.tobytes(), None if state0 is None else np.asarray(state0).tobytes())
+    if key not in _bundle_tolerances:
+        if read_manifest(bundle)["kind"] == "isan":
+            from isan.engine import Engine
+
+            p = Engine.load(bundle, path_mode="reference").params.astype(np.float64)
+            h0 = p.h0 if state0 is None else np.asarray(state0, np.float64)
+            tol = isan_float32_tolerance(p.W, p.b, p.W_ro, p.b_ro, h0, ids, samples=4)
+            _bundle_tolerances[key] = (tol, p.W_ro, p.b_ro)
+        else:
+            _, p, _ = load_baseline_bundle(bundle)
+            tol = baseline_float32_tolerance(p, ids, state0, samples=4)
+            _bundle_tolerances[key] = (tol, p.tensors["W_ro"], p.tensors["b_ro"])
+    return _bundle_tolerances[key]
