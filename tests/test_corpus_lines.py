@@ -114,4 +114,4 @@ def test_the_guide_states_the_limits_the_code_has():
     guide = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "corpora.md").read_text(encoding="utf-8")
     assert MAX_LINE_BYTES % (1 << 20) == 0 and HOLD_BYTES % (1 << 20) == 0
     assert f"`--max-line-bytes` (default {MAX_LINE_BYTES >> 20} MiB)" in guide
-    assert f"held in memory up to {HOLD_BYTES >> 20} MiB of their lines" in guide
+    assert f"held in memory up to {HOLD_BYTES >> 20} MiB (their lines' bytes and each line's" in guide

@@ -178,3 +178,15 @@ def test_frames_skippable_frames_and_checksums_read_whole(texts):
     cut = io.BufferedReader(ZstdFrames(io.BytesIO(blob[:-20]), zstandard), 1 << 20)
     with pytest.raises(EOFError, match="cut short"):
         cut.read()
+
+
+def test_many_short_lines_count_what_holding_them_costs(tmp_path, monkeypatch):
+    """A held line costs its bytes and its bookkeeping (LINE_COST): 2,000 lines of 2 bytes pass a hold
+    of 100 lines' cost, so the frame is checked ahead, although their bytes alone are far below it."""
+    calls = []
+    check = lines_module.check_frame
+    monkeypatch.setattr(lines_module, "check_frame", lambda *a: calls.append(a) or check(*a))
+    path = tmp_path / "short.txt.zst"
+    path.write_bytes(_zst_frames(b"x\n" * 2000, 1)[0])
+    got = list(lines_module.checked_lines(str(path), hold_bytes=100 * lines_module.LINE_COST))
+    assert len(got) == 2000 and 2000 * 2 < 100 * lines_module.LINE_COST and len(calls) == 1

@@ -1,7 +1,9 @@
 """Corpus scoring: score every document of a corpus (JSONL, Parquet, text) with an ISAN, on this
 machine or on a Ray cluster, into resumable Parquet shards (see :func:`score_corpus`).
 
-Rooms: :mod:`~isan.engine.corpus.readers` (inputs and formats), :mod:`~isan.engine.corpus.scoring`
+Rooms: :mod:`~isan.engine.corpus.readers` (inputs and formats), :mod:`~isan.engine.corpus.frames`
+(compressed files as checked gzip members and zstd frames), :mod:`~isan.engine.corpus.lines` (lines in
+bounded memory, each once its frame checked out), :mod:`~isan.engine.corpus.scoring`
 (documents to rows, batched), :mod:`~isan.engine.corpus.writers` (the output's layout),
 :mod:`~isan.engine.corpus.job` (the job and the local runner), :mod:`~isan.engine.corpus.parts` (one input
 file into its parts, what every runner shares), :mod:`~isan.engine.corpus.workers` (the local runner's worker

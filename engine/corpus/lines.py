@@ -17,6 +17,8 @@ Two guarantees for every line-based format (JSONL, text one document a line):
 
 from __future__ import annotations
 
+import struct
+import sys
 from collections import deque
 from dataclasses import dataclass
 from typing import Iterator
@@ -25,8 +27,8 @@ from isan.engine.corpus.frames import InputFileError, check_frame, decode_errors
 
 #: the longest line kept, in bytes (a longer one is its document's error); ``--max-line-bytes``
 MAX_LINE_BYTES = 64 << 20
-#: decoded bytes of a frame's lines held in memory until the frame checks out (a larger frame is
-#: checked first, in a second reading of the file)
+#: memory a frame's lines may take while they are held until the frame checks out: their bytes and
+#: :data:`LINE_COST` each (a frame with more is checked first, in a second reading of the file)
 HOLD_BYTES = 64 << 20
 
 #: a byte to 1 when it is not blank (what ``bytes.strip()`` keeps), else 0: one ``translate`` a piece,
@@ -34,7 +36,7 @@ HOLD_BYTES = 64 << 20
 _NONBLANK_FLAGS = bytes(0 if c in b" \t\n\r\x0b\x0c" else 1 for c in range(256))
 
 
-@dataclass
+@dataclass(slots=True)
 class Line:
     """A non-blank line: its number (1-based, blank lines counted), its bytes (with the line break;
     None when it is longer than the limit), its length in bytes, and the file's position (bytes of
@@ -44,6 +46,12 @@ class Line:
     raw: bytes | None
     length: int
     file_pos: int = -1
+
+
+#: bytes a held line costs besides its own: the Line, its bytes object's header, its int fields
+#: past the small-int cache, and its deque slot (so that many short lines are held within the limit too)
+LINE_COST = (sys.getsizeof(Line(1 << 40, b"", 0, 1 << 40)) + sys.getsizeof(b"") + 2 * sys.getsizeof(1 << 40)
+             + struct.calcsize("P"))
 
 
 class LineSplitter:
@@ -203,7 +211,7 @@ class _HeldLines:
                 yield line
             else:
                 self.held.append(line)
-                self.held_bytes += min(line.length, self.split.max)
+                self.held_bytes += (line.length if line.raw is not None else 0) + LINE_COST
 
     def _release(self) -> Iterator[Line]:
         pos = _tell(self.raw)

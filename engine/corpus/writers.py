@@ -7,10 +7,11 @@ Layout of ``--out DIR``::
     DIR/shards/KEY.done.json              written last: the file is complete (parts, totals, file error)
     DIR/summary.json                      totals over every completed input file, and this run's speed
 
-``KEY`` is the input's file name and a hash of its path. Every file is written to a temporary
-sibling and renamed when complete (:mod:`isan.atomic`), so a killed job leaves complete files or
-none; a re-run skips the parts and files already there and writes the same bytes as an
-uninterrupted run would have.
+``KEY`` is the input's file name and a hash of its path (the path resolved to one spelling by
+:func:`~isan.engine.corpus.readers.resolve_input`, as the ``source`` column holds it). Every file
+is written to a temporary sibling and renamed when complete (:mod:`isan.atomic`), so a killed job
+leaves complete files or none; a re-run skips the parts and files already there and writes the
+same bytes as an uninterrupted run would have.
 
 Columns of a part (one row a document): ``id`` (string), ``source`` (the input path), ``index``
 (position in the file; -1 for a row that records a file error), ``chars_read``, ``chars_scored``
