@@ -41,3 +41,29 @@ def test_readers_on_the_cpu_names_workers(tmp_path, doc, monkeypatch):
     r = CliRunner().invoke(main, ["corpus", "score", str(doc), "--out", str(tmp_path / "out"), "--readers", "2"])
     assert r.exit_code == 2 and "--workers N" in r.output and "--device cuda" in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1
+
+
+def test_ctrl_c_says_what_was_kept_and_a_rerun_resumes(tmp_path, monkeypatch):
+    """Ctrl-C printed only "Aborted!": it now says how many parts this run wrote and kept, exit 130,
+    and the same command run again resumes from them."""
+    from isan.engine.corpus.scoring import DocScorer
+
+    src = tmp_path / "a.jsonl"
+    src.write_text("".join(json.dumps({"id": f"d{i}", "text": f"document number {i}"}) + "\n" for i in range(12)))
+    score = DocScorer.score
+    calls = []
+
+    def interrupted_at_the_third_part(self, docs):
+        calls.append(len(docs))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return score(self, docs)
+
+    monkeypatch.setattr(DocScorer, "score", interrupted_at_the_third_part)
+    args = ["corpus", "score", str(src), "--out", str(tmp_path / "out"), "--part-docs", "4", "--no-progress"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 130 and "Aborted" not in r.output, r.output
+    assert "this run wrote 2 parts; 2 parts (0 complete input files) are kept" in r.output
+    assert "run the same command again to resume" in r.output
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0 and "12 documents in 1 file" in r.output and calls == [4, 4, 4, 4], r.output
