@@ -44,7 +44,7 @@ def f32_tol(params, text: str):
 
 
 @pytest.fixture(scope="module")
-def test_tol(params, text8_test):
+def split_tol(params, text8_test):
     """The tolerance on the test split: derived on its first 20,000 characters, carried to 500,000."""
     return f32_tol(params, text8_test[:20_000]).for_chars(len(text8_test))
 
@@ -73,18 +73,18 @@ def test_recipe_is_sensible(recipe):
     assert max(len(k) for k in keys) <= 12
 
 
-def test_composed_equals_reference_on_the_test_split(engine, text8_test, test_tol):
+def test_composed_equals_reference_on_the_test_split(engine, text8_test, split_tol):
     """Per-character bits, total bits and the final state within the derived tolerances; the composed path
     forced (a text this long would otherwise go chunk-parallel)."""
     ref = engine.with_path("reference").score(text8_test, per_char=True)
     comp = engine.score(text8_test, per_char=True, path="composed")
     assert engine.path == "composed" and comp.chars == 500_000 and comp.scoring == {"path": "composed"}
-    np.testing.assert_allclose(comp.per_char_bits, ref.per_char_bits, atol=test_tol.bits, rtol=0)
-    assert abs(comp.bits - ref.bits) <= test_tol.total_bits
-    assert np.abs(comp.state.h - ref.state.h).max() <= test_tol.state
+    np.testing.assert_allclose(comp.per_char_bits, ref.per_char_bits, atol=split_tol.bits, rtol=0)
+    assert abs(comp.bits - ref.bits) <= split_tol.total_bits
+    assert np.abs(comp.state.h - ref.state.h).max() <= split_tol.state
     np.testing.assert_allclose(engine.advance(text8_test[:50_000], path="composed").h,
                                engine.with_path("reference").advance(text8_test[:50_000]).h, rtol=0,
-                               atol=test_tol.state)
+                               atol=split_tol.state)
 
 
 def test_default_model_composed_equals_reference(default_engine, text8_test):
