@@ -99,6 +99,13 @@ class F32Tolerance:
         """The tolerances between two float32 computations (each within these of the exact result)."""
         return F32Tolerance(2 * self.bits, 2 * self.total_bits, 2 * self.state, self.chars)
 
+    def in_precision(self, u: float) -> "F32Tolerance":
+        """These tolerances for the same computation rounded at unit roundoff ``u`` (``U64``: float64): the
+        probabilistic model injects errors proportional to the unit roundoff and carries them linearly, so
+        every tolerance scales by ``u / U32``."""
+        k = u / U32
+        return F32Tolerance(k * self.bits, k * self.total_bits, k * self.state, self.chars)
+
 
 def _bits_of(logits: np.ndarray, x: int) -> np.ndarray:
     """-log2 softmax(logits)[x] for each column of ``logits`` (V, k)."""
