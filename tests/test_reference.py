@@ -9,6 +9,7 @@ from isan.engine.reference import score_ref, states_ref  # noqa: E402
 from isan.params import ISANParams, isan_param_count, largest_isan_d  # noqa: E402
 from isan.train.models import ISAN  # noqa: E402
 from isan.train.scan import isan_scan, isan_scan_ref  # noqa: E402
+from tolerances import U64, isan_float32_tolerance  # noqa: E402
 
 LN2 = np.log(2.0)
 
@@ -35,7 +36,8 @@ def test_paper_parameter_count():
 
 @pytest.mark.parametrize("use_default", [False, True])
 def test_torch_forward_matches_numpy_reference(use_default, text8_valid_head, request):
-    """Per-character bits within 1e-4 and final state within 1e-4 (relative) on real text."""
+    """Per-character bits and the final state on real text, both in float64: within twice the tolerance
+    derived from the computation (tests/tolerances.py) carried to float64."""
     from isan.alphabet import Alphabet
 
     ids = Alphabet.text8().encode(text8_valid_head[:5000])
@@ -52,20 +54,30 @@ def test_torch_forward_matches_numpy_reference(use_default, text8_valid_head, re
         with torch.no_grad():
             model.b.normal_(0, 0.5)
             model.h0.normal_()
+            for q in model.parameters():  # the weights numpy_params() gives (float32 values), in float64
+                q.copy_(q.float().double())
     p64 = params_of(model).astype(np.float64)
     bits_ref, h_ref = score_ref(p64, ids, p64.h0)
     bits_t, h_t = torch_bits_and_state(model, ids)
-    np.testing.assert_allclose(bits_t, bits_ref, atol=1e-4, rtol=0)
-    assert np.abs(h_t - h_ref).max() <= 1e-4 * max(1.0, np.abs(h_ref).max())
+    tol = isan_float32_tolerance(p64.W, p64.b, p64.W_ro, p64.b_ro, p64.h0, ids, samples=4).in_precision(U64).twice()
+    np.testing.assert_allclose(bits_t, bits_ref, atol=tol.bits, rtol=0)
+    assert np.abs(h_t - h_ref).max() <= tol.state
 
 
 def test_torch_float32_forward_close_to_reference(text8_valid_head):
+    """The float32 forward within the tolerance derived from the computation (tests/tolerances.py); b and h0
+    drawn (at initialisation they are zero, and the state would stay zero)."""
     model = ISAN(27, 27, 24, seed=3)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        model.b.normal_(0, 0.5)
+        model.h0.normal_()
     ids = __import__("isan.alphabet", fromlist=["Alphabet"]).Alphabet.text8().encode(text8_valid_head[:3000])
     p64 = params_of(model).astype(np.float64)
     bits_ref, _ = score_ref(p64, ids, p64.h0)
     bits_t, _ = torch_bits_and_state(model, ids)
-    np.testing.assert_allclose(bits_t, bits_ref, atol=1e-4)
+    tol = isan_float32_tolerance(p64.W, p64.b, p64.W_ro, p64.b_ro, p64.h0, ids, samples=4)
+    np.testing.assert_allclose(bits_t, bits_ref, atol=tol.bits, rtol=0)
 
 
 @pytest.mark.parametrize("impl", ["sorted", "dense"])
