@@ -285,7 +285,9 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
         elif workers > 1:
             from isan.engine.corpus.workers import run_workers
 
-            records, facts = run_workers(paths, cfg, shards, workers, threads or 1, on_part=on_part)
+            # without a bar, workers that take whole files need not report their parts (a manager process fewer)
+            records, facts = run_workers(paths, cfg, shards, workers, threads or 1,
+                                         on_part=on_part if bar.bar is not None else None)
             where = {"runner": "local", **facts}
         else:
             scorer = DocScorer(engine, cfg.options(threads))
