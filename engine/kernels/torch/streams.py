@@ -33,7 +33,11 @@ expert, and a row never gathers its own ``W[x]``, 187 KB a row a step at d = 216
 kernel; never TF32, whatever the process set: on CUDA a call holds torch's process-wide
 setting at IEEE through a lock shared with the other calls, :mod:`~isan.engine.kernels.torch.precision`) or float64 (the exact
 reference on the device: bits within about 1e-12 of the float64 numpy reference of the model's
-weights, which bundles store in float32). The arrays of the contract (``H`` and ``bits``) stay
+weights, which bundles store in float32). In float64 the products of the ``"mm"`` step and of the
+readout are made from pieces whose GEMM sums are exact (:mod:`~isan.engine.kernels.torch.ozaki`), so
+the order a BLAS adds in cannot show: the bits are the same bytes whatever torch's thread count,
+the machine's load and the other rows of the call, for six times a product's arithmetic (the fused
+Triton step's float64 products are Triton's own). The arrays of the contract (``H`` and ``bits``) stay
 numpy on the host: the span of ``ids`` and ``bits`` the rows read is copied to the device once a
 call and back once at its end.
 
@@ -57,6 +61,7 @@ import torch
 
 from isan.engine.guard import MAX_STATE_ABS
 from isan.engine.kernels.streams import SCHED_FRAC, StreamModel, StreamsResult, _check, _check_frac
+from isan.engine.kernels.torch import ozaki
 from isan.engine.kernels.torch.precision import matmul_tf32
 
 #: Steps a block runs between synchronisations when rows are not in pairs (with pairs: ``check_every``)
@@ -96,6 +101,10 @@ class _DeviceModel:
     WT_ext: torch.Tensor | None = field(default=None, repr=False)  # WT and an identity for symbol K (triton)
     width: int = 0  # the row stride of the states: d + 1, or padded for the Triton step
     RoT_w: torch.Tensor | None = field(default=None, repr=False)  # RoT with zero rows to the width
+    # float64: the weights split for exact products (ozaki.split_right): WT's (K, d + 1, 2 (d + 1))
+    # for the "mm" step, RoT_w's (width, 2 V) for the readout; None in float32
+    WT_split: torch.Tensor | None = field(default=None, repr=False)
+    RoT_split: torch.Tensor | None = field(default=None, repr=False)
 
 
 class TorchStreams:
@@ -216,6 +225,9 @@ class TorchStreams:
                 dm.width = self._grouped.padded(d + 1)
                 dm.RoT_w = torch.zeros((dm.width, V), dtype=dm.RoT.dtype, device=dm.RoT.device)
                 dm.RoT_w[: d + 1] = dm.RoT
+            if self.dtype == "float64":  # products whose sums are exact: the same bytes in any order
+                dm.RoT_split = ozaki.split_right(dm.RoT_w)
+                dm.WT_split = ozaki.split_right(dm.WT) if self.step == "mm" else None
             self._model = dm
         return dm
 
@@ -483,7 +495,10 @@ class _Block:
         alloc = torch.empty if dm.width == dm.d + 1 else torch.zeros
         hist = alloc((self.ro_steps + 1, n_rows, dm.width), dtype=self.Hall.dtype, device=self.Hall.device)
         hist[0, :, : dm.d + 1] = self.Hall.index_select(0, self.rows)
-        scratch = torch.empty_like(hist[0]) if self.runner.step == "mm" else None
+        scratch = None
+        if self.runner.step == "mm":  # the products of a step (float64: each row's pieces by both of W's)
+            scratch = torch.empty_like(hist[0]) if dm.WT_split is None else \
+                hist.new_empty((n_rows * ozaki.LEFT_PIECES, dm.WT_split.shape[2]))
         stopped_at = torch.full((A,), self.n_steps, dtype=torch.int64, device=hist.device)
         j0 = slot = 0
         for j in range(self.n_steps):
@@ -507,14 +522,19 @@ class _Block:
             return
         p = self.perm[j]
         hp = h_in.index_select(0, p)
+        exact = dm.WT_split is not None  # float64: rows split in pieces, products exact (ozaki)
+        f = ozaki.LEFT_PIECES if exact else 1  # rows of the GEMMs' left operand a state row
+        a = ozaki.split_left(hp).view(-1, dm.width) if exact else hp
+        W = dm.WT_split if exact else dm.WT
         s = 0
         for k in np.flatnonzero(self.counts[j, :K]).tolist():
             e = s + int(self.counts[j, k])
-            torch.mm(hp[s:e], dm.WT[k], out=out[s:e])
+            torch.mm(a[f * s : f * e], W[k], out=out[f * s : f * e])
             s = e
-        if s < len(hp):  # rows past their end: carried unchanged
+        res = torch.cat([ozaki.combine(out[: f * s], dm.width), hp[s:]]) if exact else out
+        if not exact and s < len(hp):  # rows past their end: carried unchanged
             out[s:] = hp[s:]
-        h_out.index_copy_(0, p, out)
+        h_out.index_copy_(0, p, res)
 
     def _read_out(self, hist, j0: int, stopped_at, out: "_Out"):
         """Range checks and bits of steps ``j0 ..`` from the states before them (n, A, width)."""
@@ -524,7 +544,9 @@ class _Block:
         live = self.live[j0 : j0 + n]
         bad = ~(_max_abs(hist[:, :, : dm.d], 2) <= self.limit)
         if out.reads_out:
-            L = (hist.reshape(-1, dm.width) @ dm.RoT_w).to(torch.float64).reshape(n, self.A, dm.V)
+            flat = hist.reshape(-1, dm.width)
+            L = (flat @ dm.RoT_w if dm.RoT_split is None else ozaki.matmul(flat, dm.RoT_split))
+            L = L.to(torch.float64).reshape(n, self.A, dm.V)
             tgt = self.sym[j0 : j0 + n].clamp(max=K - 1)
             b = (torch.logsumexp(L, dim=2) - L.gather(2, tgt[:, :, None]).squeeze(2)) * _LOG2E
             bad |= ~torch.isfinite(b)
