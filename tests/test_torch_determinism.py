@@ -192,3 +192,27 @@ def test_float64_documents_same_bytes_whatever_threads_and_batch(engine64, docs)
         for i, (a, b) in enumerate(zip(ref, got)):
             assert np.array_equal(a.view(np.int64), b.view(np.int64)), f"{name}: document {i}"
         assert json.dumps([float(b.sum()) for b in got]) == json.dumps([float(b.sum()) for b in ref])
+
+
+def test_float64_totals_same_bytes_whatever_threads_and_batch(engine64, text8_valid_head):
+    """Each document's total bits reduced by the runner itself (``want_bits="totals"``: one row a
+    document, its bits added step by step) are the same bytes in any batch, order and thread count."""
+    lens = np.random.default_rng(7).integers(1, 200, 30)
+    cuts = np.cumsum(np.r_[0, lens])
+    docs = [engine64.encode(text8_valid_head[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
+
+    def totals(order, batches, threads):
+        out = [None] * len(docs)
+        with _threads(threads):
+            for part in np.array_split(np.array(order), batches):
+                ids = [docs[i] for i in part]
+                vals, _, _ = engine64.score_ids(ids, np.tile(engine64.params.h0, (len(ids), 1)), chunks="none",
+                                                want_bits="totals")
+                for i, v in zip(part, vals):
+                    out[i] = float(v)
+        return json.dumps(out)
+
+    order = list(range(len(docs)))
+    ref = totals(order, 1, 1)
+    assert totals(order, 1, 2) == ref
+    assert totals(order[::-1], 4, 1) == ref

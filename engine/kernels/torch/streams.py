@@ -246,7 +246,8 @@ class TorchStreams:
             pairs, stop_ratio, check_every, limit: as :func:`~isan.engine.kernels.streams.run_streams`.
             threads, split, frac: accepted for the signature and ignored (``frac`` is checked).
             totals: (P,) float64 or None: where each row's sum of the bits it writes goes, reduced
-                on the device (rows without pairs only): with ``bits=None``, no character's bits
+                on the device (rows without pairs only), its bits added one at a time in order (the
+                same bytes whatever the other rows): with ``bits=None``, no character's bits
                 leave the device.
         Returns:
             StreamsResult (total_steps, steps_done, residual, diverged).
@@ -558,7 +559,10 @@ class _Block:
             idx = torch.where(keep, self.pos[j0 : j0 + n], len(out.bits) - 1).reshape(-1)
             out.bits.index_put_((idx,), b.reshape(-1))
             out.written.index_fill_(0, idx, True)
-        if out.totals is not None:  # each row's bits summed over these steps, then over the readouts
-            out.totals.index_add_(0, self.act, torch.where(keep, b, 0.0).sum(dim=0))
+        if out.totals is not None:  # each row's bits added one step at a time, in order: the same sum
+            acc = out.totals.index_select(0, self.act)  # whatever the readouts and the other rows
+            for step_bits in torch.where(keep, b, 0.0).unbind(0):
+                acc = acc + step_bits
+            out.totals.index_copy_(0, self.act, acc)
         self.kept += keep.sum()
         return stopped_at
