@@ -114,7 +114,7 @@ def _bits_of(logits: np.ndarray, x: int) -> np.ndarray:
 
 
 def isan_float32_tolerance(W, b, W_ro, b_ro, h0, ids, samples: int = 8, seed: int = 0,
-                           eps: float = EPS) -> F32Tolerance:
+                           eps: float = EPS, inputs=None) -> F32Tolerance:
     """Derived float32 tolerances of scoring ``ids`` from ``h0`` (the probabilistic model above).
 
     Every inner product of the path rounds: the step ``W[x] h + b[x]`` (d + 1 terms a component), the
@@ -126,7 +126,9 @@ def isan_float32_tolerance(W, b, W_ro, b_ro, h0, ids, samples: int = 8, seed: in
 
     Args:
         W (K, d, d), b (K, d), W_ro (V, d), b_ro (V,), h0 (d,): the model (any float dtype).
-        ids (T,) int: the text.
+        ids (T,) int: the text (the outputs whose bits are scored).
+        inputs (T,) int: the rows of W and b each character reads; default ``ids`` (a token alphabet's
+            ``input_map[ids]`` otherwise).
 
     Returns:
         F32Tolerance, bits.
@@ -138,7 +140,8 @@ def isan_float32_tolerance(W, b, W_ro, b_ro, h0, ids, samples: int = 8, seed: in
     absW, absWro = np.abs(W), np.abs(W_ro)
     E = np.zeros((d, samples))  # the samples' state errors
     rms_bits, rms_total, dev_total, rms_state = np.zeros(T), np.zeros(T), np.zeros(samples), 0.0
-    for t, x in enumerate(np.asarray(ids, np.int64)):
+    reads = np.asarray(ids if inputs is None else inputs, np.int64)
+    for t, (x, xi) in enumerate(zip(np.asarray(ids, np.int64), reads)):
         logits = W_ro @ h + b_ro
         mag = absWro @ np.abs(h) + np.abs(b_ro)
         L = logits[:, None] + W_ro @ E + g_out * mag[:, None] * rng.choice([-1.0, 1.0], (V, samples))
@@ -148,9 +151,9 @@ def isan_float32_tolerance(W, b, W_ro, b_ro, h0, ids, samples: int = 8, seed: in
         rms_bits[t] = math.sqrt(float(np.mean(dev ** 2)))
         dev_total += dev
         rms_total[t] = math.sqrt(float(np.mean(dev_total ** 2)))
-        step = absW[x] @ np.abs(h) + np.abs(b[x])
-        E = W[x] @ E + g_step * step[:, None] * rng.choice([-1.0, 1.0], (d, samples))
-        h = W[x] @ h + b[x]
+        step = absW[xi] @ np.abs(h) + np.abs(b[xi])
+        E = W[xi] @ E + g_step * step[:, None] * rng.choice([-1.0, 1.0], (d, samples))
+        h = W[xi] @ h + b[xi]
         rms_state = max(rms_state, float(np.sqrt(np.mean(E ** 2, axis=1)).max()))
     return F32Tolerance(bits=lam(T, eps) * float(rms_bits.max()), total_bits=lam(T, eps) * float(rms_total.max()),
                         state=lam(T * d, eps) * rms_state, chars=T)
