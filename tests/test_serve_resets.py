@@ -22,6 +22,7 @@ def test_reset_streams_leave_nothing_behind(small_bundle, text8_path, tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
+    assert res["command"].startswith("python -m isan.bench.serve --model ")
     assert res["benchmark"] == "serve_resets" and [x["malloc_mmap_threshold_kib"] for x in res["runs"]] == [128, 0]
     for run in res["runs"]:
         assert [s["streams"] for s in run["samples"]] == [0, 6, 12]

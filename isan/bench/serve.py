@@ -359,6 +359,8 @@ def resets_markdown(res: dict) -> str:
 
 
 def _resets_command():
+    import shlex
+
     import click
 
     @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -387,6 +389,7 @@ def _resets_command():
                              progress=lambda m: click.echo(m, err=True))
         except IsanError as e:
             raise click.ClickException(str(e)) from None
+        res["command"] = shlex.join(["python", "-m", "isan.bench.serve", *sys.argv[1:]])  # argv[0] is this file's path
         click.echo(resets_markdown(res))
         if out:
             write_json(res, out)
