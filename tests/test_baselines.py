@@ -395,6 +395,9 @@ def test_table1_generator(tmp_path):
     assert "256,654" in md and "4,500,000" in md and "315,035" in md
     assert "[log](results/table1/isan-3.2e5/train_log.jsonl)" in md
     assert "[cmd](results/table1/ngram/command.txt)" in md
+    isan_run = next(line for line in md.splitlines() if line.startswith("| ISAN | 3.2e5 |"))
+    assert "1.900 (log)" in isan_run  # no valid.json: the training log's number, marked
+    assert "valid bpc (valid.json)" in md and "A number marked (log)" in md
     lstm_row = next(line for line in md.splitlines() if line.startswith("| LSTM |"))
     assert lstm_row.count(table1.MISSING) == 3 and "1.85" in lstm_row  # ours missing, the paper's shown
     assert table1.parse_result_name("linear_nlro-320000") == ("linear_nlro", "3.2e5")
@@ -413,6 +416,23 @@ def test_table1_generator(tmp_path):
     (root / "isan-3.2e5" / "score.json").write_text("{not json")
     with pytest.raises(IsanError, match="score.json"):
         table1.generate(root, out)
+
+
+def test_table1_valid_column_prefers_valid_json_and_says_the_gap(tmp_path):
+    """A run with valid.json shows that number, unmarked; the note gives the log's gap to it, read from the files."""
+    from isan.train.studies import table1
+
+    root = tmp_path / "results" / "table1"
+    _fake_result(root, "isan-3.2e5", 1.8765, [
+        {"event": "start", "model": {"kind": "isan", "d": 107}, "n_params": 315035},
+        {"event": "done", "stop_reason": "max_chars", "chars_seen": 1, "best_valid_bpc": 1.9031, "train_chars_per_s": 1}])
+    (root / "isan-3.2e5" / "valid.json").write_text(json.dumps({"chars": 500000, "bits": 1.9 * 500000, "bpc": 1.9}))
+    out = tmp_path / "t.md"
+    table1.generate(root, out, plot=None)
+    md = out.read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| ISAN | 3.2e5 |"))
+    assert "| 1.900 |" in row and "(log)" not in row
+    assert "0.0031 to 0.0031 bpc" in md
 
 
 def test_table1_plot(tmp_path):

@@ -518,12 +518,15 @@ def bench_onnx(text: str, repeats: int = 3, stream_chars: int = 50_000, steps: i
     ids = a.encode(text)
     results, rows = {}, []
     with tempfile.TemporaryDirectory() as tmp:
-        isan_dir = export_from_bundle(default_model_path(), Path(tmp) / "isan", onnx=True)
+        src = default_model_path()
+        isan_dir = export_from_bundle(src, Path(tmp) / "isan", onnx=True)
+        isan = Engine.load(isan_dir, path_mode="reference")
+        model = {"source": str(src), "name": src.name, "params_sha256": isan.params_sha256}
         lstm = LSTM.for_budget(27, 27, 1.28e6, seed=0)
         tensors = {k: v.detach().numpy().astype(np.float32) for k, v in lstm.state_dict().items()}
         lstm_dir = write_bundle(Path(tmp) / "lstm", tensors, a, kind="lstm", extra={"model": lstm.config(), "d": lstm.d},
                                 hook=onnx_hook)
-        n_params = {"isan": Engine.load(isan_dir, path_mode="reference").params32.n_params(),
+        n_params = {"isan": isan.params32.n_params(),
                     "lstm": int(sum(v.size for v in tensors.values()))}
         for name, d in (("isan", isan_dir), ("lstm", lstm_dir)):
             r = OnnxRunner.load(d, device=device)
@@ -553,8 +556,10 @@ def bench_onnx(text: str, repeats: int = 3, stream_chars: int = 50_000, steps: i
                        ("batched_chars_per_s", f"batched, {batch} streams (sequence.onnx)")):
         rows.append({"name": label, "isan": results["isan"][key], "lstm": results["lstm"][key],
                      "ratio": results["isan"][key] / results["lstm"][key]})
-    return {"benchmark": "onnx", "machine": machine(), "command": " ".join(["isan"] + sys.argv[1:]),
-            "repeats": repeats, "models": results, "rows": rows}
+    import onnxruntime
+
+    return {"benchmark": "onnx", "machine": machine(), "command": " ".join(["isan"] + sys.argv[1:]), "model": model,
+            "onnxruntime": onnxruntime.__version__, "repeats": repeats, "models": results, "rows": rows}
 
 
 def markdown_onnx(result: dict) -> str:

@@ -340,7 +340,7 @@ def _parentheses(checkpoint, out, chars, seed, seeds=tuple(range(10))):
         t_s[1:] = c_s[:-1]
         streams[s] = (ids_s, t_s, c_s)
     res = studies.study_parentheses(p, sym, ids, target, counts, task.kinds, task.levels, hold=len(sym) - 1,
-                                    out_dir=out, seed_streams=streams)
+                                    out_dir=out, seed_streams=streams, model=str(checkpoint))
     res.update({"checkpoint": str(checkpoint), "seed": seed, "task": task.config(), "more_seeds": list(seeds)})
     # the training run's own validation numbers, for reference
     logf = Path(checkpoint) / "train_log.jsonl"

@@ -81,6 +81,8 @@ class Result:
     stop_reason: str | None
     has_log: bool
     has_command: bool
+    valid_from: str | None = None  # "valid.json" (`isan score` of the bundle) or "log" (the training log's)
+    valid_bpc_log: float | None = None  # the training log's best periodic evaluation (streams from the initial state)
 
 
 def _budget_label(text: str) -> str | None:
@@ -153,15 +155,15 @@ def read_result(path: Path, model: str, budget: str | None) -> Result | None:
     cfg = _read_json(path / "config.json") if (path / "config.json").is_file() else {}
     n_params = cfg.get("n_params", start.get("n_params"))
     d = (cfg.get("model") or start.get("model") or {}).get("d")
+    logged = done.get("valid_bpc") if model == "ngram" else done.get("best_valid_bpc")
     if model == "ngram":
         d = done.get("order")
         n_params = done.get("n_ngrams")
-        valid = valid if valid is not None else done.get("valid_bpc")
-    elif valid is None:
-        valid = done.get("best_valid_bpc")
-    return Result(model, budget, path, float(bpc), s.get("chars"), valid, n_params, d,
+    source = "valid.json" if valid is not None else "log" if logged is not None else None
+    return Result(model, budget, path, float(bpc), s.get("chars"), valid if valid is not None else logged, n_params, d,
                   done.get("chars_seen", done.get("train_chars")), done.get("train_chars_per_s"),
-                  done.get("stop_reason"), (path / "train_log.jsonl").is_file(), (path / "command.txt").is_file())
+                  done.get("stop_reason"), (path / "train_log.jsonl").is_file(), (path / "command.txt").is_file(),
+                  source, logged)
 
 
 def collect_results(results_dir: str | Path) -> dict[tuple[str, str | None], Result]:
@@ -339,7 +341,7 @@ def render_markdown(results: dict[tuple[str, str | None], Result], base: str | P
             cells = [_cell(results.get((kind, b)), base) for b, _ in BUDGETS] + ["n/a"]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {PAPER_TEXT[kind]} |")
     lines += ["", "### Runs: size, validation and training throughput", "",
-              "| model | budget | params | d (n-gram: order) | best valid bpc | test bpc | train chars seen | "
+              "| model | budget | params | d (n-gram: order) | valid bpc (valid.json) | test bpc | train chars seen | "
               "train chars/s | stop | evidence |",
               "|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
     order = [k for k, _ in MAIN_ROWS + VARIANT_ROWS]
@@ -348,13 +350,29 @@ def render_markdown(results: dict[tuple[str, str | None], Result], base: str | P
         r = results[key]
         lines.append(
             f"| {LABELS[r.model]} | {r.budget or 'n/a'} | {_num(r.n_params)} | {_num(r.d)} | "
-            f"{_num(r.valid_bpc, '{:.3f}')} | {r.test_bpc:.3f} | {_num(r.chars_seen)} | "
+            f"{_num(r.valid_bpc, '{:.3f}')}{' (log)' if r.valid_from == 'log' else ''} | {r.test_bpc:.3f} | "
+            f"{_num(r.chars_seen)} | "
             f"{_num(r.train_chars_per_s, '{:,.0f}')} | {r.stop_reason or MISSING} | "
             f"[{r.path.name}/]({_rel(r.path, base)}/) |")
     if not results:
         lines.append("| " + " | ".join([MISSING] * 10) + " |")
-    lines += ["", "n-gram: `params` counts stored n-grams and `train chars/s` is counting speed.", ""]
+    lines += ["", valid_note(results), "",
+              "n-gram: `params` counts stored n-grams and `train chars/s` is counting speed.", ""]
     return "\n".join(lines)
+
+
+def valid_note(results: dict[tuple[str, str | None], Result]) -> str:
+    """What the runs table's valid bpc is: the bundle's `isan score` on the whole valid split (valid.json), not
+    the training log's periodic evaluation, and how far apart the two are in ``results``."""
+    gaps = [r.valid_bpc_log - r.valid_bpc for r in results.values()
+            if r.valid_from == "valid.json" and r.valid_bpc_log is not None and r.model != "ngram"]
+    span = f" Here the log's number minus valid.json's is {min(gaps):.4f} to {max(gaps):.4f} bpc." if gaps else ""
+    return ("`valid bpc`: `isan score --json --text8-split valid` of the exported bundle (each run's valid.json, the "
+            "last command of its command.txt): the whole valid split read as one stream from the initial state. The "
+            "bundle is the checkpoint with the best of the periodic evaluations in the training log "
+            "(`best_valid_bpc`), which split the same text into parallel streams (the run's `valid_streams`), each "
+            "read from the initial state, so that each stream pays for its start again and the log's number is "
+            f"usually a little higher.{span} A number marked (log) is the log's, for a run without valid.json.")
 
 
 README_BEGIN = "<!-- table1:begin (written by python -m isan.train.studies.table1 --readme README.md) -->"
