@@ -1,6 +1,7 @@
 """The derived float tolerances (tests/tolerances.py): they hold for a plain float32 computation of the
-default model on real text, in two summation orders, and they fail a computation that is less exact
-than float32 (matrices rounded to float16), so the tests that use them can fail."""
+default model (and of the recurrent baselines) on real text, in two summation orders, and they fail a
+computation that is less exact than float32 (matrices rounded to float16), so the tests that use them can
+fail; Higham's worst case holds for a short scan in two orders."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from tolerances import U32, F32Tolerance, gamma, isan_float32_tolerance, lam
+from tolerances import (U32, U64, F32Tolerance, baseline_float32_tolerance, gamma, isan_float32_tolerance,
+                        isan_worst_case, lam, readout_tolerance)
 
 CHARS = 5_000
 
@@ -70,3 +72,79 @@ def test_bounds_and_their_algebra():
     assert t.for_chars(10) is t
     longer = t.for_chars(100_000)
     assert longer.bits > t.bits and longer.total_bits == pytest.approx(0.1) and longer.chars == 100_000
+
+
+def test_in_precision_scales_by_the_unit_roundoff():
+    t = F32Tolerance(bits=1e-4, total_bits=1e-2, state=1e-5, chars=1_000)
+    t64 = t.in_precision(U64)
+    assert t64.bits == pytest.approx(1e-4 * U64 / U32) and t64.state == pytest.approx(1e-5 * 2.0 ** -29)
+    assert t64.chars == 1_000 and t.in_precision(U32) == t
+
+
+# ---- the recurrent baselines: the same two checks through their nonlinear cells ------------------------
+def _baseline(kind: str, input: str = "onehot", d: int = 12, seed: int = 0):
+    from isan.engine.baselines.recurrent import baseline_shapes
+
+    cfg = {"kind": kind, "K": 27, "V": 27, "d": d, "input": input, "emb": 5}
+    rng = np.random.default_rng(seed)
+    return cfg, {n: (rng.normal(size=s) * 0.4).astype(np.float32) for n, s in baseline_shapes(cfg).items()}
+
+
+def _baseline_bits32(cfg, tensors, ids):
+    """The numpy twin run in float32 (its arithmetic follows the dtype), bits and the final flat state."""
+    from isan.engine.baselines.recurrent import BaselineParams, baseline_step_ref
+
+    p = BaselineParams.from_tensors(cfg, tensors, dtype=np.float32)
+    table, s, bits = p.input_table().astype(np.float32), p.initial_state().astype(np.float32), []
+    W_ro, b_ro = p.tensors["W_ro"], p.tensors["b_ro"]
+    for x in ids:
+        logits = W_ro @ s[:p.d] + b_ro
+        m = logits.max()
+        bits.append((np.log(np.exp(logits - m).sum()) + m - logits[x]) / np.float32(math.log(2.0)))
+        s = baseline_step_ref(p, s, table[x])
+        assert s.dtype == np.float32
+    return np.array(bits, np.float64), s.astype(np.float64)
+
+
+@pytest.mark.parametrize("kind, input", [("gru", "onehot"), ("lstm", "embedding"), ("rnn", "onehot")])
+def test_baseline_float32_within_its_derived_tolerance_and_float16_not(text8_test, kind, input):
+    from isan.alphabet import Alphabet
+    from isan.engine.baselines.recurrent import BaselineParams, baseline_score_ref
+
+    ids = Alphabet.text8().encode(text8_test[:2_000])
+    cfg, t32 = _baseline(kind, input)
+    p64 = BaselineParams.from_tensors(cfg, t32)
+    ref, s_ref = baseline_score_ref(p64, ids, p64.initial_state())
+    tol = baseline_float32_tolerance(p64, ids)
+    bits, s = _baseline_bits32(cfg, t32, ids)
+    assert np.abs(bits - ref).max() <= tol.bits and np.abs(s - s_ref).max() <= tol.state
+    assert abs(bits.sum() - ref.sum()) <= tol.total_bits
+    bits16, _ = _baseline_bits32(cfg, {k: v.astype(np.float16).astype(np.float32) for k, v in t32.items()}, ids)
+    assert np.abs(bits16 - ref).max() > tol.bits
+
+
+# ---- Higham's worst case on a short scan, and the readout from a state within a tolerance --------------
+def test_worst_case_holds_for_a_short_float32_scan_in_two_orders(case):
+    (W, b, W_ro, b_ro, h0), ids, _, _ = case
+    ids = ids[:3]
+    h_bound, logits_bound = isan_worst_case(W, b, W_ro, b_ro, h0, ids)
+    H = [h0]
+    for x in ids:
+        H.append(W[x] @ H[-1] + b[x])
+    exact = np.array(H[1:])
+    for order in ("blas", "sequential"):
+        h32 = h0.astype(np.float32)
+        for t, x in enumerate(ids):
+            if order == "blas":
+                h32 = W[x].astype(np.float32) @ h32 + b[x].astype(np.float32)
+            else:
+                acc = b[x].astype(np.float32)
+                for j in range(len(h32)):
+                    acc = acc + W[x][:, j].astype(np.float32) * h32[j]
+                h32 = acc
+            assert (np.abs(h32 - exact[t]) <= h_bound[t]).all()
+            logits = W_ro.astype(np.float32) @ h32 + b_ro.astype(np.float32)
+            assert (np.abs(logits - (W_ro @ exact[t] + b_ro)) <= logits_bound[t]).all()
+    assert (h_bound[0] < 1e-3 * np.abs(exact[0]).max()).all()  # one step: far below the values
+    bound = readout_tolerance(W_ro, b_ro, exact, 1e-3)
+    assert bound >= np.abs(W_ro).sum(1).max() * 1e-3 > 0
