@@ -296,3 +296,16 @@ def test_structured_outcome_says_what_it_rests_on():
     assert (f"({engine_cost[0]:,} at d = 384, {engine_cost[1]:,} at d = 512: {engine_cost[0] / dense_cost:.1f} and "
             f"{engine_cost[1] / dense_cost:.1f} times the default's {dense_cost:,})") in page
 
+
+
+def test_training_guide_onnx_table_is_the_committed_run():
+    """The training guide's ONNX table is `markdown_onnx` of bench_results/onnx.json, its ratio range and
+    onnxruntime version those of the file."""
+    from isan.bench.engine import markdown_onnx
+
+    run = load("bench_results/onnx.json")
+    guide = text("docs/guide/training.md")
+    assert markdown_onnx(run) in guide
+    ratios = [row["ratio"] for row in run["rows"]]
+    assert f"{min(ratios):.1f}-{max(ratios):.1f} times as fast" in guide
+    assert f"onnxruntime\n{run['onnxruntime']}" in guide or f"onnxruntime {run['onnxruntime']}" in guide
