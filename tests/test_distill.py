@@ -214,8 +214,10 @@ def test_soft_cross_entropy_is_the_cross_entropy():
     torch.testing.assert_close(soft_cross_entropy(logits, log_q.half()), want, atol=2e-3, rtol=1e-3)
     hard = torch.randint(0, 7, (5, 3), generator=g)  # a one-hot q is the ordinary cross-entropy
     onehot = torch.full((5, 3, 7), -60.0).scatter_(-1, hard.unsqueeze(-1), 0.0)
+    logits = logits.double()  # in float64: the two differ by exp(-60) terms only, far below 1e-12
     torch.testing.assert_close(soft_cross_entropy(logits, onehot),
-                               torch.nn.functional.cross_entropy(logits.reshape(-1, 7), hard.reshape(-1)))
+                               torch.nn.functional.cross_entropy(logits.reshape(-1, 7), hard.reshape(-1)), rtol=0,
+                               atol=1e-12)
 
 
 def test_resume_checks_the_teacher(tmp_path, small_text, teacher_bundle):
