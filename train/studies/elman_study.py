@@ -457,8 +457,8 @@ def write_table(results: Path, readme_out: Path | None = None) -> dict:
     groups = (("esn-paper", ESN_SIZES, "reservoir units n", "The paper's ESN and ESN+ as written (sparse reservoir, "
                "output feedback, RLS readout; eq. 6), run on test text with their own output fed back and, in the "
                "-tf columns, with the feedback teacher-forced:"),
-              ("esn-ours", ESN_SIZES, "reservoir units n", "Our first ESN and ESN+ (issue #15: dense, no feedback, "
-               "ridge; transition ratios instead of eq. 6), kept as named variants:"),
+              ("esn-ours", ESN_SIZES, "reservoir units n", "Our first ESN and ESN+ (the first version of this study: "
+               "dense, no feedback, ridge; transition ratios instead of eq. 6), kept as named variants:"),
               ("npm", NPM_CONTEXTS, "contexts M", "NPMs: the paper's NPM-U, NPM-U+ (eq. 6) and NPM-T (EKF), then our "
                "first NPM-U+ (transition ratios) and NPM-T (Adam):"))
     members = {"esn-paper": ("esn-paper", "esn+-paper", "esn-paper-tf", "esn+-paper-tf"), "esn-ours": ("esn", "esn+"),
