@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU check (issue #35): what a GPU gives isan, measured, and its tests, on a bare GPU machine
-# that got a copy of this working tree. On a lent H200 (bench_results/gpu_h200/) it took 259 s in
+# The GPU check: what a GPU gives isan, measured, and its tests, on a bare GPU machine
+# that got a copy of this working tree. On an H200 with a 16-core Xeon (bench_results/gpu_h200/) it took 259 s in
 # full, 215 s with --no-scaling and 150 s with --gpu-only, the install included.
 #
 # Such a machine has Python 3.12, a CUDA build of torch, numpy, pytest, hypothesis, safetensors,
@@ -10,7 +10,7 @@
 #
 #   bash isan/bench/gpu_check.sh --prepare     # here: those wheels for Python 3.12 and the shared
 #                                              # data, gzipped, into .gpu/ (ignored by git, ~16 MB)
-#   bash isan/bench/gpu_check.sh               # there, with .gpu carried (the device tool's carry)
+#   bash isan/bench/gpu_check.sh               # there, with the .gpu folder copied beside the repository
 #   bash isan/bench/gpu_check.sh --no-scaling  # the same without the CPU scaling tables and the probe
 #   bash isan/bench/gpu_check.sh --gpu-only    # no scaling tables and no probe
 #
@@ -22,14 +22,14 @@
 # ISAN_GPU_SERVE_SECONDS (default 5) each server load's length.
 #
 # The check installs the carried wheels and isan itself (--no-deps --no-build-isolation: the C
-# kernels compile there), starts issue #48's probe (results/structured/probe.sh: three training runs
+# kernels compile there), starts the structured ISAN's probe (results/structured/probe.sh: three training runs
 # on the GPU, in the background) and runs the tests of the torch backend (those marked gpu run on
 # CUDA) meanwhile, then `isan bench gpu --profile` (65,536 documents x 512 characters and the
 # 12.5M-character text8 head, float32 and float64, against the CPU's compiled kernels on all cores:
 # end to end, steps only, the step's kernel alone, and where one call's time goes on the device and
 # on the host), then the 16-core scaling tables: `isan bench engine --threads` (with the fraction of
 # the FMA peak), `isan bench corpus --workers` and `isan bench serve --workers 1,2,4,8`. Results go
-# to $OUT (the device tool's output folder) or .gpu/out: commit them under bench_results/ with the
+# to $OUT (a folder you name) or .gpu/out: commit them under bench_results/ with the
 # machine named.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -52,7 +52,7 @@ PY
     cp "$DATA_SRC/text8_head/text8_head.txt" "$GPU_DIR/data/text8_head/"
     cp "$DATA_SRC/tinyshakespeare/input.txt" "$GPU_DIR/data/tinyshakespeare/"
     cp "$DATA_SRC/wikitext2/"*.txt "$GPU_DIR/data/wikitext2/"
-    # gzip travels a third of the bytes (the device tool carries 64 MiB, the repository included)
+    # gzip makes the copy a third of the bytes (keep the repository and .gpu under 64 MiB to copy)
     find "$GPU_DIR/data" -name '*.txt' -exec gzip -9f {} +
     du -sh "$GPU_DIR"
     exit 0

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 37 on a lent GPU (the device tool; one call, about 9 minutes): three distillation runs at once on
+# On one GPU machine (about 9 minutes): three distillation runs at once on
 # one GPU, each from the ensemble of the four shipped models (the mixture of their next-character
 # distributions; valid 1.6996 bpc, against 1.7308 for the best member, d = 320), with the default's
 # recipe: two students at the default's width (d = 216; A = 0.5 and 0.8) and one at d = 320 (A = 0.5).
