@@ -72,7 +72,7 @@ def test_pieces_are_whole_units_and_sum_back(states, weights):
     s, t = ozaki.piece_bits(217)
     assert s + t + math.ceil(math.log2(217)) <= 53
     for x, dim, n, bits in ((states, 1, ozaki.LEFT_PIECES, s), (weights[0], 0, ozaki.RIGHT_PIECES, t)):
-        pieces = [p.numpy() for p in ozaki._split(x, dim, n, bits)]
+        pieces = [p.numpy() for p in ozaki._split(x, dim, n, bits).unbind(dim)]
         xn = x.numpy()
         e = np.maximum(np.frexp(np.abs(xn).max(axis=dim, keepdims=True))[1], -900)  # max |x| < 2^e
         for i, piece in enumerate(pieces, 1):
@@ -95,7 +95,7 @@ def test_product_is_exact_a_product_of_pieces(states, weights):
         for c in (0, 7, 100, 216):
             for i in range(ozaki.LEFT_PIECES):
                 for j in range(ozaki.RIGHT_PIECES):
-                    exact = sum(Fraction(float(u)) * Fraction(float(v)) for u, v in zip(L[i][r], R[j][:, c]))
+                    exact = sum(Fraction(float(u)) * Fraction(float(v)) for u, v in zip(L[r, i], R[j, :, c]))
                     assert Fraction(float(P[r * ozaki.LEFT_PIECES + i, j * n + c])) == exact
 
 

@@ -62,20 +62,25 @@ def _pow2(e: torch.Tensor) -> torch.Tensor:
     return ((e.to(torch.int64) + 1023) << 52).view(torch.float64)
 
 
-def _split(x: torch.Tensor, dim: int, pieces: int, bits: int) -> list[torch.Tensor]:
-    """``pieces`` float64 tensors shaped as ``x``: piece i (from 1) is a multiple of 2^(e - i bits)
-    of at most 2^bits units, e the exponent of the largest magnitude along ``dim``
-    (max |x| < 2^e), and x minus their sum is under half a unit of the last. Non-finite values
+def _split(x: torch.Tensor, dim: int, pieces: int, bits: int) -> torch.Tensor:
+    """``pieces`` float64 pieces of ``x``, stacked on a new axis inserted at ``dim`` (``unsqueeze``'s
+    rule: (M, pieces, k) from (M, k) at dim 1; (..., k, pieces, n) from (..., k, n) at dim -2).
+
+    With e the exponent of the largest magnitude along ``dim`` (max |x| < 2^e) and u_i = 2^(e - i bits),
+    T_i is x rounded to a whole number of u_i; piece 1 is T_1 and piece i is T_i - T_(i-1), exact, a
+    whole number of u_i of at most 2^bits; x minus their sum (T_last) is under half a u_last. Scalings
+    by powers of two are exact (the exponents stay far from over- and underflow). Non-finite values
     give non-finite pieces (a row with a NaN or an infinity stays non-finite)."""
     mx = torch.linalg.vector_norm(x, ord=math.inf, dim=dim, keepdim=True)
-    e = torch.frexp(torch.nan_to_num(mx, nan=0.0, posinf=0.0)).exponent.clamp(min=_MIN_EXP)
-    out, rest = [], x
-    for i in range(1, pieces + 1):
-        up = _pow2(i * bits - e)  # exact scalings: by powers of two, far from over- and underflow
-        piece = torch.round(rest * up) * _pow2(e - i * bits)
-        out.append(piece)
-        rest = rest - piece  # exact: the rounding error of a multiple of a larger unit
-    return out
+    e = torch.frexp(torch.nan_to_num(mx, nan=0.0, posinf=0.0)).exponent.clamp(min=_MIN_EXP).to(torch.int64)
+    shape = [1] * (x.dim() + 1)
+    shape[dim] = pieces  # the new axis of the pieces: i bits, i = 1 .. pieces, along it
+    shifts = (torch.arange(1, pieces + 1, device=x.device, dtype=torch.int64) * bits).view(shape)
+    e = e.unsqueeze(dim)
+    T = torch.round(x.unsqueeze(dim) * _pow2(shifts - e)) * _pow2(e - shifts)
+    P = T.clone()
+    P.narrow(dim, 1, pieces - 1).sub_(T.narrow(dim, 0, pieces - 1))
+    return P
 
 
 def split_left(a: torch.Tensor, k: int | None = None) -> torch.Tensor:
@@ -89,7 +94,7 @@ def split_left(a: torch.Tensor, k: int | None = None) -> torch.Tensor:
         the left operand of :func:`combine`'s GEMM for rows s..e.
     """
     s, _ = piece_bits(k or a.shape[1])
-    return torch.stack(_split(a, 1, LEFT_PIECES, s), dim=1)
+    return _split(a, 1, LEFT_PIECES, s)
 
 
 def split_right(b: torch.Tensor) -> torch.Tensor:
@@ -101,7 +106,8 @@ def split_right(b: torch.Tensor) -> torch.Tensor:
         (..., k, RIGHT_PIECES * n) float64, contiguous: ``[b_1, b_2]``.
     """
     _, t = piece_bits(b.shape[-2])
-    return torch.cat(_split(b, -2, RIGHT_PIECES, t), dim=-1).contiguous()
+    P = _split(b, -2, RIGHT_PIECES, t)  # (..., k, pieces, n)
+    return P.reshape(*P.shape[:-2], RIGHT_PIECES * P.shape[-1]).contiguous()
 
 
 def combine(p: torch.Tensor, n: int, out: torch.Tensor | None = None) -> torch.Tensor:
