@@ -309,3 +309,15 @@ def test_training_guide_onnx_table_is_the_committed_run():
     ratios = [row["ratio"] for row in run["rows"]]
     assert f"{min(ratios):.1f}-{max(ratios):.1f} times as fast" in guide
     assert f"onnxruntime\n{run['onnxruntime']}" in guide or f"onnxruntime {run['onnxruntime']}" in guide
+
+
+def test_ingest_rows_are_credited_with_the_steps_flops_only():
+    """A committed `isan bench engine` run's ingest row (no readout) counts 2 d (d + 1) FLOPs a character."""
+    from isan.bench.engine import useful_flops_per_char
+
+    run = load("bench_results/engine_epyc.json")
+    d, V = run["model"]["d"], len(run["model"]["alphabet"])
+    (row,) = [r for r in run["rows"] if "no readout" in r["name"]]
+    assert row["useful_gflops"] == pytest.approx(row["chars_per_s"] * useful_flops_per_char(d, V, readout=False) / 1e9)
+    assert row["of_peak"] == pytest.approx(row["useful_gflops"] / run["facts"]["fma_peak"]["gflops_all_threads"])
+    assert row["of_peak"] < 1.0
