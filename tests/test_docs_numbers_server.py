@@ -90,3 +90,25 @@ def test_memory_and_deployment_figures_are_the_committed_runs():
     assert f"answered {h['requests_per_s']:.0f} requests/s on 2 cores (100 clients x 1 KB" in deploy
     assert (f"({h['requests_per_s']:.0f} requests/s at p99 {ms(h['latency_s']['p99'])} ms on 2 cores for 100 clients x "
             f"1 KB; 1,000 streams at {st['frames_per_s']:,.0f} frames/s)") in deploy
+
+
+def test_the_reset_streams_run():
+    """'Memory given back': each run's row, its command, and the claims the text makes of them."""
+    d = load("bench_results/serve_resets_epyc.json")
+    assert f"\n{d['command']}\n" in text(GUIDE)
+    runs = {r["malloc_mmap_threshold_kib"]: r for r in d["runs"]}
+    assert set(runs) == {128, 0}
+    for kib, r in runs.items():
+        assert (r["streams"], r["chars"], r["frames"], r["concurrency"], r["answers_begun"]) == (5000, 40_000, 1, 20, 5000)
+        assert r["streams_open"] == 0 and r["pending_bytes"] == 0 and r["fds_settled"] == r["fds_before"], kib
+        by = {s["streams"]: s["rss_mib"] for s in r["samples"]}
+        during = [s["rss_mib"] for s in r["samples"][1:]]
+        name = "128 (the default)" if kib == 128 else "0 (glibc's own)"
+        assert (f"| {name} | {r['rss_mib_idle']:.0f} | {' / '.join(f'{by[k]:.0f}' for k in (1250, 2500, 3750, 5000))} | "
+                f"{min(during):.0f}-{max(during):.0f} | {r['rss_mib_settled']:.0f} |") in text(GUIDE), kib
+    own = [s["rss_mib"] for s in runs[0]["samples"]]
+    assert f"to {max(own):.0f} MiB, and kept most of it" in prose(GUIDE)
+    assert f"came back to {runs[128]['rss_mib_settled']:.0f} MiB" in prose(GUIDE)
+    assert runs[128]["rss_mib_settled"] < runs[0]["rss_mib_settled"] and max(own) > max(
+        s["rss_mib"] for s in runs[128]["samples"])
+    assert "5,000 WebSocket streams, 20 at a time, each sending 40,000 characters" in prose(GUIDE)
