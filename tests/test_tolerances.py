@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from tolerances import (U32, U64, F32Tolerance, baseline_float32_tolerance, gamma, isan_float32_tolerance,
-                        isan_worst_case, lam, readout_tolerance)
+from tolerances import (U32, U64, F32Tolerance, baseline_float32_tolerance, float64_sums_tolerance, gamma,
+                        isan_float32_tolerance, isan_worst_case, lam, readout_tolerance)
 
 CHARS = 5_000
 
@@ -148,3 +148,18 @@ def test_worst_case_holds_for_a_short_float32_scan_in_two_orders(case):
     assert (h_bound[0] < 1e-3 * np.abs(exact[0]).max()).all()  # one step: far below the values
     bound = readout_tolerance(W_ro, b_ro, exact, 1e-3)
     assert bound >= np.abs(W_ro).sum(1).max() * 1e-3 > 0
+
+
+def test_float64_sums_in_any_order_within_the_bound_and_float32_sums_not(case):
+    """Real per-character bits summed in float64 pairwise (numpy), left to right and right to left stay
+    within float64_sums_tolerance of each other and of the exact sum; the same sum in float32 does not."""
+    _, _, ref, _ = case
+    exact = math.fsum(ref)
+    tol = float64_sums_tolerance(len(ref), exact)
+    seq, rev = 0.0, 0.0
+    for x, y in zip(ref, ref[::-1]):
+        seq, rev = seq + float(x), rev + float(y)
+    for a, b in ((float(ref.sum()), seq), (seq, rev), (rev, exact), (float(ref.sum()), exact)):
+        assert abs(a - b) <= tol
+    assert tol < 1e-9 * exact  # far below the total's float32 rounding (U32 = 6e-8 of it)
+    assert abs(float(ref.astype(np.float32).sum(dtype=np.float32)) - exact) > tol

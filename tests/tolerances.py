@@ -51,6 +51,14 @@ def gamma(n: int, u: float = U32) -> float:
     return n * u / (1.0 - n * u)
 
 
+def float64_sums_tolerance(n: int, total: float) -> float:
+    """The largest difference between two float64 sums of the same ``n`` nonnegative terms (per-character
+    bits) added in any two orders: each is within ``gamma(n - 1, U64)`` times the sum of the terms'
+    magnitudes of the exact sum (Higham, section 4.2), that sum is the total, so they are
+    ``2 gamma(n) |total|`` apart at most (``gamma(n)`` absorbs the total's own rounding)."""
+    return 2.0 * gamma(max(n, 1), U64) * abs(total)
+
+
 def depth_scan(T: int, per_step: int, batch: int = 1, gradient: bool = False) -> int:
     """Roundings along the deepest path of a T-step linear scan whose step costs ``per_step`` roundings
     (an inner product of n terms plus a bias: n + 1); with ``gradient``, the backward scan doubles the
