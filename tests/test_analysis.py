@@ -15,6 +15,7 @@ from isan.engine.baselines.recurrent import BaselineParams, baseline_shapes, bas
 from isan.engine.reference import LOG2E, kappa_ref, log_softmax, segment_kappa_ref, states_ref
 from isan.errors import AttributionCheckError, IsanError
 from isan.params import ISANParams
+from tolerances import U32, gamma
 
 SYMBOLS = tuple(" abcdefghijklmnopqrstuvwxyz")
 
@@ -85,8 +86,8 @@ def test_window_statistics_against_plain_kappa(p64):
         assert st.word_bits_no_space[lag] == pytest.approx(np.mean(w), rel=1e-9)
         assert st.word_bits_spaces_only[lag] == pytest.approx(np.mean(ao), rel=1e-9)
         assert st.word_bits_no_spaces[lag] == pytest.approx(np.mean(an), rel=1e-9)
-        assert st.word_median_spaces_only[lag] == pytest.approx(np.median(ao), rel=1e-6)  # medians kept in float32
-        assert st.word_median_no_spaces[lag] == pytest.approx(np.median(an), rel=1e-6)
+        for med, v in ((st.word_median_spaces_only, ao), (st.word_median_no_spaces, an)):  # of values kept in float32:
+            assert med[lag] == pytest.approx(np.median(v), rel=gamma(2, U32) + 1e-9)  # rounded, or a float32 mean of 2
     # the two readings differ once older spaces exist
     assert np.abs(st.word_bits_spaces_only - st.word_bits_space_only).max() > 1e-3
 
