@@ -7,7 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from isan.engine import Engine
+from isan.engine import Engine, default_model_path
+from tolerances import bundle_float32_tolerance, float64_sums_tolerance
 
 
 def isan(*args, input=None, check=True):
@@ -33,7 +34,8 @@ def test_score_json_matches_library(small_bundle, text8_valid_head, tmp_path):
     assert out["normalization"]["normalizer"] == "none-v1" and out["normalization"]["chars_read"] == 3000
     assert out["bits"] == pytest.approx(lib.bits, rel=1e-12)
     per = json.loads(isan("score", "--model", small_bundle, "--json", "--per-char", "-", input=text8_valid_head[:50]).stdout)
-    assert len(per["per_char_bits"]) == 50 and np.isclose(sum(per["per_char_bits"]), per["bits"])
+    assert len(per["per_char_bits"]) == 50  # the total is their float64 sum, in another order
+    assert abs(sum(per["per_char_bits"]) - per["bits"]) <= float64_sums_tolerance(50, per["bits"])
 
 
 def test_score_text8_split(small_bundle, text8_path, text8_test):
@@ -111,7 +113,10 @@ def test_export_builds_a_table_and_score_uses_it(tmp_path, text8_path):
     text = corpus.read_text()[-5000:]
     comp = json.loads(isan("score", "--model", tmp_path / "bundle", "--json", "-", input=text).stdout)
     ref = json.loads(isan("score", "--model", tmp_path / "bundle", "--json", "--path", "reference", "-", input=text).stdout)
-    assert comp["bits"] == pytest.approx(ref["bits"], rel=1e-6)
+    # the composed float32 path against the float64 reference: within the tolerance derived from the
+    # computation (tests/tolerances.py)
+    tol = bundle_float32_tolerance(tmp_path / "bundle", Engine.load(tmp_path / "bundle").encode(text))[0]
+    assert comp["chars"] == ref["chars"] and abs(comp["bits"] - ref["bits"]) <= tol.total_bits
 
 
 def test_default_model_uses_its_table():
@@ -126,12 +131,15 @@ def test_default_model_to_onnx_and_back(tmp_path, text8_valid_head):
     out = json.loads(isan("export", "default", tmp_path / "onnx-bundle", "--onnx").stdout)
     assert {"model.onnx", "sequence.onnx"} <= set(out["files"])
     text = text8_valid_head[:2000]
+    # onnxruntime's float32 graphs against the engine's float32 path: two float32 computations, within twice
+    # the tolerance derived from the computation (tests/tolerances.py)
+    tol = bundle_float32_tolerance(default_model_path(), Engine.default().encode(text))[0].twice().total_bits
     a = json.loads(isan("score", "--model", tmp_path / "onnx-bundle", "--backend", "onnx", "--json", "-", input=text).stdout)
     b = json.loads(isan("score", "--json", "-", input=text).stdout)
-    assert a["chars"] == b["chars"] == 2000 and a["bits"] == pytest.approx(b["bits"], rel=1e-5)
+    assert a["chars"] == b["chars"] == 2000 and abs(a["bits"] - b["bits"]) <= tol
     # the shipped model has no graphs in the package: they are built into the user cache on first use
     c = json.loads(isan("score", "--backend", "onnx", "--json", "-", input=text).stdout)
-    assert c["chars"] == 2000 and c["bits"] == pytest.approx(b["bits"], rel=1e-5)
+    assert c["chars"] == 2000 and abs(c["bits"] - b["bits"]) <= tol
 
 
 def cli(*args, input=None):
