@@ -4,7 +4,7 @@ splitting of :mod:`isan.engine.kernels.torch.ozaki`), so no GEMM's order of summ
 
 A BLAS GEMM (MKL in torch's x86 builds) rounds a row differently in a call of 3 rows and one of 4,
 at another alignment, or with another number of threads; before the exact products, the same
-documents scored with 1 and 2 torch threads differed in about 40% of the characters' bits.
+documents scored with 1 and 2 torch threads differed in the last bits of many characters' bits.
 """
 
 from __future__ import annotations

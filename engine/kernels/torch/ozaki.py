@@ -16,8 +16,8 @@ a remainder under 2^-(3 s) of that magnitude, s = :func:`piece_bits` (k)[0]); th
 of ``a`` and a piece of ``b`` is then an integer of at most s + t bits times one power of two a row
 and a column, and any sum of k of them an integer of at most s + t + log2(k) <= 53 bits: exact in
 float64, whatever the order, the blocking or the threads of the GEMM that adds them, on any device
-(a GEMM that forms sums of inputs first, as Strassen's algorithm does, would break this; no BLAS
-does in float64). The six products come from one GEMM of (3M, k) x (k, 2n) and are added in one
+(a GEMM that forms sums of inputs first, as Strassen's algorithm does, would break this; MKL,
+OpenBLAS and cuBLAS do not in float64). The six products come from one GEMM of (3M, k) x (k, 2n) and are added in one
 fixed order, smallest first (:func:`combine`), so the result is the same bytes on every run.
 
 Accuracy: the remainders dropped are under 2^-(3 s) of a row's largest magnitude and 2^-(2 t) of
