@@ -36,8 +36,8 @@ reference on the device: bits within about 1e-12 of the float64 numpy reference 
 weights, which bundles store in float32). In float64 the products of the ``"mm"`` step and of the
 readout are made from pieces whose GEMM sums are exact (:mod:`~isan.engine.kernels.torch.ozaki`), so
 the order a BLAS adds in cannot show: the bits are the same bytes whatever torch's thread count,
-the machine's load and the other rows of the call, for six times a product's arithmetic (the fused
-Triton step's float64 products are Triton's own). The arrays of the contract (``H`` and ``bits``) stay
+the machine's load and the other rows of the call, for six times a product's arithmetic (with the
+fused Triton step, whose float64 products are Triton's own, the readout's are plain GEMMs too). The arrays of the contract (``H`` and ``bits``) stay
 numpy on the host: the span of ``ids`` and ``bits`` the rows read is copied to the device once a
 call and back once at its end.
 
@@ -225,9 +225,9 @@ class TorchStreams:
                 dm.width = self._grouped.padded(d + 1)
                 dm.RoT_w = torch.zeros((dm.width, V), dtype=dm.RoT.dtype, device=dm.RoT.device)
                 dm.RoT_w[: d + 1] = dm.RoT
-            if self.dtype == "float64":  # products whose sums are exact: the same bytes in any order
-                dm.RoT_split = ozaki.split_right(dm.RoT_w)
-                dm.WT_split = ozaki.split_right(dm.WT) if self.step == "mm" else None
+            if self.dtype == "float64" and self.step == "mm":  # products whose sums are exact: the same bytes
+                dm.RoT_split = ozaki.split_right(dm.RoT_w)  # in any order (the Triton step's own are not)
+                dm.WT_split = ozaki.split_right(dm.WT)
             self._model = dm
         return dm
 
