@@ -70,7 +70,7 @@ def raise_diverged(W: np.ndarray, b: np.ndarray, ids: np.ndarray, h: np.ndarray,
     off = None if t is None else int(t) + base_offset
     if off is not None:
         ids = np.asarray(ids)
-        run = _repeat_hint(ids, t, symbols)
+        run = repeat_hint(ids, t, symbols)
         msg = (f"the model's state diverges at character offset {off} ({cause}, {where} path){run}; "
                f"the model cannot score this text meaningfully. `{MODEL_CHECK}` lists the letters and "
                "pairs whose repeats make this model diverge")
@@ -79,7 +79,7 @@ def raise_diverged(W: np.ndarray, b: np.ndarray, ids: np.ndarray, h: np.ndarray,
     raise StateDivergedError(msg, offset=off, cause=cause)
 
 
-def _repeat_hint(ids: np.ndarray, t: int, symbols=None) -> str:
+def repeat_hint(ids: np.ndarray, t: int, symbols=None) -> str:
     """", after 15 repeats of 'z'"-style context: the letter or pair of letters repeated up to t."""
     if t is None or t >= len(ids):
         return ""

@@ -241,9 +241,9 @@ _HINT = re.compile(r", after \d+ characters repeating (symbol id [\d+]+|'[^']*'|
 def with_repeat_hint(msg: str, ids: np.ndarray, t: int, symbols=None) -> str:
     """``msg`` with its "after N characters repeating 'z'" hint computed over all of ``ids`` (the
     path that raised may have seen only a chunk or a block of the run)."""
-    from isan.engine.guard import _repeat_hint
+    from isan.engine.guard import repeat_hint
 
-    hint = _repeat_hint(ids, t, symbols)
+    hint = repeat_hint(ids, t, symbols)
     if _HINT.search(msg):
         return _HINT.sub(lambda _: hint, msg, count=1)
     if hint and "path)" in msg:

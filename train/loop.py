@@ -61,7 +61,7 @@ from isan.train.models import build_model
 from isan.train.tasks.parentheses import task_for
 # the run's config and progress, and its directory's files, live in config.py and run_dir.py; their names import from here too
 from isan.train.config import CHECKPOINT_FORMAT, Progress, TrainConfig, alphabet_config  # noqa: F401
-from isan.train.run_dir import RunDirectory, _state_from, _state_tensors  # noqa: F401
+from isan.train.run_dir import RunDirectory
 
 log = logging.getLogger(__name__)
 LN2 = math.log(2.0)

@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from isan.engine.baselines.ngram import (COUNTS_FILE, DEFAULT_ORDERS, NGRAM_KIND, SMOOTHING, TRAIN_LOG, KneserNeyModel,
-                                       _check_ids, bits_per_symbol, max_order, ngram_codes, ngram_sha256)
+                                       check_ids, bits_per_symbol, max_order, ngram_codes, ngram_sha256)
 from isan.errors import IsanError
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def count_ngrams(ids: np.ndarray, K: int, order: int) -> NGramCounts:
     """
     if not 1 <= order <= max_order(K):
         raise IsanError(f"order must be in [1, {max_order(K)}] for an alphabet of {K} symbols; got {order}")
-    ids = _check_ids(ids, K, "train ids")
+    ids = check_ids(ids, K, "train ids")
     t0 = time.perf_counter()
     b = np.uint64(bits_per_symbol(K))
     raw, cont = [], []
@@ -99,7 +99,7 @@ def _choose(train, valid, orders, K):
         raise IsanError("give at least one order to try")
     if K is None:
         K = int(max(np.max(train), np.max(valid) if len(valid) else 0)) + 1
-    valid = _check_ids(valid, K, "valid ids")
+    valid = check_ids(valid, K, "valid ids")
     if len(valid) == 0:
         raise IsanError("the valid split is empty; the order is chosen on valid bpc")
     counts = count_ngrams(train, K, orders[-1])

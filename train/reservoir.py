@@ -87,7 +87,7 @@ from isan.engine.baselines.reservoir import ReservoirParams, reservoir_score_ref
 # the constants, building blocks and our variants (issue #15) live in reservoir_variants.py; their names import from here too
 from isan.train.reservoir_variants import (  # noqa: F401
     ESN_PLUS_SCALE, ESN_RIDGE, KMEANS_ITERS, NPM_SCALE, NPM_UNITS, O_MIN, SPECTRAL_RADIUS, WASHOUT,
-    _scaled_to_radius, cooccurrence_ratios, esn_network, fit_npm, fit_readout, kmeans, npm_bundle_parts, score,
+    scaled_to_radius, cooccurrence_ratios, esn_network, fit_npm, fit_readout, kmeans, npm_bundle_parts, score,
     Scored, states_before, train_esn, train_npm_t, train_npm_u, train_srn, transition_ratios, untrained_network,
 )
 
@@ -108,7 +108,7 @@ def sparse_reservoir(n: int, p_rec: float, rng: np.random.Generator, radius: flo
     ``radius``. A draw whose spectral radius is 0 (e.g. nilpotent when very sparse) is kept as drawn."""
     mask = rng.random((n, n)) < p_rec
     W = np.where(mask, rng.uniform(-1.0, 1.0, (n, n)), 0.0)
-    return _scaled_to_radius(W, radius)
+    return scaled_to_radius(W, radius)
 
 
 @dataclass

@@ -50,7 +50,8 @@ def transition_ratios(ids: np.ndarray, V: int) -> np.ndarray:
     return np.divide(N, tot, out=np.zeros_like(N), where=tot > 0)
 
 
-def _scaled_to_radius(W: np.ndarray, radius: float) -> np.ndarray:
+def scaled_to_radius(W: np.ndarray, radius: float) -> np.ndarray:
+    """``W`` scaled to the spectral radius ``radius`` (unchanged when its radius is 0)."""
     rho = float(np.max(np.abs(np.linalg.eigvals(W)))) if W.size else 0.0
     return W * (radius / rho) if rho > 0 else W
 
@@ -58,7 +59,7 @@ def _scaled_to_radius(W: np.ndarray, radius: float) -> np.ndarray:
 def esn_network(n: int, V: int, rng: np.random.Generator, R: np.ndarray | None = None,
                 radius: float = SPECTRAL_RADIUS) -> tuple[np.ndarray, np.ndarray]:
     """(E (V, n), W_hh (n, n)) of an ESN (R None) or ESN+ (``W_in = T_rand R``)."""
-    W = _scaled_to_radius(rng.uniform(-1.0, 1.0, (n, n)), radius)
+    W = scaled_to_radius(rng.uniform(-1.0, 1.0, (n, n)), radius)
     if R is None:
         W_in = rng.uniform(-1.0, 1.0, (n, V))
     else:

@@ -18,13 +18,16 @@ from isan.errors import CheckpointError
 from isan.train.config import Progress
 
 
-def _state_tensors(state) -> dict:
+def state_tensors(state) -> dict:
+    """A recurrent state (a tensor, or a tuple of them) as the named tensors ``carry.0``, ``carry.1``...
+    of a checkpoint."""
     if isinstance(state, tuple):
         return {f"carry.{i}": s.contiguous() for i, s in enumerate(state)}
     return {"carry.0": state.contiguous()}
 
 
-def _state_from(tensors: dict):
+def state_from_tensors(tensors: dict):
+    """The recurrent state that :func:`state_tensors` wrote: a tensor, or a tuple of them."""
     parts = [tensors[k] for k in sorted(k for k in tensors if k.startswith("carry."))]
     return parts[0] if len(parts) == 1 else tuple(parts)
 
@@ -68,7 +71,7 @@ class RunDirectory:
                     opt_t[f"{name}.exp_avg_sq"] = st["exp_avg_sq"].cpu().contiguous()
                     opt_t[f"{name}.step"] = torch.as_tensor(float(st["step"])).reshape(1)
             if carry is not None:
-                opt_t.update({k: v.cpu() for k, v in _state_tensors(carry).items()})
+                opt_t.update({k: v.cpu() for k, v in state_tensors(carry).items()})
             if self.ema is not None:
                 opt_t.update({f"ema.{n}": v.cpu().contiguous() for n, v in self.ema.items()})
             save_file(opt_t, str(tmp / "optimizer.safetensors"))
@@ -90,7 +93,7 @@ class RunDirectory:
                 if f"ema.{n}" in o:
                     self.ema[n] = o[f"ema.{n}"].clone()
         carry = {k: v for k, v in o.items() if k.startswith("carry.")}
-        self.carry = _state_from(carry) if carry else None
+        self.carry = state_from_tensors(carry) if carry else None
         if self.carry is not None:  # this rank's streams of the saved (B, ...) carry
             parts = self.carry if isinstance(self.carry, tuple) else (self.carry,)
             if parts[0].shape[0] != self.cfg.batch_size:

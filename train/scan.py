@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 
-def _step_groups(x: torch.Tensor, K: int):
+def step_groups(x: torch.Tensor, K: int):
     """Per step: the permutation that sorts streams by symbol, and (k, start, end) slices.
 
     x: int64 (T, B). Returns (perm (T, B) int64, list over t of list of (k, s, e)).
@@ -43,7 +43,7 @@ class ISANScan(torch.autograd.Function):
     def forward(ctx, W, b, h_init, x):
         T, B = x.shape
         K, d, _ = W.shape
-        perm, groups = _step_groups(x, K)
+        perm, groups = step_groups(x, K)
         H = h_init.new_empty(T, B, d)
         WT = W.transpose(1, 2)  # row-vector convention: h_row @ W[k]^T
         buf = h_init.new_empty(B, d)

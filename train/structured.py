@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from isan.train.models import add_bias_and_readout
-from isan.train.scan import _step_groups
+from isan.train.scan import step_groups
 
 
 # ---- cost ----------------------------------------------------------------------------------------
@@ -134,7 +134,7 @@ class DPLRScanSorted(torch.autograd.Function):
     def forward(ctx, a, U, V, b, h_init, x):
         T, B = x.shape
         K, d, r = U.shape
-        perm, groups = _step_groups(x, K)
+        perm, groups = step_groups(x, K)
         H = h_init.new_empty(T, B, d)
         Zs = h_init.new_empty(T, B, r)  # h_prev V[x], rows sorted per step
         UT = U.transpose(1, 2)

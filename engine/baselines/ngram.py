@@ -96,7 +96,8 @@ def ngram_codes(ids: np.ndarray, K: int, n: int, prev: np.ndarray | None = None)
     return (prev[:m] << b) | x[n - 1 : n - 1 + m]
 
 
-def _check_ids(ids, K: int, what: str = "ids") -> np.ndarray:
+def check_ids(ids, K: int, what: str = "ids") -> np.ndarray:
+    """``ids`` as int64 after checking they are a 1-D integer array in [0, K) (IsanError naming ``what``)."""
     ids = np.asarray(ids)
     if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
         raise IsanError(f"{what} must be a 1-D integer array; got dtype {ids.dtype} and shape {ids.shape}")
@@ -250,7 +251,7 @@ class KneserNeyModel:
         Raises:
             IsanError: ids outside [0, K) or a malformed history.
         """
-        ids = _check_ids(ids, self.K)
+        ids = check_ids(ids, self.K)
         hist = self._windows(ids, history)
         out = np.empty(len(ids))
         for s in range(0, len(ids), chunk):  # bounded temporaries on long texts

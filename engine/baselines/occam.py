@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from isan.errors import BundleFormatError
-from isan.engine.baselines.recurrent import NumpyBaselineRunner, RunnerParams, _sigmoid, bits_from_logits
+from isan.engine.baselines.recurrent import NumpyBaselineRunner, RunnerParams, bits_from_logits, sigmoid
 
 OCCAM_KINDS = ("occam", "occam_nopenalty", "occam2", "occam_strong", "occam_sched_flat", "occam_sched_linear",
                "occam_sched_quadratic")
@@ -76,10 +76,10 @@ def occam_step_ref(p: OccamParams, state: np.ndarray, x: int) -> tuple[np.ndarra
     zg = t["p"][x] + t["q"] @ h
     if "Q" in t:
         zg += t["Q"][x] @ h
-    g = float(_sigmoid(np.float64(zg)))
+    g = float(sigmoid(np.float64(zg)))
     z = g * t["E"][x] + t["b_in"] + t["W_hh"] @ h
-    c = _sigmoid(z[d:2 * d]) * c + _sigmoid(z[:d]) * np.tanh(z[2 * d:3 * d])
-    return np.concatenate([_sigmoid(z[3 * d:]) * np.tanh(c), c]), g
+    c = sigmoid(z[d:2 * d]) * c + sigmoid(z[:d]) * np.tanh(z[2 * d:3 * d])
+    return np.concatenate([sigmoid(z[3 * d:]) * np.tanh(c), c]), g
 
 
 def occam_states_ref(p: OccamParams, ids: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

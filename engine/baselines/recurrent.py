@@ -161,7 +161,8 @@ class BaselineParams(RunnerParams):
         return h @ self.tensors["W_ro"].T + self.tensors["b_ro"]
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """The logistic function, elementwise, in ``x``'s dtype (as ``tanh``: no overflow)."""
     return 0.5 * (1.0 + np.tanh(0.5 * x))  # no overflow for large |x|
 
 
@@ -176,13 +177,13 @@ def baseline_step_ref(p: BaselineParams, state: np.ndarray, a: np.ndarray) -> np
         return np.maximum(a + W_hh @ h, 0.0)
     gh = W_hh @ h
     if p.kind == "gru":
-        r = _sigmoid(a[:d] + gh[:d])
-        z = _sigmoid(a[d:2 * d] + gh[d:2 * d])
+        r = sigmoid(a[:d] + gh[:d])
+        z = sigmoid(a[d:2 * d] + gh[d:2 * d])
         n = np.tanh(a[2 * d:] + r * (gh[2 * d:] + p.tensors["b_hn"]))
         return (1.0 - z) * n + z * h
     g = a + gh  # lstm: blocks i, f, g, o
-    c = _sigmoid(g[d:2 * d]) * state[d:] + _sigmoid(g[:d]) * np.tanh(g[2 * d:3 * d])
-    return np.concatenate([_sigmoid(g[3 * d:]) * np.tanh(c), c])
+    c = sigmoid(g[d:2 * d]) * state[d:] + sigmoid(g[:d]) * np.tanh(g[2 * d:3 * d])
+    return np.concatenate([sigmoid(g[3 * d:]) * np.tanh(c), c])
 
 
 def baseline_states_ref(p: BaselineParams, ids: np.ndarray, state: np.ndarray) -> np.ndarray:

@@ -76,10 +76,10 @@ _READER = None
 def _init_reader(cfg: dict, preparer, q) -> None:
     """Keep the job, the text preparer and the queue in this reader; end with the scoring process."""
     global _READER
-    from isan.engine.corpus.workers import _exit_with_parent
+    from isan.engine.corpus.workers import exit_with_parent
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the scoring process's: it stops the readers
-    _exit_with_parent()
+    exit_with_parent()
     from isan.engine.corpus.parts import JobConfig
 
     _READER = (JobConfig(**cfg), preparer, q)
@@ -89,14 +89,14 @@ def _read_file(path: str, shards: str) -> float:
     """Cut ``path`` into the job's parts, prepare each and put it on the queue, in order, then
     ``("end", path)``; returns the seconds it took."""
     from isan.engine.corpus.parts import FileParts
-    from isan.engine.corpus.prepared import _light, prepare_docs
+    from isan.engine.corpus.prepared import prepare_docs, without_text
 
     cfg, preparer, q = _READER
     t0 = time.perf_counter()
     fp = FileParts(cfg, path, Path(shards))
     for part, docs, file_error in fp.cut():
         if part.is_file():  # written by an earlier run: only its place travels
-            q.put(("skip", path, str(part), [_light(docs[-1])] if docs else [], file_error))
+            q.put(("skip", path, str(part), [without_text(docs[-1])] if docs else [], file_error))
         else:
             prepared = prepare_docs(preparer, docs, cfg.normalize, cfg.unknown, cfg.replacement, cfg.row_max_chars)
             # pickled here: the manager passes bytes on (a copy) instead of rebuilding the part twice

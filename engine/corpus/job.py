@@ -25,7 +25,7 @@ from isan.engine.corpus.readers import FORMATS, detect_format, expand_inputs, is
 from isan.engine.corpus.scoring import DEFAULT_BATCH_CHARS, DocScorer, corpus_path  # noqa: F401
 from isan.engine.corpus.writers import COLUMNS_V1
 # the per-file units every runner shares (the workers and the Ray actors import them from parts.py, not from here)
-from isan.engine.corpus.parts import FileParts, JobConfig, _file_error_row, load_corpus_engine, process_file  # noqa: F401
+from isan.engine.corpus.parts import FileParts, JobConfig, load_corpus_engine, process_file  # noqa: F401
 
 log = logging.getLogger(__name__)
 

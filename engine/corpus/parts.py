@@ -76,7 +76,8 @@ def load_corpus_engine(model: str | None, device: str = "cpu", dtype: str = "flo
     return corpus_engine(Engine.load(model or default_model_path(), progress_bar=False, device=device, dtype=dtype))
 
 
-def _file_error_row(message: str) -> dict:
+def file_error_row(message: str) -> dict:
+    """The output row of an input file that cannot be read (``InputFileError: message``), no document's."""
     from isan.engine.corpus.scoring import COUNT_KEYS
 
     return {"id": None, "index": -1, "chars_read": 0, "chars_scored": 0, "bits": 0.0, "bpc": None,
@@ -142,7 +143,7 @@ class FileParts:
         else:
             rows = list(rows)
             if file_error:
-                rows.append(_file_error_row(file_error))
+                rows.append(file_error_row(file_error))
             write_part(part, rows, self.path, self.cfg.columns)
             t = rows_totals(rows)
             self.new["new_documents"] += t["documents"]

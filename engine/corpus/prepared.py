@@ -27,7 +27,8 @@ from isan.engine.normalize import Prepared, prepare, resolve
 COUNT_KEYS = ("changed", "dropped", "skipped", "replaced")
 
 
-def _row(doc: Doc, error: str | None = None) -> dict:
+def empty_row(doc: Doc, error: str | None = None) -> dict:
+    """The output row of ``doc`` with nothing scored yet, and ``error`` (or the document's own)."""
     return {"id": doc.id, "index": doc.index, "chars_read": 0, "chars_scored": 0, "bits": 0.0, "bpc": None,
             **{k: 0 for k in COUNT_KEYS}, "changed_fraction": None, "error": error or doc.error, "per_char_bits": None}
 
@@ -44,7 +45,8 @@ def changed_fraction(report: dict) -> float | None:
     return min(1.0, sum(int(report.get(k, 0)) for k in COUNT_KEYS) / read)
 
 
-def _fill(row: dict, report: dict | None, chars: int, bits: float) -> dict:
+def fill_row(row: dict, report: dict | None, chars: int, bits: float) -> dict:
+    """``row`` with its counts from the normalisation ``report`` and ``chars`` scored for ``bits``; returns it."""
     report = report or {}
     row["chars_read"] = int(report.get("chars_read", 0))
     row["chars_scored"] = int(chars)
@@ -56,7 +58,8 @@ def _fill(row: dict, report: dict | None, chars: int, bits: float) -> dict:
     return row
 
 
-def _message(e: Exception) -> str:
+def error_message(e: Exception) -> str:
+    """A row's error text of ``e``: ``"TypeName: message"``."""
     msg = str(e).strip() or type(e).__name__
     return f"{type(e).__name__}: {msg}"
 
@@ -116,9 +119,9 @@ class PreparedDocs:
     def rows_without_bits(self) -> list[dict]:
         """The rows with each document's counts and no bits (0): what a benchmark of the reading
         side alone writes (``isan.bench.corpus.bench_readers``); long documents count nothing."""
-        rows = [r if r is not None else _row(d) for r, d in zip(self.rows, self.docs)]
+        rows = [r if r is not None else empty_row(d) for r, d in zip(self.rows, self.docs)]
         for j, k in enumerate(self.short):
-            rows[k] = _fill(_row(self.docs[k]), self.reports[j], int(self.bounds[j + 1] - self.bounds[j]), 0.0)
+            rows[k] = fill_row(empty_row(self.docs[k]), self.reports[j], int(self.bounds[j + 1] - self.bounds[j]), 0.0)
         return rows
 
     def prepared(self, j: int, ids: np.ndarray) -> Prepared:
@@ -132,7 +135,7 @@ class PreparedDocs:
         return Prepared(ids=ids, offsets=offsets, text="", report=self.reports[j])
 
 
-def _light(doc: Doc) -> Doc:
+def without_text(doc: Doc) -> Doc:
     """The document without its text: what the scorer needs of a document scored as a row."""
     return Doc(doc.index, doc.id, error=doc.error, chars=doc.chars, file_pos=doc.file_pos)
 
@@ -147,14 +150,14 @@ def prepare_docs(preparer, docs: list[Doc], normalize="auto", unknown: str = "er
     ids, steps, lengths = [], [], [0]
     for k, doc in enumerate(docs):
         if doc.error is not None:
-            out.docs[k], out.rows[k] = _light(doc), _row(doc)
+            out.docs[k], out.rows[k] = without_text(doc), empty_row(doc)
             continue
         if doc.text is None and doc.blocks is not None and 0 <= doc.chars <= 4 * row_max_chars:
             # a small file: read it whole, so that it scores as the same text from any format
             try:
                 doc = Doc(doc.index, doc.id, "".join(doc.blocks()), chars=doc.chars, file_pos=doc.file_pos)
             except (IsanError, OSError) as e:
-                out.docs[k], out.rows[k] = _light(doc), _row(doc, _message(e))
+                out.docs[k], out.rows[k] = without_text(doc), empty_row(doc, error_message(e))
                 continue
         if doc.text is None or len(doc.text) > 2 * row_max_chars + 16:
             out.docs[k] = doc
@@ -163,19 +166,19 @@ def prepare_docs(preparer, docs: list[Doc], normalize="auto", unknown: str = "er
         try:
             prep = preparer.prepare(doc.text, normalize, unknown, replacement)
         except IsanError as e:
-            out.docs[k], out.rows[k] = _light(doc), _row(doc, _message(e))
+            out.docs[k], out.rows[k] = without_text(doc), empty_row(doc, error_message(e))
             continue
         if len(prep.ids) == 0:
-            row = _fill(_row(doc, "EmptyTextError: the document is empty" + (" after normalisation" if doc.text else "")),
+            row = fill_row(empty_row(doc, "EmptyTextError: the document is empty" + (" after normalisation" if doc.text else "")),
                         prep.report, 0, 0.0)
             row["bpc"] = None
-            out.docs[k], out.rows[k] = _light(doc), row
+            out.docs[k], out.rows[k] = without_text(doc), row
             continue
         if len(prep.ids) > row_max_chars:
             out.docs[k] = doc
             out.long.append(k)
             continue
-        out.docs[k] = _light(doc)
+        out.docs[k] = without_text(doc)
         out.short.append(k)
         ids.append(prep.ids)
         steps.append(np.diff(prep.offsets, prepend=0))

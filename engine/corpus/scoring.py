@@ -34,7 +34,7 @@ import numpy as np
 from isan.errors import EmptyTextError, IsanError, StateDivergedError
 from isan.engine.corpus.readers import Doc
 # the rows' helpers live with the preparation (a reader process makes the rows of documents that cannot be scored)
-from isan.engine.corpus.prepared import COUNT_KEYS, PreparedDocs, _fill, _message, _row, changed_fraction, prepare_docs  # noqa: F401
+from isan.engine.corpus.prepared import COUNT_KEYS, PreparedDocs, changed_fraction, empty_row, error_message, fill_row, prepare_docs  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -176,22 +176,22 @@ class DocScorer:
                 i = getattr(e, "text_index", None)
                 if i is None or not 0 <= i < len(todo):
                     for j in todo:
-                        rows[p.short[j]] = _row(p.docs[p.short[j]], _message(e))
+                        rows[p.short[j]] = empty_row(p.docs[p.short[j]], error_message(e))
                     return
                 j = todo.pop(i)
                 k = p.short[j]
                 prep = p.prepared(j, ids[b[j] : b[j + 1]])
                 msg = str(in_input_terms(e, prep, self.engine.alphabet.symbols))
-                rows[k] = _fill(_row(p.docs[k], f"StateDivergedError: {msg}"), prep.report, 0, 0.0)
+                rows[k] = fill_row(empty_row(p.docs[k], f"StateDivergedError: {msg}"), prep.report, 0, 0.0)
                 rows[k]["bpc"] = None
                 continue
             except IsanError as e:
                 for j in todo:
-                    rows[p.short[j]] = _row(p.docs[p.short[j]], _message(e))
+                    rows[p.short[j]] = empty_row(p.docs[p.short[j]], error_message(e))
                 return
             for j, bits in zip(todo, res):
                 k = p.short[j]
-                row = _fill(_row(p.docs[k]), p.reports[j], len(bits), float(bits.sum()))
+                row = fill_row(empty_row(p.docs[k]), p.reports[j], len(bits), float(bits.sum()))
                 if o.per_char_max and len(bits) <= o.per_char_max:
                     row["per_char_bits"] = np.asarray(bits, dtype=np.float64)
                 rows[k] = row
@@ -217,12 +217,12 @@ class DocScorer:
                 r = score_blocks(self.engine, blocks, unknown=o.unknown, replacement=o.replacement,
                                  normalize=o.normalize)
         except EmptyTextError:
-            return _row(doc, "EmptyTextError: the document is empty" + (" after normalisation" if doc.size else ""))
+            return empty_row(doc, "EmptyTextError: the document is empty" + (" after normalisation" if doc.size else ""))
         except IsanError as e:
-            return _row(doc, _message(e))
+            return empty_row(doc, error_message(e))
         except OSError as e:  # the file went away or broke while it was read
-            return _row(doc, f"{type(e).__name__}: cannot read the document ({e})")
-        row = _fill(_row(doc), r.normalization, r.chars, r.bits)
+            return empty_row(doc, f"{type(e).__name__}: cannot read the document ({e})")
+        row = fill_row(empty_row(doc), r.normalization, r.chars, r.bits)
         if per_char is not None:
             row["per_char_bits"] = np.asarray(per_char, dtype=np.float64)
         return row

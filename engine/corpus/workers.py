@@ -93,7 +93,7 @@ def _init_worker(cfg: dict, threads: int, progress=None) -> None:
     traceback and break the pool without a word of why)."""
     global _SCORER, _JOB, _LOAD_ERROR, _PROGRESS
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's: it stops the workers
-    _exit_with_parent()
+    exit_with_parent()
     _PROGRESS = progress
     try:
         from isan.engine.corpus.parts import JobConfig, load_corpus_engine
@@ -109,7 +109,7 @@ def _init_worker(cfg: dict, threads: int, progress=None) -> None:
         _LOAD_ERROR = f"{type(e).__name__}: {e}"
 
 
-def _exit_with_parent() -> None:
+def exit_with_parent() -> None:
     """End this worker when the driver ends, however it ends (killed, out of memory): a worker of
     a process pool waits on its task queue, whose pipe its siblings keep open, and would otherwise
     wait for ever, holding its model in memory."""
@@ -153,7 +153,7 @@ def init_manager() -> None:
     """The start of a manager process that serves a job's queues: Ctrl-C is its driver's, and it
     ends with its driver, however that ends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _exit_with_parent()
+    exit_with_parent()
 
 
 # ---- in the driver ---------------------------------------------------------------------------

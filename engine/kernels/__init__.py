@@ -50,8 +50,8 @@ def native():
                     "to build them.", _NATIVE_ERROR)
     if os.environ.get("ISAN_KERNELS", "") == "numpy":
         return None
-    if _native is not None and not _autotune._done:
-        _autotune.ensure(_native)
+    if _native is not None:
+        _autotune.ensure(_native)  # chooses the tile once a process; cheap after
     return _native
 
 

@@ -230,7 +230,7 @@ def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init:
     if any(n == 0 for n in lens):
         raise ValueError("every text must have at least one character")
     chunks = list(chunks) if chunks is not None else plan_chunks(lens, target_rows=ROWS_PER_THREAD * max(1, threads))
-    ids = _concat_ids(texts)
+    ids = concat_ids(texts)
     base = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
     # chunk table: text, start (global), length
     if max(chunks, default=1) <= 1:  # one row a text (documents): no cut, built at once
@@ -381,7 +381,7 @@ def _empty_bits(n: int) -> np.ndarray:
     return np.empty(n, dtype=np.float64)
 
 
-def _concat_ids(texts: Sequence[np.ndarray]) -> np.ndarray:
+def concat_ids(texts: Sequence[np.ndarray]) -> np.ndarray:
     """The texts' ids end to end, int32 (one copy; texts may be arrays of any integer dtype or lists)."""
     if not len(texts):
         return np.zeros(0, np.int32)

@@ -51,7 +51,7 @@ import numpy as np
 
 from isan.engine.guard import MAX_STATE_ABS
 from isan.engine.kernels.twin import native_or_twin
-from isan.engine.kernels.streams import LOG2E, SCHED_FRAC, StreamModel, StreamsResult, _check, _check_frac, pack_panels
+from isan.engine.kernels.streams import LOG2E, SCHED_FRAC, StreamModel, StreamsResult, check_frac, check_rows_arguments, pack_panels
 from isan.params import ISANParams
 
 #: The rows a thread runs when a long text is cut into chunks for this kernel, and the fewest at
@@ -281,7 +281,7 @@ def run_jumps_ref(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: 
     ``split`` are ignored), so the same rounds, jumps and stops; the bits agree within float32
     rounding (the log-softmax is float64 here)."""
     sm = model.stream
-    P = _check(sm, ids, start, length, H, bits, pairs)
+    P = check_rows_arguments(sm, ids, start, length, H, bits, pairs)
     d, V, dp, Vp = sm.d, sm.V, sm.dp, sm.Vp
     steps_done = np.zeros(P, dtype=np.int64)
     residual = np.full(P, np.inf, dtype=np.float32)
@@ -291,7 +291,7 @@ def run_jumps_ref(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: 
     RoT = sm.RoT[:, :V]
     ch, en, klen = model.children, model.entry_of, model.klen
     max_k = int(klen.max())
-    frac = _check_frac(frac)
+    frac = check_frac(frac)
     nj = np.zeros(P, dtype=np.int64)  # jumps each row has taken
     ent = np.full(P, -1, dtype=np.int64)  # the key a waiting row takes next
     waiting = np.zeros(P, dtype=bool)  # in a key's queue
@@ -410,8 +410,8 @@ def run_jumps(nat, model: JumpTable, ids: np.ndarray, start: np.ndarray, length:
         TypeError, ValueError: arrays of the wrong dtype, shape or range.
     """
     sm = model.stream
-    P = _check(sm, ids, start, length, H, bits, pairs)
-    frac = _check_frac(frac)
+    P = check_rows_arguments(sm, ids, start, length, H, bits, pairs)
+    frac = check_frac(frac)
     steps_done = np.zeros(P, dtype=np.int64)
     residual = np.zeros(P, dtype=np.float32)
     diverged = np.zeros(P, dtype=np.int64)

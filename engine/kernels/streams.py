@@ -149,7 +149,8 @@ class StreamsResult:
             self.jumps = self.total_steps
 
 
-def _check(model: StreamModel, ids, start, length, H, bits, pairs, state_dtype=np.float32):
+def check_rows_arguments(model: StreamModel, ids, start, length, H, bits, pairs, state_dtype=np.float32):
+    """The number of rows P of a streams call, after checking its arrays' dtypes and shapes (TypeError, ValueError)."""
     if ids.dtype != np.int32 or start.dtype != np.int64 or length.dtype != np.int64:
         raise TypeError("ids must be int32, start and length int64")
     if H.dtype != state_dtype or H.ndim != 2 or H.shape[1] != model.dp or not H.flags.c_contiguous:
@@ -162,7 +163,7 @@ def _check(model: StreamModel, ids, start, length, H, bits, pairs, state_dtype=n
     return P
 
 
-def _check_frac(frac: float) -> float:
+def check_frac(frac: float) -> float:
     """``frac`` as a float in [0, 1], else ValueError (the schedule's share of the longest queue)."""
     frac = float(frac)
     if not 0.0 <= frac <= 1.0:
@@ -179,8 +180,8 @@ def run_streams_ref(model: StreamModel, ids: np.ndarray, start: np.ndarray, leng
 
     The readout's log-softmax is float64 here (float32 exponentials in the compiled kernel).
     """
-    P = _check(model, ids, start, length, H, bits, pairs)
-    _check_frac(frac)  # ignored, but checked as the compiled kernel checks it
+    P = check_rows_arguments(model, ids, start, length, H, bits, pairs)
+    check_frac(frac)  # ignored, but checked as the compiled kernel checks it
     d, V = model.d, model.V
     steps_done = np.zeros(P, dtype=np.int64)
     residual = np.full(P, np.inf, dtype=np.float32)
@@ -266,8 +267,8 @@ def run_streams(nat, model: StreamModel, ids: np.ndarray, start: np.ndarray, len
     Raises:
         TypeError, ValueError: arrays of the wrong dtype, shape or range.
     """
-    P = _check(model, ids, start, length, H, bits, pairs)
-    frac = _check_frac(frac)
+    P = check_rows_arguments(model, ids, start, length, H, bits, pairs)
+    frac = check_frac(frac)
     if split == "auto":
         split = "rows"
     if split not in ("cols", "rows"):

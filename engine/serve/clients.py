@@ -12,8 +12,8 @@ class ClientGone(Exception):
     """The client disconnected while its text was being scored (its work was dropped)."""
 
 
-class _TimedOut(Exception):
-    pass
+class TimedOut(Exception):
+    """A job waited longer than the request's time limit (its work was dropped)."""
 
 
 class Client:
@@ -33,9 +33,10 @@ class Client:
                 fut.set_exception(ClientGone())
 
 
-def _expire(fut: asyncio.Future) -> None:
+def expire_future(fut: asyncio.Future) -> None:
+    """Fail ``fut`` with :class:`TimedOut` unless it is done."""
     if not fut.done():
-        fut.set_exception(_TimedOut())
+        fut.set_exception(TimedOut())
 
 
 class NotReady(Exception):

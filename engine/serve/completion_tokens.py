@@ -85,7 +85,8 @@ class Prompt:
     bos: bool = False
 
 
-def _as_int(v) -> int | None:
+def exact_int(v) -> int | None:
+    """``v`` as an int when it is an int or an integral float (not a bool), else None."""
     if type(v) is int:
         return v
     if type(v) is float and v.is_integer():
@@ -102,7 +103,7 @@ def read_prompts(prompt, V: int, max_chars: int, max_prompts: int) -> list[Promp
     def ids_of(x, where: str) -> Prompt:
         if not x:
             raise RequestError(400, f'{where} is an empty list; give at least one token id', {"param": "prompt"})
-        vals = [_as_int(v) for v in x]
+        vals = [exact_int(v) for v in x]
         if any(v is None for v in vals):
             raise RequestError(400, form, {"param": "prompt"})
         if len(vals) > max_chars:

@@ -50,7 +50,7 @@ from isan.engine.serve.completion_schemas import (  # noqa: F401
     OpenAISchemas, StopStr, TokenizeResponse, TokenizerInfo, build_openai_schemas, prompt_schema,
 )
 # the tokens (the model's symbols as ids) and the prompts read live in completion_tokens.py
-from isan.engine.serve.completion_tokens import Prompt, Tokens, _as_int, read_prompts  # noqa: F401
+from isan.engine.serve.completion_tokens import Prompt, Tokens, read_prompts  # noqa: F401
 
 log = logging.getLogger(__name__)
 

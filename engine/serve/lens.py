@@ -29,7 +29,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from isan.engine.serve.errors import RequestError, from_isan
-from isan.engine.serve.schemas import UNKNOWN, _raw_text_pattern, integer
+from isan.engine.serve.schemas import UNKNOWN, raw_text_pattern, integer
 
 STATIC = Path(__file__).resolve().parent / "static"
 #: the page's files and their media types (nothing else is served from ``static/``)
@@ -77,7 +77,7 @@ def build_request(symbols: tuple[str, ...], max_chars: int, normalize_choices: l
         {"if": {"required": ["target"], "properties": {"target": {"const": "logit_diff"}}},
          "then": {"required": ["other"], "properties": {"other": {"enum": list(symbols)}}}},
     ]
-    raw_text = _raw_text_pattern(symbols)
+    raw_text = raw_text_pattern(symbols)
     raw_values = [v for v in raw_normalize if v in normalize_choices]
     if raw_text and raw_values:
         cond: dict = {"properties": {"normalize": {"enum": raw_values}, "unknown": {"const": "error"}}}

@@ -210,7 +210,7 @@ def build_schemas(symbols: tuple[str, ...], max_chars: int, normalize_choices: l
         return (Optional[str], Field(None, max_length=MAX_TOKEN_CHARS, pattern=TOKEN_PATTERN,
                                      description=what + " (a token answered as `state` by this server)"))
 
-    raw_text = _raw_text_pattern(symbols)
+    raw_text = raw_text_pattern(symbols)
     raw_values = [v for v in raw_normalize if v in normalize_choices]
 
     def rules(text_field: str | None, unknown: bool = True, temperatures: bool = False):
@@ -301,7 +301,7 @@ def build_schemas(symbols: tuple[str, ...], max_chars: int, normalize_choices: l
     return Schemas(score, frame, batch, nxt, sample, attribute, max_chars)
 
 
-def _raw_text_pattern(symbols: tuple[str, ...]) -> str | None:
+def raw_text_pattern(symbols: tuple[str, ...]) -> str | None:
     """The pattern of a text made only of ``symbols`` (after an optional byte-order mark, which is
     dropped), or None when a symbol is not one character of the Basic Multilingual Plane."""
     if not symbols or any(len(c) != 1 or ord(c) > 0xFFFF or 0xD800 <= ord(c) <= 0xDFFF for c in symbols):

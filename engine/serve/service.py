@@ -26,7 +26,7 @@ from isan.engine.serve.errors import RequestError, busy, from_isan
 from isan.engine.serve.scheduler import Job, Scheduler, ShuttingDown
 from isan.engine.serve.snapshot import decode_state, encode_state, new_secret
 # a connection's side and what is known of a model live in their own modules; their names import from here too
-from isan.engine.serve.clients import Client, ClientGone, NotReady, _expire, _TimedOut  # noqa: F401
+from isan.engine.serve.clients import Client, ClientGone, NotReady, TimedOut, expire_future  # noqa: F401
 from isan.engine.serve.model_info import ModelInfo, public_describe  # noqa: F401
 
 log = logging.getLogger(__name__)
@@ -336,13 +336,13 @@ class Service:
 
         def expire():
             for fut in futs:
-                _expire(fut)
+                expire_future(fut)
 
         timer = asyncio.get_running_loop().call_later(
             max(0.0, self.config.request_timeout_s - (time.perf_counter() - t0)), expire)
         try:
             await asyncio.gather(*futs)
-        except (ClientGone, _TimedOut, asyncio.CancelledError) as e:
+        except (ClientGone, TimedOut, asyncio.CancelledError) as e:
             for job in jobs:
                 self.scheduler.cancel(job)
             for fut in futs:  # retrieve every exception, so none is logged as never retrieved
@@ -350,10 +350,10 @@ class Service:
                     fut.exception()
                 else:
                     fut.cancel()
-            reason = "disconnect" if not isinstance(e, _TimedOut) else "timeout"
+            reason = "disconnect" if not isinstance(e, TimedOut) else "timeout"
             if self.metrics is not None:
                 self.metrics.cancelled.labels(reason).inc(len(jobs))
-            if isinstance(e, _TimedOut):
+            if isinstance(e, TimedOut):
                 raise busy(f"the text was not scored within {self.config.request_timeout_s:g} s (--request-timeout); "
                            "the server is overloaded: retry later, or send shorter texts", retry_after_s=5) from None
             if isinstance(e, asyncio.CancelledError):

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from isan.bench.common import machine, median_time, rss_mb, write_json  # noqa: F401  (re-exported)
-from isan.bench.peers import _bench_kenlm, _bench_onnx_lstm, _PeerUnavailable  # noqa: F401  (re-exported)
+from isan.bench.peers import PeerUnavailable, bench_kenlm, bench_onnx_lstm
 from isan.bench.sweep import (amdahl, fma_peak, markdown_peak, markdown_scaling, peak_fractions, plot_sweep,  # noqa: F401
                              sweep_rows, thread_scaling)
 
@@ -235,13 +235,13 @@ def measure_peers(run: _Run, data, peers: bool, bar) -> None:
     peer_rows = []
     if peers:
         try:
-            peer_rows += _bench_onnx_lstm(run.ids, run.repeats, run.log, run.sz)
+            peer_rows += bench_onnx_lstm(run.ids, run.repeats, run.log, run.sz)
         except ImportError as e:  # the onnx or train extra is missing
             run.facts["onnx_lstm"] = f"not run: {e}"
         bar.update()
         try:
-            peer_rows += _bench_kenlm(data, run.ids, run.repeats, run.log, train_chars=run.sz.get("ngram_train"))
-        except _PeerUnavailable as e:
+            peer_rows += bench_kenlm(data, run.ids, run.repeats, run.log, train_chars=run.sz.get("ngram_train"))
+        except PeerUnavailable as e:
             run.facts["kenlm"] = f"not run: {e}"
         bar.update()
     else:

@@ -64,13 +64,13 @@ def bench_frontier(models: list[str | Path] | None, data: str | Path, repeats: i
     peer = None
     if kenlm:
         from isan.alphabet import Alphabet
-        from isan.bench.engine import _bench_kenlm, _PeerUnavailable
+        from isan.bench.peers import PeerUnavailable, bench_kenlm
 
         try:
-            k = _bench_kenlm(data, Alphabet.text8().encode(test), repeats, log)[0]
+            k = bench_kenlm(data, Alphabet.text8().encode(test), repeats, log)[0]
             peer = {"name": "KenLM, order-8 n-gram of the train split, 1 thread", "test_bpc": k["bpc"],
                     "chars_per_s": k["chars_per_s"]}
-        except _PeerUnavailable as e:
+        except PeerUnavailable as e:
             peer = {"name": "KenLM", "not_run": str(e)}
             log(f"  KenLM: not run: {e}")
     return {"benchmark": "isan bench frontier", "machine": machine(), "command": " ".join(["isan"] + sys.argv[1:]),

@@ -11,11 +11,11 @@ import numpy as np
 from isan.bench.common import median_time
 
 
-class _PeerUnavailable(Exception):
-    pass
+class PeerUnavailable(Exception):
+    """A peer of the benchmark cannot run here (its module is missing or cannot load the model)."""
 
 
-def _bench_onnx_lstm(ids: np.ndarray, repeats: int, log, sz: dict) -> list[dict]:
+def bench_onnx_lstm(ids: np.ndarray, repeats: int, log, sz: dict) -> list[dict]:
     """onnxruntime (CPU) running an LSTM of the shipped ISAN's parameter count (548 units, random
     weights: the cost does not depend on them), streaming one text and batching 256 streams."""
     import tempfile
@@ -52,7 +52,7 @@ def _bench_onnx_lstm(ids: np.ndarray, repeats: int, log, sz: dict) -> list[dict]
     return out
 
 
-def _bench_kenlm(data, ids: np.ndarray, repeats: int, log, train_chars: int | None = None) -> list[dict]:
+def bench_kenlm(data, ids: np.ndarray, repeats: int, log, train_chars: int | None = None) -> list[dict]:
     """KenLM's Python module querying our order-8 n-gram (counted on the train split, or its first
     ``train_chars`` characters for a quick run, exported as ARPA into the cache,
     ``$ISAN_CACHE_DIR/bench``), one character at a time, one thread. Whether this KenLM build loads
@@ -62,7 +62,7 @@ def _bench_kenlm(data, ids: np.ndarray, repeats: int, log, train_chars: int | No
     try:
         import kenlm
     except ImportError:
-        raise _PeerUnavailable("the kenlm module is not installed (MAX_ORDER=8 pip install --no-cache-dir kenlm)") from None
+        raise PeerUnavailable("the kenlm module is not installed (MAX_ORDER=8 pip install --no-cache-dir kenlm)") from None
     from isan.alphabet import Alphabet
     from isan.data import read_text8_split
     from isan.train.ngram import fit
@@ -76,7 +76,7 @@ def _bench_kenlm(data, ids: np.ndarray, repeats: int, log, train_chars: int | No
     try:
         kenlm.Model(str(probe))
     except (OSError, RuntimeError) as e:
-        raise _PeerUnavailable(f"this KenLM build cannot load order-8 models ({str(e).splitlines()[0][:120]}); rebuild "
+        raise PeerUnavailable(f"this KenLM build cannot load order-8 models ({str(e).splitlines()[0][:120]}); rebuild "
                                "it with MAX_ORDER=8 pip install --no-cache-dir --force-reinstall kenlm") from None
     train = read_text8_split(data, "train")
     if train_chars:
@@ -89,7 +89,7 @@ def _bench_kenlm(data, ids: np.ndarray, repeats: int, log, train_chars: int | No
     try:
         m = kenlm.Model(str(path))
     except (OSError, RuntimeError) as e:
-        raise _PeerUnavailable(f"KenLM cannot load the order-8 model ({str(e).splitlines()[0][:120]}); rebuild it with "
+        raise PeerUnavailable(f"KenLM cannot load the order-8 model ({str(e).splitlines()[0][:120]}); rebuild it with "
                                "MAX_ORDER=8 pip install --no-cache-dir --force-reinstall kenlm") from None
     words = np.array(symbol_words(a.symbols), dtype=object)[ids].tolist()
     res = {}

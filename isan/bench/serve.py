@@ -50,12 +50,12 @@ from pathlib import Path
 import numpy as np
 
 from isan.errors import IsanError
-# the server under test and the load live in serve_process.py and serve_load.py; their names import from here too
-from isan.bench.serve_load import (  # noqa: F401
-    HttpConn, _cancel_probe, _completions_bits, _completions_body, _http_load, _memory_probe, _metric, _pct, _reset_probe,
-    _score_bits, _score_body, _slow_probe, _stream_load,
+# the server under test and the load live in serve_process.py and serve_load.py
+from isan.bench.serve_load import (
+    cancel_probe, completions_answer_bits, completions_request_body, http_load, memory_probe, reset_probe,
+    slow_body_probe, stream_load,
 )
-from isan.bench.serve_process import ServerProcess, _children, _free_port, _healthz, _rss_mib, _shares, _workers_in  # noqa: F401
+from isan.bench.serve_process import ServerProcess, get_healthz, rss_mib, worker_shares
 
 
 def parse_chunk_chars(spec) -> tuple[int, int]:
@@ -116,7 +116,7 @@ def run_bench(model: str | None = None, data: str = "../shared/data/text8_head/t
                  "model": {"source": str(eng.source), "params_sha256": eng.params_sha256},
                  "server_args": list(server_args or [])}
     if url is not None:
-        h = _healthz(host, port)
+        h = get_healthz(host, port)
         if h is None or h.get("status") != "ready":
             raise IsanError(f"{url} does not answer GET /healthz as a ready isan-serve "
                             f"({'no answer' if h is None else h.get('status') or h.get('error')})")
@@ -141,39 +141,39 @@ def run_bench(model: str | None = None, data: str = "../shared/data/text8_head/t
     def measure(host: str, port: int, srv: ServerProcess | None = None) -> dict:
         """The measurements against ``host:port``; ``srv``: the server started here (memory, workers)."""
         pid = srv.pid if srv is not None else None
-        res: dict = {"server_pid_rss_mib_idle": round(_rss_mib(pid)[0], 1)} if pid else {}
+        res: dict = {"server_pid_rss_mib_idle": round(rss_mib(pid)[0], 1)} if pid else {}
         if "http" in which:
             say(f"http: {clients} clients posting {text_chars}-character texts for {duration_s:g} s")
-            asyncio.run(_http_load(host, port, texts[:2], expected[:2], 2, 1.0))  # warm-up
+            asyncio.run(http_load(host, port, texts[:2], expected[:2], 2, 1.0))  # warm-up
             before = srv.worker_health() if workers and srv is not None else None
-            res["http"] = asyncio.run(_http_load(host, port, texts, expected, clients, duration_s,
+            res["http"] = asyncio.run(http_load(host, port, texts, expected, clients, duration_s,
                                                  connect_first=before is not None))
             if before is not None:  # how the kernel shared the connections among the workers
-                res["http"]["workers"] = _shares(before, srv.worker_health(), srv.worker_pids,
+                res["http"]["workers"] = worker_shares(before, srv.worker_health(), srv.worker_pids,
                                                  res["http"].pop("connections_by_pid", {}))
         if "completions" in which:  # the same texts through the OpenAI-compatible API (echo, logprobs=1)
             say(f"completions: {clients} clients posting {text_chars}-character prompts (max_tokens 0, echo, "
                 f"logprobs 1) for {duration_s:g} s")
-            res["completions"] = asyncio.run(_http_load(host, port, texts, expected, clients, duration_s,
-                                                        path="/v1/completions", make_body=_completions_body,
-                                                        bits_of=_completions_bits))
+            res["completions"] = asyncio.run(http_load(host, port, texts, expected, clients, duration_s,
+                                                        path="/v1/completions", make_body=completions_request_body,
+                                                        bits_of=completions_answer_bits))
         if "stream" in which:
             say(f"stream: {streams} WebSocket streams x {chunks} chunks of {lo}-{hi} characters")
             want = [eng.score(t).bits for t in stream_texts]  # offline, on the engine's own path
-            res["stream"] = asyncio.run(_stream_load(host, port, stream_texts, want, plans, pid))
+            res["stream"] = asyncio.run(stream_load(host, port, stream_texts, want, plans, pid))
         if "memory" in which:
             say(f"memory: {big_requests} concurrent requests of {big_chars:,} characters")
-            res["memory"] = asyncio.run(_memory_probe(host, port, pid, big, big_requests))
+            res["memory"] = asyncio.run(memory_probe(host, port, pid, big, big_requests))
         if "cancel" in which:
             k = min(big_chars, 500_000)
             say(f"cancel: {cancel_clients} clients send {k:,} characters and leave after {cancel_after_s:g} s; then a "
                 "new stream")
-            res["cancel"] = asyncio.run(_cancel_probe(host, port, big[:k], cancel_after_s, cancel_clients))
+            res["cancel"] = asyncio.run(cancel_probe(host, port, big[:k], cancel_after_s, cancel_clients))
         if "slow" in which:
             say(f"slow: {slow_conns} connections that send 14 of the 1,000 bytes they declare")
-            res["slow"] = asyncio.run(_slow_probe(host, port, slow_conns))
+            res["slow"] = asyncio.run(slow_body_probe(host, port, slow_conns))
         if pid:
-            res["server_rss_mib_end"], res["server_rss_mib_peak"] = (round(x, 1) for x in _rss_mib(pid))
+            res["server_rss_mib_end"], res["server_rss_mib_peak"] = (round(x, 1) for x in rss_mib(pid))
         return res
 
     if url is not None:
@@ -340,8 +340,8 @@ def run_resets(model: str | None = None, data: str = "../shared/data/text8_head/
     for kib in thresholds:
         say(f"--malloc-mmap-threshold-kib {kib}: {streams:,} streams x {frames} frame(s) of {chars:,} characters, reset")
         with ServerProcess(args + ["--malloc-mmap-threshold-kib", str(kib)]) as srv:
-            idle = round(_rss_mib(srv.pid)[0], 1)
-            run = asyncio.run(_reset_probe("127.0.0.1", srv.port, srv.pid, text, streams, frames, concurrency, every))
+            idle = round(rss_mib(srv.pid)[0], 1)
+            run = asyncio.run(reset_probe("127.0.0.1", srv.port, srv.pid, text, streams, frames, concurrency, every))
         out["runs"].append({"malloc_mmap_threshold_kib": kib, "server_args": args, "rss_mib_idle": idle, **run})
     return out
 

@@ -13,10 +13,11 @@ import time
 
 import numpy as np
 
-from isan.bench.serve_process import _rss_mib
+from isan.bench.serve_process import rss_mib
 
 
-def _pct(xs: list[float]) -> dict:
+def percentiles(xs: list[float]) -> dict:
+    """{"p50", "p90", "p99", "max"} of ``xs`` (seconds in, seconds out), each None when ``xs`` is empty."""
     if not xs:
         return {"p50": None, "p90": None, "p99": None, "max": None}
     a = np.asarray(xs)
@@ -66,25 +67,28 @@ class HttpConn:
         self.reader = self.writer = None
 
 
-def _score_body(t: str) -> dict:
+def score_request_body(t: str) -> dict:
+    """What a client of ``POST /v1/score`` sends for the text ``t``."""
     return {"text": t}
 
 
-def _score_bits(answer: dict) -> float:
+def score_answer_bits(answer: dict) -> float:
+    """The text's total bits in an answer of ``POST /v1/score``."""
     return answer["bits"]
 
 
-def _completions_body(t: str) -> dict:
+def completions_request_body(t: str) -> dict:
     """What a scoring client of the OpenAI API sends (lm-eval's form without generation)."""
     return {"prompt": t, "max_tokens": 0, "echo": True, "logprobs": 1}
 
 
-def _completions_bits(answer: dict) -> float:
+def completions_answer_bits(answer: dict) -> float:
+    """The text's total bits in an answer of ``POST /v1/completions`` (its echoed log-probabilities, nats)."""
     return -sum(answer["choices"][0]["logprobs"]["token_logprobs"]) / math.log(2)
 
 
-async def _http_load(host, port, texts, expected, clients, duration_s, path="/v1/score", make_body=_score_body,
-                     bits_of=_score_bits, connect_first=False):
+async def http_load(host, port, texts, expected, clients, duration_s, path="/v1/score", make_body=score_request_body,
+                     bits_of=score_answer_bits, connect_first=False):
     """``clients`` closed-loop clients on keep-alive connections for ``duration_s``. ``connect_first``:
     the clients connect one after another before the load (each connection answered a GET /healthz
     before the next opens), as clients that arrive over time; else each connects at its first
@@ -130,11 +134,11 @@ async def _http_load(host, port, texts, expected, clients, duration_s, path="/v1
     return {"path": path, "clients": clients, "text_chars": len(texts[0]), "seconds": round(wall, 3),
             "requests": sum(statuses.values()),
             "ok": ok, "statuses": {str(k): v for k, v in sorted(statuses.items())},
-            "requests_per_s": ok / wall, "chars_per_s": ok * len(texts[0]) / wall, "latency_s": _pct(lat),
+            "requests_per_s": ok / wall, "chars_per_s": ok * len(texts[0]) / wall, "latency_s": percentiles(lat),
             "max_rel_bits_error": worst[0], **({"connections_by_pid": by_pid} if by_pid else {})}
 
 
-async def _stream_load(host, port, stream_texts, expected, plans, pid=None):
+async def stream_load(host, port, stream_texts, expected, plans, pid=None):
     """Every stream sends its text in chunks of the sizes in ``plans[k]``, waiting for each answer."""
     from websockets.asyncio.client import connect
 
@@ -143,13 +147,13 @@ async def _stream_load(host, port, stream_texts, expected, plans, pid=None):
     worst = [0.0]
     opened = asyncio.Event()
     n_open = [0]
-    rss0 = _rss_mib(pid)[0] if pid else None
+    rss0 = rss_mib(pid)[0] if pid else None
     peak = [rss0 or 0.0]
     done = asyncio.Event()
 
     async def sample():
         while not done.is_set():
-            peak[0] = max(peak[0], _rss_mib(pid)[0])
+            peak[0] = max(peak[0], rss_mib(pid)[0])
             await asyncio.sleep(0.05)
 
     async def stream(k):
@@ -190,13 +194,13 @@ async def _stream_load(host, port, stream_texts, expected, plans, pid=None):
            "mean_chunk_chars": round(float(np.mean(sizes)), 1) if sizes else 0, "seconds": round(wall, 3),
            "frames_ok": len(lat) - len(errors), "errors": len(errors), "first_errors": errors[:3],
            "frames_per_s": len(lat) / wall, "chars_per_s": sum(sizes) / wall if not errors else None,
-           "chunk_latency_s": _pct(lat), "max_rel_bits_error": worst[0]}
+           "chunk_latency_s": percentiles(lat), "max_rel_bits_error": worst[0]}
     if pid:
         out["rss_before_mib"], out["rss_peak_mib"] = round(rss0, 1), round(peak[0], 1)
     return out
 
 
-async def _slow_probe(host, port, n, sent=14, declared=1000):
+async def slow_body_probe(host, port, n, sent=14, declared=1000):
     """``n`` connections that declare a body of ``declared`` bytes and send ``sent``."""
     t0 = time.perf_counter()
     conns = []
@@ -235,14 +239,16 @@ async def _slow_probe(host, port, n, sent=14, declared=1000):
             "last_closed_after_s": round(max(dt for _, dt in res), 2), "then_a_request": st}
 
 
-async def _memory_probe(host, port, pid, big_text, n):
-    rss0, _ = _rss_mib(pid)
+async def memory_probe(host, port, pid, big_text, n):
+    """``n`` requests of ``big_text`` at once: the server's resident memory (MiB) before and at its peak,
+    and the latencies."""
+    rss0, _ = rss_mib(pid)
     peak = [rss0]
     done = asyncio.Event()
 
     async def sample():
         while not done.is_set():
-            peak[0] = max(peak[0], _rss_mib(pid)[0])
+            peak[0] = max(peak[0], rss_mib(pid)[0])
             await asyncio.sleep(0.02)
 
     body = json.dumps({"text": big_text}).encode()
@@ -264,16 +270,17 @@ async def _memory_probe(host, port, pid, big_text, n):
     ok = max(1, statuses.get("200", 0))
     return {"requests": n, "chars": len(big_text), "statuses": statuses, "rss_before_mib": round(rss0, 1),
             "rss_peak_mib": round(peak[0], 1), "peak_extra_mib_per_admitted_request": round((peak[0] - rss0) / ok, 1),
-            "latency_s": _pct([t for _, t in res])}
+            "latency_s": percentiles([t for _, t in res])}
 
 
-def _metric(text: str, name: str, labels: str = "") -> float:
+def prometheus_sample(text: str, name: str, labels: str = "") -> float:
+    """The value of the sample ``name{labels}`` in a Prometheus text exposition, 0.0 when absent."""
     pat = r"^" + re.escape(name) + (r"\{" + re.escape(labels) + r"\}" if labels else "") + r" ([0-9.eE+-]+)$"
     m = re.search(pat, text, re.MULTILINE)  # a sample's line, not its HELP or TYPE line
     return float(m.group(1)) if m else 0.0
 
 
-async def _cancel_probe(host, port, big_text, after_s, clients=12):
+async def cancel_probe(host, port, big_text, after_s, clients=12):
     """``clients`` clients each send ``big_text`` and disconnect after ``after_s``; then a new stream
     sends a 200-character chunk: how much of the big texts was scored, and how long the new stream waited."""
     from websockets.asyncio.client import connect
@@ -303,9 +310,9 @@ async def _cancel_probe(host, port, big_text, after_s, clients=12):
     stream_wait = time.perf_counter() - t0
     await asyncio.sleep(max(1.0, 4 * after_s))  # the server notices, drops the jobs; in-flight rounds finish
     m1 = await metrics()
-    scored = _metric(m1, "isan_chars_scored_total") - _metric(m0, "isan_chars_scored_total")
-    cancelled = (_metric(m1, "isan_cancelled_total", 'reason="disconnect"')
-                 - _metric(m0, "isan_cancelled_total", 'reason="disconnect"'))
+    scored = prometheus_sample(m1, "isan_chars_scored_total") - prometheus_sample(m0, "isan_chars_scored_total")
+    cancelled = (prometheus_sample(m1, "isan_cancelled_total", 'reason="disconnect"')
+                 - prometheus_sample(m0, "isan_cancelled_total", 'reason="disconnect"'))
     return {"clients": clients, "chars": len(big_text), "disconnect_after_s": after_s, "chars_scored": int(scored),
             "cancelled": int(cancelled), "new_stream_first_chunk_s": round(stream_wait, 3)}
 
@@ -350,7 +357,8 @@ async def _server_gauges(host: str, port: int) -> dict:
     _, data = await c.request("GET", "/metrics")
     c.close()
     text = data.decode()
-    return {"streams_open": _metric(text, "isan_streams_open"), "pending_bytes": _metric(text, "isan_pending_bytes")}
+    return {"streams_open": prometheus_sample(text, "isan_streams_open"),
+            "pending_bytes": prometheus_sample(text, "isan_pending_bytes")}
 
 
 def _fds(pid: int) -> int:
@@ -359,7 +367,7 @@ def _fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-async def _reset_probe(host, port, pid, text, streams, frames=1, concurrency=20, every=250, settle_s=5.0):
+async def reset_probe(host, port, pid, text, streams, frames=1, concurrency=20, every=250, settle_s=5.0):
     """``streams`` WebSocket streams, ``concurrency`` at a time, each sending ``frames`` frames of ``text``
     with ``per_char`` and resetting its connection once the answer has begun (:func:`_reset_stream`).
     The server's resident memory (VmRSS, MiB) after every ``every`` streams, then after ``settle_s``
@@ -374,15 +382,15 @@ async def _reset_probe(host, port, pid, text, streams, frames=1, concurrency=20,
             begun[0] += ok  # after the await: ``begun[0] += await ...`` would read the count before it
 
     fds0 = _fds(pid)
-    samples = [{"streams": 0, "seconds": 0.0, "rss_mib": round(_rss_mib(pid)[0], 1)}]
+    samples = [{"streams": 0, "seconds": 0.0, "rss_mib": round(rss_mib(pid)[0], 1)}]
     t0 = time.perf_counter()
     while samples[-1]["streams"] < streams:
         k = min(every, streams - samples[-1]["streams"])
         await asyncio.gather(*(one() for _ in range(k)))
         samples.append({"streams": samples[-1]["streams"] + k, "seconds": round(time.perf_counter() - t0, 1),
-                        "rss_mib": round(_rss_mib(pid)[0], 1)})
+                        "rss_mib": round(rss_mib(pid)[0], 1)})
     await asyncio.sleep(settle_s)
     return {"streams": streams, "chars": len(text), "frames": frames, "frame_bytes": len(frame),
             "concurrency": concurrency, "answers_begun": begun[0], "samples": samples,
-            "rss_mib_settled": round(_rss_mib(pid)[0], 1), "fds_before": fds0, "fds_settled": _fds(pid),
+            "rss_mib_settled": round(rss_mib(pid)[0], 1), "fds_before": fds0, "fds_settled": _fds(pid),
             **await _server_gauges(host, port)}

@@ -19,13 +19,14 @@ from pathlib import Path
 from isan.errors import IsanError
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free now (the operating system's choice)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _children(pid: int) -> list[int]:
+def child_pids(pid: int) -> list[int]:
     """The processes ``pid`` started (its worker processes, with ``--workers``)."""
     out = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
@@ -36,10 +37,10 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _rss_mib(pid: int) -> tuple[float, float]:
+def rss_mib(pid: int) -> tuple[float, float]:
     """(VmRSS, VmHWM) in MiB of a process and the processes it started (a server's workers), summed."""
     rss = hwm = 0.0
-    for p in [pid, *_children(pid)]:
+    for p in [pid, *child_pids(pid)]:
         try:
             with open(f"/proc/{p}/status") as f:
                 for line in f:
@@ -52,7 +53,7 @@ def _rss_mib(pid: int) -> tuple[float, float]:
     return rss, hwm
 
 
-def _healthz(host: str, port: int) -> dict | None:
+def get_healthz(host: str, port: int) -> dict | None:
     """``GET /healthz`` over a new connection: its JSON (whatever its status), or None."""
     try:
         with socket.create_connection((host, port), timeout=5) as s:
@@ -65,7 +66,7 @@ def _healthz(host: str, port: int) -> dict | None:
         return None
 
 
-def _shares(before: dict[int, dict], after: dict[int, dict], pids, connections: dict[int, int]) -> list[dict]:
+def worker_shares(before: dict[int, dict], after: dict[int, dict], pids, connections: dict[int, int]) -> list[dict]:
     """Each worker's part of the characters scored between two :meth:`ServerProcess.worker_health`
     readings: ``[{"pid", "connections", "chars_scored", "share"}]`` by pid (None for a worker that
     did not answer); ``connections``: the load's connections each took."""
@@ -103,7 +104,7 @@ class ServerProcess:
     """
 
     def __init__(self, args: list[str], timeout_s: float = 300.0):
-        self.port = _free_port()
+        self.port = free_port()
         self.workers = _workers_in(args)
         self.worker_pids: set[int] = set()
         self.tmp = tempfile.mkdtemp(prefix="isan-bench-serve-")
@@ -135,7 +136,7 @@ class ServerProcess:
 
     def healthz(self) -> dict | None:
         """``GET /healthz`` over a new connection (any worker may take it): its JSON, or None."""
-        return _healthz("127.0.0.1", self.port)
+        return get_healthz("127.0.0.1", self.port)
 
     def worker_health(self, tries: int = 2000) -> dict[int, dict]:
         """{pid: that worker's ``/healthz``} of every worker in :attr:`worker_pids` (new connections

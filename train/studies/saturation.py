@@ -20,7 +20,7 @@ import json
 import numpy as np
 
 from isan.data import read_text8_split
-from isan.engine.baselines.recurrent import _sigmoid, baseline_states_ref, bits_from_logits, load_baseline_bundle
+from isan.engine.baselines.recurrent import sigmoid, baseline_states_ref, bits_from_logits, load_baseline_bundle
 
 #: |h| above this counts as saturated (1 - tanh^2 < 0.02)
 SATURATED = 0.99
@@ -36,7 +36,7 @@ def gru_slice_stats(bundle: str, text: str) -> dict:
     H = baseline_states_ref(p, ids, h0)  # (T, d) the states after each character
     before = np.vstack([h0[None, :], H[:-1]])  # the states each character is read from
     d, W_hh = p.d, p.tensors["W_hh"]
-    z = _sigmoid(p.input_table()[ids, d:2 * d] + before @ W_hh[d:2 * d].T)  # the update gates (T, d)
+    z = sigmoid(p.input_table()[ids, d:2 * d] + before @ W_hh[d:2 * d].T)  # the update gates (T, d)
     return {"chars": len(ids), "bpc": float(bits_from_logits(p.readout(before), ids).mean()),
             "saturated": float((np.abs(H) > SATURATED).mean()), "z_mean": float(z.mean())}
 

@@ -30,9 +30,9 @@ import numpy as np
 import torch
 
 from isan.engine.guard import MAX_STATE_ABS
-from isan.engine.kernels.chunked import BatchResult, _concat_ids
+from isan.engine.kernels.chunked import BatchResult, concat_ids
 from isan.engine.kernels.streams import StreamModel
-from isan.engine.kernels.torch.streams import TorchStreams, _Block, _max_abs, _Out
+from isan.engine.kernels.torch.streams import ReadoutBuffers, StepBlock, TorchStreams, max_abs
 
 #: What a batch's results hold: each document's total bits, each character's bits, or none.
 WANTS = ("totals", "bits", "none")
@@ -101,7 +101,7 @@ def submit(runner: TorchStreams, model: StreamModel, texts: Sequence[np.ndarray]
         raise ValueError(f"hs must be ({B}, {d}); got {hs.shape}")
     start = np.zeros(B, dtype=np.int64)
     np.cumsum(lens[:-1], out=start[1:])
-    ids = _concat_ids(texts)
+    ids = concat_ids(texts)
     if ids.min() < 0 or ids.max() >= dm.K:
         raise ValueError(f"symbol ids must be in [0, {dm.K})")
     rows = np.empty((B, d + 1), dtype=runner.state_dtype)
@@ -110,17 +110,17 @@ def submit(runner: TorchStreams, model: StreamModel, texts: Sequence[np.ndarray]
     with runner.ieee(), torch.no_grad():
         ids_d, start_d, lens_d, Hall = runner.upload(dm, ids, start, lens, rows)
         n_chars = len(ids)
-        out = _Out.on(dev, chars=n_chars if want == "bits" else None, rows=B if want == "totals" else None)
+        out = ReadoutBuffers.on(dev, chars=n_chars if want == "bits" else None, rows=B if want == "totals" else None)
         act = torch.arange(B, device=dev)
         div = torch.full((B,), -1, dtype=torch.int64, device=dev)
         longest = int(lens.max())
         blk = runner._block_steps(B, longest)
         for t0 in range(0, longest, blk):  # every row in every block: no row is dropped, nothing waits
             n_steps = min(blk, longest - t0)
-            block = _Block(runner, dm, Hall, act, 0, ids_d, start_d, lens_d, t0, blk, limit, n_steps=n_steps)
+            block = StepBlock(runner, dm, Hall, act, 0, ids_d, start_d, lens_d, t0, blk, limit, n_steps=n_steps)
             stopped_at = block.run(out)
             div = torch.where((div < 0) & (stopped_at < block.n_steps), t0 + stopped_at, div)
-        m = _max_abs(Hall[:, :d], 1)  # the final states' range (the kernel's final check)
+        m = max_abs(Hall[:, :d], 1)  # the final states' range (the kernel's final check)
         div = torch.where((div < 0) & ~(m <= limit), lens_d, div)
         pending = Pending(lens, start, d, want, None, _pinned(Hall), _pinned(div))
         if want == "totals":

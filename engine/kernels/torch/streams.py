@@ -60,7 +60,7 @@ import numpy as np
 import torch
 
 from isan.engine.guard import MAX_STATE_ABS
-from isan.engine.kernels.streams import SCHED_FRAC, StreamModel, StreamsResult, _check, _check_frac
+from isan.engine.kernels.streams import SCHED_FRAC, StreamModel, StreamsResult, check_frac, check_rows_arguments
 from isan.engine.kernels.torch import ozaki
 from isan.engine.kernels.torch.precision import matmul_tf32
 
@@ -254,8 +254,9 @@ class TorchStreams:
         Raises:
             TypeError, ValueError: arrays of the wrong dtype, shape or range.
         """
-        P = _check(model, ids, start, length, H, bits, pairs, np.float64 if H.dtype == np.float64 else np.float32)
-        _check_frac(frac)
+        P = check_rows_arguments(model, ids, start, length, H, bits, pairs,
+                                 np.float64 if H.dtype == np.float64 else np.float32)
+        check_frac(frac)
         if P and (start.min() < 0 or length.min() < 0 or int((start + length).max()) > len(ids)):
             raise ValueError("every row must read inside ids: 0 <= start and start + length <= len(ids)")
         check_every = int(check_every)
@@ -315,7 +316,7 @@ class TorchStreams:
         blk = check_every if pairs else self._block_steps(P, int(length.max()))
         lo, hi = int(start.min()), int((start + length).max())  # the span the rows read: only it travels
         ids_d, start_d, length_d, Hall = self.upload(dm, ids[lo:hi], start - lo, length, H[:, : d + 1])
-        out = _Out.on(dev, chars=hi - lo if bits is not None else None, rows=P if totals is not None else None)
+        out = ReadoutBuffers.on(dev, chars=hi - lo if bits is not None else None, rows=P if totals is not None else None)
         steps_d = torch.zeros(P, dtype=torch.int64, device=dev)
         div_d = torch.full((P,), -1, dtype=torch.int64, device=dev)
         res_d = torch.full((P,), math.inf, dtype=torch.float32, device=dev)
@@ -328,8 +329,8 @@ class TorchStreams:
             steps_d = torch.where(fin, length_d, steps_d)
             running &= ~fin
             if pairs and t0 > 0 and t0 % check_every == 0:
-                mh = _max_abs(Hall[:P], 1)  # whole rows: the homogeneous 1 floors max|h| at 1
-                me = _max_abs(Hall[P:], 1)
+                mh = max_abs(Hall[:P], 1)  # whole rows: the homogeneous 1 floors max|h| at 1
+                me = max_abs(Hall[P:], 1)
                 r = (me / mh).to(torch.float32)
                 res_d = torch.where(running, r, res_d)
                 conv = running & (r <= stop_ratio)
@@ -339,7 +340,7 @@ class TorchStreams:
             A = int(act.numel())  # the block's synchronisation
             if A == 0:
                 break
-            blk_steps = _Block(self, dm, Hall, act, P if pairs else 0, ids_d, start_d, length_d, t0, blk, limit)
+            blk_steps = StepBlock(self, dm, Hall, act, P if pairs else 0, ids_d, start_d, length_d, t0, blk, limit)
             stopped_at = blk_steps.run(out)
             total += blk_steps.kept
             bad = stopped_at < blk_steps.n_steps
@@ -348,7 +349,7 @@ class TorchStreams:
             running[act[bad]] = False
             t0 += blk
         # rows whose final state is out of range (the kernel's final check)
-        m = _max_abs(Hall[:P, :d], 1)
+        m = max_abs(Hall[:P, :d], 1)
         div_d = torch.where((div_d < 0) & ~(m <= limit), steps_d, div_d)
         H[:, : d + 1] = _to_host(Hall)
         if bits is not None:  # where every character of the span was written (the rule), no masked copy
@@ -374,14 +375,14 @@ def _first_line(e: BaseException) -> str:
     return (str(e).splitlines() or [""])[0][:200]
 
 
-def _max_abs(x: torch.Tensor, dim: int) -> torch.Tensor:
+def max_abs(x: torch.Tensor, dim: int) -> torch.Tensor:
     """``max |x|`` along ``dim`` in one reduction (no ``|x|`` made first: a gigabyte at a GPU
     readout); NaN where a NaN is, as ``x.abs().amax(dim)``."""
     return torch.linalg.vector_norm(x, ord=math.inf, dim=dim)
 
 
 @dataclass
-class _Out:
+class ReadoutBuffers:
     """Where a call's readout goes, on the device: each character's bits (``bits``, with
     ``written`` marking what goes back), each row's total (``totals``), either or neither."""
 
@@ -390,7 +391,7 @@ class _Out:
     totals: torch.Tensor | None = None
 
     @classmethod
-    def on(cls, device: torch.device, chars: int | None = None, rows: int | None = None) -> "_Out":
+    def on(cls, device: torch.device, chars: int | None = None, rows: int | None = None) -> "ReadoutBuffers":
         """Each of ``chars`` characters' bits (with one slot more, where steps not kept write: no
         synchronisation to mask them; ``written`` says what goes back), and/or each of ``rows``
         rows' total, on ``device``."""
@@ -448,7 +449,7 @@ READOUT_BYTES = {"cuda": 1 << 30, "cpu": 256 << 20}
 _LOG2E = 1.0 / math.log(2.0)
 
 
-class _Block:
+class StepBlock:
     """One block of steps of the rows ``act`` (and their error rows ``act + P`` when ``P``).
 
     The states of the block's steps live in one buffer ``hist`` (steps + 1, rows, d + 1): a step
@@ -488,7 +489,7 @@ class _Block:
         self.ro_steps = max(1, min(self.n_steps, budget // max(1, len(self.rows) * dm.width * itemsize)))
         self.kept = torch.zeros((), dtype=torch.int64, device=dev)
 
-    def run(self, out: "_Out") -> torch.Tensor:
+    def run(self, out: "ReadoutBuffers") -> torch.Tensor:
         """Run the block; returns (A,) the step at which each row left the range (``n_steps`` if none)."""
         dm, A = self.dm, self.A
         n_rows = len(self.rows)
@@ -537,13 +538,13 @@ class _Block:
             out[s:] = hp[s:]
         h_out.index_copy_(0, p, res)
 
-    def _read_out(self, hist, j0: int, stopped_at, out: "_Out"):
+    def _read_out(self, hist, j0: int, stopped_at, out: "ReadoutBuffers"):
         """Range checks and bits of steps ``j0 ..`` from the states before them (n, A, width)."""
         dm, K = self.dm, self.dm.K
         n = len(hist)
         steps = torch.arange(j0, j0 + n, device=hist.device)
         live = self.live[j0 : j0 + n]
-        bad = ~(_max_abs(hist[:, :, : dm.d], 2) <= self.limit)
+        bad = ~(max_abs(hist[:, :, : dm.d], 2) <= self.limit)
         if out.reads_out:
             flat = hist.reshape(-1, dm.width)
             L = (flat @ dm.RoT_w if dm.RoT_split is None else ozaki.matmul(flat, dm.RoT_split))
