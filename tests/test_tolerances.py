@@ -1,7 +1,9 @@
 """The derived float tolerances (tests/tolerances.py): they hold for a plain float32 computation of the
 default model (and of the recurrent baselines) on real text, in two summation orders, and they fail a
 computation that is less exact than float32 (matrices rounded to float16), so the tests that use them can
-fail; Higham's worst case holds for a short scan in two orders."""
+fail; Higham's worst case holds for a short scan in two orders and for one inner product (float32, TF32x3),
+which a single TF32 product or float16 weights exceed; each character's own tolerance and a decaying scan's
+relative one hold too."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from tolerances import (U32, U64, F32Tolerance, baseline_float32_tolerance, float64_sums_tolerance, gamma,
+from tolerances import (TF32X3_U, U32, U64, F32Tolerance, baseline_float32_tolerance, float64_sums_tolerance, gamma,
+                        inner_product_worst_case, isan_float32_bits_tolerances, isan_float32_relative_state_tolerance,
                         isan_float32_tolerance, isan_worst_case, lam, readout_tolerance)
 from tolerances import engine_float32_tolerance, engine_ids_tolerance, next_char_tolerance
 
@@ -164,6 +167,71 @@ def test_float64_sums_in_any_order_within_the_bound_and_float32_sums_not(case):
         assert abs(a - b) <= tol
     assert tol < 1e-9 * exact  # far below the total's float32 rounding (U32 = 6e-8 of it)
     assert abs(float(ref.astype(np.float32).sum(dtype=np.float32)) - exact) > tol
+
+
+# ---- one inner product, in float32 and in three TF32 products; each character's own tolerance ---------
+def _tf32(a: np.ndarray) -> np.ndarray:
+    """float32 truncated to TF32 (10 explicit significand bits: the low 13 bits cleared)."""
+    return (np.asarray(a, np.float32).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+def _tf32x3_dot(A: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """``A @ h`` as three TF32 products (hi hi + hi lo + lo hi), each exact in float32, summed in float32."""
+    A_hi, h_hi = _tf32(A), _tf32(h)
+    A_lo, h_lo = _tf32(A - A_hi), _tf32(h - h_hi)
+    return (A_hi @ h_hi + A_hi @ h_lo) + A_lo @ h_hi
+
+
+def test_inner_product_worst_case_holds_and_a_lesser_product_exceeds_it(case):
+    """The default model's step products on states of real text: float32 (BLAS and one term at a time)
+    within gamma(n), a TF32x3 emulation within its bound; a single TF32 product (about 1e-3 relative)
+    and float16 weights exceed the bounds; the bound stays far below the values."""
+    (W, b, W_ro, b_ro, h0), ids, _, _ = case
+    h = h0
+    for x in ids[:50]:
+        h = W[x] @ h + b[x]
+    A32, h32 = W[ids[50]].astype(np.float32), h.astype(np.float32)
+    A, hh = A32.astype(np.float64), h32.astype(np.float64)
+    exact, mag, n = A @ hh, np.abs(A) @ np.abs(hh), len(h)
+    own = inner_product_worst_case(n, u=U64) * mag  # the float64 product's own error
+    seq = np.zeros(len(exact), np.float32)
+    for j in range(n):
+        seq += A32[:, j] * h32[j]
+    for got in (A32 @ h32, seq):
+        assert (np.abs(got - exact) <= inner_product_worst_case(n) * mag + own).all()
+    assert (np.abs(_tf32x3_dot(A32, h32) - exact) <= inner_product_worst_case(n, "tf32x3") * mag + own).all()
+    assert (np.abs(_tf32(A32) @ _tf32(h32) - exact) > inner_product_worst_case(n, "tf32x3") * mag).any()
+    assert (np.abs(A32.astype(np.float16).astype(np.float32) @ h32 - exact) > inner_product_worst_case(n) * mag).any()
+    assert inner_product_worst_case(n, "tf32x3") * mag.max() < 1e-2 * np.abs(exact).max()
+    assert TF32X3_U > U32 and inner_product_worst_case(n, "tf32x3") > inner_product_worst_case(n)
+    with pytest.raises(ValueError, match="precision"):
+        inner_product_worst_case(n, "tf32")
+
+
+def test_each_characters_tolerance_holds_and_its_largest_is_the_texts(case):
+    (W, b, W_ro, b_ro, h0), ids, ref, _ = case
+    ids = ids[:400]
+    each = isan_float32_bits_tolerances(W, b, W_ro, b_ro, h0, ids, samples=4)
+    assert each.shape == (len(ids),) and (each > 0).all()
+    assert each.max() == isan_float32_tolerance(W, b, W_ro, b_ro, h0, ids, samples=4).bits
+    bits, _ = _bits32(*(a.astype(np.float32) for a in (W, b, W_ro, b_ro, h0)), ids, "blas")
+    assert (np.abs(bits - ref[: len(ids)]) <= each).all()
+
+
+def test_a_decaying_scan_within_its_relative_tolerance_and_float16_not(case):
+    """The correction's linear scan ``e <- W[x] e`` from ``0.01 h0`` (no bias) in float32, one character a
+    step, against float64: every state within the derived relative tolerance of its largest component;
+    with W rounded to float16, not."""
+    (W, _, W_ro, b_ro, h0), ids, _, _ = case
+    ids = ids[:300]
+    rel = isan_float32_relative_state_tolerance(W, 0 * W[:, 0], W_ro, b_ro, 0.01 * h0, ids, samples=4)
+    worst = {}
+    for name, W32 in (("float32", W.astype(np.float32)), ("float16", W.astype(np.float16).astype(np.float32))):
+        e, e32, worst[name] = 0.01 * h0, (0.01 * h0).astype(np.float32), 0.0
+        for x in ids:
+            e, e32 = W[x] @ e, W32[x] @ e32
+            worst[name] = max(worst[name], float(np.abs(e32 - e).max() / np.abs(e).max()))
+    assert worst["float32"] <= rel < worst["float16"]
 
 
 def test_engine_tolerance_holds_for_the_library_and_float16_not(default_engine, text8_test, case):

@@ -51,6 +51,31 @@ def gamma(n: int, u: float = U32) -> float:
     return n * u / (1.0 - n * u)
 
 
+#: the relative error of one product of two float32 values made of three TF32 tensor-core products
+#: (``tf32x3``): each float32 ``a`` splits into ``a_hi = tf32(a)`` (10 explicit significand bits: within
+#: 2^-10 |a|, truncated or rounded) and ``a_lo = tf32(a - a_hi)`` (within 2^-10 |a - a_hi|), leaving
+#: ``|a - a_hi - a_lo| <= 2^-20 |a|``; ``a_hi b_hi + a_hi b_lo + a_lo b_hi`` misses ``a_lo b_lo`` and the
+#: two leftovers' products, each at most 2^-20 |a b| (1 + 2^-10): below ``2^-18 |a b|`` in all. The TF32
+#: products are exact in float32 (11 by 11 significand bits) and summed in float32 (``U32`` per addition).
+TF32X3_U = 2.0 ** -18
+
+
+def inner_product_worst_case(n: int, precision: str = "ieee", u: float = U32) -> float:
+    """Higham's worst-case bound on an inner product of ``n`` terms in any order of summation, relative to
+    the sum of the terms' magnitudes ``sum_i |a_i b_i|``: ``gamma(n)`` (section 3.1, ``n`` roundings along
+    a term's path, the product's included); ``"tf32x3"`` (float32 only): ``3 n`` products summed,
+    ``gamma(3 n) + TF32X3_U (1 + gamma(3 n))``.
+
+    Raises:
+        ValueError: an unknown precision.
+    """
+    if precision == "ieee":
+        return gamma(n, u)
+    if precision == "tf32x3":
+        return gamma(3 * n, U32) + TF32X3_U * (1.0 + gamma(3 * n, U32))
+    raise ValueError(f"precision must be 'ieee' or 'tf32x3'; got {precision!r}")
+
+
 def float64_sums_tolerance(n: int, total: float) -> float:
     """The largest difference between two float64 sums of the same ``n`` nonnegative terms (per-character
     bits) added in any two orders: each is within ``gamma(n - 1, U64)`` times the sum of the terms'
@@ -141,13 +166,44 @@ def isan_float32_tolerance(W, b, W_ro, b_ro, h0, ids, samples: int = 8, seed: in
     Returns:
         F32Tolerance, bits.
     """
+    rms_bits, rms_total, rms_state, _, d = _isan_deviations(W, b, W_ro, b_ro, h0, ids, samples, seed, inputs)
+    T = len(ids)
+    return F32Tolerance(bits=lam(T, eps) * float(rms_bits.max()), total_bits=lam(T, eps) * float(rms_total.max()),
+                        state=lam(T * d, eps) * rms_state, chars=T)
+
+
+def isan_float32_bits_tolerances(W, b, W_ro, b_ro, h0, ids, samples: int = 8, seed: int = 0,
+                                 eps: float = EPS, inputs=None) -> np.ndarray:
+    """Each character's own derived float32 tolerance (bits, absolute), shape (T,): the derivation of
+    :func:`isan_float32_tolerance` (same arguments) without the maximum over the text. For a state that
+    grows by orders of magnitude along the text (a model diverging), where the largest tolerance would
+    say nothing about the early characters."""
+    rms_bits = _isan_deviations(W, b, W_ro, b_ro, h0, ids, samples, seed, inputs)[0]
+    return lam(len(ids), eps) * rms_bits
+
+
+def isan_float32_relative_state_tolerance(W, b, W_ro, b_ro, h0, ids, samples: int = 8, seed: int = 0,
+                                          eps: float = EPS, inputs=None) -> float:
+    """The derived float32 tolerance of every state on the way relative to its own largest component,
+    ``max_i |h_t[i] - exact| <= tol * max_i |exact h_t[i]|`` for every t (the derivation of
+    :func:`isan_float32_tolerance`, same arguments). For a state that decays by orders of magnitude (the
+    linear scan ``e <- W[x] e`` of the chunk-parallel correction, ``b = 0``), where an absolute tolerance
+    taken at its start would say nothing about its end."""
+    _, _, _, rms_rel, d = _isan_deviations(W, b, W_ro, b_ro, h0, ids, samples, seed, inputs)
+    return lam(len(ids) * d, eps) * rms_rel
+
+
+def _isan_deviations(W, b, W_ro, b_ro, h0, ids, samples, seed, inputs):
+    """The sampled root mean square deviations of :func:`isan_float32_tolerance`: (each character's
+    bits (T,), each prefix's total (T,), the largest of any state component, the largest relative to
+    the state's largest component, d)."""
     W, b, W_ro, b_ro, h = (np.asarray(a, np.float64) for a in (W, b, W_ro, b_ro, h0))
     d, V, T = W.shape[1], W_ro.shape[0], len(ids)
     rng = np.random.default_rng(seed)
     g_step, g_out, g_sm = (math.sqrt(n) * U32 for n in (d + 1, d + 1, 2 * V + 2))
     absW, absWro = np.abs(W), np.abs(W_ro)
     E = np.zeros((d, samples))  # the samples' state errors
-    rms_bits, rms_total, dev_total, rms_state = np.zeros(T), np.zeros(T), np.zeros(samples), 0.0
+    rms_bits, rms_total, dev_total, rms_state, rms_rel = np.zeros(T), np.zeros(T), np.zeros(samples), 0.0, 0.0
     reads = np.asarray(ids if inputs is None else inputs, np.int64)
     for t, (x, xi) in enumerate(zip(np.asarray(ids, np.int64), reads)):
         logits = W_ro @ h + b_ro
@@ -162,9 +218,9 @@ def isan_float32_tolerance(W, b, W_ro, b_ro, h0, ids, samples: int = 8, seed: in
         step = absW[xi] @ np.abs(h) + np.abs(b[xi])
         E = W[xi] @ E + g_step * step[:, None] * rng.choice([-1.0, 1.0], (d, samples))
         h = W[xi] @ h + b[xi]
-        rms_state = max(rms_state, float(np.sqrt(np.mean(E ** 2, axis=1)).max()))
-    return F32Tolerance(bits=lam(T, eps) * float(rms_bits.max()), total_bits=lam(T, eps) * float(rms_total.max()),
-                        state=lam(T * d, eps) * rms_state, chars=T)
+        rms = float(np.sqrt(np.mean(E ** 2, axis=1)).max())
+        rms_state, rms_rel = max(rms_state, rms), max(rms_rel, rms / float(np.abs(h).max()))
+    return rms_bits, rms_total, rms_state, rms_rel, d
 
 
 @lru_cache(maxsize=8)
