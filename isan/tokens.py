@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable
 
 import numpy as np
 
@@ -362,19 +362,3 @@ def alphabet_from_json(obj) -> "Alphabet | ByteAlphabet | PairAlphabet | WordAlp
         if isinstance(e, AlphabetError):
             raise
         raise AlphabetError(f"malformed {obj.get('kind')} alphabet: {e}") from None
-
-
-def make_alphabet(kind: str, text: str | None = None, K: int = 70, base: Alphabet | None = None,
-                  words: Sequence[str] | None = None):
-    """An alphabet of ``kind`` for training on ``text``: chars (the text's characters, or ``base``),
-    bytes (its K - 1 most frequent bytes plus other), pairs (of ``base`` or the text's characters),
-    words (``words`` or the text's words)."""
-    if kind == "chars":
-        return base or Alphabet.from_text(text or "")
-    if kind == "bytes":
-        return ByteAlphabet.from_data(text or "", K)
-    if kind == "pairs":
-        return PairAlphabet(base or Alphabet.from_text(text or ""))
-    if kind == "words":
-        return WordAlphabet(tuple(words)) if words is not None else WordAlphabet.from_text(text or "")
-    raise AlphabetError(f"unknown alphabet kind {kind!r}; choose one of {', '.join(KINDS)}")

@@ -170,10 +170,6 @@ class WindowedAttribution:
     max_abs_error: float
     target: TargetAttribution | None = None
 
-    def source_position(self, t: int, column: int) -> int | None:
-        """The character position of source ``column`` at position t (None: the history)."""
-        return None if column == 0 else t - (column - 1)
-
 
 def windowed_attribution(p: ISANParams, ids: np.ndarray, window: int, h: np.ndarray | None = None,
                          target: str | None = None, char=None, other=None, symbols=None, tol: float = 1e-6,

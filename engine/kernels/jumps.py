@@ -118,13 +118,6 @@ class JumpTable:
     def params(self) -> ISANParams:
         return self.stream.params()
 
-    def avg_jump(self, ids: np.ndarray) -> float:
-        """The average characters a jump on ``ids`` (one row, greedy longest match)."""
-        n = len(ids)
-        if n == 0:
-            return 0.0
-        return n / len(segment(self, np.asarray(ids, dtype=np.int32)))
-
     @property
     def dtype(self) -> str:
         """``"float32"`` (exact: the default) or ``"float16"`` (half the bytes; not exact)."""

@@ -93,25 +93,6 @@ def _scored(lp_before: np.ndarray, ids: np.ndarray) -> float:
     return float(-lp_before[np.arange(len(ids)), ids].mean() / math.log(lp_before.shape[1]))
 
 
-def fig1_records(run: int, ids: dict, esn_sizes=ESN_SIZES, contexts=NPM_CONTEXTS, models=MODELS):
-    """Yield one record per (model, size) of run ``run`` (seed = 1000 * run + size-independent offset)."""
-    from isan.engine.baselines.reservoir import ReservoirParams
-
-    tr, te, V = ids["train"], ids["test"], len(EG.SYMBOLS)
-    for plus in (False, True):
-        name = "esn+" if plus else "esn"
-        if name not in models:
-            continue
-        for n in esn_sizes:
-            t0 = time.perf_counter()
-            cfg, tz = RS.train_esn(tr, V, n, seed=1000 * run + n, plus=plus)
-            p = ReservoirParams.from_tensors(cfg, tz)
-            Hte = RS.states_before(p.tensors["E"], p.tensors["W_hh"], te, p.initial_state())
-            yield {"model": name, "size": n, "run": run, "nnl": _scored(p.log_probs(Hte), te),
-                   "seconds": round(time.perf_counter() - t0, 3)}
-    yield from npm_records(run, ids, contexts, models)
-
-
 def _batched_states(E: np.ndarray, W: np.ndarray, ids: np.ndarray, block: int = 2048):
     """Yield (t0, H) blocks of the states *before* each symbol for R networks at once:
     E (R, V, n), W (R, n, n) -> H (R, len(block), n); the recurrence of
@@ -351,10 +332,6 @@ def export_bundles(out: Path, size: int = 100, contexts: int = 100) -> list[dict
 
 
 # ------------------------------------------------------------------------------------------- table
-def load_log(path: Path) -> list[dict]:
-    return [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
-
-
 def summarise(records: list[dict]) -> dict:
     """{model: {size: {"mean", "std", "runs", "min", "max", "diverged"}}} of NNL over runs (std: population,
     ddof=0). A run whose NNL is not finite (the paper's ESN run with its own output fed back can blow up:

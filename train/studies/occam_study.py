@@ -330,38 +330,3 @@ def export_bundle(run_dir: Path, out: Path, data: str, check_chars: int = 2000) 
     return {"bundle": str(out), "kind": m["kind"], "params_sha256": m["params_sha256"],
             "bundle_bpc_first_chars": float(bits_np.mean()), "max_abs_bits_vs_torch": float(np.abs(bits_np - bits_t).max()),
             "chars": int(len(ids))}
-
-
-# ------------------------------------------------------------------------------------ training
-# (here, not in isan.train.occam: the model sits below the loop, which imports it through the model registry)
-def loop_has_aux_hook() -> bool:
-    """Whether :class:`isan.train.loop.Trainer` calls a model's ``aux_loss`` (issue #14's hook)."""
-    import inspect
-
-    from isan.train.loop import Trainer
-
-    return "aux_loss" in inspect.getsource(Trainer)
-
-
-def train_occam(kind: str, out_dir: str, data: str, params: float = 3.2e5, lr: float = 0.00376,
-                max_chars: float = 9e6, batch_size: int = 32, bptt: int = 64, eval_every: float = 0.5,
-                patience: int = 4, seed: int = 0, threads: int = 1, progress_bar: bool = False):
-    """Train an Occam LSTM with Table 1's protocol for the 3.2e5 LSTM (its tuned rate, B=32, T=64,
-    clipping 1.0, evaluation every half epoch, rate halved on a plateau) through
-    :class:`isan.train.loop.Trainer`. The penalty goes through the loop's aux-loss hook where the
-    loop has one, else it is injected in the forward pass (progress = characters seen / max_chars).
-    Returns the final :class:`isan.train.loop.Progress`.
-    """
-    from isan.train.loop import TrainConfig, Trainer
-
-    cfg = TrainConfig(model=kind, params=params, data=data, dataset="text8", batch_size=batch_size, bptt=bptt,
-                      lr=lr, max_chars=int(max_chars), eval_every=eval_every, patience=patience, max_epochs=100,
-                      seed=seed, threads=threads)
-    tr = Trainer(cfg, out_dir, progress_bar=progress_bar)
-    model = tr.model
-    if not loop_has_aux_hook():
-        model.penalty_mode = "inject"
-        model.progress_fn = lambda: tr.progress.chars_seen / tr.cfg.max_chars
-    tr._log({"event": "penalty", "mode": model.penalty_mode, "lam": model.lam, "schedule": model.schedule,
-             "gate": model.gate})
-    return tr.run()

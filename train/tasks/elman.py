@@ -236,19 +236,6 @@ def to_text(sentences: list[list[str]]) -> str:
     return " ".join(w for s in sentences for w in s) + "\n"
 
 
-def split_sentences(words: list[str]) -> list[list[str]]:
-    """A word stream cut after every ``.`` (a trailing unfinished sentence is kept as it is)."""
-    out, cur = [], []
-    for w in words:
-        cur.append(w)
-        if w == END:
-            out.append(cur)
-            cur = []
-    if cur:
-        out.append(cur)
-    return out
-
-
 #: the seeds of the study's data (train and an independent test set)
 TRAIN_SEED, TEST_SEED, VALID_SEED = 1991, 2008, 17
 
@@ -315,17 +302,6 @@ class NextWordOracle:
         out = {s[:-1]: w for s, w in e.items() if s and s[-1] == word}
         z = sum(out.values())
         return {s: w / z for s, w in out.items()} if z > 0 else {}
-
-    def sentence_distributions(self, sentence: list[str]) -> np.ndarray:
-        """(len(sentence), 24): row t is P(x_t | x_<t within the sentence)."""
-        b = self.start()
-        rows = []
-        for w in sentence:
-            rows.append(self.distribution(b))
-            b = self.advance(b, w)
-            if not b:
-                raise ValueError(f"ungrammatical at {w!r} in {' '.join(sentence)!r}")
-        return np.array(rows)
 
 
 @lru_cache(maxsize=8)
