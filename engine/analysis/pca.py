@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from isan.engine.baselines.recurrent import sigmoid
 from isan.params import ISANParams
 
 
@@ -69,10 +70,6 @@ def spectrum(cov: np.ndarray) -> dict:
             "participation_ratio": float(lam.sum() ** 2 / (lam ** 2).sum()), "total_variance": float(lam.sum())}
 
 
-def _sigmoid(x):
-    return 0.5 * (1.0 + np.tanh(0.5 * x))
-
-
 def baseline_step_batch(params, S: np.ndarray, A: np.ndarray) -> np.ndarray:
     """A step of :func:`isan.engine.baselines.recurrent.baseline_step_ref` for many rows: flat states S (B, S)
     and input terms A (B, G d) -> (B, S). Tested equal to the reference."""
@@ -84,13 +81,13 @@ def baseline_step_batch(params, S: np.ndarray, A: np.ndarray) -> np.ndarray:
     if params.kind == "irnn":
         return np.maximum(A + gh, 0.0)
     if params.kind == "gru":
-        r = _sigmoid(A[:, :d] + gh[:, :d])
-        z = _sigmoid(A[:, d:2 * d] + gh[:, d:2 * d])
+        r = sigmoid(A[:, :d] + gh[:, :d])
+        z = sigmoid(A[:, d:2 * d] + gh[:, d:2 * d])
         n = np.tanh(A[:, 2 * d:] + r * (gh[:, 2 * d:] + params.tensors["b_hn"]))
         return (1.0 - z) * n + z * h
     g = A + gh  # lstm: blocks i, f, g, o
-    c = _sigmoid(g[:, d:2 * d]) * S[:, d:] + _sigmoid(g[:, :d]) * np.tanh(g[:, 2 * d:3 * d])
-    return np.concatenate([_sigmoid(g[:, 3 * d:]) * np.tanh(c), c], axis=1)
+    c = sigmoid(g[:, d:2 * d]) * S[:, d:] + sigmoid(g[:, :d]) * np.tanh(g[:, 2 * d:3 * d])
+    return np.concatenate([sigmoid(g[:, 3 * d:]) * np.tanh(c), c], axis=1)
 
 
 def _segmented_spectrum(ids: np.ndarray, S0: np.ndarray, step, keep: int, segments: int, warmup: int) -> dict:

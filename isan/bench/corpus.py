@@ -37,7 +37,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from isan.bench.engine import amdahl, machine, write_json  # noqa: F401  (write_json re-exported for the CLI)
+from isan.bench.serve_process import free_port
 
 
 def _sources(data_dir: Path) -> list[tuple[str, str]]:
@@ -102,12 +102,6 @@ def make_corpus(data_dir: str | Path, mb: float, files: int = 8, seed: int = 0, 
     return d
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class LocalCluster:
     """``ray start --head`` plus more nodes on this machine; stopped by killing their process groups.
 
@@ -124,7 +118,7 @@ class LocalCluster:
 
     def __init__(self, cpus_per_node: int = 1, nodes: int = 2, object_store_bytes: int = 100_000_000,
                  env: dict | None = None, min_nodes: int | None = None, timeout: float = 180):
-        self.port = _free_port()
+        self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.groups: list[int] = []
         self.nodes = 0
