@@ -43,6 +43,7 @@ from isan.engine.serve.client import (FrameError, ResumableStream, StreamLostErr
                                       SyncResumableStream)
 from isan.engine.serve.snapshot import encode_state  # noqa: E402
 from server_helpers import free_port, wait_for  # noqa: E402
+from tolerances import engine_float32_tolerance  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 GUIDE = REPO / "docs" / "guide" / "deployment.md"
@@ -414,16 +415,16 @@ def test_http_is_spread_over_the_replicas_and_snapshots_move_between_them(cluste
     texts = [text8_test[i * 1000 : i * 1000 + 300 + 37 * i] for i in range(20)]
     with httpx.Client(base_url=cluster.url, timeout=60) as c:  # one keep-alive connection
         for t in texts:
-            r = c.post("/v1/score", json={"text": t})
+            r, tol = c.post("/v1/score", json={"text": t}), engine_float32_tolerance(eng, t).twice()  # two float32
             assert r.status_code == 200, r.text
-            assert r.json()["chars"] == len(t) and r.json()["bits"] == pytest.approx(eng.score(t).bits, rel=1e-6)
+            assert r.json()["chars"] == len(t) and abs(r.json()["bits"] - eng.score(t).bits) <= tol.total_bits
         counts = [cluster.scored(0), cluster.scored(1)]
         assert sum(counts) == len(texts) and min(counts) >= len(texts) // 2 - 1, counts  # round robin
         # a snapshot of one replica restores on the other (the shared secret), with the bits of one text
-        a, b = texts[0][:150], texts[0][150:]
+        a, b, whole = texts[0][:150], texts[0][150:], engine_float32_tolerance(eng, texts[0]).twice()  # two float32
         token = httpx.post(f"{cluster.replica_url(0)}/v1/score", json={"text": a, "return_state": True}).json()["state"]
         r = httpx.post(f"{cluster.replica_url(1)}/v1/score", json={"text": b, "state": token})
-        assert r.status_code == 200 and r.json()["total_bits"] == pytest.approx(eng.score(texts[0]).bits, rel=1e-6)
+        assert r.status_code == 200 and abs(r.json()["total_bits"] - eng.score(texts[0]).bits) <= whole.total_bits
         # through the balancer: a changed snapshot is refused (403), another model's (409)
         raw = bytearray(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
         raw[60] ^= 1
@@ -447,7 +448,7 @@ def test_http_is_spread_over_the_replicas_and_snapshots_move_between_them(cluste
     with pytest.raises(StreamLostError) as err:  # the client: a forged snapshot ends the stream, no retry
         asyncio.run(restore(forged))
     assert err.value.code == 403 and "signature" in str(err.value)
-    assert asyncio.run(restore(token))["total_bits"] == pytest.approx(eng.score(texts[0]).bits, rel=1e-6)
+    assert abs(asyncio.run(restore(token))["total_bits"] - eng.score(texts[0]).bits) <= whole.total_bits
     # no replica left: the balancer's own answer, in the server's error shape
     for p in cluster.replicas:
         p.kill()
@@ -532,14 +533,14 @@ def _run_streams(cluster, chunks: list[list[str]], disrupt):
 def _check_streams(eng, chunks, answers, resumes, held):
     assert len(answers) == len(chunks)
     for cs, got in zip(chunks, answers):
-        st = eng.initial_state()
+        st, tol = eng.initial_state(), engine_float32_tolerance(eng, "".join(cs)).twice()  # batched vs library
         assert len(got) == len(cs)
         for c, a in zip(cs, got):  # each chunk's bits as the library scores it after the ones before
             want = eng.score(c, state=st)
             st = want.state
             assert a["chars"] == want.chars and a["total_chars"] == st.chars
-            assert a["bits"] == pytest.approx(want.bits, rel=1e-6)  # batched kernel: float32 rounding
-            assert a["total_bits"] == pytest.approx(st.bits, rel=1e-6)
+            assert abs(a["bits"] - want.bits) <= 2 * tol.total_bits  # a difference of two totals
+            assert abs(a["total_bits"] - st.bits) <= tol.total_bits
     times = [t for r in resumes for t in r]
     print(f"\n{len(chunks)} streams, {held} on the victim; {len(times)} resumes: median "
           f"{1e3 * statistics.median(times):.0f} ms, max {1e3 * max(times):.0f} ms" if times else "no resumes")
