@@ -21,11 +21,11 @@ from pathlib import Path
 from isan.atomic import write_json_atomic
 from isan.errors import IsanError, install_hint
 from isan.engine.corpus.lines import MAX_LINE_BYTES
-from isan.engine.corpus.readers import FORMATS, detect_format, expand_inputs, is_url, resolve_input  # noqa: F401
-from isan.engine.corpus.scoring import DEFAULT_BATCH_CHARS, DocScorer, corpus_path  # noqa: F401
+from isan.engine.corpus.readers import detect_format, expand_inputs, is_url, resolve_input
+from isan.engine.corpus.scoring import DocScorer, corpus_path
 from isan.engine.corpus.writers import COLUMNS_V1
 # the per-file units every runner shares (the workers and the Ray actors import them from parts.py, not from here)
-from isan.engine.corpus.parts import FileParts, JobConfig, load_corpus_engine, process_file  # noqa: F401
+from isan.engine.corpus.parts import JobConfig, load_corpus_engine, process_file
 
 log = logging.getLogger(__name__)
 

@@ -78,7 +78,7 @@ def load_corpus_engine(model: str | None, device: str = "cpu", dtype: str = "flo
 
 def file_error_row(message: str) -> dict:
     """The output row of an input file that cannot be read (``InputFileError: message``), no document's."""
-    from isan.engine.corpus.scoring import COUNT_KEYS
+    from isan.engine.corpus.prepared import COUNT_KEYS
 
     return {"id": None, "index": -1, "chars_read": 0, "chars_scored": 0, "bits": 0.0, "bpc": None,
             **{k: 0 for k in COUNT_KEYS}, "changed_fraction": None, "error": f"InputFileError: {message}",

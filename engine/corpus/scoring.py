@@ -34,7 +34,7 @@ import numpy as np
 from isan.errors import EmptyTextError, IsanError, StateDivergedError
 from isan.engine.corpus.readers import Doc
 # the rows' helpers live with the preparation (a reader process makes the rows of documents that cannot be scored)
-from isan.engine.corpus.prepared import COUNT_KEYS, PreparedDocs, changed_fraction, empty_row, error_message, fill_row, prepare_docs  # noqa: F401
+from isan.engine.corpus.prepared import PreparedDocs, empty_row, error_message, fill_row, prepare_docs
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from isan.engine.serve.errors import RequestError, busy, from_isan
 from isan.engine.serve.scheduler import Job, Scheduler, ShuttingDown
 from isan.engine.serve.snapshot import decode_state, encode_state, new_secret
 # a connection's side and what is known of a model live in their own modules; their names import from here too
-from isan.engine.serve.clients import Client, ClientGone, NotReady, TimedOut, expire_future  # noqa: F401
-from isan.engine.serve.model_info import ModelInfo, public_describe  # noqa: F401
+from isan.engine.serve.clients import Client, ClientGone, TimedOut, expire_future
+from isan.engine.serve.model_info import ModelInfo
 
 log = logging.getLogger(__name__)
 
