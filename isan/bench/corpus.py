@@ -45,7 +45,8 @@ from pathlib import Path
 
 import numpy as np
 
-from isan.bench.engine import amdahl, machine, write_json  # noqa: F401  (write_json re-exported for the CLI)
+from isan.bench.common import machine, write_json
+from isan.bench.sweep import amdahl
 from isan.bench.serve_process import free_port
 
 

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from isan.bench.common import machine, median_time, rss_mb, write_json  # noqa: F401  (re-exported)
+from isan.bench.common import machine, median_time, rss_mb
 from isan.bench.peers import PeerUnavailable, bench_kenlm, bench_onnx_lstm
-from isan.bench.sweep import (amdahl, fma_peak, markdown_peak, markdown_scaling, peak_fractions, plot_sweep,  # noqa: F401
-                             sweep_rows, thread_scaling)
+from isan.bench.sweep import fma_peak, markdown_peak, markdown_scaling, peak_fractions, sweep_rows, thread_scaling
 
 
 #: What `isan bench engine` measures (issue "The fast engine"); sizes in characters.

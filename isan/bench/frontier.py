@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from isan.bench.engine import machine, median_time
+from isan.bench.common import machine, median_time
 
 DEFAULT_LONG_CHARS = 2_500_000
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from isan.bench.engine import machine, median_time
+from isan.bench.common import machine, median_time
 
 #: The issue's sizes: 65,536 documents of 512 characters; the long text is the whole data file.
 SIZES = {"docs": 65_536, "doc_chars": 512, "long_chars": None, "check_docs": 256, "pipeline_batches": 4}
@@ -36,7 +36,7 @@ QUICK_SIZES = {"docs": 48, "doc_chars": 200, "long_chars": 30_000, "check_docs":
 
 
 def _median_time(fn, repeats: int) -> tuple[float, list[float], object]:
-    """:func:`isan.bench.engine.median_time` after one untimed run (first-call costs: weights to the
+    """:func:`isan.bench.common.median_time` after one untimed run (first-call costs: weights to the
     device, the allocator, the certificate), with the last run's result."""
     out = {"r": fn()}
     med, times = median_time(lambda: out.update(r=fn()), repeats)

@@ -110,7 +110,7 @@ def run_bench(model: str | None = None, data: str = "../shared/data/text8_head/t
     valid = read_text8_split(data, "valid")
     test = read_text8_split(data, "test")
     eng = load_engine(model)
-    from isan.bench.engine import machine
+    from isan.bench.common import machine
 
     out: dict = {"benchmark": "serve", "machine": machine(), "command": " ".join(["isan"] + sys.argv[1:]),
                  "model": {"source": str(eng.source), "params_sha256": eng.params_sha256},
@@ -326,7 +326,7 @@ def run_resets(model: str | None = None, data: str = "../shared/data/text8_head/
         quiet (``rss_mib_settled``), its open file descriptors before and after, and its
         ``isan_streams_open`` and ``isan_pending_bytes`` gauges at the end (both 0 when nothing leaked).
     """
-    from isan.bench.engine import machine
+    from isan.bench.common import machine
     from isan.data import read_text8_split
     from isan.engine import load_engine
 

@@ -83,7 +83,7 @@ def bench_train(ids: np.ndarray, budgets=BUDGETS, models=TABLE1_MODELS, batch: i
         {"machine", "command", "torch", "threads", "batch", "bptt", "steps", "repeats", "rows": [{"model",
         "path", "budget", "params", "d", "chars_per_s", "times_s", "ratio_vs_isan"}]}.
     """
-    from isan.bench.engine import machine
+    from isan.bench.common import machine
 
     if threads:
         torch.set_num_threads(threads)

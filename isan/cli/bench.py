@@ -30,7 +30,7 @@ def chunk_sizes(spec: str) -> str:
 
 def _report(table: str, result: dict, out: str | None, plot_fn=None, plot_path: str | None = None) -> None:
     """Print a benchmark's table, then write its JSON (``out``) and its plot (``plot_path``) where asked."""
-    from isan.bench.engine import write_json
+    from isan.bench.common import write_json
 
     click.echo(table)
     if out:
@@ -63,7 +63,8 @@ def bench_engine_cmd(model, data, repeats, threads, peers, quick, progress, out,
     2,000, both kernels) and ingestion throughput against the per-character reference in the same
     process, useful GFLOP/s against the measured FMA peak, a sweep over rows and threads, with
     onnxruntime's LSTM and KenLM as peers; start-up, memory, exactness and where the time goes."""
-    from isan.bench.engine import QUICK_SIZES, bench_engine, markdown, plot_sweep
+    from isan.bench.engine import QUICK_SIZES, bench_engine, markdown
+    from isan.bench.sweep import plot_sweep
 
     scaling = None
     if threads is not None:
@@ -150,7 +151,8 @@ def bench_frontier_cmd(models, data, repeats, long_chars, kenlm, out, plot_out):
 def bench_budgets_cmd(model, data, budgets, dtypes, chars, repeats, threads, out):
     """Streaming through the table (1,000-character calls) against its size and storage type:
     longer matches against jumps that read from memory rather than the L3 cache."""
-    from isan.bench.engine import bench_budgets, markdown_budgets, write_json
+    from isan.bench.common import write_json
+    from isan.bench.engine import bench_budgets, markdown_budgets
     from isan.data import read_text8_split
 
     result = bench_budgets(model, read_text8_split(data, "train"), read_text8_split(data, "test"),
@@ -185,7 +187,7 @@ def bench_train_cmd(data, budgets, models, batch, steps, repeats, reference, thr
     import numpy as np
 
     from isan.alphabet import Alphabet
-    from isan.bench.engine import write_json
+    from isan.bench.common import write_json
     from isan.data import read_text8_split
     from isan.train.models import MODELS
 
@@ -222,7 +224,8 @@ def bench_train_cmd(data, budgets, models, batch, steps, repeats, reference, thr
 @friendly
 def bench_onnx_cmd(data, repeats, batch, device, out):
     """onnxruntime: ISAN d=216 vs an LSTM of equal parameters (548 units): step latency, streaming, batched."""
-    from isan.bench.engine import bench_onnx, markdown_onnx, write_json
+    from isan.bench.common import write_json
+    from isan.bench.engine import bench_onnx, markdown_onnx
     from isan.data import read_text8_split
 
     result = bench_onnx(read_text8_split(data, "test"), repeats=repeats, batch=batch, device=device,
@@ -310,7 +313,8 @@ def bench_serve_cmd(model, data, clients, text_chars, duration, streams, chunks,
 def bench_corpus_cmd(data_dir, mb, files, cpus_per_node, threads, with_ray, with_kenlm, workers, out):
     """The corpus job: docs/s and chars/s of the local runner, of Ray on a local 2-node cluster, and of KenLM
     over the same documents (our order-8 n-gram as ARPA, order 6 where KenLM's build stops there), in one run."""
-    from isan.bench.corpus import bench_corpus, markdown, write_json
+    from isan.bench.common import write_json
+    from isan.bench.corpus import bench_corpus, markdown
 
     result = bench_corpus(data_dir, mb=mb, files=files, cpus_per_node=cpus_per_node, threads=threads, ray=with_ray,
                           kenlm=with_kenlm, log=lambda m: click.echo(m, err=True),
