@@ -43,12 +43,8 @@ import numpy as np
 from isan.engine.serve.budget import job_bytes, logprobs_bytes, prepare_bytes
 from isan.engine.serve.errors import RequestError
 from isan.engine.serve.schemas import MAX_SEED
-# the API's schema (its request and response models) lives in completion_schemas.py; its names import from here too
-from isan.engine.serve.completion_schemas import (  # noqa: F401
-    EOT, DEFAULT_MAX_TOKENS, MAX_N, MAX_STOPS, MAX_STOP_CHARS, CompletionChoice, CompletionLogprobs,
-    CompletionResponse, CompletionUsage, DetokenizeResponse, ModelCard, ModelList, OpenAIError, OpenAIErrorInfo,
-    OpenAISchemas, StopStr, TokenizeResponse, TokenizerInfo, build_openai_schemas, prompt_schema,
-)
+# the API's schema (its request and response models) lives in completion_schemas.py
+from isan.engine.serve.completion_schemas import DEFAULT_MAX_TOKENS, EOT, build_openai_schemas
 # the tokens (the model's symbols as ids) and the prompts read live in completion_tokens.py
 from isan.engine.serve.completion_tokens import Prompt, Tokens, read_prompts  # noqa: F401
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import Response
 
-from isan.engine.serve.completions import (CompletionResponse, DetokenizeResponse, ModelList, OpenAIError,
-                                           TokenizeResponse, TokenizerInfo)
+from isan.engine.serve.completion_schemas import (CompletionResponse, DetokenizeResponse, ModelList, OpenAIError,
+                                                  TokenizeResponse, TokenizerInfo)
 from isan.engine.serve.schemas import (AttributeResponse, BatchResponse, ErrorResponse, NextResponse, SampleResponse,
                                        ScoreResponse)
 
