@@ -65,8 +65,9 @@ from isan.engine.serve.completions import Completions, openai_error, openai_path
 from isan.engine.serve.config import DEFAULT_MAX_CHARS, ServeConfig
 from isan.engine.serve.errors import RequestError
 from isan.engine.serve.metrics import MULTIPROC_ENV, Metrics
+from isan.engine.serve.model_info import ModelInfo
 from isan.engine.serve.schemas import HealthResponse, build_schemas
-from isan.engine.serve.service import ModelInfo, Service, encode_json
+from isan.engine.serve.service import Service, encode_json
 from isan.engine.serve.websocket import StreamEndpoint
 
 log = logging.getLogger(__name__)

@@ -14,10 +14,11 @@ import logging
 import time
 
 from isan.engine.serve.budget import Reservation
+from isan.engine.serve.clients import Client, ClientGone
 from isan.engine.serve.completions import openai_error
 from isan.engine.serve.config import ServeConfig
 from isan.engine.serve.errors import RequestError, busy
-from isan.engine.serve.service import Client, ClientGone, encode_json
+from isan.engine.serve.service import encode_json
 
 log = logging.getLogger(__name__)
 

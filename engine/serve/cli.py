@@ -215,7 +215,7 @@ def main(host, port, model, path_mode, backend, device, max_chars, max_pending_m
         from isan.engine.bundle import read_manifest
         from isan.engine.paths import default_model_path
         from isan.engine.serve.app import create_app
-        from isan.engine.serve.service import ModelInfo
+        from isan.engine.serve.model_info import ModelInfo
 
         src = default_model_path() if model is None else model
         manifest = read_manifest(src, verify="none")  # a missing or broken bundle is an error before listening

@@ -351,7 +351,7 @@ class Completions:
     async def complete(self, req, res, client):
         """``POST /v1/completions``: the answer (a dict), or with ``stream`` an async iterator of
         ``(None, chunk)`` / ``("error", body)`` for the app to send as Server-Sent Events."""
-        from isan.engine.serve.service import ClientGone  # noqa: F401 - raised by the helpers
+        from isan.engine.serve.clients import ClientGone  # noqa: F401 - raised by the helpers
 
         prompts = self.check(req)
         t0 = time.perf_counter()
@@ -432,7 +432,7 @@ class Completions:
 
         from isan.engine.serve.errors import busy, from_isan
         from isan.engine.serve.sampling import StreamSampler
-        from isan.engine.serve.service import ClientGone
+        from isan.engine.serve.clients import ClientGone
 
         if max_tokens == 0:
             yield {"finish_reason": "length", "stop_reason": None}

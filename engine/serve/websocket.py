@@ -34,10 +34,11 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from isan.engine.serve.access import host_error, host_refused, hosts_error, key_error, origin_error, origin_refused
 from isan.engine.serve.budget import Reservation
+from isan.engine.serve.clients import Client, ClientGone
 from isan.engine.serve.connections import HAND_BACK
 from isan.engine.serve.errors import RequestError, busy
 from isan.engine.serve.schemas import Schemas, parse
-from isan.engine.serve.service import Client, ClientGone, Service, encode_json
+from isan.engine.serve.service import Service, encode_json
 
 log = logging.getLogger(__name__)
 
