@@ -1,4 +1,4 @@
-"""ESN, ESN+, NPM-U, NPM-U+, NPM-T (isan.train.reservoir) and their scorers and bundles
+"""ESN, ESN+, NPM-U, NPM-U+, NPM-T (isan.train.reservoir_variants) and their scorers and bundles
 (isan.engine.baselines.reservoir), against plain implementations."""
 
 import json
@@ -11,7 +11,7 @@ from isan.engine.baselines.reservoir import (ReservoirParams, load_reservoir_bun
                                        reservoir_score_ref, write_reservoir_bundle)
 from isan.errors import BundleFormatError
 from isan.train.tasks import elman as EG
-from isan.train import reservoir as R
+from isan.train import reservoir_variants as RV
 
 V = 24
 
@@ -51,7 +51,7 @@ def plain_esn_bits(W_in, W, W_out, b_out, o_min, ids):
 @pytest.mark.parametrize("plus", [False, True])
 def test_esn_forward_equals_a_plain_implementation(ids, plus):
     tr, te = ids
-    cfg, t = R.train_esn(tr, V, 7, seed=3, plus=plus)
+    cfg, t = RV.train_esn(tr, V, 7, seed=3, plus=plus)
     p = ReservoirParams.from_tensors(cfg, t)
     bits, h = reservoir_score_ref(p, te[:120], p.initial_state())
     ref = plain_esn_bits(t["E"].T, t["W_hh"], t["W_out"], t["b_out"], cfg["o_min"], te[:120])
@@ -61,13 +61,13 @@ def test_esn_forward_equals_a_plain_implementation(ids, plus):
 def test_esn_construction(ids):
     tr, _ = ids
     rng = np.random.default_rng(0)
-    E, W = R.esn_network(50, V, rng)
+    E, W = RV.esn_network(50, V, rng)
     assert max(abs(np.linalg.eigvals(W))) == pytest.approx(0.98)
     assert np.abs(E).max() < 1
-    Rm = R.transition_ratios(tr, V)
+    Rm = RV.transition_ratios(tr, V)
     cols = Rm.sum(0)
     assert np.allclose(cols[cols > 0], 1.0)  # column j: the distribution of the symbol after j
-    E2, _ = R.esn_network(50, V, np.random.default_rng(0), Rm)
+    E2, _ = RV.esn_network(50, V, np.random.default_rng(0), Rm)
     assert np.abs(E2).max() <= 0.01 + 1e-12  # T_rand in (-0.01, 0.01) times ratios that sum to 1
     # symbols that are followed alike get alike input weights (boy and girl, not boy and who)
     i = {w: k for k, w in enumerate(EG.SYMBOLS)}
@@ -79,7 +79,7 @@ def test_readout_is_the_least_squares_solution():
     rng = np.random.default_rng(2)
     H = rng.normal(size=(300, 5))
     y = rng.integers(0, 4, 300)
-    W_out, b = R.fit_readout(H, y, 4, ridge=0.0, washout=0)
+    W_out, b = RV.fit_readout(H, y, 4, ridge=0.0, washout=0)
     X = np.hstack([H, np.ones((300, 1))])
     sol = np.linalg.lstsq(X, np.eye(4)[y], rcond=None)[0]
     assert np.allclose(W_out, sol[:5].T, atol=1e-8) and np.allclose(b, sol[5], atol=1e-8)
@@ -88,7 +88,7 @@ def test_readout_is_the_least_squares_solution():
 @pytest.mark.parametrize("variant", ["npm-u", "npm-u+"])
 def test_npm_forward_equals_a_plain_implementation(ids, variant):
     tr, te = ids
-    cfg, t = R.train_npm_u(tr, V, 12, seed=1, plus=variant == "npm-u+")
+    cfg, t = RV.train_npm_u(tr, V, 12, seed=1, plus=variant == "npm-u+")
     assert cfg["variant"] == variant and cfg["gamma"] == pytest.approx(1 / 24)
     p = ReservoirParams.from_tensors(cfg, t)
     x = te[:150]
@@ -104,16 +104,16 @@ def test_npm_forward_equals_a_plain_implementation(ids, variant):
 
 def test_npm_counts_are_the_training_transitions(ids):
     tr, _ = ids
-    cfg, t = R.train_npm_u(tr, V, 1, seed=0)
+    cfg, t = RV.train_npm_u(tr, V, 1, seed=0)
     assert t["counts"].shape == (1, V)
     assert np.array_equal(t["counts"][0], np.bincount(tr, minlength=V))  # one context: the unigram
 
 
 def test_npm_t_uses_a_trained_network(ids):
     tr, te = ids
-    E, W, info = R.train_srn(tr[:1200], V, epochs=3, seed=0, bptt=16)
+    E, W, info = RV.train_srn(tr[:1200], V, epochs=3, seed=0, bptt=16)
     assert info["train_bits_per_epoch"][2] < info["train_bits_per_epoch"][0]
-    cfg, t = R.train_npm_t(tr, V, 8, seed=0, net=(E, W))
+    cfg, t = RV.train_npm_t(tr, V, 8, seed=0, net=(E, W))
     assert cfg["variant"] == "npm-t" and np.array_equal(t["W_hh"], W)
 
 
@@ -121,10 +121,10 @@ def test_kmeans_finds_separated_clusters():
     rng = np.random.default_rng(0)
     centers = np.array([[0, 0], [10, 0], [0, 10.0]])
     X = np.vstack([c + rng.normal(scale=0.1, size=(100, 2)) for c in centers])
-    C = R.kmeans(X, 3, seed=1)
+    C = RV.kmeans(X, 3, seed=1)
     assert len(C) == 3
     assert np.allclose(np.sort(C[:, 0] + 3 * C[:, 1]), np.sort(centers[:, 0] + 3 * centers[:, 1]), atol=0.1)
-    assert len(R.kmeans(np.zeros((50, 2)), 5, seed=0)) == 1  # fewer distinct states than k
+    assert len(RV.kmeans(np.zeros((50, 2)), 5, seed=0)) == 1  # fewer distinct states than k
 
 
 def test_nearest_context_ties_go_to_the_lower_index():
@@ -135,7 +135,7 @@ def test_nearest_context_ties_go_to_the_lower_index():
 def test_bundle_round_trip_and_integrity(ids, tmp_path):
     tr, te = ids
     text = EG.to_text(EG.generate(50, 4))
-    for kind, (cfg, t) in (("esn", R.train_esn(tr, V, 9, seed=0)), ("npm", R.train_npm_u(tr, V, 5, seed=0))):
+    for kind, (cfg, t) in (("esn", RV.train_esn(tr, V, 9, seed=0)), ("npm", RV.train_npm_u(tr, V, 5, seed=0))):
         path = write_reservoir_bundle(tmp_path / kind, kind, cfg, t, EG.elman_alphabet())
         m = json.loads((path / "manifest.json").read_text())
         assert m["kind"] == kind and m["alphabet"]["kind"] == "words" and len(m["files"]) == 1
@@ -168,7 +168,7 @@ def test_bundle_round_trip_and_integrity(ids, tmp_path):
 
 def test_runner_protocol(ids):
     tr, te = ids
-    cfg, t = R.train_esn(tr, V, 6, seed=0)
+    cfg, t = RV.train_esn(tr, V, 6, seed=0)
     from isan.engine.baselines.reservoir import NumpyReservoirRunner
 
     r = NumpyReservoirRunner(ReservoirParams.from_tensors(cfg, t))
@@ -189,8 +189,8 @@ def test_the_studys_batched_esn_equals_one_run_at_a_time(ids):
     for plus in (False, True):
         got = esn_batched([0, 3], {"train": tr, "test": te}, 4, plus=plus)
         for run, v in zip((0, 3), got):
-            cfg, t = R.train_esn(tr, V, 4, seed=1000 * run + 4, plus=plus)
-            assert v == pytest.approx(R.score(cfg, t, te).nnl, rel=1e-9)
+            cfg, t = RV.train_esn(tr, V, 4, seed=1000 * run + 4, plus=plus)
+            assert v == pytest.approx(RV.score(cfg, t, te).nnl, rel=1e-9)
 
 
 def test_table_summary_and_claims():

@@ -37,9 +37,9 @@ forcing the states do not depend on W_out, so the RLS solution equals the ridge 
 ``(Z^T Z + delta I)^{-1} Z^T D``, which the tests check); the washout (the first 50 steps are not
 used to fit); the EKF's constants (P(0), Q, R, the output units: see :func:`train_srn_ekf`).
 
-**Ours, kept as named variants** (the study's first Fig. 1, issue #15): every one runs
-``h_t = tanh(E[x_t] + W_hh h_{t-1})`` from ``h_0 = 0`` (``E = W_in^T``, plus the bias for an NPM's
-network) and predicts ``x_t`` from the state before it; the forward pass and the scorers are
+**Ours, kept as named variants** in :mod:`isan.train.reservoir_variants` (the study's first Fig. 1,
+issue #15): every one runs ``h_t = tanh(E[x_t] + W_hh h_{t-1})`` from ``h_0 = 0`` (``E = W_in^T``, plus
+the bias for an NPM's network) and predicts ``x_t`` from the state before it; the forward pass and the scorers are
 :mod:`isan.engine.baselines.reservoir` (bundles exist for these only).
 
 ESN-dense (model key ``esn``; eqs. 2-5 without feedback). ``n`` tanh units; ``W_hh`` dense, uniform in
@@ -83,13 +83,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from isan.engine.baselines.reservoir import ReservoirParams, reservoir_score_ref, reservoir_states_ref  # noqa: F401
-# the constants, building blocks and our variants (issue #15) live in reservoir_variants.py; their names import from here too
-from isan.train.reservoir_variants import (  # noqa: F401
-    ESN_PLUS_SCALE, ESN_RIDGE, KMEANS_ITERS, NPM_SCALE, NPM_UNITS, O_MIN, SPECTRAL_RADIUS, WASHOUT,
-    scaled_to_radius, cooccurrence_ratios, esn_network, fit_npm, fit_readout, kmeans, npm_bundle_parts, score,
-    Scored, states_before, train_esn, train_npm_t, train_npm_u, train_srn, transition_ratios, untrained_network,
-)
+# the constants, building blocks and our variants (issue #15) live in reservoir_variants.py
+from isan.train.reservoir_variants import (ESN_PLUS_SCALE, NPM_UNITS, O_MIN, SPECTRAL_RADIUS, WASHOUT, cooccurrence_ratios,
+                                          scaled_to_radius)
 
 log = logging.getLogger(__name__)
 

@@ -32,6 +32,7 @@ import numpy as np
 
 from isan.train.tasks import elman as EG
 from isan.train import reservoir as RS
+from isan.train import reservoir_variants as RV
 
 log = logging.getLogger(__name__)
 
@@ -114,22 +115,22 @@ def _batched_states(E: np.ndarray, W: np.ndarray, ids: np.ndarray, block: int = 
         yield t0, buf[:, :k]
 
 
-def esn_batched(runs: list[int], ids: dict, n: int, plus: bool, ridge: float = RS.ESN_RIDGE) -> list[float]:
+def esn_batched(runs: list[int], ids: dict, n: int, plus: bool, ridge: float = RV.ESN_RIDGE) -> list[float]:
     """Test NNL of the ESN (or ESN+) of size n of each run, all runs in one pass over the data.
 
-    The same networks as :func:`isan.train.reservoir.train_esn` with ``seed = 1000 run + n`` and the
+    The same networks as :func:`isan.train.reservoir_variants.train_esn` with ``seed = 1000 run + n`` and the
     same ridge solution (accumulated blockwise), so the numbers equal the unbatched path's to rounding.
     """
     tr, te, V = ids["train"], ids["test"], len(EG.SYMBOLS)
-    Rm = RS.transition_ratios(tr, V) if plus else None
-    nets = [RS.esn_network(n, V, np.random.default_rng(1000 * r + n), Rm) for r in runs]
+    Rm = RV.transition_ratios(tr, V) if plus else None
+    nets = [RV.esn_network(n, V, np.random.default_rng(1000 * r + n), Rm) for r in runs]
     E = np.stack([e for e, _ in nets])
     W = np.stack([w for _, w in nets])
     Rn = len(runs)
     G = np.zeros((Rn, n + 1, n + 1))
     Y = np.zeros((Rn, n + 1, V))
     for t0, H in _batched_states(E, W, tr):
-        lo = max(0, RS.WASHOUT - t0)
+        lo = max(0, RV.WASHOUT - t0)
         if lo >= H.shape[1]:
             continue
         Xa = np.concatenate([H[:, lo:], np.ones((Rn, H.shape[1] - lo, 1))], axis=2)
@@ -148,7 +149,7 @@ def esn_batched(runs: list[int], ids: dict, n: int, plus: bool, ridge: float = R
         y = te[t0: t0 + H.shape[1]]
         for r in range(Rn):
             o = H[r] @ outs[r][:n] + outs[r][n]
-            o = np.maximum(o, RS.O_MIN)
+            o = np.maximum(o, RV.O_MIN)
             lp = np.log(o[np.arange(len(y)), y]) - np.log(o.sum(1))
             nats[r] -= lp.sum()
     return [float(v / len(te) / math.log(V)) for v in nats]
@@ -166,20 +167,20 @@ def npm_records(run: int, ids: dict, contexts=NPM_CONTEXTS, models=MODELS):
         rng = np.random.default_rng(1000 * run + 7)
         info = {}
         if name == "npm-t":
-            E, W, info = RS.train_srn(tr, V, seed=run, epochs=SRN_EPOCHS)
+            E, W, info = RV.train_srn(tr, V, seed=run, epochs=SRN_EPOCHS)
         elif name == "npm-t-ekf":
             E, W, info = RS.train_srn_ekf(tr, V, seed=run, epochs=EKF_EPOCHS)
         else:
-            R = {"npm-u+": RS.transition_ratios, "npm-u+eq6": RS.cooccurrence_ratios}.get(name)
-            E, W = RS.untrained_network(V, rng, R=R(tr, V) if R else None)
+            R = {"npm-u+": RV.transition_ratios, "npm-u+eq6": RV.cooccurrence_ratios}.get(name)
+            E, W = RV.untrained_network(V, rng, R=R(tr, V) if R else None)
         h0 = np.zeros(W.shape[0])
-        Htr = RS.states_before(E, W, tr, h0)
-        Hte = RS.states_before(E, W, te, h0)
+        Htr = RV.states_before(E, W, tr, h0)
+        Hte = RV.states_before(E, W, te, h0)
         t_net = time.perf_counter() - t0
         for M in contexts:
             t1 = time.perf_counter()
-            C, counts = RS.fit_npm(Htr, tr, V, M, seed=1000 * run + M)
-            cfg, tz = RS.npm_bundle_parts(name, E, W, h0, C, counts, 1.0 / V, run)
+            C, counts = RV.fit_npm(Htr, tr, V, M, seed=1000 * run + M)
+            cfg, tz = RV.npm_bundle_parts(name, E, W, h0, C, counts, 1.0 / V, run)
             p = ReservoirParams.from_tensors(cfg, tz)
             rec = {"model": name, "size": M, "contexts_found": int(len(C)), "run": run,
                    "nnl": _scored(p.log_probs(Hte), te),
@@ -225,9 +226,9 @@ def ridge_check(ids: dict, n: int = 100, ridges=(1e-9, 1e-7, 1e-5, 1e-3, 1e-1)) 
     out = []
     for plus in (False, True):
         for r in ridges:
-            cfg, tz = RS.train_esn(ids["train"], len(EG.SYMBOLS), n, seed=n, plus=plus, ridge=r)
+            cfg, tz = RV.train_esn(ids["train"], len(EG.SYMBOLS), n, seed=n, plus=plus, ridge=r)
             out.append({"event": "ridge", "model": "esn+" if plus else "esn", "size": n, "ridge": r,
-                        "valid_nnl": RS.score(cfg, tz, ids["valid"]).nnl})
+                        "valid_nnl": RV.score(cfg, tz, ids["valid"]).nnl})
     return out
 
 
@@ -309,15 +310,15 @@ def export_bundles(out: Path, size: int = 100, contexts: int = 100) -> list[dict
     recs = []
     for name in MODELS:
         if name.startswith("esn"):
-            cfg, tz = RS.train_esn(tr, V, size, seed=size, plus=name == "esn+")
+            cfg, tz = RV.train_esn(tr, V, size, seed=size, plus=name == "esn+")
             label = f"{name}-{size}"
         elif name == "npm-t":
-            cfg, tz = RS.train_npm_t(tr, V, contexts, seed=0, epochs=SRN_EPOCHS)
+            cfg, tz = RV.train_npm_t(tr, V, contexts, seed=0, epochs=SRN_EPOCHS)
             label = f"{name}-{contexts}"
         else:
-            cfg, tz = RS.train_npm_u(tr, V, contexts, seed=0, plus=name == "npm-u+")
+            cfg, tz = RV.train_npm_u(tr, V, contexts, seed=0, plus=name == "npm-u+")
             label = f"{name}-{contexts}"
-        direct = RS.score(cfg, tz, ids["test"])
+        direct = RV.score(cfg, tz, ids["test"])
         path = out / "bundles" / label.replace("+", "plus")
         write_reservoir_bundle(path, cfg["kind"], cfg, tz, alphabet, overwrite=True,
                                training={"data": "isan study elman data (train split, seed %d)" % EG.TRAIN_SEED,
