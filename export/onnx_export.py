@@ -19,11 +19,9 @@ import numpy as np
 
 from isan.atomic import write_json_atomic
 from isan.params import load_tensors
-# the graphs are built in the engine's room (engine/ never imports export/); importable from here as before
-from isan.engine.baselines.onnx_graphs import (  # noqa: F401
-    BASELINE_KINDS, DEFAULT_OPSET, LOGITS_CONVENTION, ONNX_FORMAT, ONNX_FORMAT_VERSION, ONNX_GATE_ORDER, SEQUENCE_FILE,
-    STEP_FILE, baseline_onnx_models, cached_graphs, check_cached_graphs, export_baseline_onnx_tensors,
-    export_for_manifest, export_isan_onnx, graph_io, isan_onnx_models, onnx_cache_path, state_names)
+# the graphs are built in the engine's room (engine/ never imports export/)
+from isan.engine.baselines.onnx_graphs import (DEFAULT_OPSET, SEQUENCE_FILE, STEP_FILE, export_baseline_onnx_tensors,
+                                              export_for_manifest)
 
 
 def export_baseline_onnx(module, out_dir: str | Path, opset: int = DEFAULT_OPSET) -> dict:

@@ -27,8 +27,8 @@ from isan.engine.bundle import read_manifest, write_bundle  # noqa: E402
 from isan.engine.baselines.onnx import BackendUnavailableError, OnnxRunner, load_onnx_engine  # noqa: E402
 from isan.engine.reference import log_softmax, score_ref  # noqa: E402
 from isan.errors import BundleFormatError, IsanError  # noqa: E402
-from isan.export.onnx_export import (  # noqa: E402
-    baseline_from_bundle, export_baseline_onnx, export_bundle_onnx, export_isan_onnx, onnx_hook)
+from isan.engine.baselines.onnx_graphs import export_isan_onnx  # noqa: E402
+from isan.export.onnx_export import baseline_from_bundle, export_baseline_onnx, export_bundle_onnx, onnx_hook  # noqa: E402
 from isan.train.baselines import BASELINES, baseline_param_count  # noqa: E402
 
 from conftest import random_params  # noqa: E402
