@@ -17,7 +17,7 @@ from isan.engine.bundle import write_bundle
 from isan.errors import CheckpointError
 from isan.params import ISAN_TENSORS
 from isan.engine.certificate import CERT_FILE, certificate  # the math the engine re-checks on load
-from isan.export.runs import read_checkpoint, training_summary  # noqa: F401 (read_checkpoint: public here too)
+from isan.export.runs import read_checkpoint, training_summary
 
 
 log = logging.getLogger(__name__)

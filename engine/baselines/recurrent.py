@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from isan.alphabet import Alphabet
-from isan.errors import BundleFormatError, EmptyTextError, IsanError, StateDivergedError
+from isan.errors import BundleFormatError, IsanError, StateDivergedError
 from isan.engine.guard import MAX_STATE_ABS, check_bits, raise_diverged
 from isan.engine.reference import LOG2E, log_softmax
 from isan.params import load_tensors, tensors_sha256

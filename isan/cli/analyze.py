@@ -315,7 +315,7 @@ def _parentheses(checkpoint, out, chars, seed, seeds=tuple(range(10))):
     import numpy as np
 
     from isan.engine.analysis import studies
-    from isan.export.checkpoint import read_checkpoint
+    from isan.export.runs import read_checkpoint
     from isan.params import ISANParams
     from isan.train.tasks.parentheses import ParenthesesTask
 
