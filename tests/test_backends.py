@@ -3,13 +3,13 @@ backend's stated tolerance of the float64 reference, on real text.
 
 Backends: ``native`` (the compiled kernels), ``numpy`` (their twins), ``torch`` on the CPU device
 in float32 and float64 (CI has no GPU) and, marked ``gpu``, on CUDA. Tolerances against the
-float64 reference: float32 per-character bits 1e-4 and totals 1e-6 relative; float64 1e-9 and
-1e-12.
+float64 reference: float32's derived from the computation for the default model on the text8 test
+split (tests/tolerances.py); float64 1e-9 per character and 1e-12 of the total.
 
 torch is optional here: the native-vs-numpy parity runs without it (only the torch configurations
 skip; tests/test_torch_optional.py runs this module with torch blocked), and the tests that need
 torch whatever the backend (corpus scoring, the CLI and the benchmark on the torch backend) live in
-tests/test_torch_backend.py.
+tests/test_torch_backend.py and tests/test_torch_engine.py.
 """
 
 from __future__ import annotations

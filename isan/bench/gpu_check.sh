@@ -91,7 +91,7 @@ if [ "$MODE" = "" ] && [ "${ISAN_GPU_PROBE:-1}" = 1 ] && [ -f results/structured
         > "$OUT_DIR/probe.log" 2>&1; echo "probe exit $?" >> "$OUT_DIR/probe.log" ) &
     PROBE_PID=$!
 fi
-TESTS=${ISAN_GPU_TESTS:-tests/test_torch_backend.py tests/test_backends.py tests/test_gpu_pipeline.py tests/test_scan_dense.py}
+TESTS=${ISAN_GPU_TESTS:-tests/test_torch_backend.py tests/test_torch_engine.py tests/test_torch_determinism.py tests/test_backends.py tests/test_gpu_pipeline.py tests/test_scan_dense.py}
 [ "$TESTS" = - ] || step tests 150 bash -c "python3 -m pytest -q -p no:cacheprovider -rs $MARK $TESTS 2>&1 | tee '$OUT_DIR/gpu_tests.log' | tail -15; exit \${PIPESTATUS[0]}"
 if [ -n "$PROBE_PID" ]; then
     t0=$SECONDS; wait "$PROBE_PID" || true
