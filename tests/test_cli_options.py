@@ -10,7 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from isan.cli import main
-from isan.cli.helpers import ByteSize, CommaList, FiniteFloat, IntList, WholeNumber
+from isan.cli.helpers import ByteSize, CommaList, IntList
+from isan.click_types import FiniteFloat, WholeNumber
 
 
 def commands(group: click.Group, path: tuple[str, ...] = ()):
@@ -68,7 +69,7 @@ def test_the_walk_finds_the_numeric_options():
 def test_every_numeric_option_is_bounded_and_refuses_nan_inf_and_out_of_range(path, option):
     t = option.type
     assert isinstance(t, (click.IntRange, click.FloatRange)) and (t.min is not None or t.max is not None), \
-        f"isan {' '.join(path)} {option.opts[0]}: give it a bounded type (click.IntRange, isan.cli.helpers.FiniteFloat)"
+        f"isan {' '.join(path)} {option.opts[0]}: give it a bounded type (click.IntRange, isan.click_types.FiniteFloat)"
     for value in ["nan", "inf", "-inf", *out_of_range(t)]:
         assert_usage_error([*path, option.opts[0], value], option)
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 
 import click
 
+from isan.click_types import FiniteFloat
 from isan.errors import IsanError, install_hint
 from isan.engine.serve.config import DEFAULT_MAX_CHARS, MAX_WORKERS, ServeConfig
 from isan.engine.serve.malloc import MAX_MMAP_THRESHOLD_KIB
@@ -56,17 +56,6 @@ def bound_name(host: str) -> tuple[str, ...]:
     except ValueError:
         return (host,)
     return ()
-
-
-class FiniteFloat(click.FloatRange):
-    """A float option that refuses NaN and infinities (click's FloatRange takes them), bounded as
-    click.FloatRange is; a value outside is a usage error that names the option."""
-
-    def convert(self, value, param, ctx):
-        number = click.FLOAT.convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number.", param, ctx)
-        return super().convert(number, param, ctx)
 
 
 #: seconds above 0, at most :data:`MAX_TIMEOUT_S`

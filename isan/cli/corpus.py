@@ -7,7 +7,8 @@ import sys
 
 import click
 
-from isan.cli.helpers import (POSITIVE_FLOAT, UserError, WholeNumber, emit_json, friendly, main, normalize_option,
+from isan.click_types import WholeNumber
+from isan.cli.helpers import (POSITIVE_FLOAT, UserError, emit_json, friendly, main, normalize_option,
                               unknown_options)
 from isan.engine.corpus.lines import MAX_LINE_BYTES
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
 import shlex
 import sys
 from pathlib import Path
 
 import click
 
+from isan.click_types import FiniteFloat, WholeNumber
 from isan.errors import IsanError, StateDivergedError, install_hint
 
 DEFAULT_TEXT8 = "../shared/data/text8_head/text8_head.txt"
@@ -24,37 +24,6 @@ DEFAULT_TEXT8 = "../shared/data/text8_head/text8_head.txt"
 
 class UserError(click.ClickException):
     exit_code = 2
-
-
-class FiniteFloat(click.FloatRange):
-    """A float option that refuses NaN and infinities (click's FLOAT and FloatRange take them), bounded
-    as click.FloatRange is: ``FiniteFloat(min=0, min_open=True)`` takes positive numbers only. A value
-    outside is a usage error (exit 2) that names the option; ``--help`` shows the range."""
-
-    def convert(self, value, param, ctx):
-        number = click.FLOAT.convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number.", param, ctx)
-        return super().convert(number, param, ctx)
-
-
-class WholeNumber(click.IntRange):
-    """A count written as an integer or in float notation (``36000000``, ``36e6``), bounded as
-    click.IntRange is; NaN, infinities and fractions are usage errors (exit 2). Gives an int."""
-
-    name = "integer"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, str):
-            text = value.strip()
-            try:
-                value = int(text)
-            except ValueError:
-                number = click.FLOAT.convert(text, param, ctx)
-                if not math.isfinite(number) or number != int(number):
-                    self.fail(f"{value!r} is not a whole number.", param, ctx)
-                value = int(number)
-        return super().convert(value, param, ctx)
 
 
 class ByteSize(click.ParamType):

@@ -7,8 +7,8 @@ import logging
 
 import click
 
-from isan.cli.helpers import (DEFAULT_TEXT8, NON_NEGATIVE_FLOAT, POSITIVE_FLOAT, POSITIVE_INT, SEED, FiniteFloat,
-                              IntList, WholeNumber, friendly, main)
+from isan.click_types import FiniteFloat, WholeNumber
+from isan.cli.helpers import DEFAULT_TEXT8, NON_NEGATIVE_FLOAT, POSITIVE_FLOAT, POSITIVE_INT, SEED, IntList, friendly, main
 
 
 class CharCount(WholeNumber):
