@@ -43,7 +43,7 @@ from isan.engine.serve.client import (FrameError, ResumableStream, StreamLostErr
                                       SyncResumableStream)
 from isan.engine.serve.snapshot import encode_state  # noqa: E402
 from server_helpers import free_port, wait_for  # noqa: E402
-from tolerances import engine_float32_tolerance  # noqa: E402
+from tolerances import engine_float32_tolerance, serve_bench_tolerance  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 GUIDE = REPO / "docs" / "guide" / "deployment.md"
@@ -467,8 +467,9 @@ def test_bench_serve_measures_through_the_balancer(cluster, text8_path):
                     which=("http", "stream"))
     assert res["url"] == cluster.url and "server_rss_mib_end" not in res
     assert res["http"]["ok"] > 0 and set(res["http"]["statuses"]) == {"200"}
-    assert res["http"]["max_rel_bits_error"] < 1e-6
-    assert res["stream"]["errors"] == 0 and res["stream"]["max_rel_bits_error"] < 1e-6
+    for load in ("http", "stream"):  # each load's furthest text within twice its derived float32 tolerance
+        assert res[load]["max_abs_bits_error"] <= serve_bench_tolerance(Engine.default(), text8_path, res[load]), load
+    assert res["stream"]["errors"] == 0
     assert min(cluster.scored(0), cluster.scored(1)) > 0  # round robin: both replicas answered
     assert f"endpoint {cluster.url}" in markdown(res)
 

@@ -427,3 +427,18 @@ def next_char_tolerance(engine, h, state_tol: float) -> tuple[float, float]:
     p = engine.params
     t = readout_tolerance(p.W_ro, p.b_ro, np.asarray(h)[None], state_tol)
     return 4.0 * t / math.log(2.0), math.expm1(4.0 * t)
+
+
+def serve_bench_tolerance(engine, data, load: dict) -> float:
+    """Twice the derived float32 tolerance (bits, absolute) of the total of the text that an ``isan bench
+    serve`` load (its result ``load``) found furthest from offline scoring: the server and the library are
+    two float32 computations of it (rows batched with other requests, cut into chunks). The text is the
+    load's ``worst_span`` (``["valid", start, end]``) of the text8 split of ``data``; 0.0 when no answer
+    was compared."""
+    from isan.data import read_text8_split
+
+    if load.get("worst_span") is None:
+        return 0.0
+    split, start, end = load["worst_span"]
+    text = read_text8_split(data, split)[start:end]
+    return engine_float32_tolerance(engine, text).twice().total_bits

@@ -130,12 +130,14 @@ def run_bench(model: str | None = None, data: str = "../shared/data/text8_head/t
         args += ["--model", str(model)]
     n = max(1, min(len(valid) // text_chars, max(2 * clients, 16), 200))  # distinct texts, cycled
     texts = [valid[i * text_chars : (i + 1) * text_chars] for i in range(n)]
+    spans = [["valid", i * text_chars, (i + 1) * text_chars] for i in range(n)]  # where each text lies in --data
     expected = [r.bits for r in (eng.score(t) for t in texts)] if {"http", "completions"} & set(which) else []
     lo, hi = parse_chunk_chars(chunk_chars)
     rng = np.random.default_rng(seed)
     plans = [rng.integers(lo, hi + 1, size=chunks).tolist() for _ in range(streams)]
     starts = rng.integers(0, max(1, len(valid) - chunks * hi), size=streams)
     stream_texts = [valid[a : a + sum(p)] for a, p in zip(starts, plans)]
+    stream_spans = [["valid", int(a), int(a + sum(p))] for a, p in zip(starts, plans)]
     big = (test * (big_chars // len(test) + 1))[:big_chars]
 
     def measure(host: str, port: int, srv: ServerProcess | None = None) -> dict:
@@ -147,7 +149,7 @@ def run_bench(model: str | None = None, data: str = "../shared/data/text8_head/t
             asyncio.run(http_load(host, port, texts[:2], expected[:2], 2, 1.0))  # warm-up
             before = srv.worker_health() if workers and srv is not None else None
             res["http"] = asyncio.run(http_load(host, port, texts, expected, clients, duration_s,
-                                                 connect_first=before is not None))
+                                                 connect_first=before is not None, spans=spans))
             if before is not None:  # how the kernel shared the connections among the workers
                 res["http"]["workers"] = worker_shares(before, srv.worker_health(), srv.worker_pids,
                                                  res["http"].pop("connections_by_pid", {}))
@@ -156,11 +158,11 @@ def run_bench(model: str | None = None, data: str = "../shared/data/text8_head/t
                 f"logprobs 1) for {duration_s:g} s")
             res["completions"] = asyncio.run(http_load(host, port, texts, expected, clients, duration_s,
                                                         path="/v1/completions", make_body=completions_request_body,
-                                                        bits_of=completions_answer_bits))
+                                                        bits_of=completions_answer_bits, spans=spans))
         if "stream" in which:
             say(f"stream: {streams} WebSocket streams x {chunks} chunks of {lo}-{hi} characters")
             want = [eng.score(t).bits for t in stream_texts]  # offline, on the engine's own path
-            res["stream"] = asyncio.run(stream_load(host, port, stream_texts, want, plans, pid))
+            res["stream"] = asyncio.run(stream_load(host, port, stream_texts, want, plans, pid, spans=stream_spans))
         if "memory" in which:
             say(f"memory: {big_requests} concurrent requests of {big_chars:,} characters")
             res["memory"] = asyncio.run(memory_probe(host, port, pid, big, big_requests))
@@ -195,6 +197,7 @@ def run_bench(model: str | None = None, data: str = "../shared/data/text8_head/t
                            "ratio": w["http"]["requests_per_s"] / base if base else None,
                            "latency_s": w["http"]["latency_s"], "statuses": w["http"]["statuses"],
                            "max_rel_bits_error": w["http"]["max_rel_bits_error"],
+                           "max_abs_bits_error": w["http"]["max_abs_bits_error"], "worst_span": w["http"]["worst_span"],
                            "worker_shares": [x["share"] for x in w["http"]["workers"]]} for w in out["workers"]]
     return out
 

@@ -88,15 +88,18 @@ def completions_answer_bits(answer: dict) -> float:
 
 
 async def http_load(host, port, texts, expected, clients, duration_s, path="/v1/score", make_body=score_request_body,
-                     bits_of=score_answer_bits, connect_first=False):
+                     bits_of=score_answer_bits, connect_first=False, spans=None):
     """``clients`` closed-loop clients on keep-alive connections for ``duration_s``. ``connect_first``:
     the clients connect one after another before the load (each connection answered a GET /healthz
     before the next opens), as clients that arrive over time; else each connects at its first
     request, all at once: with ``--workers``, one worker's accept loop may take such a burst whole
-    (it accepts every connection waiting when it wakes), and the load then measures that worker."""
+    (it accepts every connection waiting when it wakes), and the load then measures that worker.
+    ``spans``: where each text comes from (any JSON value a text), reported for the text whose bits
+    differ most from ``expected`` (``worst_span``, with ``max_abs_bits_error``)."""
     lat: list[float] = []
     statuses: dict[int, int] = {}
     worst = [0.0]
+    worst_abs: list = [0.0, None]  # the largest absolute difference in bits, and its text's index
     bodies = [json.dumps(make_body(t)).encode() for t in texts]
     conns = [HttpConn(host, port) for _ in range(clients)]
     by_pid: dict[int, int] = {}  # connections each worker took
@@ -125,6 +128,8 @@ async def http_load(host, port, texts, expected, clients, duration_s, path="/v1/
             if st == 200:
                 b = bits_of(json.loads(data))
                 worst[0] = max(worst[0], abs(b - expected[j]) / abs(expected[j]))
+                if abs(b - expected[j]) >= worst_abs[0]:
+                    worst_abs[:] = [abs(b - expected[j]), j]
         conn.close()
 
     t0 = time.perf_counter()
@@ -135,16 +140,25 @@ async def http_load(host, port, texts, expected, clients, duration_s, path="/v1/
             "requests": sum(statuses.values()),
             "ok": ok, "statuses": {str(k): v for k, v in sorted(statuses.items())},
             "requests_per_s": ok / wall, "chars_per_s": ok * len(texts[0]) / wall, "latency_s": percentiles(lat),
-            "max_rel_bits_error": worst[0], **({"connections_by_pid": by_pid} if by_pid else {})}
+            "max_rel_bits_error": worst[0], **worst_of(worst_abs, spans),
+            **({"connections_by_pid": by_pid} if by_pid else {})}
 
 
-async def stream_load(host, port, stream_texts, expected, plans, pid=None):
-    """Every stream sends its text in chunks of the sizes in ``plans[k]``, waiting for each answer."""
+def worst_of(worst_abs: list, spans) -> dict:
+    """``{"max_abs_bits_error", "worst_span"}`` from ``[difference, text index]`` and the texts' spans."""
+    span = spans[worst_abs[1]] if spans is not None and worst_abs[1] is not None else None
+    return {"max_abs_bits_error": worst_abs[0], "worst_span": span}
+
+
+async def stream_load(host, port, stream_texts, expected, plans, pid=None, spans=None):
+    """Every stream sends its text in chunks of the sizes in ``plans[k]``, waiting for each answer;
+    ``spans`` as for :func:`http_load`."""
     from websockets.asyncio.client import connect
 
     lat: list[float] = []
     errors: list[str] = []
     worst = [0.0]
+    worst_abs: list = [0.0, None]
     opened = asyncio.Event()
     n_open = [0]
     rss0 = rss_mib(pid)[0] if pid else None
@@ -177,6 +191,8 @@ async def stream_load(host, port, stream_texts, expected, plans, pid=None):
                         errors.append(msg["error"][:200])
                         return
                 worst[0] = max(worst[0], abs(msg["total_bits"] - expected[k]) / abs(expected[k]))
+                if abs(msg["total_bits"] - expected[k]) >= worst_abs[0]:
+                    worst_abs[:] = [abs(msg["total_bits"] - expected[k]), k]
         except Exception as e:  # noqa: BLE001 - reported, not raised: the benchmark counts failures
             errors.append(f"{type(e).__name__}: {e}"[:200])
             opened.set()
@@ -194,7 +210,7 @@ async def stream_load(host, port, stream_texts, expected, plans, pid=None):
            "mean_chunk_chars": round(float(np.mean(sizes)), 1) if sizes else 0, "seconds": round(wall, 3),
            "frames_ok": len(lat) - len(errors), "errors": len(errors), "first_errors": errors[:3],
            "frames_per_s": len(lat) / wall, "chars_per_s": sum(sizes) / wall if not errors else None,
-           "chunk_latency_s": percentiles(lat), "max_rel_bits_error": worst[0]}
+           "chunk_latency_s": percentiles(lat), "max_rel_bits_error": worst[0], **worst_of(worst_abs, spans)}
     if pid:
         out["rss_before_mib"], out["rss_peak_mib"] = round(rss0, 1), round(peak[0], 1)
     return out
