@@ -218,10 +218,10 @@ def test_word_kappa_against_per_character_kappa_on_real_words(text8_valid_head):
     """kappa_word from one composed bias a word = the sum of per-character kappa (eq. 6) over the
     word's characters, with the paper's model on the frequent words of real text; at the space
     after the word and at its last character."""
-    from isan.cli.analyze import _load
+    from isan.cli.analyze import load_analysed_model
     from isan.engine.analysis import embedding
 
-    _, p, sym, _ = _load(None)
+    _, p, sym, _ = load_analysed_model(None)
     pairs = embedding.frequent_words(text8_valid_head, 150)
     assert pairs[0][1] >= pairs[-1][1] and all(" " not in w and w for w, _ in pairs)
     words = [w for w, _ in pairs]
@@ -509,15 +509,15 @@ def test_cli_every_figure_shows_both_models(runner, small_bundle, other_bundle, 
 
 
 def test_compared_models_default_to_the_default_model_never_the_model_itself(small_bundle):
-    from isan.cli.analyze import _compare_paths
+    from isan.cli.analyze import compare_paths
     from isan.engine.paths import DEFAULT_MODEL, default_model_path
 
     default = default_model_path()  # the shipped default (#45 item 6: it was text8-d216-stable, a second name)
     assert default.name == DEFAULT_MODEL and default.is_dir()
-    assert [p.resolve() for p in _compare_paths(None)] == [default.resolve()]  # beside the paper's model
-    assert _compare_paths(None, model=str(default)) == []  # not beside itself
-    assert _compare_paths(("none",), model=str(small_bundle)) == []
-    assert _compare_paths((str(small_bundle),), model=str(small_bundle)) == []
+    assert [p.resolve() for p in compare_paths(None)] == [default.resolve()]  # beside the paper's model
+    assert compare_paths(None, model=str(default)) == []  # not beside itself
+    assert compare_paths(("none",), model=str(small_bundle)) == []
+    assert compare_paths((str(small_bundle),), model=str(small_bundle)) == []
 
 
 def test_word_tsne_figure_has_a_row_per_model(tmp_path):
@@ -540,13 +540,13 @@ def test_word_tsne_figure_has_a_row_per_model(tmp_path):
 def test_analyze_samples_use_the_analysed_model():
     """`isan analyze samples` (and `all`) sample the model the other studies analyse, the paper's model
     (text8-d216-unconstrained), not the shipped default that `isan sample` uses alone."""
-    from isan.cli.analyze import _samples
+    from isan.cli.analyze import sample_models
     from isan.engine import Engine
     from isan.engine.paths import default_model_path, paper_model_path
 
     if not (paper_model_path() / "manifest.json").exists():
         pytest.skip("the paper's model is not installed")
-    got = _samples(None, "annual reve", 30, (1.5,), (0,), compare=("none",))
+    got = sample_models(None, "annual reve", 30, (1.5,), (0,), compare=("none",))
     want = Engine.load(paper_model_path()).sample("annual reve", n=30, temperature=1 / 1.5, seed=0).text
     assert got["samples"][0]["text"] == want
     assert paper_model_path().name in got["commands"][0]

@@ -86,9 +86,9 @@ def test_the_lens_counterfactual_holds_on_the_default_model(removed):
 def test_naive_bayes_cites_the_section_it_quotes():
     """The Naive Bayes sentence is in ICML Sec 3.1 ("ISAN performance on Text8 prediction"); Sec 3.2 is the
     Billion Word Benchmark (issue #34 item 18)."""
-    from isan.cli.analyze import _naive_bayes
+    from isan.cli.analyze import naive_bayes_study
 
-    r = _naive_bayes("ab ab ab ba", "ab ba", tuple(" ab"), max_window=2)
+    r = naive_bayes_study("ab ab ab ba", "ab ba", tuple(" ab"), max_window=2)
     assert r["paper"].startswith("ICML Sec 3.1") and "3.2" not in r["paper"]
 
 

@@ -88,9 +88,9 @@ def test_a_slow_rate_is_not_printed_as_zero(tmp_path, monkeypatch):
     monkeypatch.setattr(corpus_api, "score_corpus", lambda *a, **k: summary)
     code, out, _ = cli("corpus", "score", doc, "--out", tmp_path / "out", "--no-progress")
     assert code == 0 and "(0.122 docs/s, 1.46 chars/s)" in out and " 0 docs/s" not in out
-    from isan.cli.corpus import _rate
+    from isan.cli.corpus import format_rate
 
-    assert [_rate(x) for x in (0.0004, 0.12, 12.34, 99.96, 1234.5, None)] == ["0.0004", "0.12", "12.3", "100", "1,234",
+    assert [format_rate(x) for x in (0.0004, 0.12, 12.34, 99.96, 1234.5, None)] == ["0.0004", "0.12", "12.3", "100", "1,234",
                                                                            "-"]
 
 

@@ -123,11 +123,11 @@ def _forged(eng, chars: int, bits: float = 10.0, last: str = "a") -> str:
     import hmac
     import struct
 
-    from isan.engine.serve.snapshot import _HEAD, MAGIC, VERSION
+    from isan.engine.serve.snapshot import HEADER, MAGIC, VERSION
 
     h = np.ascontiguousarray(eng.initial_state().h, dtype="<f8")
     sym = last.encode("utf-8")
-    payload = (_HEAD.pack(MAGIC, VERSION, bytes.fromhex(eng.params_sha256), len(h), chars, bits)
+    payload = (HEADER.pack(MAGIC, VERSION, bytes.fromhex(eng.params_sha256), len(h), chars, bits)
                + struct.pack("<B", len(sym)) + sym + h.tobytes())
     raw = payload + hmac.new(SECRET, payload, hashlib.sha256).digest()
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")

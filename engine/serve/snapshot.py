@@ -36,7 +36,7 @@ from isan.errors import IsanError
 
 MAGIC = b"ISANSTAT"
 VERSION = 1
-_HEAD = struct.Struct("<8sB32sIQd")
+HEADER = struct.Struct("<8sB32sIQd")
 TAG_BYTES = 32
 #: longest token accepted (a d = 4096 state is about 44,000 characters)
 MAX_TOKEN_CHARS = 200_000
@@ -63,7 +63,7 @@ class SnapshotError(IsanError, ValueError):
 
 def token_chars(state_size: int) -> int:
     """The length of the longest token for a state of ``state_size`` values (last symbol of 4 UTF-8 bytes)."""
-    n = _HEAD.size + 1 + 4 + 8 * state_size + TAG_BYTES
+    n = HEADER.size + 1 + 4 + 8 * state_size + TAG_BYTES
     return (4 * n + 2) // 3
 
 
@@ -97,7 +97,7 @@ def encode_state(state, params_sha256: str, secret: bytes) -> str:
                             'start again from the initial state ({"reset": true} on a stream)', status=422)
     h = np.ascontiguousarray(state.h, dtype="<f8")
     sym = (state.last_symbol or "").encode("utf-8")
-    payload = (_HEAD.pack(MAGIC, VERSION, bytes.fromhex(params_sha256), len(h), int(state.chars), float(state.bits))
+    payload = (HEADER.pack(MAGIC, VERSION, bytes.fromhex(params_sha256), len(h), int(state.chars), float(state.bits))
                + struct.pack("<B", len(sym)) + sym + h.tobytes())
     return _b64(payload + hmac.new(secret, payload, hashlib.sha256).digest())
 
@@ -138,10 +138,10 @@ def decode_state(token, params_sha256: str, secret: bytes, state_size: int, max_
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
     except (binascii.Error, ValueError):  # a character added or cut: the token was changed
         raise changed from None
-    if len(raw) < _HEAD.size + 1 + TAG_BYTES or not raw.startswith(MAGIC):
+    if len(raw) < HEADER.size + 1 + TAG_BYTES or not raw.startswith(MAGIC):
         raise changed
     payload, tag = raw[:-TAG_BYTES], raw[-TAG_BYTES:]
-    magic, version, sha, n, chars, bits = _HEAD.unpack_from(payload)
+    magic, version, sha, n, chars, bits = HEADER.unpack_from(payload)
     if version != VERSION:
         raise SnapshotError(f"the snapshot has format version {version}; this server reads version {VERSION}; {how}")
     other = sha.hex() != params_sha256
@@ -156,8 +156,8 @@ def decode_state(token, params_sha256: str, secret: bytes, state_size: int, max_
                             f"server serves {params_sha256[:12]}...; continue it on a server of that model, or "
                             "start a new stream", status=409)
     # signed with the key: a holder of the key (or a bug) may still have written any field, so each is checked
-    k = payload[_HEAD.size]
-    off = _HEAD.size + 1
+    k = payload[HEADER.size]
+    off = HEADER.size + 1
     if off + k > len(payload):
         raise SnapshotError(f"the snapshot's last symbol is longer ({k} bytes) than the token; {how}", status=422)
     try:

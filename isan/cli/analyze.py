@@ -29,7 +29,7 @@ BASELINES = ("rnn-3.2e5", "gru-3.2e5", "isan-3.2e5")
 PAREN_CKPT = "results/paper/models/parentheses"
 
 
-def _compare_paths(paths, model=None) -> list[Path]:
+def compare_paths(paths, model=None) -> list[Path]:
     """The bundles shown beside the analysed model (issue #34 item 17: in every figure; default: the shipped
     default model, :func:`~isan.engine.paths.default_model_path`, #45 item 6); ``none`` shows none, and the
     analysed model itself is never compared with itself."""
@@ -44,15 +44,16 @@ def _compare_paths(paths, model=None) -> list[Path]:
 
 
 def _compare_models(paths, model=None) -> dict:
-    """{bundle name: (params, symbols)} of the models :func:`_compare_paths` names."""
+    """{bundle name: (params, symbols)} of the models :func:`compare_paths` names."""
     out = {}
-    for q in _compare_paths(paths, model):
-        _, p, sym, path = _load(q)
+    for q in compare_paths(paths, model):
+        _, p, sym, path = load_analysed_model(q)
         out[Path(path).name] = (p, sym)
     return out
 
 
-def _load(model):
+def load_analysed_model(model):
+    """(manifest, params, symbols, path) of the bundle ``model`` (default: the paper's model)."""
     from isan.engine.bundle import load_isan_bundle
     from isan.engine.paths import paper_model_path
 
@@ -117,7 +118,7 @@ def stack_cmd(model, out, text, compare):
     """Figure 2: the full prediction stack after the last character of --text."""
     from isan.engine.analysis import studies
 
-    _, p, sym, path = _load(model)
+    _, p, sym, path = load_analysed_model(model)
     _write(out, "stack", studies.study_stack(p, sym, text or studies.FIG2_TEXT, out, label=path.name,
                                              compare=_compare_models(compare, model)))
 
@@ -133,7 +134,7 @@ def contributions_cmd(model, out, text, word, chars, compare):
     """Figure 3: contributions to two logits, and the prediction with one word's kappa removed."""
     from isan.engine.analysis import studies
 
-    _, p, sym, path = _load(model)
+    _, p, sym, path = load_analysed_model(model)
     if len(chars) != 2:
         raise UserError("--chars must be two characters, e.g. nr")
     _write(out, "contributions", studies.study_contributions(p, sym, text or studies.FIG3_TEXT, word, tuple(chars), out,
@@ -155,7 +156,7 @@ def decay_cmd(model, out, data, window, max_chars, compare):
 
     if window < 1:
         raise UserError("--window must be at least 1")
-    _, p, sym, path = _load(model)
+    _, p, sym, path = load_analysed_model(model)
     _write(out, "decay", studies.study_decay(p, sym, _split(data, "test")[:max_chars], window, out, label=path.name,
                                              compare=_compare_models(compare, model)))
 
@@ -169,7 +170,7 @@ def words_cmd(model, out, text, compare):
     """Figure 5: word-level kappa over a sentence and predictions from fewer and fewer words."""
     from isan.engine.analysis import studies
 
-    _, p, sym, path = _load(model)
+    _, p, sym, path = load_analysed_model(model)
     _write(out, "words", studies.study_words(p, sym, text or studies.FIG5_TEXT, out_dir=out, label=path.name,
                                              compare=_compare_models(compare, model)))
 
@@ -187,7 +188,7 @@ def word_embedding_cmd(model, out, data, n_words, seed, compare):
     the most frequent words, and how number, profession and -tion words cluster."""
     from isan.engine.analysis import studies
 
-    _, p, sym, path = _load(model)
+    _, p, sym, path = load_analysed_model(model)
     _write(out, "word_embedding", studies.study_word_embedding(p, sym, _split(data, "train"), n_words, seed=seed,
                                                                out_dir=out, label=path.name,
                                                                compare=_compare_models(compare, model)))
@@ -202,7 +203,7 @@ def basis_cmd(model, out, data, compare):
     """Figures 6-7: the input biases in the readout subspace and its complement."""
     from isan.engine.analysis import studies
 
-    _, p, sym, path = _load(model)
+    _, p, sym, path = load_analysed_model(model)
     _write(out, "basis", studies.study_basis(p, sym, _split(data, "train"), out, label=path.name,
                                              compare=_compare_models(compare, model)))
 
@@ -216,18 +217,18 @@ def ngram_cmd(model, out, data, compare):
     """Figure 8: softmax(b_ro) against unigrams, softmax(W_ro b_x + b_ro) against bigrams."""
     from isan.engine.analysis import studies
 
-    _, p, sym, path = _load(model)
+    _, p, sym, path = load_analysed_model(model)
     _write(out, "ngram", studies.study_ngram(p, sym, _split(data, "train"), out, label=path.name,
                                              compare=_compare_models(compare, model)))
 
 
 def _pca_models(model, baselines, compare=()):
-    """name -> (kind, params, symbols) for the ISAN, the ISANs of ``compare`` (:func:`_compare_paths`)
+    """name -> (kind, params, symbols) for the ISAN, the ISANs of ``compare`` (:func:`compare_paths`)
     and each baseline bundle (an ISAN bundle is allowed too)."""
     from isan.engine.baselines.recurrent import load_baseline_bundle
     from isan.engine.bundle import load_isan_bundle, read_manifest
 
-    _, p, sym, path = _load(model)
+    _, p, sym, path = load_analysed_model(model)
     models = {f"isan ({path.name})": ("isan", p, sym)}
     for name, (q, sq) in _compare_models(compare, model).items():
         models[f"isan ({name})"] = ("isan", q, sq)
@@ -270,9 +271,9 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def _samples(model, prompt, n, betas, seeds, compare=()):
+def sample_models(model, prompt, n, betas, seeds, compare=()):
     """Samples of ``model`` (default: the paper's model, as every other study; `isan sample` alone samples
-    the shipped default) and, under "compare", of each bundle :func:`_compare_paths` names."""
+    the shipped default) and, under "compare", of each bundle :func:`compare_paths` names."""
     from isan.cli.helpers import load_engine
     from isan.engine.paths import paper_model_path
 
@@ -289,7 +290,7 @@ def _samples(model, prompt, n, betas, seeds, compare=()):
 
     path = paper_model_path() if model is None else Path(model)
     out = one(path)
-    others = _compare_paths(compare, model)
+    others = compare_paths(compare, model)
     if others:
         out["label"] = path.name
         out["compare"] = {q.name: one(q) for q in others}
@@ -308,7 +309,7 @@ def samples_cmd(model, out, prompt, n, betas, seeds, compare):
     """Section 3.1: samples at inverse temperatures 1.5 and 2.0 after 'annual reve'."""
     if any(b <= 0 for b in betas):
         raise UserError("--inverse-temperature must be positive")
-    _write(out, "samples", _samples(model, prompt, n, betas, seeds, compare))
+    _write(out, "samples", sample_models(model, prompt, n, betas, seeds, compare))
 
 
 def _parentheses(checkpoint, out, chars, seed, seeds=tuple(range(10))):
@@ -392,7 +393,7 @@ def attribute_cmd(text, data, max_chars, model, target, char, other, window, top
     from isan.engine.analysis import attribution
     from isan.engine.analysis.studies import encode
 
-    _, p, sym, _ = _load(model)
+    _, p, sym, _ = load_analysed_model(model)
     text = _split(data, "test")[:max_chars] if text is None else text
     ids = encode(text, sym)
     if len(ids) == 0:
@@ -432,7 +433,9 @@ def attribute_cmd(text, data, max_chars, model, target, char, other, window, top
         click.echo(f"{t:5d} {sym[ids[t]]!r} -> {sym[ta.classes[t]]!r} {ta.value[t]:+.3f} = base {ta.base[t]:+.2f} + {parts} ...")
 
 
-def _naive_bayes(train: str, test: str, sym, max_window: int = 10) -> dict:
+def naive_bayes_study(train: str, test: str, sym, max_window: int = 10) -> dict:
+    """Table 1's Naive Bayes control over the last 1..``max_window`` symbols of ``sym``: bits on ``test``
+    after counting ``train``, with where the paper states it."""
     from isan.engine.analysis import studies
     from isan.engine.analysis.naive_bayes import naive_bayes_bits
 
@@ -453,7 +456,7 @@ def naive_bayes_cmd(out, data, max_window):
     from isan.alphabet import Alphabet
 
     sym = tuple(Alphabet.text8().symbols)
-    _write(out, "naive_bayes", _naive_bayes(_split(data, "train"), _split(data, "test"), sym, max_window))
+    _write(out, "naive_bayes", naive_bayes_study(_split(data, "train"), _split(data, "test"), sym, max_window))
 
 
 @analyze.command("all", short_help="Every study: figures, OUT/<study>.json, OUT/paper.json.")
@@ -473,7 +476,7 @@ def all_cmd(model, out, data, checkpoint, baselines, skip, compare):
     t0 = time.perf_counter()
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    manifest, p, sym, path = _load(model)
+    manifest, p, sym, path = load_analysed_model(model)
     test, train = _split(data, "test"), _split(data, "train")
     cmp = _compare_models(compare, model)  # issue #34 item 17: every model study, side by side
     lab = dict(label=Path(path).name, compare=cmp)
@@ -488,10 +491,10 @@ def all_cmd(model, out, data, checkpoint, baselines, skip, compare):
         "basis": lambda: studies.study_basis(p, sym, train, out_dir=out_dir, **lab),
         "ngram": lambda: studies.study_ngram(p, sym, train, out_dir=out_dir, **lab),
         "pca": lambda: studies.study_pca(_pca_models(model, baselines, compare), test, out_dir=out_dir),
-        "samples": lambda: _samples(model, "annual reve", 120, (1.5, 2.0), (0, 1, 2), compare),
+        "samples": lambda: sample_models(model, "annual reve", 120, (1.5, 2.0), (0, 1, 2), compare),
         "attribution": lambda: studies.study_attribution(p, sym, test[:2001]),
         "parentheses": lambda: _parentheses(checkpoint, out_dir, 20_000, 12345),
-        "naive_bayes": lambda: _naive_bayes(train, test, sym),
+        "naive_bayes": lambda: naive_bayes_study(train, test, sym),
     }
     bad = [s for s in skip if s not in steps]
     if bad:
@@ -499,8 +502,8 @@ def all_cmd(model, out, data, checkpoint, baselines, skip, compare):
     results = {"model": {"path": str(path), "params_sha256": manifest.get("params_sha256"), "d": p.d}}
     if cmp:
         results["compare"] = {}
-        for q in _compare_paths(compare, model):
-            mq, pq, _, _ = _load(q)
+        for q in compare_paths(compare, model):
+            mq, pq, _, _ = load_analysed_model(q)
             results["compare"][q.name] = {"path": str(q), "params_sha256": mq.get("params_sha256"), "d": pq.d}
     for name, fn in steps.items():
         if name in skip:

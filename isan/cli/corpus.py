@@ -127,7 +127,7 @@ def corpus_score_cmd(inputs, out, fmt, text_field, id_field, per_line, runner, r
                f"{summary['chars_scored']:,} characters scored, {summary['bits']:,.1f} bits ({bpc} bpc); "
                f"{_count(summary['errors'], 'document')} with errors, "
                f"{_count(len(summary['file_errors']), 'unreadable file')}")
-    rate = f"{_rate(run['docs_per_s'])} docs/s, {_rate(run['chars_per_s'])} chars/s" if run["seconds"] else ""
+    rate = f"{format_rate(run['docs_per_s'])} docs/s, {format_rate(run['chars_per_s'])} chars/s" if run["seconds"] else ""
     skipped = run["files_skipped"]
     how = run["runner"] + (f", {_count(run['workers'], 'worker')} x {_count(run['threads'], 'thread')}"
                            if "workers" in run else "") + (f", {_count(run['readers'], 'reader')}"
@@ -144,7 +144,7 @@ def _count(n: int, noun: str) -> str:
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
-def _rate(x: float | None) -> str:
+def format_rate(x: float | None) -> str:
     """A rate that a slow run does not round to 0: ``"1,234"``, ``"12.3"``, ``"0.122"`` (3 significant digits
     below 100)."""
     if x is None:
