@@ -32,7 +32,8 @@ from isan.engine.guard import MAX_STATE_ABS, check_bits, check_states, raise_div
 from isan.engine.normalize import Normalizer, Prepared, from_manifest, prepare, resolve
 import isan.engine.exact as exact
 from isan.engine.reference import LOG2E, log_softmax
-from isan.engine.kernels.backends import Backend, Plan
+from isan.engine.kernels.backends import Backend
+from isan.engine.kernels.plan import Kernel, Plan
 from isan.engine.paths import default_model_path, find_table
 from isan.engine.planning import Planner
 from isan.engine.prepare import prepare_batch, prepare_one
@@ -202,24 +203,28 @@ class Engine:
         return self._planner.jump_table(dtype)
 
     def plan(self, lengths: Sequence[int], threads: int | None = None, cut: bool = True,
-             kernel: str = "auto") -> Plan:
-        """How a chunk-parallel batch of texts of these lengths runs, asked of the kernel backend
-        (:meth:`isan.engine.kernels.backends.Backend.plan`).
+             kernel: "Kernel | str" = Kernel.AUTO, chunks: Sequence[int] | None = None) -> Plan:
+        """The whole plan of a chunk-parallel batch of texts of these lengths: the kernel backend's,
+        completed by the engine's planner (:meth:`isan.engine.planning.Planner.plan`).
 
         Args:
             lengths: characters (symbols) of each text.
             threads: kernel threads (default: the engine's).
             cut: False for one row a text.
-            kernel: ``"chunked"`` (one character a step, :mod:`~isan.engine.kernels.streams`),
-                ``"jumps"`` (composed jumps, :mod:`~isan.engine.kernels.jumps`; ``"jumps-f16"``:
-                float16 matrices, not exact, for the benchmark) or ``"auto"``: jumps when the engine
-                has a trie table and the batch makes at least ``MIN_ROWS_PER_THREAD`` rows a thread
-                for them, else chunked. The torch backend has one kernel (``"torch"``), cut for the
-                device, and ignores it.
+            kernel: :class:`~isan.engine.kernels.plan.Kernel` or its name: ``"chunked"`` (one
+                character a step, :mod:`~isan.engine.kernels.streams`), ``"jumps"`` (composed jumps,
+                :mod:`~isan.engine.kernels.jumps`; ``"jumps-f16"``: float16 matrices, not exact, for
+                the benchmark) or ``"auto"``: jumps when the engine has a trie table and the batch
+                makes at least ``MIN_ROWS_PER_THREAD`` rows a thread for them, else chunked. The torch
+                backend has one kernel (``"torch"``), cut for the device, and ignores it.
+            chunks: each text's chunk count, instead of the backend's cut.
         Returns:
-            :class:`~isan.engine.kernels.backends.Plan` (kernel, model, chunks per text, runner).
+            :class:`~isan.engine.kernels.plan.Plan`: what :func:`~isan.engine.kernels.chunked.score_texts_chunked` runs.
+        Raises:
+            IsanError: an unknown kernel, or chunk counts that do not match ``lengths``.
         """
-        return self._planner.plan(lengths, threads or self.threads, cut=cut, kernel=kernel)
+        how = chunks if chunks is not None else ("auto" if cut else "none")
+        return self._planner.plan(lengths, threads or self.threads, how, kernel)
 
     # ---- basic facts --------------------------------------------------------------------
     @property
@@ -412,18 +417,13 @@ class Engine:
         from isan.engine.kernels.chunked import score_texts_chunked
 
         threads = threads or self.threads
-        lengths = [len(x) for x in ids_list]
-        planned = self.plan(lengths, threads, chunks == "auto", kernel)
-        kernel = planned.kernel
-        plan = list(planned.chunks) if isinstance(chunks, str) else list(chunks)
-        bits, finals, rep, div = score_texts_chunked(
-            planned.model, ids_list, np.asarray(hs, dtype=np.float64),
-            chunks=plan, threads=threads, want_bits=want_bits, fallback=self.chunk_fallback(lengths, plan),
-            **planned.keywords())
+        plan = self._planner.plan([len(x) for x in ids_list], threads, chunks, kernel)
+        bits, finals, rep, div = score_texts_chunked(plan, ids_list, np.asarray(hs, dtype=np.float64),
+                                                     threads=threads, want_bits=want_bits)
         if div:
             i, off, h_start, t = div[0]
             try:
-                raise_diverged(self.params.W, self.params.b, np.asarray(ids_list[i])[off:], h_start, where or kernel,
+                raise_diverged(self.params.W, self.params.b, np.asarray(ids_list[i])[off:], h_start, where or plan.kernel.value,
                                detected_at=t, base_offset=off, symbols=self.alphabet.symbols)
             except StateDivergedError as e:
                 e.text_index = i

@@ -13,7 +13,8 @@ from typing import Sequence
 import numpy as np
 
 from isan.engine.forgetting import ProvenForgetting
-from isan.engine.kernels.backends import Backend, Plan
+from isan.engine.kernels.backends import Backend
+from isan.engine.kernels.plan import DEFAULT_MARGIN, DEFAULT_RTOL, Kernel, Plan
 from isan.params import ISANParams
 
 
@@ -92,8 +93,6 @@ class Planner:
         """Characters after which any start-state error is within chunk-parallel scoring's stopping
         rule, proven by the certificate: ``cond(P) rho^t (2 state_bound) <= rtol / margin``
         (two states within the bound differ by at most twice it). None without a certificate."""
-        from isan.engine.kernels.chunked import DEFAULT_MARGIN, DEFAULT_RTOL
-
         c = self.certificate()
         if c is None:
             return None
@@ -126,9 +125,28 @@ class Planner:
                 return self._float64_fallback  # a caller's chunks shorter than the proof: checked instead
         return self._fallback
 
-    def plan(self, lengths: Sequence[int], threads: int, cut: bool = True, kernel: str = "auto") -> Plan:
-        """The backend's plan of a batch (:meth:`Backend.plan`)."""
-        return self.backend.plan(lengths, threads, self, cut=cut, kernel=kernel)
+    def plan(self, lengths: Sequence[int], threads: int, chunks: "str | Sequence[int]" = "auto",
+             kernel: "Kernel | str" = Kernel.AUTO) -> Plan:
+        """The whole plan of a batch of texts of these ``lengths``: the backend's
+        (:meth:`Backend.plan`: kernel, weights, chunks, runner, stopping rule, buffers) with the
+        caller's chunk counts where it gives them and the fallback those chunks need (:meth:`fallback`).
+
+        Args:
+            chunks: ``"auto"`` (cut by the backend), ``"none"`` (one row a text) or each text's count.
+            kernel: :class:`Kernel` (or its name); the torch backend has one and ignores it.
+        Raises:
+            IsanError: an unknown kernel, or chunk counts that do not match the texts.
+        """
+        from isan.errors import IsanError
+
+        cut = isinstance(chunks, str) and chunks == "auto"
+        planned = self.backend.plan(lengths, threads, self, cut=cut, kernel=Kernel.of(kernel))
+        if not isinstance(chunks, str):
+            counts = tuple(int(c) for c in chunks)
+            if len(counts) != len(lengths) or min(counts, default=1) < 1:
+                raise IsanError(f"give one chunk count of at least 1 for each of the {len(lengths)} texts; got {counts}")
+            planned = planned.replace(chunks=counts)
+        return planned.replace(fallback=self.fallback(lengths, planned.chunks))
 
     def report(self, rep) -> dict:
         """A :class:`~isan.engine.kernels.chunked.ChunkedReport` as the scoring report: where it ran

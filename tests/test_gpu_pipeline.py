@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 from isan.engine import Engine  # noqa: E402
 from isan.engine.kernels.chunked import score_texts_chunked  # noqa: E402
+from isan.engine.kernels.plan import CHECK_EVERY, Kernel, Plan  # noqa: E402
 from isan.engine.kernels.torch import TorchStreams  # noqa: E402
 from isan.engine.reference import score_ref  # noqa: E402
 from isan.errors import IsanError, StateDivergedError  # noqa: E402
@@ -85,8 +86,8 @@ def test_a_bad_want_bits_and_bad_totals_are_clear_errors(default_engine, docs):
     runner = TorchStreams("cpu")
     model = default_engine.stream_model()
     with pytest.raises(ValueError, match="want_bits"):
-        score_texts_chunked(model, docs, np.tile(default_engine.params.h0, (len(docs), 1)), want_bits="sums",
-                            runner=runner)
+        score_texts_chunked(Plan.one_row_a_text(model, runner, len(docs), kernel=Kernel.TORCH), docs,
+                            np.tile(default_engine.params.h0, (len(docs), 1)), want_bits="sums")
     H = model.rows(np.tile(default_engine.params.h0, (2, 1)))
     ids = np.concatenate(docs[:2]).astype(np.int32)
     start = np.array([0, len(docs[0])], dtype=np.int64)
@@ -133,9 +134,8 @@ def test_the_gpu_plan_checks_less_often_and_the_cpu_plan_as_before(default_engin
     assert plan.check_every("cuda") == plan.GPU_CHECK_EVERY == 64 and plan.check_every("cpu") is None
     eng = Engine.load(default_engine.source, progress_bar=False, dtype="float64")
     p = eng.plan([5_000], 1)
-    kw = p.keywords()
-    assert kw["row_totals"] is True and "check_every" not in kw and kw["empty_bits"] == eng.kernels.streams.empty_bits
-    assert "row_totals" not in default_engine.plan([5_000], 1).keywords()  # the native kernels sum on the host
+    assert p.row_totals is True and p.check_every == CHECK_EVERY and p.empty_bits == eng.kernels.streams.empty_bits
+    assert not default_engine.plan([5_000], 1).row_totals  # the native kernels sum on the host
 
 
 def test_backend_options_reach_the_runner_and_unknown_ones_are_refused(default_engine):

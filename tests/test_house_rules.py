@@ -33,8 +33,6 @@ FUNCTION_EXCEPTIONS = {
     "engine/corpus/job.py:score_corpus": "to split by concept: plan the parts, run them, write the summary",
     "engine/corpus/workers.py:run_workers": "to split by concept: start the pool, hand out the files, drain the results",
     "engine/divergence.py:repeat_divergence": "to split by concept: the symbols' repeats, the pairs' repeats, the verdict",
-    "engine/kernels/chunked.py:score_texts_chunked": "to split by concept: plan the chunks, guess their states, "
-                                                     "correct them, the fallback",
     "engine/kernels/jumps.py:run_jumps_ref": "the numpy twin of the compiled kernel, kept step for step beside its "
                                              "C: to split by round (jumps, stops, bits)",
     "engine/serve/cli.py:main": "click's options of isan-serve: to split the config's assembly from the start",

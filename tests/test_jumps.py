@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from isan.engine.kernels import native
 from isan.engine.kernels.chunked import score_texts_chunked
+from isan.engine.kernels.plan import Kernel, Plan
 from isan.engine.kernels.jumps import JumpTable, run_jumps, run_jumps_ref, segment
 from isan.engine.kernels.streams import run_streams
 from isan.errors import StateDivergedError
@@ -172,8 +173,8 @@ def test_chunked_by_jumps_equals_reference_any_shape(default_engine, table, data
     threads = data.draw(st.integers(1, 2))
     h0 = default_engine.params.h0
     hs = np.tile(h0, (len(texts), 1))
-    bits, finals, rep, div = score_texts_chunked(table, texts, hs, chunks=chunks, threads=threads, runner=runner,
-                                                 path="jumps")
+    bits, finals, rep, div = score_texts_chunked(
+        Plan(Kernel.JUMPS, table, tuple(chunks), runner, path="jumps"), texts, hs, threads=threads)
     assert not div
     p = default_engine.params
     for t, b, hf in zip(texts, bits, finals):
@@ -202,8 +203,8 @@ def test_chunked_by_float16_jumps_any_shape(default_engine, table, data):
     for name, runner in (("c16", run_jumps), ("ref16", run_jumps_ref)):
         if runner is run_jumps and native() is None:
             continue
-        bits, finals, rep, div = score_texts_chunked(t16, texts, hs, chunks=chunks, threads=threads, runner=runner,
-                                                     path="jumps-f16")
+        bits, finals, rep, div = score_texts_chunked(
+            Plan(Kernel.JUMPS_F16, t16, tuple(chunks), runner, path="jumps-f16"), texts, hs, threads=threads)
         assert not div
         out[name] = bits
     from isan.engine.reference import score_ref

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from isan.engine.guard import MAX_STATE_ABS
 from isan.engine.kernels import native, native_status
 from isan.engine.kernels.chunked import plan_chunks, score_texts_chunked
+from isan.engine.kernels.plan import Kernel, Plan
 from isan.engine.kernels.sequential import seq_composed, seq_composed_ref
 from isan.engine.kernels.streams import StreamModel, run_streams, run_streams_ref
 from isan.engine.reference import score_ref
@@ -219,7 +220,7 @@ def test_kernels_reject_bad_arguments(model, default_engine, test_ids):
 @pytest.mark.parametrize("P", [1, 2, 7, 64, 256, 1024])
 def test_chunked_equals_float64_reference(model, default_engine, test_ids, ref_bits, P):
     ids = test_ids[:60_000]
-    bits, finals, rep, div = score_texts_chunked(model, [ids], default_engine.params.h0[None], chunks=[P], threads=2)
+    bits, finals, rep, div = score_texts_chunked(Plan(Kernel.CHUNKED, model, (P,), run_streams), [ids], default_engine.params.h0[None], threads=2)
     assert div == []
     ref, href = ref_bits
     np.testing.assert_allclose(bits[0], ref, atol=tol().bits, rtol=0)
@@ -238,7 +239,7 @@ def test_chunked_whole_test_split(model, default_engine, test_ids, text8_test_re
     """The whole text8-10M test split, 1024 chunks, against the float64 reference."""
     p = default_engine.params
     ref, href = text8_test_ref
-    bits, finals, rep, div = score_texts_chunked(model, [test_ids], p.h0[None], chunks=[1024], threads=2)
+    bits, finals, rep, div = score_texts_chunked(Plan(Kernel.CHUNKED, model, (1024,), run_streams), [test_ids], p.h0[None], threads=2)
     assert div == []
     t = tol().for_chars(len(test_ids))
     np.testing.assert_allclose(bits[0], ref, atol=t.bits, rtol=0)
@@ -248,8 +249,8 @@ def test_chunked_whole_test_split(model, default_engine, test_ids, text8_test_re
 
 def test_chunked_numpy_twin(model, default_engine, test_ids, ref_bits):
     ids = test_ids[:6_000]
-    bits, finals, rep, div = score_texts_chunked(model, [ids], default_engine.params.h0[None], chunks=[5],
-                                                 runner=run_streams_ref)
+    bits, finals, rep, div = score_texts_chunked(Plan(Kernel.CHUNKED, model, (5,), run_streams_ref), [ids],
+                                                 default_engine.params.h0[None])
     np.testing.assert_allclose(bits[0], ref_bits[0][:6000], atol=tol().bits, rtol=0)
 
 
@@ -268,10 +269,10 @@ def test_chunked_text_that_does_not_forget(unconstrained_engine, text8_test):
     ids = a.encode(text).astype(np.int32)
     p = unconstrained_engine.params
     ref, href = score_ref(p, ids.astype(np.int64), p.h0)
-    seq, _, _, _ = score_texts_chunked(model, [ids], p.h0[None], chunks=[1])
+    seq, _, _, _ = score_texts_chunked(Plan(Kernel.CHUNKED, model, (1,), run_streams), [ids], p.h0[None])
     seq_err = np.abs(seq[0] - ref).max()
     assert 1e-4 < seq_err < 2e-3  # the float32 drift this test is about
-    bits, finals, rep, div = score_texts_chunked(model, [ids], p.h0[None], chunks=[16], threads=2)
+    bits, finals, rep, div = score_texts_chunked(Plan(Kernel.CHUNKED, model, (16,), run_streams), [ids], p.h0[None], threads=2)
     assert div == []
     assert rep.fallback_chunks > 0
     t = isan_float32_tolerance(p.W, p.b, p.W_ro, p.b_ro, p.h0, ids)
@@ -285,7 +286,8 @@ def test_chunked_divergence_names_the_offset(unconstrained_engine, text8_test):
     a = unconstrained_engine.alphabet
     text = text8_test[:5000] + "z" * 200 + text8_test[5000:9000]
     ids = a.encode(text).astype(np.int32)
-    bits, finals, rep, div = score_texts_chunked(model, [ids], unconstrained_engine.params.h0[None], chunks=[8], threads=2)
+    bits, finals, rep, div = score_texts_chunked(Plan(Kernel.CHUNKED, model, (8,), run_streams), [ids], unconstrained_engine.params.h0[None],
+                                                 threads=2)
     assert len(div) == 1
     i, chunk_offset, h_start, t = div[0]
     assert i == 0 and 5000 <= chunk_offset + t <= 5000 + 40
@@ -295,7 +297,7 @@ def test_chunked_batch_of_texts_equals_each_alone(model, default_engine, test_id
     p = default_engine.params
     texts = [test_ids[i * 7000 : i * 7000 + n] for i, n in enumerate([5, 900, 6000, 1, 3000])]
     h = np.stack([p.h0] * len(texts))
-    bits, finals, rep, div = score_texts_chunked(model, texts, h, chunks=[1, 1, 4, 1, 2], threads=2)
+    bits, finals, rep, div = score_texts_chunked(Plan(Kernel.CHUNKED, model, (1, 1, 4, 1, 2), run_streams), texts, h, threads=2)
     for t, b, f in zip(texts, bits, finals):
         ref, href = score_ref(p, t.astype(np.int64), p.h0)
         np.testing.assert_allclose(b, ref, atol=tol().bits, rtol=0)
@@ -313,7 +315,7 @@ def test_chunked_any_cut_random_model(data):
     P = data.draw(st.integers(1, max(1, min(64, n))))
     p64 = p.astype(np.float64)
     ref, href = score_ref(p64, ids.astype(np.int64), p64.h0)
-    bits, finals, rep, div = score_texts_chunked(m, [ids], p64.h0[None], chunks=[P], threads=2)
+    bits, finals, rep, div = score_texts_chunked(Plan(Kernel.CHUNKED, m, (P,), run_streams), [ids], p64.h0[None], threads=2)
     assert div == []
     t = isan_float32_tolerance(p64.W, p64.b, p64.W_ro, p64.b_ro, p64.h0, ids, samples=4)
     np.testing.assert_allclose(bits[0], ref, atol=t.bits, rtol=0)

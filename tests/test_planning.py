@@ -9,7 +9,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from isan.engine.kernels.backends import BACKENDS, NAMES, Backend, Plan, get_backend
+from isan.engine.kernels.backends import BACKENDS, NAMES, Backend, get_backend
+from isan.engine.kernels.plan import Kernel, Plan
 
 
 def test_the_registry_holds_every_backend_and_each_keeps_the_protocol():
@@ -23,28 +24,33 @@ def test_the_registry_holds_every_backend_and_each_keeps_the_protocol():
 
 def test_plan_is_a_frozen_dataclass_chosen_by_the_backend(default_engine):
     p = default_engine.plan([2_500_000], 2)
-    assert isinstance(p, Plan) and p.kernel == "jumps" and p.runner is default_engine.kernels.jumps
-    assert p.model is default_engine.jump_table() and p.keywords() == {"runner": p.runner, "path": "jumps"}
+    assert isinstance(p, Plan) and p.kernel is Kernel.JUMPS and p.runner is default_engine.kernels.jumps
+    assert p.model is default_engine.jump_table() and p.path == "jumps"
     with pytest.raises(dataclasses.FrozenInstanceError):
-        p.kernel = "chunked"
+        p.kernel = Kernel.CHUNKED
     q = default_engine.plan([100_000], 2)
-    assert q.kernel == "chunked" and q.model is default_engine.stream_model() and q.keywords() == {"runner": q.runner}
+    assert q.kernel is Kernel.CHUNKED and q.model is default_engine.stream_model() and q.path == "chunked"
     assert default_engine.plan([5000] * 3, 2, cut=False).chunks == (1, 1, 1)
 
 
-def test_plan_runs_as_score_ids_does(default_engine, text8_test):
-    """A plan handed to the kernel gives score_ids' bits: the public API is the one the engine uses."""
-    from isan.engine.kernels.chunked import score_texts_chunked
+def test_the_plan_carries_what_the_certificate_proves(default_engine):
+    """The plan is whole: its chunks are at least the certificate's forgetting bound long, so its
+    fallback is the proof (no chunk can need the float64 redo), with the stopping rule it was proven
+    for; chunk counts a caller gives that cut shorter get the float64 fallback instead."""
+    from isan.engine.forgetting import ProvenForgetting
+    from isan.engine.kernels.chunked import Float64Fallback
+    from isan.engine.kernels.plan import CHECK_EVERY, DEFAULT_MARGIN, DEFAULT_RTOL
 
     eng = default_engine
-    ids = eng.encode(text8_test[:30_000])
-    h = eng.initial_state().h[None]
-    p = eng.plan([len(ids)], 2)
-    bits, _, _, div = score_texts_chunked(p.model, [ids], h, chunks=list(p.chunks), threads=2,
-                                          fallback=eng.chunk_fallback([len(ids)], list(p.chunks)), **p.keywords())
-    want, _, _ = eng.score_ids([ids], h, threads=2)
-    assert not div
-    np.testing.assert_array_equal(bits[0], want[0])
+    bound = eng.forget_bound_chars()
+    assert bound is not None and eng.certificate()["holds"]
+    n = 2_500_000
+    p = eng.plan([n], 2)
+    assert isinstance(p.fallback, ProvenForgetting) and p.fallback.bound == bound
+    assert all(n // c >= bound for c in p.chunks) and n // max(p.chunks) >= eng.min_chunk()
+    assert (p.rtol, p.margin, p.check_every) == (DEFAULT_RTOL, DEFAULT_MARGIN, CHECK_EVERY)
+    short = eng.plan([n], 2, chunks=[n // (bound // 2)])
+    assert short.chunks == (n // (bound // 2),) and isinstance(short.fallback, Float64Fallback)
 
 
 def test_engine_backend_is_a_deprecated_alias_of_runtime(default_engine):

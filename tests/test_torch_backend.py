@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 
 from isan.engine.kernels.backends import get_backend, resolve_device  # noqa: E402
 from isan.engine.kernels.chunked import Runner, score_texts_chunked  # noqa: E402
+from isan.engine.kernels.plan import Kernel, Plan  # noqa: E402
 from isan.engine.kernels.streams import StreamModel, run_streams_ref  # noqa: E402
 from isan.engine.kernels.torch import TorchStreams  # noqa: E402
 from isan.engine.reference import score_ref  # noqa: E402
@@ -186,8 +187,9 @@ def test_chunk_parallel_long_text_equals_the_float64_reference(model, default_en
     runner = make_runner(device, step, dtype)
     n_chunks = 3 if (device, step) == ("cpu", "triton") else 16
     rtol = 1e-13 if dtype == "float64" else 1e-6
-    bits, finals, rep, div = score_texts_chunked(model, [test_ids], p64.h0[None], chunks=[n_chunks], runner=runner,
-                                                 rtol=rtol, fallback=default_engine.chunk_fallback())
+    bits, finals, rep, div = score_texts_chunked(
+        Plan(Kernel.TORCH, model, (n_chunks,), runner, rtol=rtol, fallback=default_engine.chunk_fallback()),
+        [test_ids], p64.h0[None])
     assert not div and rep.chunks == n_chunks and rep.fallback_chunks == 0
     assert finals.dtype == runner.state_dtype
     t = tol().in_precision(U32 + TF32X3_U * step.endswith("tf32x3"))
@@ -207,8 +209,9 @@ def test_hypothesis_texts_any_batch_shape(model, default_engine, p64, data):
     texts = [np.asarray(t, np.int32) for t in texts]
     chunks = [data.draw(st.integers(1, max(1, len(t) // 20))) for t in texts]
     runner = TorchStreams("cpu", "float64", block=data.draw(st.integers(1, 40)))
-    bits, finals, rep, div = score_texts_chunked(model, texts, np.tile(p64.h0, (len(texts), 1)), chunks=chunks,
-                                                 runner=runner, rtol=1e-13, fallback=default_engine.chunk_fallback())
+    bits, finals, rep, div = score_texts_chunked(
+        Plan(Kernel.TORCH, model, tuple(chunks), runner, rtol=1e-13, fallback=default_engine.chunk_fallback()),
+        texts, np.tile(p64.h0, (len(texts), 1)))
     assert not div
     for t, b, f in zip(texts, bits, finals):
         b_ref, h_ref = score_ref(p64, t.astype(np.int64), p64.h0)
@@ -300,8 +303,9 @@ def test_the_gpu_plan_corrects_inside_every_chunk(model, default_engine, p64, te
     chunks = plan.chunks([len(ids)], "cuda", dtype=dtype, forget_chars=bound)
     assert chunks[0] == len(ids) // plan.min_chunk(dtype, bound) and len(ids) // chunks[0] >= bound
     assert plan.min_chunk(dtype, bound) >= plan.GPU_MIN_CHUNK[dtype]
-    bits, _, rep, div = score_texts_chunked(model, [ids], p64.h0[None], chunks=chunks, runner=TorchStreams("cpu", dtype),
-                                            rtol=plan.rtol(dtype), fallback=default_engine.chunk_fallback())
+    bits, _, rep, div = score_texts_chunked(
+        Plan(Kernel.TORCH, model, tuple(chunks), TorchStreams("cpu", dtype), rtol=plan.rtol(dtype),
+             fallback=default_engine.chunk_fallback()), [ids], p64.h0[None])
     bits_ref, _ = score_ref(p64, ids.astype(np.int64), p64.h0)
     assert not div and rep.fallback_chunks == 0
     assert abs(bits[0].sum() - bits_ref.sum()) <= (1e-12 * bits_ref.sum() if dtype == "float64" else tol().total_bits)
@@ -323,9 +327,9 @@ def test_the_gpu_plan_follows_a_model_that_forgets_more_slowly(text8_test):
     chunks = plan.chunks([len(ids)], "cuda", dtype="float32", forget_chars=bound)
     assert len(ids) // chunks[0] >= bound and chunks[0] == len(ids) // 1280
     p64 = eng.params.astype(np.float64)
-    bits, _, rep, div = score_texts_chunked(eng.stream_model(), [ids], p64.h0[None], chunks=chunks,
-                                            runner=TorchStreams("cpu", "float32"), rtol=plan.rtol("float32"),
-                                            fallback=eng.chunk_fallback())
+    bits, _, rep, div = score_texts_chunked(
+        Plan(Kernel.TORCH, eng.stream_model(), tuple(chunks), TorchStreams("cpu", "float32"),
+             rtol=plan.rtol("float32"), fallback=eng.chunk_fallback()), [ids], p64.h0[None])
     bits_ref, _ = score_ref(p64, ids.astype(np.int64), p64.h0)
     assert not div and rep.fallback_chunks == 0
     t = isan_float32_tolerance(p64.W, p64.b, p64.W_ro, p64.b_ro, p64.h0, ids[:10_000], samples=4).for_chars(len(ids))

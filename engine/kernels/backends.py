@@ -25,6 +25,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Protocol, Sequence, runtime_checkable
 
+from isan.engine.kernels.plan import CHECK_EVERY, Kernel, Plan
 from isan.errors import BackendUnavailableError, IsanError, install_hint
 
 if TYPE_CHECKING:  # names for the annotations only
@@ -53,54 +54,6 @@ class PlanSource(Protocol):
     def min_chunk(self) -> int: ...
 
     def forget_bound_chars(self, rtol: float | None = None, margin: float | None = None) -> int | None: ...
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How one chunk-parallel batch runs (:meth:`Backend.plan`; ``Engine.plan``).
-
-    Attributes:
-        kernel: ``"chunked"`` (one character a step), ``"jumps"`` (composed jumps; ``"jumps-f16"``:
-            float16 matrices, not exact, for the benchmark) or ``"torch"`` (the torch runner).
-        model: the runner's weights: a :class:`~isan.engine.kernels.streams.StreamModel` or a
-            :class:`~isan.engine.kernels.jumps.JumpTable`.
-        chunks: the chunk count of each text (1: not cut), one per text.
-        runner: the kernel that advances the rows (:class:`~isan.engine.kernels.chunked.Runner`).
-        path: the name the report gives the kernel (None: ``"chunked"``).
-        rtol: the correction's tolerance where the backend sets its own (None: the default).
-        check_every: steps between the correction's convergence checks where the backend sets its
-            own (None: the default; a GPU checks less often, each check being a synchronisation).
-        empty_bits: where the runner writes bits, ``n -> (n,) float64`` (None: ``np.empty``; a GPU's
-            runner: page-locked memory).
-        row_totals: whether the runner reduces each row's bits itself (``want_bits="totals"``).
-    """
-
-    kernel: str
-    model: object = field(repr=False)
-    chunks: tuple[int, ...]
-    runner: "Runner" = field(repr=False)
-    path: str | None = None
-    rtol: float | None = None
-    check_every: int | None = None
-    empty_bits: "Callable[[int], np.ndarray] | None" = field(default=None, repr=False)
-    row_totals: bool = False
-
-    def keywords(self) -> dict:
-        """The keywords of :func:`~isan.engine.kernels.chunked.score_texts_chunked` this plan sets
-        (``runner``, and ``path``, ``rtol``, ``check_every``, ``empty_bits`` and ``row_totals`` where
-        it has them)."""
-        out: dict = {"runner": self.runner}
-        if self.path is not None:
-            out["path"] = self.path
-        if self.rtol is not None:
-            out["rtol"] = self.rtol
-        if self.check_every is not None:
-            out["check_every"] = self.check_every
-        if self.empty_bits is not None:
-            out["empty_bits"] = self.empty_bits
-        if self.row_totals:
-            out["row_totals"] = True
-        return out
 
 
 #: Characters a call should hold where the caller chooses (:attr:`Backend.batch_chars`), by device.
@@ -152,7 +105,7 @@ class Backend(Protocol):
     def rounding(self) -> str | None: ...
 
     def plan(self, lengths: Sequence[int], threads: int, source: PlanSource, cut: bool = True,
-             kernel: str = "auto") -> Plan: ...
+             kernel: Kernel = Kernel.AUTO) -> Plan: ...
 
     def fallback(self, params: "ISANParams", forget_bound_chars: int | None): ...
 
@@ -212,7 +165,7 @@ class CpuBackend(_Kernels):
         return None
 
     def plan(self, lengths: Sequence[int], threads: int, source: PlanSource, cut: bool = True,
-             kernel: str = "auto") -> Plan:
+             kernel: Kernel = Kernel.AUTO) -> Plan:
         """How a batch of texts of these ``lengths`` runs on ``threads`` threads.
 
         Args:
@@ -232,12 +185,15 @@ class CpuBackend(_Kernels):
         lengths = [int(n) for n in lengths]
         planned = plan_chunks(lengths, target_rows=ROWS_PER_THREAD * threads, min_chunk=source.min_chunk()) \
             if cut else [1] * len(lengths)
-        if kernel == "auto":
+        kernel = Kernel.of(kernel)
+        if kernel is Kernel.AUTO:
             enough = sum(planned) >= MIN_ROWS_PER_THREAD * threads
-            kernel = "jumps" if source.has_table and enough else "chunked"
-        if kernel in ("jumps", "jumps-f16"):
-            model = source.jump_table("float16" if kernel == "jumps-f16" else "float32")
-            return Plan(kernel, model, tuple(planned), self.jumps, path=kernel)
+            kernel = Kernel.JUMPS if source.has_table and enough else Kernel.CHUNKED
+        if kernel.uses_table:
+            model = source.jump_table("float16" if kernel is Kernel.JUMPS_F16 else "float32")
+            return Plan(kernel, model, tuple(planned), self.jumps, path=kernel.value)
+        if kernel is not Kernel.CHUNKED:
+            raise IsanError(f"the {self.name} backend runs the kernels auto, chunked, jumps and jumps-f16; got {kernel.value!r}")
         return Plan(kernel, source.stream_model(), tuple(planned), self.streams)
 
     def fallback(self, params: "ISANParams", forget_bound_chars: int | None):
@@ -264,7 +220,7 @@ class TorchBackend(_Kernels):
         return f"torch-{self.device.split(':')[0]}-{self.dtype}"
 
     def plan(self, lengths: Sequence[int], threads: int, source: PlanSource, cut: bool = True,
-             kernel: str = "auto") -> Plan:
+             kernel: Kernel = Kernel.AUTO) -> Plan:
         """Every batch on the per-symbol runner (``kernel`` is ignored), cut for the device
         (:mod:`isan.engine.kernels.torch.plan`) at the dtype's tolerance."""
         from isan.engine.kernels.torch import plan
@@ -273,8 +229,9 @@ class TorchBackend(_Kernels):
         rtol = plan.rtol(self.dtype)
         chunks = plan.chunks(lengths, self.device, threads, self.dtype, source.forget_bound_chars(rtol=rtol)) \
             if cut else [1] * len(lengths)
-        return Plan("torch", source.stream_model(), tuple(chunks), self.streams, path="chunked", rtol=rtol,
-                    check_every=plan.check_every(self.device), empty_bits=self.streams.empty_bits, row_totals=True)
+        return Plan(Kernel.TORCH, source.stream_model(), tuple(chunks), self.streams, rtol=rtol,
+                    check_every=plan.check_every(self.device) or CHECK_EVERY, empty_bits=self.streams.empty_bits,
+                    row_totals=True)
 
     def batches(self, model: "StreamModel", batches: Iterable, want: str = "totals",
                 threads: int = 1) -> "Iterator[BatchResult]":

@@ -26,7 +26,8 @@ So a text is cut into P chunks that are scored together as one batch:
    :class:`~isan.errors.StateDivergedError` naming the character.
 
 The result reports the chunk count, the extra work, the largest residual reached, and the
-chunks that fell back. ``runner=run_streams_ref`` runs the same algorithm on the numpy twin.
+chunks that fell back. A :class:`~isan.engine.kernels.plan.Plan` whose runner is ``run_streams_ref`` runs the
+same algorithm on the numpy twin.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from typing import Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from isan.engine.guard import MAX_STATE_ABS
-from isan.engine.kernels.streams import StreamModel, StreamsResult, run_streams
+from isan.engine.kernels.plan import DEFAULT_MARGIN, DEFAULT_RTOL, Kernel, Plan
+from isan.engine.kernels.streams import StreamModel, StreamsResult
 from isan.params import ISANParams
 
 #: Defaults (docs/guide/tables-and-speed.md, 'Measured facts the code relies on', and measurements
@@ -47,11 +49,8 @@ from isan.params import ISANParams
 #: (1.06M chars/s against 0.90M at 512: more correction, no faster GEMMs); with the queued schedule
 #: (streams.py, issue 22) a matrix serves twice the rows and 512 a thread is best (one thread: 1.06M
 #: chars/s at 512, 0.97M at 256; two: 2.06M against 1.94M; 768 no faster).
-DEFAULT_RTOL = 1e-6
-DEFAULT_MARGIN = 4.0
 MIN_CHUNK = 1024
 ROWS_PER_THREAD = 512
-CHECK_EVERY = 16
 
 
 @dataclass
@@ -79,8 +78,9 @@ def score_batches_in_turn(runner: "Runner", model: StreamModel, batches, want: s
     if want not in wants:
         raise ValueError(f"want must be one of {', '.join(wants)}; got {want!r}")
     for texts, hs in batches:
-        values, finals, _, div = score_texts_chunked(model, texts, hs, chunks=[1] * len(texts), threads=threads,
-                                                     limit=limit, want_bits=wants[want], runner=runner)
+        plan = Plan.one_row_a_text(model, runner, len(texts), kernel=Kernel.CHUNKED)
+        values, finals, _, div = score_texts_chunked(plan, texts, hs, threads=threads, limit=limit,
+                                                     want_bits=wants[want])
         diverged = np.full(len(texts), -1, dtype=np.int64)
         for i, _off, _h, t in div:
             diverged[i] = t
@@ -185,200 +185,234 @@ class Runner(Protocol):
                  check_every: int = 16, limit: float = MAX_STATE_ABS, threads: int = 1) -> StreamsResult: ...
 
 
-def score_texts_chunked(model: StreamModel, texts: Sequence[np.ndarray], h_init: np.ndarray, *,
-                        chunks: Sequence[int] | None = None, guess: np.ndarray | None = None,
-                        rtol: float = DEFAULT_RTOL, margin: float = DEFAULT_MARGIN, check_every: int = CHECK_EVERY,
-                        threads: int = 1, limit: float = MAX_STATE_ABS, want_bits: bool | str = True,
-                        runner: Runner = run_streams, fallback: "Float64Fallback | None" = None,
-                        path: str = "chunked", empty_bits=None, row_totals: bool = False,
+@dataclass
+class ChunkRows:
+    """The rows of a chunk-parallel batch: chunk c of text ``text[c]`` reads
+    ``ids[start[c] : start[c] + length[c]]``; ``first[c]``: it starts its text; ``base``: where each
+    text starts in ``ids`` (B + 1 offsets)."""
+
+    text: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    first: np.ndarray
+    base: np.ndarray
+
+    @classmethod
+    def cut(cls, lens: Sequence[int], chunks: Sequence[int]) -> "ChunkRows":
+        """Each text of ``lens`` characters cut into its count of ``chunks`` (even cuts, in order)."""
+        B = len(lens)
+        base = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        if max(chunks, default=1) <= 1:  # one row a text (documents): no cut, built at once
+            text, start, length = np.arange(B, dtype=np.int64), base[:-1].copy(), np.asarray(lens, dtype=np.int64)
+        else:
+            text, start, length = [], [], []
+            for i, (n, P) in enumerate(zip(lens, chunks)):
+                cuts = np.linspace(0, n, max(P, 1) + 1).round().astype(np.int64)
+                for a, b in zip(cuts[:-1], cuts[1:]):
+                    if b > a:
+                        text.append(i)
+                        start.append(base[i] + a)
+                        length.append(b - a)
+            text, start, length = (np.asarray(x, dtype=np.int64) for x in (text, start, length))
+        first = np.ones(len(length), dtype=bool)
+        first[1:] = text[1:] != text[:-1]
+        return cls(text, start, length, first, base)
+
+    def __len__(self) -> int:
+        return len(self.length)
+
+    def offset(self, c: int) -> int:
+        """Where chunk c starts in its text."""
+        return int(self.start[c] - self.base[self.text[c]])
+
+
+def score_texts_chunked(plan: "Plan", texts: Sequence[np.ndarray], h_init: np.ndarray, *,
+                        want_bits: bool | str = True, threads: int = 1, limit: float = MAX_STATE_ABS,
+                        guess: np.ndarray | None = None,
                         ) -> tuple[list[np.ndarray] | np.ndarray, np.ndarray, ChunkedReport, list]:
-    """Score B texts exactly, each cut into chunks, all chunks in one batch.
+    """Score B texts exactly, each cut into the plan's chunks, all chunks in one batch: the guess
+    pass, the correction pass, then each text in order, keeping what started exactly and redoing the
+    rest (the module docstring).
 
     Args:
-        model: the weights (:meth:`StreamModel.from_params`).
-        texts: B int id arrays (each non-empty).
-        h_init: (B, d) the state before each text.
-        chunks: chunks per text (default :func:`plan_chunks`); 1 means no cut.
-        guess: (d,) the start state guessed for chunks after the first (default: ``h_init[0]``).
-        rtol, margin, check_every: the correction's stopping rule (module docstring).
-        threads: threads for the kernel.
+        plan: the batch's :class:`~isan.engine.kernels.plan.Plan` (kernel, weights, chunks per text,
+            runner, fallback, stopping rule, buffers): ``Engine.plan``, or
+            :meth:`Plan.one_row_a_text` for texts not cut.
+        texts: B int id arrays (each non-empty; B = ``len(plan.chunks)``).
+        h_init: (B, d) the state before each text (float32, or the runner's ``state_dtype``).
         want_bits: True (each character's bits), ``"totals"`` (each text's total bits only) or
             False (no readout; final states only).
-        runner: :func:`run_streams`, its numpy twin :func:`run_streams_ref`, or another runner with
-            their signature (:class:`Runner`); the state rows are float32, or the runner's
-            ``state_dtype`` where it has one (the float64 torch runner keeps chunk starts in float64).
-        fallback: how chunks whose errors do not die out are redone (default: float64 reference
-            recurrence of the model, :class:`Float64Fallback`, built from ``model``'s weights).
-        path: the name the report gives the kernel (``"chunked"``, ``"jumps"``).
-        empty_bits: ``n -> (n,) float64`` where the runner writes bits (default ``np.empty``; the torch
-            runner's page-locked memory on a GPU: :meth:`TorchStreams.empty_bits`).
-        row_totals: the runner reduces each row's bits itself (its ``totals`` keyword): with
-            ``want_bits="totals"`` and texts not cut, no character's bits are made on the host.
+        threads: threads for the kernel.
+        limit: the largest ``|h|`` a state may reach (:mod:`isan.engine.guard`).
+        guess: (d,) the start state guessed for chunks after the first (default: ``h_init[0]``).
     Returns:
         (bits per text (n_i,) float64 (empty arrays if not want_bits; with ``want_bits="totals"`` one
-        (B,) float64 array, each text's total bits), final states (B, d) float32
-        (float64 for a runner whose ``state_dtype`` is float64),
+        (B,) float64 array, each text's total bits), final states (B, d) in the runner's state dtype,
         report, divergences). ``divergences`` is empty, or holds one ``(text index, offset of the
         chunk in its text, the chunk's exact start state (d,), step t)``: the state before the
         chunk's character t is out of range (or its bits are not finite); the caller locates it
         exactly with :func:`isan.engine.guard.raise_diverged` from that start.
+    Raises:
+        ValueError: an empty text, chunk counts that do not match the texts, or an unknown ``want_bits``.
     """
-    B = len(texts)
-    d, dp = model.d, model.dp
-    fallback = fallback or Float64Fallback(model)
     lens = [len(t) for t in texts]
     if any(n == 0 for n in lens):
         raise ValueError("every text must have at least one character")
-    chunks = list(chunks) if chunks is not None else plan_chunks(lens, target_rows=ROWS_PER_THREAD * max(1, threads))
-    ids = concat_ids(texts)
-    base = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-    # chunk table: text, start (global), length
-    if max(chunks, default=1) <= 1:  # one row a text (documents): no cut, built at once
-        c_text = np.arange(B, dtype=np.int64)
-        c_start = base[:-1].copy()
-        c_len = np.asarray(lens, dtype=np.int64)
-    else:
-        c_text, c_start, c_len = [], [], []
-        for i, (n, P) in enumerate(zip(lens, chunks)):
-            if P <= 1:
-                c_text.append(i)
-                c_start.append(base[i])
-                c_len.append(n)
-                continue
-            cuts = np.linspace(0, n, P + 1).round().astype(np.int64)
-            for a, b in zip(cuts[:-1], cuts[1:]):
-                if b > a:
-                    c_text.append(i)
-                    c_start.append(base[i] + a)
-                    c_len.append(b - a)
-        c_text = np.asarray(c_text, dtype=np.int64)
-        c_start = np.asarray(c_start, dtype=np.int64)
-        c_len = np.asarray(c_len, dtype=np.int64)
-    C = len(c_len)
-    first = np.ones(C, dtype=bool)
-    first[1:] = c_text[1:] != c_text[:-1]
-    h_init = np.asarray(h_init).reshape(B, d)  # read in its own dtype (float32 or float64) where it is copied
-    g = np.asarray(guess if guess is not None else h_init[0], dtype=np.float64).reshape(d)
+    if len(plan.chunks) != len(texts):
+        raise ValueError(f"the plan has chunk counts for {len(plan.chunks)} texts; got {len(texts)} texts")
     if want_bits not in (True, False, "totals"):
         raise ValueError(f"want_bits must be True, False or 'totals'; got {want_bits!r}")
-    totals = None
-    if want_bits == "totals" and row_totals and C == B:  # one row a text: the runner sums each text's bits
-        totals = np.zeros(B, dtype=np.float64)
-    bits = (empty_bits or _empty_bits)(len(ids)) if want_bits and totals is None else None
-    report = ChunkedReport(chunks=C, chars=len(ids), rtol=rtol, margin=margin, path=path)
-    sdt = np.dtype(runner.state_dtype)  # the dtype of the state rows
-    stop = rtol / margin
-
-    # 1. guess pass
-    H = np.empty((C, dp), dtype=sdt)
-    H[:, d + 1 :] = 0.0
-    if C == B:  # one chunk a text, in order: every row starts from its text's state
-        H[:, :d] = h_init
-    else:
-        H[:, :d] = g
-        H[first, :d] = h_init[c_text[first]]
-    H[:, d] = 1.0
-    r1 = runner(model, ids, c_start, c_len, H, bits, threads=threads, limit=limit,
-                **({"totals": totals} if totals is not None else {}))
-    report.steps, report.jumps = int(r1.total_steps), int(r1.jumps)
-    F = H[:, :d].copy()  # final state of each chunk in the guess pass
-    div1 = np.asarray(r1.diverged)
-
-    # 2. correction pass: chunks after the first of their text, each from F[p - 1]
-    corr = np.flatnonzero(~first)
-    converged = np.ones(C, dtype=bool)  # the correction died out inside the chunk
-    Fx = F.copy()  # final state of chunk p given the start its correction used
-    div2 = np.full(C, -1, dtype=np.int64)
-    if len(corr):
-        P2 = len(corr)
-        H2 = np.zeros((2 * P2, dp), dtype=sdt)
-        H2[:P2, :d] = F[corr - 1]
-        H2[:P2, d] = 1.0
-        H2[P2:, :d] = F[corr - 1] - g.astype(sdt)
-        r2 = runner(model, ids, c_start[corr], c_len[corr], H2, bits, pairs=True, stop_ratio=stop,
-                    check_every=check_every, threads=threads, limit=limit)
-        report.extra_steps += 2 * int(r2.total_steps)
-        report.steps += int(r2.total_steps)
-        report.jumps += int(r2.jumps)
-        conv, res = _converged(H2, P2, np.asarray(r2.steps_done), c_len[corr], np.asarray(r2.residual), stop)
-        report.corrections = np.asarray(r2.steps_done).tolist()
-        converged[corr] = conv
-        Fx[corr[~conv]] = H2[:P2][~conv, :d]
-        div2[corr] = r2.diverged
-        if conv.any():
-            report.residual = float(res[conv].max())
-
-    # 3. in order along each text: keep the work done from exact starts, redo the rest
-    finals = np.empty((B, d), dtype=sdt)
-    divergences: list[tuple[int, int, np.ndarray, int]] = []
-    uncut = bool(first.all() and (div1 < 0).all())  # one row a text, none left the range
-    if uncut:  # each text's final is its row's (one row a text, in order): nothing to keep or redo below
-        finals[:] = F
-    exact_prev = None  # exact final state of the previous chunk
-    prev_matches = True  # F[p - 1] (the start chunk p's correction used) equals exact_prev
-    for p in range(0 if uncut else C):
-        off = int(c_start[p] - base[c_text[p]])
-        if first[p]:
-            if div1[p] >= 0:
-                divergences.append((int(c_text[p]), off, np.asarray(h_init[c_text[p]], dtype=np.float64).astype(sdt),
-                                    int(div1[p])))
-                break
-            exact_prev, prev_matches = F[p], True
-            redo = False
-        elif prev_matches and div1[p] < 0:
-            if div2[p] >= 0:
-                divergences.append((int(c_text[p]), off, F[p - 1], int(div2[p])))
-                break
-            # exact start: keep the correction; if its error did not die out, the chunk is redone in
-            # float64 (float32 rounding errors do not die out on such text either)
-            redo = not converged[p]
-            if not redo:
-                exact_prev, prev_matches = F[p], True
-        else:
-            # the start was not exact: correct again from the exact start, unless the guess pass
-            # left the range (then its later bits are unusable)
-            redo = div1[p] >= 0
-            if not redo:
-                Hp = np.zeros((2, dp), dtype=sdt)
-                Hp[0, :d] = exact_prev
-                Hp[0, d] = 1.0
-                Hp[1, :d] = exact_prev - g.astype(sdt)
-                rp = runner(model, ids, c_start[p : p + 1], c_len[p : p + 1], Hp, bits, pairs=True,
-                            stop_ratio=stop, check_every=check_every, threads=1, limit=limit)
-                report.extra_steps += 2 * int(rp.total_steps)
-                conv, res = _converged(Hp, 1, rp.steps_done, c_len[p : p + 1], rp.residual, stop)
-                if rp.diverged[0] >= 0:
-                    divergences.append((int(c_text[p]), off, np.asarray(exact_prev), int(rp.diverged[0])))
-                    break
-                if conv[0]:
-                    report.residual = max(report.residual, float(res[0]))
-                    exact_prev, prev_matches = F[p], True
-                else:
-                    redo = True
-        if redo:  # sequential scoring of the chunk from its exact start, in float64
-            report.fallback_chunks += 1
-            report.extra_steps += int(c_len[p])
-            seg = ids[c_start[p] : c_start[p] + c_len[p]]
-            t_bad = _first_bad(fallback, seg, exact_prev, limit)
-            if t_bad is not None:
-                divergences.append((int(c_text[p]), off, np.asarray(exact_prev), t_bad))
-                break
-            b64, h64 = fallback(seg, exact_prev)
-            if bits is not None:
-                bits[c_start[p] : c_start[p] + c_len[p]] = b64
-            exact_prev, prev_matches = h64.astype(sdt), False
-        if p == C - 1 or c_text[p + 1] != c_text[p]:
-            finals[c_text[p]] = exact_prev
+    d = plan.model.d
+    rows = ChunkRows.cut(lens, plan.chunks)
+    ids = concat_ids(texts)
+    h_init = np.asarray(h_init).reshape(len(texts), d)  # read in its own dtype where it is copied
+    g = np.asarray(guess if guess is not None else h_init[0], dtype=np.float64).reshape(d)
+    batch = _Batch(plan, ids, rows, g, threads, limit,
+                   ChunkedReport(chunks=len(rows), chars=len(ids), rtol=plan.rtol, margin=plan.margin, path=plan.path))
+    totals, bits = batch.buffers(want_bits, len(texts))
+    F, div1 = batch.guess_pass(h_init, bits, totals)
+    converged, div2 = batch.correction_pass(F, bits)
+    finals, divergences = batch.settle_in_order(F, h_init, div1, div2, converged, bits)
     if want_bits == "totals":
-        return (totals if totals is not None else np.add.reduceat(bits, base[:-1])), finals, report, divergences
-    bl = base.tolist()
-    out_bits = [bits[bl[i] : bl[i + 1]] for i in range(B)] if want_bits else [np.zeros(0)] * B
-    return out_bits, finals, report, divergences
+        return (totals if totals is not None else np.add.reduceat(bits, rows.base[:-1])), finals, batch.report, divergences
+    bl = rows.base.tolist()
+    out_bits = [bits[bl[i] : bl[i + 1]] for i in range(len(texts))] if want_bits else [np.zeros(0)] * len(texts)
+    return out_bits, finals, batch.report, divergences
 
 
-def _empty_bits(n: int) -> np.ndarray:
-    """Where a runner writes the bits of ``n`` characters, unless the plan says otherwise."""
-    return np.empty(n, dtype=np.float64)
+class _Batch:
+    """The phases of :func:`score_texts_chunked` on one batch, sharing its plan, ids, rows and report."""
+
+    def __init__(self, plan: "Plan", ids: np.ndarray, rows: ChunkRows, guess: np.ndarray, threads: int, limit: float,
+                 report: ChunkedReport):
+        self.plan, self.ids, self.rows, self.g = plan, ids, rows, guess
+        self.threads, self.limit, self.report = threads, limit, report
+        self.sdt = np.dtype(plan.runner.state_dtype)  # the dtype of the state rows
+        self.d, self.dp = plan.model.d, plan.model.dp
+        self.stop = plan.rtol / plan.margin
+        self.fallback = plan.fallback if plan.fallback is not None else Float64Fallback(plan.model)
+
+    def buffers(self, want_bits, B: int):
+        """(totals (B,) float64 where the runner sums each text's bits itself, else None; where the
+        runner writes each character's bits, or None)."""
+        totals = None
+        if want_bits == "totals" and self.plan.row_totals and len(self.rows) == B:
+            totals = np.zeros(B, dtype=np.float64)  # one row a text: the runner sums each text's bits
+        bits = self.plan.empty_bits(len(self.ids)) if want_bits and totals is None else None
+        return totals, bits
+
+    def rows_of(self, starts: np.ndarray) -> np.ndarray:
+        """State rows for ``starts`` (n, d): the homogeneous coordinate 1, padding 0."""
+        H = np.zeros((len(starts), self.dp), dtype=self.sdt)
+        H[:, : self.d] = starts
+        H[:, self.d] = 1.0
+        return H
+
+    def pairs_of(self, starts: np.ndarray) -> np.ndarray:
+        """A correction's rows (2n, dp): the true starts, then their errors from the guess (no bias)."""
+        H = np.zeros((2 * len(starts), self.dp), dtype=self.sdt)
+        H[: len(starts)] = self.rows_of(starts)
+        H[len(starts) :, : self.d] = starts - self.g.astype(self.sdt)
+        return H
+
+    def guess_pass(self, h_init: np.ndarray, bits, totals) -> tuple[np.ndarray, np.ndarray]:
+        """1. Every chunk from its text's state (the first) or the guess: (final states (C, d), diverged (C,))."""
+        rows, B = self.rows, len(h_init)
+        if len(rows) == B:  # one chunk a text, in order: every row starts from its text's state
+            starts = h_init
+        else:
+            starts = np.broadcast_to(self.g, (len(rows), self.d)).astype(self.sdt)
+            starts[rows.first] = h_init[rows.text[rows.first]]
+        H = self.rows_of(starts)
+        r = self.plan.runner(self.plan.model, self.ids, rows.start, rows.length, H, bits, threads=self.threads,
+                             limit=self.limit, **({"totals": totals} if totals is not None else {}))
+        self.report.steps, self.report.jumps = int(r.total_steps), int(r.jumps)
+        return H[:, : self.d].copy(), np.asarray(r.diverged)
+
+    def correct(self, chunks: np.ndarray, starts: np.ndarray, bits, threads: int):
+        """Run the correction pairs of ``chunks`` from ``starts``: (converged, residual, diverged) each (n,)."""
+        rows, plan = self.rows, self.plan
+        H = self.pairs_of(starts)
+        r = plan.runner(plan.model, self.ids, rows.start[chunks], rows.length[chunks], H, bits, pairs=True,
+                        stop_ratio=self.stop, check_every=plan.check_every, threads=threads, limit=self.limit)
+        self.report.extra_steps += 2 * int(r.total_steps)
+        conv, res = _converged(H, len(chunks), np.asarray(r.steps_done), rows.length[chunks], np.asarray(r.residual),
+                               self.stop)
+        return conv, res, r
+
+    def correction_pass(self, F: np.ndarray, bits) -> tuple[np.ndarray, np.ndarray]:
+        """2. Chunks after the first of their text, each from ``F[p - 1]``: (converged (C,), diverged (C,))."""
+        C = len(self.rows)
+        corr = np.flatnonzero(~self.rows.first)
+        converged = np.ones(C, dtype=bool)  # the correction died out inside the chunk
+        div2 = np.full(C, -1, dtype=np.int64)
+        if len(corr):
+            conv, res, r = self.correct(corr, F[corr - 1], bits, self.threads)
+            self.report.steps += int(r.total_steps)
+            self.report.jumps += int(r.jumps)
+            self.report.corrections = np.asarray(r.steps_done).tolist()
+            converged[corr] = conv
+            div2[corr] = r.diverged
+            if conv.any():
+                self.report.residual = float(res[conv].max())
+        return converged, div2
+
+    def settle_in_order(self, F, h_init, div1, div2, converged, bits) -> tuple[np.ndarray, list]:
+        """3. Along each text in order: keep the work done from exact starts, redo the rest;
+        (final states (B, d), divergences: empty or one)."""
+        rows = self.rows
+        finals = np.empty((len(h_init), self.d), dtype=self.sdt)
+        if rows.first.all() and (div1 < 0).all():  # one row a text, none left the range: nothing to keep or redo
+            finals[:] = F
+            return finals, []
+        exact, matches = None, True  # the previous chunk's exact final state; whether F[p - 1] equals it
+        for p in range(len(rows)):
+            exact, matches, diverged = self.settle_chunk(p, F, h_init, div1, div2, converged, exact, matches, bits)
+            if diverged is not None:
+                return finals, [diverged]
+            if p == len(rows) - 1 or rows.text[p + 1] != rows.text[p]:
+                finals[rows.text[p]] = exact
+        return finals, []
+
+    def settle_chunk(self, p: int, F, h_init, div1, div2, converged, exact, matches, bits):
+        """Chunk p given the exact final state of the one before (``exact``) and whether its
+        correction started from it (``matches``): (its exact final state, whether ``F[p]`` is it,
+        a divergence or None)."""
+        rows = self.rows
+        where = (int(rows.text[p]), rows.offset(p))
+        if rows.first[p]:
+            if div1[p] >= 0:
+                return exact, matches, (*where, np.asarray(h_init[rows.text[p]], dtype=np.float64).astype(self.sdt),
+                                        int(div1[p]))
+            return F[p], True, None
+        if matches and div1[p] < 0:
+            if div2[p] >= 0:
+                return exact, matches, (*where, F[p - 1], int(div2[p]))
+            if converged[p]:  # an exact start and a correction that died out: kept
+                return F[p], True, None
+        elif div1[p] < 0:  # the start was not exact: correct again from the exact start
+            conv, res, r = self.correct(np.array([p]), exact[None], bits, threads=1)
+            if r.diverged[0] >= 0:
+                return exact, matches, (*where, np.asarray(exact), int(r.diverged[0]))
+            if conv[0]:
+                self.report.residual = max(self.report.residual, float(res[0]))
+                return F[p], True, None
+        return self.redo_in_float64(p, where, exact, bits)
+
+    def redo_in_float64(self, p: int, where: tuple, exact, bits):
+        """The fallback: chunk p scored one character at a time from its exact start (float32
+        rounding errors do not die out on such text either), as :meth:`settle_chunk` returns."""
+        rows = self.rows
+        self.report.fallback_chunks += 1
+        self.report.extra_steps += int(rows.length[p])
+        a, b = int(rows.start[p]), int(rows.start[p] + rows.length[p])
+        t_bad = _first_bad(self.fallback, self.ids[a:b], exact, self.limit)
+        if t_bad is not None:
+            return exact, False, (*where, np.asarray(exact), t_bad)
+        b64, h64 = self.fallback(self.ids[a:b], exact)
+        if bits is not None:
+            bits[a:b] = b64
+        return h64.astype(self.sdt), False, None
 
 
 def concat_ids(texts: Sequence[np.ndarray]) -> np.ndarray:

@@ -144,6 +144,7 @@ def sweep_rows(eng, ids: np.ndarray, rows_list, length: int, threads_list, repea
     [{"kernel", "rows", "threads", "chars_per_s", "chars_per_jump"}]}."""
     from isan.engine.kernels.chunked import score_texts_chunked
     from isan.engine.kernels.jumps import run_jumps
+    from isan.engine.kernels.plan import Kernel, Plan
     from isan.engine.kernels.streams import run_streams
 
     pts = []
@@ -155,12 +156,13 @@ def sweep_rows(eng, ids: np.ndarray, rows_list, length: int, threads_list, repea
         texts = [np.ascontiguousarray(ids[(i * length) % n : (i * length) % n + length], dtype=np.int32) for i in range(P)]
         hs = np.tile(h0, (P, 1))
         for th in threads_list:
-            for kernel, model, runner in (("per symbol", eng.stream_model(), run_streams), ("composed jumps", jt, run_jumps)):
+            for kernel, model, runner, k in (("per symbol", eng.stream_model(), run_streams, Kernel.CHUNKED),
+                                             ("composed jumps", jt, run_jumps, Kernel.JUMPS)):
                 rep = {}
+                plan = Plan.one_row_a_text(model, runner, P, kernel=k, fallback=eng.chunk_fallback(), path=k.value)
 
                 def go():
-                    rep["r"] = score_texts_chunked(model, texts, hs, chunks=[1] * P, threads=th, runner=runner,
-                                                   fallback=eng.chunk_fallback(), path="jumps" if runner is run_jumps else "chunked")
+                    rep["r"] = score_texts_chunked(plan, texts, hs, threads=th)
 
                 med, _ = median_time(go, repeats)
                 r = rep["r"][2]

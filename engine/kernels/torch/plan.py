@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from isan.engine.kernels.chunked import DEFAULT_RTOL, MIN_CHUNK, ROWS_PER_THREAD, certified_min_chunk, plan_chunks
+from isan.engine.kernels.chunked import MIN_CHUNK, ROWS_PER_THREAD, certified_min_chunk, plan_chunks
+from isan.engine.kernels.plan import DEFAULT_RTOL
 
 #: Rows a GPU batch aims at, and the shortest chunk it cuts by dtype (see the module docstring).
 GPU_TARGET_ROWS = 32_768
