@@ -310,6 +310,16 @@ def resolve_device(device: str) -> str:
     raise IsanError(f"device must be one of {', '.join(DEVICES)} (or cuda:N); got {device!r}")
 
 
+def default_backend(device: str, dtype: str = "float32") -> str:
+    """The name of the backend that runs on ``device`` in ``dtype`` when none is named: the one
+    rule every caller asks (the Engine, the corpus job's workers, the CLI). ``"native"`` (the CPU's
+    compiled kernels) for ``"cpu"`` in float32, else ``"torch"`` (a GPU, or float64 anywhere);
+    ``device`` as given or resolved (``"auto"`` is resolved first)."""
+    if str(device) == "auto":
+        device = resolve_device(device)
+    return "native" if device == "cpu" and dtype == "float32" else "torch"
+
+
 def get_backend(name: "str | Backend | None" = None, device: str = "cpu", dtype: str = "float32",
                 **options) -> Backend:
     """The backend that runs on ``device``.
@@ -335,7 +345,7 @@ def get_backend(name: "str | Backend | None" = None, device: str = "cpu", dtype:
         raise IsanError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
     device = resolve_device(device)
     if name is None:
-        name = "native" if device == "cpu" and dtype == "float32" else "torch"
+        name = default_backend(device, dtype)
     if name not in BACKENDS:
         raise IsanError(f"backend must be one of {', '.join(NAMES)}; got {name!r}")
     try:
