@@ -17,6 +17,7 @@ character back to its input offset. No call returns NaN or inf: a state that lea
 
 from __future__ import annotations
 
+import copy
 import warnings
 from pathlib import Path
 from typing import Sequence
@@ -31,6 +32,7 @@ from isan.engine.bundle import load_isan_bundle
 from isan.engine.guard import MAX_STATE_ABS, check_bits, check_states, raise_diverged
 from isan.engine.normalize import Normalizer, Prepared, from_manifest, prepare, resolve
 import isan.engine.exact as exact
+from isan.engine.exact import ReferencePath
 from isan.engine.reference import LOG2E, log_softmax
 from isan.engine.kernels.backends import Backend
 from isan.engine.kernels.plan import Kernel, Plan
@@ -38,16 +40,8 @@ from isan.engine.paths import default_model_path, find_table
 from isan.engine.planning import Planner
 from isan.engine.prepare import prepare_batch, prepare_one
 from isan.engine.results import Attribution, Sample, ScoreResult, State, in_input_terms, with_prefix
+from isan.engine.route import CHUNKED_MIN_CHARS, PATHS, Route, Routes, Way, check_path  # noqa: F401  (CHUNKED_MIN_CHARS: documented here)
 
-#: Computation paths: ``composed`` (trie-table jumps, sequential; long texts chunk-parallel by the
-#: kernel :meth:`Engine.plan` chooses), ``chunked`` (chunk-parallel batches through the
-#: compiled kernels, one character a step), ``jumps`` (the same, each row always advanced by
-#: composed jumps of the trie table's keys: :mod:`isan.engine.kernels.jumps`, issue 22),
-#: ``reference`` (float64 numpy, one character at a time).
-PATHS = ("composed", "chunked", "jumps", "reference")
-#: On the composed path, texts of at least this many characters are scored chunk-parallel
-#: (measured: chunk-parallel overtakes one stream through the table between 5,000 and 10,000).
-CHUNKED_MIN_CHARS = 10_000
 
 
 class Engine:
@@ -84,12 +78,8 @@ class Engine:
             from isan.engine.composed import ComposedPath
 
             self._composed = ComposedPath(table, self.params32, symbols=alphabet.symbols)
-        self.path = path or ("composed" if table is not None else "chunked")
-        if self.path not in PATHS:
-            raise IsanError(f"path must be one of {', '.join(PATHS)}; got {self.path!r}")
-        if self.path == "composed" and table is None:
-            raise TableFormatError(f"{source or 'this model'} has no trie table for the composed path; "
-                                   "build one with `isan export CHECKPOINT_DIR BUNDLE` (tables are on by default)")
+        #: the reference path (float64 numpy, one character at a time)
+        self.reference = ReferencePath(self.params, alphabet.symbols)
         from isan.engine.kernels import default_threads, native
 
         self.threads = int(threads) if threads else default_threads()
@@ -106,14 +96,14 @@ class Engine:
         self.kernels = get_backend(kernels, device, dtype)
         self._planner = Planner(self.params32, self.params, self.input_params, table, self.kernels, source,
                                 self.manifest)
-        if not self.kernels.runs_tables:
-            if self.path == "reference":
-                raise IsanError(f"the reference path is numpy's float64 on the CPU, not device {self.kernels.device!r} "
-                                f"({self.kernels.dtype}): use path auto or chunked there (dtype float64 is the float64 "
-                                "reference on the device), or device cpu for the reference path")
-            # every text and batch goes chunk-parallel through the torch runner (the composed
-            # path's sequential table jumps are a CPU kernel)
-            self.path = "chunked" if self.path in ("composed", "jumps") else self.path
+        #: how texts and batches are scored (:class:`~isan.engine.route.Routes`), resolved once
+        self.routes = Routes.resolve(path, table is not None, self.kernels.runs_tables, source or "this model",
+                                     self.kernels.device, self.kernels.dtype)
+
+    @property
+    def path(self) -> str:
+        """The computation path (one of :data:`PATHS`), as resolved for the backend."""
+        return self.routes.path
 
     # ---- construction -----------------------------------------------------------------
     @classmethod
@@ -141,8 +131,7 @@ class Engine:
             BundleFormatError: missing, corrupt or mismatched files (the message says how to rebuild).
             TableFormatError: the bundle's table is corrupt or belongs to another model.
         """
-        if path_mode not in ("auto",) + PATHS:
-            raise IsanError(f"path must be auto or one of {', '.join(PATHS)}; got {path_mode!r}")
+        check_path(path_mode, auto=True)
         from isan.engine.kernels.backends import get_backend
 
         backend = get_backend(kernels, device, dtype, **kernel_options)  # a missing GPU or torch: said first
@@ -150,9 +139,6 @@ class Engine:
         table = None
         if path_mode in ("auto", "composed", "jumps") and backend.runs_tables:
             table = find_table(Path(path), manifest, params, alphabet, progress_bar=progress_bar)
-        elif path_mode in ("composed", "jumps"):
-            raise IsanError(f"the {path_mode} path runs on the CPU's kernels; on the torch backend (device "
-                            f"{backend.device}, {dtype}) texts go chunk-parallel by its runner: use path auto or chunked")
         return cls(params, alphabet, manifest, source=str(path), table=table, kernels=backend,
                    path=None if path_mode == "auto" else path_mode, device=backend.device, dtype=backend.dtype)
 
@@ -163,10 +149,22 @@ class Engine:
         are :meth:`load`'s."""
         return cls.load(default_model_path(), path_mode=path_mode, device=device, dtype=dtype, kernels=kernels)
 
-    def with_path(self, path: str) -> "Engine":
-        """The same model on another computation path (one of :data:`PATHS`)."""
-        return Engine(self.input_params, self.alphabet, self.manifest, self.source, self.table, path, self.threads,
-                      self.kernels.device, self.kernels.dtype, self.kernels.name)
+    def with_path(self, path: str, threads: int | None = None) -> "Engine":
+        """The same model on another computation path (one of :data:`PATHS`), with the same kernel
+        backend object (its options and caches) and the same planner (the certificate and the kernel
+        layouts it built); ``threads``: the kernels' threads (default: this engine's).
+
+        Raises:
+            IsanError, TableFormatError: as :class:`Engine` for the path or the threads.
+        """
+        other = copy.copy(self)  # the model, tables, backend and planner shared: an Engine is immutable
+        if threads is not None:
+            if int(threads) < 1:
+                raise IsanError(f"threads must be >= 1; got {threads}")
+            other.threads = int(threads)
+        other.routes = Routes.resolve(path, self.table is not None, self.kernels.runs_tables, self.source or "this model",
+                                      self.kernels.device, self.kernels.dtype)
+        return other
 
     @property
     def device(self) -> str:
@@ -329,7 +327,7 @@ class Engine:
             return empty
         ids = prep.ids
         try:
-            bits, h, scoring = self._score_ids(ids, state.h, path, threads)
+            bits, h, scoring = self._run(self.route(len(ids), path), ids, state.h, threads, want_bits=True)
         except StateDivergedError as e:
             raise in_input_terms(e, prep, self.alphabet.symbols) from None
         total = float(bits.sum())
@@ -338,37 +336,34 @@ class Engine:
                            prep.offsets if per_char else None, prep.text if per_char else None, scoring,
                            **self.units)
 
-    def _path_for(self, n: int, path: str | None) -> str:
-        """The path a text of n characters takes: the call's or the engine's, with long texts on
-        the composed path going chunk-parallel (``"batched"``: the kernel chosen by
-        :meth:`plan`)."""
-        forced = path is not None
-        path = path or self.path
-        if path not in PATHS:
-            raise IsanError(f"path must be one of {', '.join(PATHS)}; got {path!r}")
-        if path in ("composed", "jumps"):
-            if self._composed is None:
-                raise TableFormatError(f"this engine has no trie table for the {path} path; use path='chunked'")
-            if path == "composed" and n >= CHUNKED_MIN_CHARS and not forced:
-                return "batched"
-        return path
+    def route(self, n: int, path: str | None = None) -> Route:
+        """The route of a text of ``n`` characters (:meth:`isan.engine.route.Routes.for_text`): a
+        call's ``path`` as asked, else the engine's (on the composed path a text of
+        CHUNKED_MIN_CHARS characters or more goes chunk-parallel)."""
+        return self.routes.for_text(n, path)
 
-    def _score_ids(self, ids: np.ndarray, h: np.ndarray, path: str | None = None,
-                   threads: int | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
-        """(bits (T,) float64, final state (d,) float64, scoring report); raises StateDivergedError."""
-        chosen = self._path_for(len(ids), path)
-        if chosen in ("chunked", "jumps", "batched"):
-            bits, finals, rep = self.score_ids([ids], h[None], threads=threads,
-                                               kernel="auto" if chosen == "batched" else chosen)
-            return bits[0], finals[0].astype(np.float64), self._planner.report(rep)
-        if chosen == "composed":
+    def _run(self, route: Route, ids: np.ndarray, h: np.ndarray, threads: int | None, want_bits: bool,
+             block: int = 4096) -> tuple[np.ndarray | None, np.ndarray, dict]:
+        """One text along ``route``: (bits (T,) float64 or None without ``want_bits``, final state (d,)
+        float64, scoring report); ``block``: the reference path's characters a block. Raises
+        StateDivergedError."""
+        if route.way is Way.CHUNK_PARALLEL:
+            bits, finals, rep = self.score_ids([ids], h[None], chunks=route.chunks, want_bits=want_bits,
+                                               threads=threads, kernel=route.kernel)
+            return (bits[0] if want_bits else None), finals[0].astype(np.float64), self._planner.report(rep)
+        if route.way is Way.COMPOSED:
+            bits = None
             with np.errstate(over="ignore", invalid="ignore"):  # a diverging state is reported below
-                bits, hf = self._composed.score(ids, h.astype(np.float32), threads=threads or self.threads)
+                if want_bits:
+                    bits, hf = self._composed.score(ids, h.astype(np.float32), threads=threads or self.threads)
+                else:
+                    hf = self._composed.advance(ids, h.astype(np.float32), threads=threads or self.threads)
             hf = hf.astype(np.float64)
             self._check_output(ids, h, bits, hf, "composed")
             return bits, hf, {"path": "composed"}
-        bits, hf = self._score_ref(ids, h)
-        return bits, hf, {"path": "reference"}
+        if want_bits:
+            return (*self.reference.score(ids, h, block), {"path": "reference"})
+        return None, self.reference.advance(ids, h, block), {"path": "reference"}
 
     def min_chunk(self) -> int:
         """The shortest chunk chunk-parallel scoring cuts on the CPU kernels, in characters: MIN_CHUNK
@@ -390,7 +385,7 @@ class Engine:
         return self._planner.fallback(lengths, chunks)
 
     def score_ids(self, ids_list: Sequence[np.ndarray], hs: np.ndarray, *, chunks: str | Sequence[int] = "auto",
-                  want_bits: bool | str = True, threads: int | None = None, kernel: str = "auto",
+                  want_bits: bool | str = True, threads: int | None = None, kernel: "Kernel | str" = Kernel.AUTO,
                   where: str | None = None):
         """Score texts already in ids, chunk-parallel, all as rows of one batch on the engine's
         backend: the one batched call under :meth:`score`, :meth:`score_batch`, :meth:`advance`,
@@ -404,8 +399,8 @@ class Engine:
             want_bits: False to advance the states only (no readout); ``"totals"`` for each text's
                 total bits alone (reduced on the device by a backend that can: no per-character bits).
             threads: kernel threads (default: the engine's).
-            kernel: ``"auto"``, ``"chunked"``, ``"jumps"`` or ``"jumps-f16"`` (:meth:`plan`;
-                the torch backend has one kernel and ignores it).
+            kernel: :class:`~isan.engine.kernels.plan.Kernel` or its name (:meth:`plan`; the torch
+                backend has one kernel and ignores it).
             where: the path an error names (default: the kernel's name).
         Returns:
             (bits per text: B float64 arrays (none: empty; ``"totals"``: one (B,) float64 array), final
@@ -442,10 +437,6 @@ class Engine:
         (two states within the bound differ by at most twice it). None without a certificate."""
         return self._planner.forget_bound_chars(rtol, margin)
 
-    def _score_ref(self, ids: np.ndarray, h: np.ndarray, block: int = 4096) -> tuple[np.ndarray, np.ndarray]:
-        """The float64 reference (as :func:`isan.engine.reference.score_ref`), checking every state."""
-        return exact.score_ref(self, ids, h, block)
-
     def score_batch(self, texts: Sequence[str | np.ndarray], states: Sequence[State] | None = None,
                     per_char: bool = False, unknown: str = "error", replacement: str | None = None,
                     group: str | None = None, normalize: str | None = "auto",
@@ -470,31 +461,25 @@ class Engine:
         """
         states, preps = prepare_batch(self, texts, states, normalize, unknown, replacement)
         ids = [p.ids for p in preps]
-        group = group or {"jumps": "jumps", "composed": "auto"}.get(self.path, "chunked")
-        if group not in ("auto", "chunked", "symbol", "jumps", "entry"):
-            raise IsanError(f"group must be auto, chunked, symbol, jumps or entry; got {group!r}")
-        if group in ("entry", "jumps") and self._composed is None:
-            raise TableFormatError(f"group='{group}' needs a trie table; use group='chunked'")
+        route = self.routes.for_batch(group)
         hs = np.stack([s.h for s in states]) if states else np.zeros((0, self.d))
         scoring = None
-        if group == "entry":
+        if route.way is Way.ENTRY:
             with np.errstate(over="ignore", invalid="ignore"):  # a diverging state is reported below
                 bits, finals = self._composed.score_batch(ids, hs, group="entry")
             scoring = {"path": "batched, grouped by entry"}
         else:
             try:
-                kernel = {"jumps": "jumps", "auto": "auto"}.get(group, "chunked")
-                bits, finals, rep = self.score_ids(ids, hs, chunks="auto" if group != "symbol" else "none",
-                                                   threads=threads, kernel=kernel)
+                bits, finals, rep = self.score_ids(ids, hs, chunks=route.chunks, threads=threads, kernel=route.kernel)
             except StateDivergedError as e:
                 i = getattr(e, "text_index", 0)
                 raise with_prefix(in_input_terms(e, preps[i], self.alphabet.symbols), f"text {i} of the batch: ") from None
             scoring = self._planner.report(rep)
         out = []
         for i, (s, b, hf, prep) in enumerate(zip(states, bits, finals, preps)):
-            if group == "entry":  # the compiled kernels check every state and bit themselves
+            if route.way is Way.ENTRY:  # the compiled kernels check every state and bit themselves
                 try:
-                    self._check_output(prep.ids, s.h, b, hf, f"batched ({group})")
+                    self._check_output(prep.ids, s.h, b, hf, "batched (entry)")
                 except StateDivergedError as e:
                     raise with_prefix(in_input_terms(e, prep, self.alphabet.symbols), f"text {i} of the batch: ") from None
             total = float(b.sum())
@@ -525,17 +510,7 @@ class Engine:
     def advance_ids(self, ids: np.ndarray, h: np.ndarray, block: int = 4096, path: str | None = None,
                     threads: int | None = None) -> np.ndarray:
         """The state (d,) float64 after ids already prepared, from ``h`` (d,); raises StateDivergedError."""
-        chosen = self._path_for(len(ids), path)
-        if chosen in ("chunked", "jumps", "batched"):
-            _, finals, _ = self.score_ids([ids], h[None], want_bits=False, threads=threads,
-                                          kernel="auto" if chosen == "batched" else chosen)
-            return finals[0].astype(np.float64)
-        if chosen == "composed":
-            with np.errstate(over="ignore", invalid="ignore"):  # a diverging state is reported below
-                hf = self._composed.advance(ids, h.astype(np.float32), threads=threads or self.threads).astype(np.float64)
-            self._check_output(ids, h, None, hf, "composed")
-            return hf
-        return exact.advance_ref(self, ids, h, block)
+        return self._run(self.route(len(ids), path), ids, h, threads, want_bits=False, block=block)[1]
 
     # ---- next-character distribution ----------------------------------------------------
     def logits(self, state: State | None = None) -> np.ndarray:

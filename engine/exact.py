@@ -1,7 +1,7 @@
 """What the Engine computes in float64 numpy, one character at a time, with every state checked:
-the reference path's scoring and advancing, exact attribution (paper eqs. 4-6), and the check of
-whether any input can make the state diverge. Functions of an :class:`~isan.engine.core.Engine`
-(``engine``), which hands off to them."""
+the reference path (:class:`ReferencePath`, an object the Engine owns), and exact attribution
+(paper eqs. 4-6), sampling and the check of whether any input can make the state diverge
+(functions of an :class:`~isan.engine.core.Engine`, ``engine``, which hands off to them)."""
 
 from __future__ import annotations
 
@@ -16,50 +16,63 @@ from isan.engine.results import Attribution, Sample, State, in_input_terms
 MAX_ATTRIBUTION_CHARS = 2000
 
 
-def score_ref(engine, ids: np.ndarray, h: np.ndarray, block: int = 4096) -> tuple[np.ndarray, np.ndarray]:
-    """The float64 reference (as :func:`isan.engine.reference.score_ref`), checking every state.
+class ReferencePath:
+    """The reference path: float64 numpy, one character at a time, every state checked (the Engine
+    owns one, :attr:`Engine.reference`; ``path="reference"``).
 
     Args:
-        ids: (T,) symbol ids; h: (d,) float64 the state before them.
-    Returns:
-        (bits (T,) float64, final state (d,) float64).
-    Raises:
-        StateDivergedError: a state leaves the range (located by the engine).
+        params: the model's parameters by output id, float64.
+        symbols: the alphabet's symbols (errors name the character).
     """
-    p = engine.params
-    ids = np.asarray(ids)
-    bits = np.empty(len(ids))
-    for s in range(0, len(ids), block):
-        x = ids[s : s + block]
-        H = states_ref(p, x, h)
+
+    def __init__(self, params, symbols):
+        self.params, self.symbols = params, symbols
+
+    def check(self, H: np.ndarray, x: np.ndarray, h: np.ndarray, offset: int) -> None:
+        """StateDivergedError (located exactly) if a state of ``H`` (the states after ``x`` from ``h``)
+        is out of range; ``offset``: where ``x`` starts in the text."""
         bad = check_states(H)
         if bad is not None:
-            raise_diverged(engine.params.W, engine.params.b, x, h, "reference", detected_at=bad, base_offset=s,
-                           symbols=engine.alphabet.symbols)
-        S = np.vstack([h[None, :], H[:-1]])  # states before each character
-        lp = log_softmax(logits_ref(p, S))
-        bits[s : s + len(x)] = -lp[np.arange(len(x)), x] * LOG2E
-        h = H[-1]
-    bad = check_bits(bits)
-    if bad is not None:  # in-range states give finite bits; this guards the promise
-        raise StateDivergedError(f"non-finite bits at character offset {bad} (reference path)", offset=bad,
-                                 cause="non-finite bits")
-    return bits, h
+            raise_diverged(self.params.W, self.params.b, x, h, "reference", detected_at=bad, base_offset=offset,
+                           symbols=self.symbols)
 
+    def score(self, ids: np.ndarray, h: np.ndarray, block: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+        """Bits of each character, as :func:`isan.engine.reference.score_ref`, in blocks of ``block``
+        characters (memory O(block V)).
 
+        Args:
+            ids: (T,) symbol ids; h: (d,) float64 the state before them.
+        Returns:
+            (bits (T,) float64, final state (d,) float64).
+        Raises:
+            StateDivergedError: a state leaves the range, or (never expected) a bit is not finite.
+        """
+        p = self.params
+        ids = np.asarray(ids)
+        bits = np.empty(len(ids))
+        for s in range(0, len(ids), block):
+            x = ids[s : s + block]
+            H = states_ref(p, x, h)
+            self.check(H, x, h, s)
+            S = np.vstack([h[None, :], H[:-1]])  # states before each character
+            lp = log_softmax(logits_ref(p, S))
+            bits[s : s + len(x)] = -lp[np.arange(len(x)), x] * LOG2E
+            h = H[-1]
+        bad = check_bits(bits)
+        if bad is not None:  # in-range states give finite bits; this guards the promise
+            raise StateDivergedError(f"non-finite bits at character offset {bad} (reference path)", offset=bad,
+                                     cause="non-finite bits")
+        return bits, h
 
-def advance_ref(engine, ids: np.ndarray, h: np.ndarray, block: int = 4096) -> np.ndarray:
-    """The float64 state (d,) after ``ids`` from ``h`` (no readout), in blocks of ``block`` characters
-    (memory O(block d)), checking every state; raises StateDivergedError."""
-    for s in range(0, len(ids), block):  # blocks keep memory O(block d)
-        x = ids[s : s + block]
-        H = states_ref(engine.params, x, h)
-        bad = check_states(H)
-        if bad is not None:
-            raise_diverged(engine.params.W, engine.params.b, x, h, "reference", detected_at=bad, base_offset=s,
-                           symbols=engine.alphabet.symbols)
-        h = H[-1]
-    return h
+    def advance(self, ids: np.ndarray, h: np.ndarray, block: int = 4096) -> np.ndarray:
+        """The float64 state (d,) after ``ids`` from ``h`` (no readout), in blocks of ``block``
+        characters (memory O(block d)); raises StateDivergedError."""
+        for s in range(0, len(ids), block):
+            x = ids[s : s + block]
+            H = states_ref(self.params, x, h)
+            self.check(H, x, h, s)
+            h = H[-1]
+        return h
 
 
 def attribute(engine, text: str, by: str = "char", state=None, unknown: str = "error", replacement: str | None = None,

@@ -159,10 +159,10 @@ class KernelRounds:
     """
 
     def __init__(self, engine):
-        # the kernel of Engine.score_batch's default: composed jumps on the jumps path, chosen by the
-        # round's rows on the composed path (issue 22), one character a step otherwise
+        # the route of Engine.score_batch's default (the engine's batch route): composed jumps on the
+        # jumps path, chosen by the round's rows on the composed path, one character a step otherwise
         self.engine = engine
-        self.kernel = {"jumps": "jumps", "composed": "auto"}.get(engine.path, "chunked")
+        self.route = engine.routes.for_batch()
         self.symbols = tuple(engine.alphabet.symbols)
         a = engine.alphabet  # the last character each symbol leaves (a normaliser's context)
         self.last_chars = self.symbols if a.kind == "chars" else tuple(a.decode([i])[-1:] for i in range(len(a)))
@@ -176,7 +176,8 @@ class KernelRounds:
 
     def score(self, texts: list[np.ndarray], hs: np.ndarray, threads: int) -> tuple[list[np.ndarray], np.ndarray]:
         """(bits (n_i,) float64 of each text, final states (B, d) float64) from states ``hs`` (B, d)."""
-        bits, finals, _ = self.engine.score_ids(texts, hs, threads=threads, kernel=self.kernel, where="batched")
+        bits, finals, _ = self.engine.score_ids(texts, hs, chunks=self.route.chunks, threads=threads,
+                                                kernel=self.route.kernel, where="batched")
         return bits, finals.astype(np.float64)
 
 
