@@ -3,7 +3,7 @@
 A corpus, or any stream of documents, is scored batch by batch; each batch is one row a document
 (none cut), all rows advanced together. On the CPU's kernels the batches run one after the other;
 on a GPU the host builds and submits batch k + 1 while the device works on batch k
-(:func:`isan.engine.kernels.torch.pipeline.overlapped`, issue #47), and each document's total is
+(:func:`isan.engine.kernels.torch.pipeline.overlapped`), and each document's total is
 reduced on the device unless each character's bits are asked for. The backend decides
 (:meth:`~isan.engine.kernels.backends.Backend.batches`); this module only feeds it and turns a row
 that left the range into the exact error the rest of the engine raises.
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 def score_batches(engine: "Engine", batches: Iterable[tuple[Sequence[np.ndarray], np.ndarray]],
-                  want: str = "totals") -> Iterator[tuple[object, np.ndarray]]:
+                  want: str = "totals", where: str | None = None) -> Iterator[tuple[object, np.ndarray]]:
     """Score each batch of documents on ``engine``'s backend; yields ``(values, finals)`` per batch,
     in order.
 
@@ -35,6 +35,7 @@ def score_batches(engine: "Engine", batches: Iterable[tuple[Sequence[np.ndarray]
         want: ``"totals"`` (values: (B,) float64, each document's bits), ``"bits"`` (values: B
             (n_i,) float64 arrays, each character's bits, eq. 2-3 of Foerster et al. 2017 in bits)
             or ``"none"`` (values: None; final states only).
+        where: the path an error names (default: the backend, as its ``describe()`` names it).
     Yields:
         (values, finals (B, d) in the backend's state dtype), one pair a batch.
     Raises:
@@ -57,10 +58,10 @@ def score_batches(engine: "Engine", batches: Iterable[tuple[Sequence[np.ndarray]
         bad = np.flatnonzero(res.diverged >= 0)
         if len(bad):
             i = int(bad[0])
+            place = where or engine.kernels.describe()["backend"]
             try:
                 raise_diverged(engine.params.W, engine.params.b, texts[i], np.asarray(hs[i], dtype=np.float64),
-                               engine.kernels.name, detected_at=int(res.diverged[i]), base_offset=0,
-                               symbols=engine.alphabet.symbols)
+                               place, detected_at=int(res.diverged[i]), base_offset=0, symbols=engine.alphabet.symbols)
             except StateDivergedError as e:
                 e.text_index, e.batch_index = i, k
                 raise

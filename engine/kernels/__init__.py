@@ -14,14 +14,24 @@
   backend's runner, for GPUs.
 
 The compiled module ``_native`` is a C extension built by the package install (setup.py). Where
-it is missing or cannot load, every kernel runs its numpy twin and :func:`native_status` says why;
-the engine logs that once.
+it is missing or cannot load (:func:`native_error` says why), the backend chosen by default on the
+CPU is ``numpy`` (:func:`~isan.engine.kernels.backends.default_backend`, whose ``describe()`` says
+why), every kernel runs its numpy twin, and the engine logs that once; the ``native`` backend asked
+for by name is then an error.
+
+``ISAN_KERNELS`` names the backend that runs by default on the CPU in float32 (a name of the
+registry, :data:`~isan.engine.kernels.backends.NAMES`); it is read in one place,
+:func:`kernels_override`, and an unknown name is an error there. ``ISAN_KERNELS=numpy`` also makes
+every kernel run its numpy twin (:func:`native` returns None), the sequential composed path's
+included.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+
+from isan.errors import IsanError
 
 log = logging.getLogger(__name__)
 
@@ -38,20 +48,52 @@ _warned = False
 from isan.engine.kernels import autotune as _autotune  # noqa: E402  (after _native: it imports nothing of ours at load)
 
 
-def native():
-    """The compiled module, or None (then the numpy twins run). Logs the reason once. The first
-    call of a process chooses the kernels' register tile (:mod:`~isan.engine.kernels.autotune`:
-    cached, or timed in under 0.3 s)."""
-    global _warned
-    if _native is None and not _warned and os.environ.get("ISAN_KERNELS", "") != "numpy":
-        _warned = True
-        log.warning("isan's compiled kernels are not available (%s); running the numpy kernels, which are "
-                    "several times slower. Reinstall with a C compiler present (pip install --force-reinstall .) "
-                    "to build them.", _NATIVE_ERROR)
-    if os.environ.get("ISAN_KERNELS", "") == "numpy":
+def kernels_override() -> str | None:
+    """The backend ``ISAN_KERNELS`` names (``"native"``, ``"numpy"`` or ``"torch"``: a key of the
+    registry, :data:`~isan.engine.kernels.backends.NAMES`), or None where it is unset or empty: the
+    one place the variable is read (looked up on each call, so that a test or a caller may change it).
+
+    Raises:
+        IsanError: a value that names no backend (the message lists the choices).
+    """
+    value = os.environ.get("ISAN_KERNELS", "").strip()
+    if not value:
         return None
+    from isan.engine.kernels.backends import NAMES
+
+    if value not in NAMES:
+        raise IsanError(f"ISAN_KERNELS must name a kernel backend, one of {', '.join(NAMES)} (or be unset); "
+                        f"got {value!r}")
+    return value
+
+
+def native_error() -> str | None:
+    """None where the compiled module is loaded, else why it is not (the import's error)."""
     if _native is not None:
-        _autotune.ensure(_native)  # chooses the tile once a process; cheap after
+        return None
+    return _NATIVE_ERROR or "the compiled module isan.engine.kernels._native is not loaded"
+
+
+def native():
+    """The compiled module, or None: then the numpy twins run (it is missing, or
+    ``ISAN_KERNELS=numpy``: :func:`kernels_override`). Logs once why it is missing. The first call
+    of a process chooses the kernels' register tile (:mod:`~isan.engine.kernels.autotune`: cached,
+    or timed in under 0.3 s).
+
+    Raises:
+        IsanError: ``ISAN_KERNELS`` names no backend.
+    """
+    global _warned
+    if kernels_override() == "numpy":
+        return None
+    if _native is None:
+        if not _warned:
+            _warned = True
+            log.warning("isan's compiled kernels are not available (%s); running the numpy kernels, which are "
+                        "several times slower. Reinstall with a C compiler present (pip install --force-reinstall .) "
+                        "to build them.", native_error())
+        return None
+    _autotune.ensure(_native)  # chooses the tile once a process; cheap after
     return _native
 
 
@@ -64,9 +106,9 @@ def native_status() -> dict:
     ``ISAN_PIN_THREADS=1``: opt-in)}."""
     mod = _native
     tile = _autotune.tile_status(mod) if mod is not None else {"variant": None, "how": None, "timings": {}}
-    return {"available": mod is not None and os.environ.get("ISAN_KERNELS", "") != "numpy",
+    return {"available": mod is not None and kernels_override() != "numpy",
             "isa": mod.isa() if mod is not None else None,
-            "error": _NATIVE_ERROR if mod is None else None,
+            "error": native_error(),
             "threads": default_threads(),
             "tile": tile["variant"] or (mod.variant() if hasattr(mod, "variant") else None),
             "tile_how": tile["how"], "tile_timings": tile["timings"],

@@ -4,23 +4,31 @@ Every backend gives runners with one contract (:class:`~isan.engine.kernels.chun
 chunk-parallel scoring, batches, the server's rounds and corpus scoring run on any of them
 unchanged:
 
-========  ==========================================================  ===============  ============
-name      runners                                                     devices          jumps
-========  ==========================================================  ===============  ============
-native    the compiled C kernels (``run_streams``, ``run_jumps``)       cpu              yes
-numpy     their numpy twins (``run_streams_ref``, ``run_jumps_ref``)    cpu              yes
-torch     :class:`~isan.engine.kernels.torch.TorchStreams`              cpu, cuda[:N]    no (measured
-                                                                                         first, issue 35)
-========  ==========================================================  ===============  ============
+========  ==========================================================  =============  =====  ===========================
+name      runners                                                     devices        jumps  the default (none named)
+========  ==========================================================  =============  =====  ===========================
+native    the compiled C kernels (``run_streams``, ``run_jumps``)       cpu            yes    cpu in float32
+numpy     their numpy twins (``run_streams_ref``, ``run_jumps_ref``)    cpu            yes    cpu in float32 where the
+                                                                                            compiled module cannot load
+torch     :class:`~isan.engine.kernels.torch.TorchStreams`              cpu, cuda[:N]  no     a GPU; float64
+========  ==========================================================  =============  =====  ===========================
+
+Which one runs where none is named is one rule, :func:`default_backend`: on the CPU in float32 the
+backend ``ISAN_KERNELS`` names (:func:`~isan.engine.kernels.kernels_override`), else ``native``, or
+``numpy`` where the compiled module cannot load (its :meth:`Backend.describe` then says why, under
+``"why"``); torch on a GPU and for float64. A backend is an object: :func:`get_backend` builds one
+by name from the registry (:data:`BACKENDS`) or takes any object that keeps the :class:`Backend`
+protocol as it is.
 
 torch is imported only when the torch backend is asked for (``device="cuda"`` asks for it): the
-CPU path stays torch-free. Nothing falls back silently: a device that cannot run raises
-:class:`BackendUnavailableError` naming what to install or what is missing, and
-:meth:`Backend.describe` says which backend and device ran.
+CPU path stays torch-free. Nothing falls back silently: a backend asked for by name that cannot
+run raises :class:`BackendUnavailableError` naming what to install, rebuild or what is missing,
+and :meth:`Backend.describe` says which backend and device ran.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Protocol, Sequence, runtime_checkable
@@ -64,10 +72,13 @@ GPU_BATCH_CHARS = 32_000_000
 @runtime_checkable
 class Backend(Protocol):
     """One backend, its device and dtype, and its runners: what the Engine, the corpus scorer and
-    the server ask, instead of branching on a backend's name.
+    the server ask, instead of branching on a backend's name. Any object with these attributes and
+    methods keeps it (``isinstance(obj, Backend)``; no base class needed) and runs where a backend
+    is asked for (``Engine(..., kernels=obj)``, :func:`get_backend`).
 
     Attributes:
-        name: ``"native"``, ``"numpy"`` or ``"torch"`` (a key of :data:`BACKENDS`).
+        name: ``"native"``, ``"numpy"`` or ``"torch"`` for the registry's backends (a key of
+            :data:`BACKENDS`); another object's own name.
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         dtype: ``"float32"`` (states and products; the default) or ``"float64"`` (torch only).
         streams: the per-symbol runner (one character a step).
@@ -112,18 +123,23 @@ class Backend(Protocol):
     def batches(self, model: "StreamModel", batches: Iterable, want: str = "totals",
                 threads: int = 1) -> "Iterator[BatchResult]": ...
 
-    def describe(self) -> dict: ...
+    def describe(self) -> dict:
+        """``{"backend", "device", "dtype", ...}``: what ran (the JSON a report carries)."""
+        ...
 
 
 @dataclass(frozen=True)
 class _Kernels:
-    """What every backend holds (:class:`Backend`): its name, device, dtype and runners."""
+    """What every backend of the registry holds (:class:`Backend`): its name, device, dtype and
+    runners, and ``why`` it runs where it was chosen for the caller although it is not the usual
+    one (the compiled kernels missing, ``ISAN_KERNELS``), else None."""
 
     name: str
     device: str
     dtype: str
     streams: "Runner" = field(repr=False)
     jumps: "Runner | None" = field(default=None, repr=False)
+    why: str | None = None
 
     @property
     def on_cpu(self) -> bool:
@@ -144,8 +160,12 @@ class _Kernels:
         return score_batches_in_turn(self.streams, model, batches, want, threads)
 
     def describe(self) -> dict:
-        """``{"backend", "device", "dtype"}``: what ran."""
-        return {"backend": self.name, "device": self.device, "dtype": self.dtype}
+        """``{"backend", "device", "dtype"}``: what ran; and ``"why"`` where it was chosen for the
+        caller although it is not the usual one (:func:`default_backend`)."""
+        out = {"backend": self.name, "device": self.device, "dtype": self.dtype}
+        if self.why is not None:
+            out["why"] = self.why
+        return out
 
 
 @dataclass(frozen=True)
@@ -310,14 +330,58 @@ def resolve_device(device: str) -> str:
     raise IsanError(f"device must be one of {', '.join(DEVICES)} (or cuda:N); got {device!r}")
 
 
-def default_backend(device: str, dtype: str = "float32") -> str:
+def default_backend(device: str, dtype: str = "float32", explain: bool = False) -> "str | tuple[str, str | None]":
     """The name of the backend that runs on ``device`` in ``dtype`` when none is named: the one
-    rule every caller asks (the Engine, the corpus job's workers, the CLI). ``"native"`` (the CPU's
-    compiled kernels) for ``"cpu"`` in float32, else ``"torch"`` (a GPU, or float64 anywhere);
-    ``device`` as given or resolved (``"auto"`` is resolved first)."""
+    rule every caller asks (the Engine, the corpus job's workers, the CLI).
+
+    On ``"cpu"`` in float32: the backend ``ISAN_KERNELS`` names where it is set
+    (:func:`~isan.engine.kernels.kernels_override`), else ``"native"`` (the compiled kernels), or
+    ``"numpy"`` (their twins) where the compiled module cannot load. ``"torch"`` elsewhere (a GPU,
+    or float64 anywhere).
+
+    Args:
+        device: as given or resolved (``"auto"`` is resolved first, :func:`resolve_device`).
+        dtype: ``"float32"`` or ``"float64"``.
+        explain: also say why the choice is not the usual one.
+    Returns:
+        The name; with ``explain``, ``(name, why)``: ``why`` a sentence where the choice is not the
+        usual one (``ISAN_KERNELS``, or the compiled kernels missing), else None.
+    Raises:
+        IsanError: ``ISAN_KERNELS`` names no backend.
+    """
+    from isan.engine.kernels import kernels_override, native_error
+
     if str(device) == "auto":
         device = resolve_device(device)
-    return "native" if device == "cpu" and dtype == "float32" else "torch"
+    name, why = "torch", None
+    if device == "cpu" and dtype == "float32":
+        name, override, missing = "native", kernels_override(), native_error()
+        if override is not None:
+            name, why = override, (f"ISAN_KERNELS={override}" if override != "native" else None)
+        elif missing is not None:
+            name, why = "numpy", f"the compiled kernels are not available: {missing}"
+    return (name, why) if explain else name
+
+
+#: What an object must have to be a backend: the :class:`Backend` protocol's attributes and methods.
+BACKEND_MEMBERS = tuple(sorted(set(Backend.__annotations__) | {k for k in vars(Backend) if not k.startswith("_")}))
+
+
+def check_backend(obj: object) -> Backend:
+    """``obj`` itself where it keeps the :class:`Backend` protocol (any class: checked by the
+    runtime protocol, not by its base classes).
+
+    Raises:
+        IsanError: ``obj`` lacks some of the protocol's members, or has None for a method (the
+            message names them).
+    """
+    if isinstance(obj, Backend):
+        return obj
+    missing = [m for m in BACKEND_MEMBERS if not hasattr(obj, m)
+               or (callable(getattr(Backend, m, None)) and getattr(obj, m) is None)]
+    raise IsanError(f"kernels must be a backend name ({', '.join(NAMES)}) or an object that keeps the Backend "
+                    f"protocol (isan.engine.kernels.backends.Backend); this {type(obj).__name__} has no "
+                    f"{', '.join(missing)}")
 
 
 def get_backend(name: "str | Backend | None" = None, device: str = "cpu", dtype: str = "float32",
@@ -325,8 +389,10 @@ def get_backend(name: "str | Backend | None" = None, device: str = "cpu", dtype:
     """The backend that runs on ``device``.
 
     Args:
-        name: ``"native"``, ``"numpy"``, ``"torch"``, or None: native on the CPU, torch on a GPU;
-            or a backend already built (returned as it is: ``device`` and ``dtype`` are its own).
+        name: ``"native"``, ``"numpy"``, ``"torch"``, or None: the default for the device and dtype
+            (:func:`default_backend`; where it is not the usual one, its ``describe()`` says why);
+            or any object that keeps the :class:`Backend` protocol, returned as it is (``device``
+            and ``dtype`` are its own).
         options: the backend's own options (torch: ``step`` and ``precision`` of
             :class:`~isan.engine.kernels.torch.TorchStreams`); the CPU backends take none.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (:func:`resolve_device`).
@@ -335,23 +401,30 @@ def get_backend(name: "str | Backend | None" = None, device: str = "cpu", dtype:
     Returns:
         Backend.
     Raises:
-        BackendUnavailableError: torch or the GPU is missing (the message says what to do).
-        IsanError: an unknown name, device or dtype, or a combination that cannot run (the
+        BackendUnavailableError: torch or the GPU is missing, or the native backend is asked for
+            where the compiled kernels cannot load (the message says what to do).
+        IsanError: an unknown name, device or dtype, an object that is not a backend (the message
+            names what it lacks), options given with one, or a combination that cannot run (the
             native and numpy backends on a GPU; float64 outside torch).
     """
-    if isinstance(name, _Kernels):
-        return name
+    if name is not None and not isinstance(name, str):
+        if options:
+            raise IsanError(f"options {', '.join(map(repr, options))} are for a backend built by name; "
+                            "this one is already built")
+        return check_backend(name)
     if dtype not in DTYPES:
         raise IsanError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
     device = resolve_device(device)
+    why = None
     if name is None:
-        name = default_backend(device, dtype)
+        name, why = default_backend(device, dtype, explain=True)
     if name not in BACKENDS:
         raise IsanError(f"backend must be one of {', '.join(NAMES)}; got {name!r}")
     try:
-        return BACKENDS[name](device, dtype, **options)
+        backend = BACKENDS[name](device, dtype, **options)
     except TypeError as e:  # an option the backend does not have
         raise IsanError(f"the {name} backend takes no option {', '.join(map(repr, options))} ({e})") from None
+    return dataclasses.replace(backend, why=why) if why is not None else backend
 
 
 def _cpu_only(name: str, device: str, dtype: str) -> None:
@@ -362,8 +435,17 @@ def _cpu_only(name: str, device: str, dtype: str) -> None:
 
 
 def _native_backend(device: str, dtype: str) -> Backend:
-    """The compiled C kernels (``run_streams``, ``run_jumps``) on the CPU, float32."""
+    """The compiled C kernels (``run_streams``, ``run_jumps``) on the CPU, float32;
+    BackendUnavailableError where the compiled module cannot load (never their twins in its name)."""
+    from isan.engine.kernels import native_error
+
     _cpu_only("native", device, dtype)
+    missing = native_error()
+    if missing is not None:
+        raise BackendUnavailableError(
+            f"the native backend's compiled kernels cannot load ({missing}); rebuild them with "
+            "`pip install --force-reinstall .` in the isan repository folder, with a C compiler (gcc or clang) "
+            "present, or use the numpy backend (the default where they are missing)")
     from isan.engine.kernels.jumps import run_jumps
     from isan.engine.kernels.streams import run_streams
 

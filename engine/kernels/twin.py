@@ -5,7 +5,10 @@ twin of the same signature (``run_streams_ref``, ...) that the tests hold it equ
 ``selective_scan_fn`` / ``selective_scan_ref``). :func:`native_or_twin` joins the two: the kernel
 is written as ``fast(nat, *args)`` with the compiled module first, and callers get one function
 that runs it when the compiled module is there and the twin, with the same arguments, when it is
-not (no C compiler at install, or ``ISAN_KERNELS=numpy``: :func:`isan.engine.kernels.native`).
+not: no C compiler at install, or ``ISAN_KERNELS=numpy``. :func:`isan.engine.kernels.native`
+decides, on each call; it is the one that reads ``ISAN_KERNELS``
+(:func:`isan.engine.kernels.kernels_override`), so the kernels that no backend object holds (the
+sequential composed path's) follow it as the backends' runners do.
 
 Example::
 
@@ -42,7 +45,7 @@ def native_or_twin(twin: Callable[..., T]) -> Callable[[Callable[..., T]], Calla
     def wrap(fast: Callable[..., T]) -> Callable[..., T]:
         @functools.wraps(fast)
         def run(*args, **kwargs):
-            nat = _kernels.native()  # looked up on each call: ISAN_KERNELS and the tests may change it
+            nat = _kernels.native()  # on each call: ISAN_KERNELS (read there) and the tests may change it
             if nat is None:
                 return twin(*args, **kwargs)
             return fast(nat, *args, **kwargs)
