@@ -40,7 +40,7 @@ from isan.engine.paths import default_model_path, find_table
 from isan.engine.planning import Planner
 from isan.engine.prepare import prepare_batch, prepare_one
 from isan.engine.results import Attribution, Sample, ScoreResult, State, in_input_terms, with_prefix
-from isan.engine.route import CHUNKED_MIN_CHARS, PATHS, Route, Routes, Way, check_path  # noqa: F401  (CHUNKED_MIN_CHARS: documented here)
+from isan.engine.route import CHUNKED_MIN_CHARS, PATH_ROUTES, PATHS, Route, Routes, Way, check_path  # noqa: F401  (CHUNKED_MIN_CHARS: documented here)
 
 
 
@@ -137,7 +137,7 @@ class Engine:
         backend = get_backend(kernels, device, dtype, **kernel_options)  # a missing GPU or torch: said first
         manifest, params, alphabet = load_isan_bundle(path)
         table = None
-        if path_mode in ("auto", "composed", "jumps") and backend.runs_tables:
+        if (path_mode == "auto" or PATH_ROUTES[path_mode].needs_table) and backend.runs_tables:
             table = find_table(Path(path), manifest, params, alphabet, progress_bar=progress_bar)
         return cls(params, alphabet, manifest, source=str(path), table=table, kernels=backend,
                    path=None if path_mode == "auto" else path_mode, device=backend.device, dtype=backend.dtype)

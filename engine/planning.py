@@ -8,6 +8,7 @@ One :class:`Planner` an Engine (``Engine.plan``, ``Engine.jump_table``, ``Engine
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import numpy as np
@@ -140,13 +141,13 @@ class Planner:
         from isan.errors import IsanError
 
         cut = isinstance(chunks, str) and chunks == "auto"
-        planned = self.backend.plan(lengths, threads, self, cut=cut, kernel=Kernel.of(kernel))
+        planned = self.backend.plan(lengths, threads, self, cut=cut, kernel=kernel)
+        counts = planned.chunks
         if not isinstance(chunks, str):
             counts = tuple(int(c) for c in chunks)
             if len(counts) != len(lengths) or min(counts, default=1) < 1:
                 raise IsanError(f"give one chunk count of at least 1 for each of the {len(lengths)} texts; got {counts}")
-            planned = planned.replace(chunks=counts)
-        return planned.replace(fallback=self.fallback(lengths, planned.chunks))
+        return dataclasses.replace(planned, chunks=counts, fallback=self.fallback(lengths, counts))
 
     def report(self, rep) -> dict:
         """A :class:`~isan.engine.kernels.chunked.ChunkedReport` as the scoring report: where it ran

@@ -2,7 +2,7 @@
 runner, the fallback, the stopping rule and the buffers (:class:`Plan`).
 
 A backend makes the plan of a batch (:meth:`~isan.engine.kernels.backends.Backend.plan`), the
-Engine's :class:`~isan.engine.planning.Planner` completes it (the caller's chunks, the fallback) and
+Engine's :class:`~isan.engine.planning.Planner` completes it once (the caller's chunks, the fallback) and
 :func:`~isan.engine.kernels.chunked.score_texts_chunked` takes it whole.
 
 Kernels are named by :class:`Kernel`, an Enum whose values are the names users and reports see
@@ -11,7 +11,6 @@ Kernels are named by :class:`Kernel`, an Enum whose values are the names users a
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Callable
@@ -100,10 +99,6 @@ class Plan:
     empty_bits: Callable[[int], np.ndarray] = field(default=host_bits, repr=False)
     row_totals: bool = False
     path: str = "chunked"
-
-    def replace(self, **changes) -> "Plan":
-        """A copy with ``changes`` (:func:`dataclasses.replace`)."""
-        return dataclasses.replace(self, **changes)
 
     @classmethod
     def one_row_a_text(cls, model, runner: "Runner", n_texts: int, **options) -> "Plan":
