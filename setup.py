@@ -12,8 +12,8 @@ from setuptools import Extension, setup
 # The extension's C files, one concept each (engine/kernels/csrc/native.h lists them): the
 # instruction-set variants, the thread team, the three kernels and the Python bindings.
 CSRC = "engine/kernels/csrc/"
-sources = [CSRC + f for f in ("bindings.c", "isa.c", "team.c", "streams.c", "jumps.c", "seq.c")]
-depends = [CSRC + f for f in ("native.h", "kern_impl.h", "team.h", "queues.h", "jobs.h")]
+sources = [CSRC + f for f in ("bindings.c", "isa.c", "team.c", "rows.c", "streams.c", "jumps.c", "seq.c")]
+depends = [CSRC + f for f in ("native.h", "kern_impl.h", "team.h", "queues.h", "jobs.h", "rows.h", "trie.h")]
 
 args = ["-O3", "-pthread", "-std=gnu11", "-fno-math-errno", "-fno-trapping-math", "-Wall", "-Wno-unknown-pragmas"]
 if sys.platform == "win32":  # pragma: no cover - MSVC does not take GCC flags

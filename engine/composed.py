@@ -95,7 +95,7 @@ class ComposedPath:
         x = np.asarray(ids, dtype=np.int32)
         starts = np.empty(len(x), dtype=np.int64)
         entries = np.empty(len(x), dtype=np.int64)
-        n = nat.trie_segment(children, entry_of, self.K, x, starts, entries)
+        n = nat.trie_segment(children=children, entry_of=entry_of, K=self.K, ids=x, starts=starts, entries=entries)
         starts, entries = starts[:n], entries[:n]
         return starts, self.table.lengths[entries], entries
 
@@ -108,7 +108,7 @@ class ComposedPath:
         nat = native()
         if nat is not None:  # the pointer walk in C (no Python per match)
             starts = np.empty(len(M), dtype=np.int64)
-            starts = starts[: nat.greedy_segment(M, starts)]
+            starts = starts[: nat.greedy_segment(M=M, starts=starts)]
             lengths = np.diff(np.append(starts, len(M)))
         else:
             starts, lengths = greedy_segment(M)

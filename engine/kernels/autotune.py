@@ -126,8 +126,10 @@ def _run_probe(nat, a: dict) -> float:
     Hb = H.copy()
     steps, res, div = np.zeros(P, dtype=np.int64), np.zeros(P, dtype=np.float32), np.zeros(P, dtype=np.int64)
     t0 = time.perf_counter()
-    nat.run_streams(a["WT"], a["RoT"], a["nsym"], a["V"], a["Vp"], a["d"], a["dp"], a["ids"], a["start"], a["len"],
-                    H, Hb, a["bits"], P, 0, 0.0, 1e6, 16, steps, res, div, 1, 1, 0, 1.0)
+    nat.run_streams(WT=a["WT"], split_cols=False, RoT=a["RoT"], nsym=a["nsym"], V=a["V"], Vp=a["Vp"], d=a["d"],
+                    dp=a["dp"], ids=a["ids"], start=a["start"], length=a["len"], H=H, Hb=Hb, bits=a["bits"], P=P,
+                    pairs=False, stop_ratio=0.0, limit=1e6, check_every=16, steps_done=steps, residual=res,
+                    diverged=div, threads=1, want_bits=True, frac=1.0)
     return time.perf_counter() - t0
 
 

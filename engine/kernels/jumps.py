@@ -262,7 +262,8 @@ def segment(nat, table: JumpTable, ids: np.ndarray) -> np.ndarray:
     ids = np.ascontiguousarray(ids, dtype=np.int32)
     starts = np.empty(len(ids), dtype=np.int64)
     ents = np.empty(len(ids), dtype=np.int64)
-    n = nat.trie_segment(table.children, table.entry_of, table.K, ids, starts, ents)
+    n = nat.trie_segment(children=table.children, entry_of=table.entry_of, K=table.K, ids=ids, starts=starts,
+                         entries=ents)
     return ents[:n]
 
 
@@ -411,10 +412,13 @@ def run_jumps(nat, model: JumpTable, ids: np.ndarray, start: np.ndarray, length:
     Hb = H.copy()
     want = bits is not None
     out_bits = bits if want else np.zeros(0, dtype=np.float64)
-    total, jumps = nat.run_jumps(model.M_panels, int(model.M_panels.dtype == np.float16), model.m_off, model.klen, model.children, model.entry_of,
-                                 sm.RoT_panels, sm.K, sm.V, sm.Vp, sm.d, sm.dp, ids, start, length, H, Hb, out_bits,
-                                 P, int(pairs), float(stop_ratio), float(limit), int(check_every), steps_done,
-                                 residual, diverged, int(threads), int(want), frac)
+    total, jumps = nat.run_jumps(M=model.M_panels, f16=model.M_panels.dtype == np.float16, m_off=model.m_off,
+                                 klen=model.klen, children=model.children, entry_of=model.entry_of,
+                                 RoT=sm.RoT_panels, nsym=sm.K, V=sm.V, Vp=sm.Vp, d=sm.d, dp=sm.dp, ids=ids,
+                                 start=start, length=length, H=H, Hb=Hb, bits=out_bits, P=P, pairs=bool(pairs),
+                                 stop_ratio=float(stop_ratio), limit=float(limit), check_every=int(check_every),
+                                 steps_done=steps_done, residual=residual, diverged=diverged, threads=int(threads),
+                                 want_bits=want, frac=frac)
     return StreamsResult(int(total), steps_done, residual, diverged, int(jumps))
 
 

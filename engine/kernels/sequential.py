@@ -98,8 +98,9 @@ def seq_composed(nat, Ac: np.ndarray, R: np.ndarray, offsets: np.ndarray, length
     hb[:d] = h
     bits = np.empty(len(ids), dtype=np.float64) if want_bits else np.zeros(0, dtype=np.float64)
     max_len = int(lengths.max()) if len(lengths) else 1
-    bad = nat.seq_composed(Ac, R, int(Ac.dtype == np.float16), offsets, lengths, entries, ids, d, V, max_len, hb,
-                           bits, int(want_bits), float(limit), int(threads))
+    bad = nat.seq_composed(Ac=Ac, R=R, f16=Ac.dtype == np.float16, offsets=offsets, lengths=lengths, entries=entries,
+                           ids=ids, d=d, V=V, max_len=max_len, h=hb, bits=bits, want_bits=bool(want_bits),
+                           limit=float(limit), threads=int(threads))
     return (bits if want_bits else None), hb[:d].copy(), int(bad)
 
 

@@ -279,9 +279,11 @@ def run_streams(nat, model: StreamModel, ids: np.ndarray, start: np.ndarray, len
     Hb = H.copy()  # the homogeneous coordinate and the padding: the kernel computes only the first d columns
     want = bits is not None
     out_bits = bits if want else np.zeros(0, dtype=np.float64)
-    total = nat.run_streams(model.WT_panels, model.RoT_panels, model.K, model.V, model.Vp, model.d, model.dp, ids, start, length,
-                            H, Hb, out_bits, P, int(pairs), float(stop_ratio), float(limit), int(check_every),
-                            steps_done, residual, diverged, int(threads), int(want), int(split == "cols"), frac)
+    total = nat.run_streams(WT=model.WT_panels, split_cols=split == "cols", RoT=model.RoT_panels, nsym=model.K,
+                            V=model.V, Vp=model.Vp, d=model.d, dp=model.dp, ids=ids, start=start, length=length, H=H,
+                            Hb=Hb, bits=out_bits, P=P, pairs=bool(pairs), stop_ratio=float(stop_ratio),
+                            limit=float(limit), check_every=int(check_every), steps_done=steps_done,
+                            residual=residual, diverged=diverged, threads=int(threads), want_bits=want, frac=frac)
     return StreamsResult(int(total), steps_done, residual, diverged)
 
 

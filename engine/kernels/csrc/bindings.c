@@ -5,6 +5,9 @@
  * the GIL released, and every buffer released. The two rows kernels share that path (RowsArgs:
  * rows_check_sizes, check_rows, rows_fill, rows_run, rows_release); each adds only its own
  * arguments (run_streams: WT and the split; run_jumps: the table).
+ *
+ * run_streams, run_jumps, seq_composed, trie_segment and greedy_segment take keyword arguments
+ * only (named as in the Python wrappers that call them); a missing or unknown one is a TypeError.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -12,6 +15,16 @@
 #include <time.h>
 
 #include "jobs.h"
+#include "trie.h"
+
+/* A call of a binding that takes keyword arguments only: a TypeError if any is positional. */
+static int keywords_only(const char *name, PyObject *args) {
+    if (args && PyTuple_GET_SIZE(args) > 0) {
+        PyErr_Format(PyExc_TypeError, "%s() takes keyword arguments only", name);
+        return 0;
+    }
+    return 1;
+}
 
 static int need(Py_buffer *b, Py_ssize_t bytes, const char *name) {
     if (b->len < bytes) {
@@ -68,12 +81,23 @@ static int check_rows(const char *kernel, Py_buffer *start, Py_buffer *len, int 
     return 1;
 }
 
-/* What every rows kernel takes from Python, parsed by each binding in its own argument order. */
+/* What every rows kernel takes from Python: the keywords ROWS_KEYWORDS in the format ROWS_FORMAT
+ * into ROWS_TARGETS(a), after each kernel's own. */
 typedef struct {
     Py_buffer RoT, ids, start, len, H, Hb, bits, steps_done, residual, diverged;
     int nsym, V, Vp, d, dp, P, pairs, check_every, nt, want_bits;
     float stop_ratio, limit, frac;
 } RowsArgs;
+
+#define ROWS_KEYWORDS                                                                                   \
+    "RoT", "nsym", "V", "Vp", "d", "dp", "ids", "start", "length", "H", "Hb", "bits", "P", "pairs",      \
+        "stop_ratio", "limit", "check_every", "steps_done", "residual", "diverged", "threads", "want_bits", \
+        "frac"
+#define ROWS_FORMAT "y*iiiiiy*y*y*w*w*w*ipffiw*w*w*ipf"
+#define ROWS_TARGETS(a)                                                                                  \
+    &(a).RoT, &(a).nsym, &(a).V, &(a).Vp, &(a).d, &(a).dp, &(a).ids, &(a).start, &(a).len, &(a).H, &(a).Hb, \
+        &(a).bits, &(a).P, &(a).pairs, &(a).stop_ratio, &(a).limit, &(a).check_every, &(a).steps_done,     \
+        &(a).residual, &(a).diverged, &(a).nt, &(a).want_bits, &(a).frac
 
 /* Every shared buffer large enough and the sizes consistent (and the kernel's own sizes, sizes_ok);
  * else a ValueError naming the kernel. */
@@ -139,14 +163,14 @@ static void rows_release(RowsArgs *a) {
     PyBuffer_Release(&a->steps_done); PyBuffer_Release(&a->residual); PyBuffer_Release(&a->diverged);
 }
 
-static PyObject *py_run_streams(PyObject *self, PyObject *args) {
+static PyObject *py_run_streams(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kw[] = {"WT", "split_cols", ROWS_KEYWORDS, NULL};
     RowsArgs a;
     Py_buffer WT;
     int split_cols;
-    if (!PyArg_ParseTuple(args, "y*y*iiiiiy*y*y*w*w*w*iiffiw*w*w*iiif", &WT, &a.RoT, &a.nsym, &a.V, &a.Vp, &a.d,
-                          &a.dp, &a.ids, &a.start, &a.len, &a.H, &a.Hb, &a.bits, &a.P, &a.pairs, &a.stop_ratio,
-                          &a.limit, &a.check_every, &a.steps_done, &a.residual, &a.diverged, &a.nt, &a.want_bits,
-                          &split_cols, &a.frac))
+    if (!keywords_only("run_streams", args) ||
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "y*p" ROWS_FORMAT ":run_streams", kw, &WT, &split_cols,
+                                     ROWS_TARGETS(a)))
         return NULL;
     PyObject *ret = NULL;
     int ok = need(&WT, (Py_ssize_t)a.nsym * a.dp * (a.d + 1) * 4, "WT") && rows_check_sizes("run_streams", &a, 1) &&
@@ -158,7 +182,7 @@ static PyObject *py_run_streams(PyObject *self, PyObject *args) {
         } else {
             rows_fill(&J->rows, &a);
             J->WT = (const float *)WT.buf;
-            J->split_cols = split_cols;
+            J->rows.split_cols = split_cols;
             long long total;
             if (rows_run(&J->rows, J, streams_work, streams_set_nt, a.nt, !split_cols, &total) >= 0)
                 ret = Py_BuildValue("L", total);
@@ -196,14 +220,14 @@ static int jumps_check_table(Py_buffer *M, int f16, Py_buffer *m_off, Py_buffer 
     return ok;
 }
 
-static PyObject *py_run_jumps(PyObject *self, PyObject *args) {
+static PyObject *py_run_jumps(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kw[] = {"M", "f16", "m_off", "klen", "children", "entry_of", ROWS_KEYWORDS, NULL};
     RowsArgs a;
     Py_buffer M, m_off, klen, children, entry_of;
     int f16;
-    if (!PyArg_ParseTuple(args, "y*iy*y*y*y*y*iiiiiy*y*y*w*w*w*iiffiw*w*w*iif", &M, &f16, &m_off, &klen, &children,
-                          &entry_of, &a.RoT, &a.nsym, &a.V, &a.Vp, &a.d, &a.dp, &a.ids, &a.start, &a.len, &a.H,
-                          &a.Hb, &a.bits, &a.P, &a.pairs, &a.stop_ratio, &a.limit, &a.check_every, &a.steps_done,
-                          &a.residual, &a.diverged, &a.nt, &a.want_bits, &a.frac))
+    if (!keywords_only("run_jumps", args) ||
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "y*py*y*y*y*" ROWS_FORMAT ":run_jumps", kw, &M, &f16, &m_off,
+                                     &klen, &children, &entry_of, ROWS_TARGETS(a)))
         return NULL;
     PyObject *ret = NULL;
     const int kd = a.d + 1;
@@ -225,7 +249,7 @@ static PyObject *py_run_jumps(PyObject *self, PyObject *args) {
             long long total, jumps = 0;
             const int used = rows_run(&J->rows, J, jumps_work, jumps_set_nt, a.nt, 1, &total);
             if (used >= 0) {
-                for (int q = 0; q < used; q++) jumps += J->jumps[q];
+                for (int q = 0; q < used; q++) jumps += J->rows.jumps[q];
                 ret = Py_BuildValue("LL", total, jumps);
             }
             free(J);
@@ -237,12 +261,16 @@ static PyObject *py_run_jumps(PyObject *self, PyObject *args) {
     return ret;
 }
 
-static PyObject *py_seq_composed(PyObject *self, PyObject *args) {
+static PyObject *py_seq_composed(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kw[] = {"Ac", "R", "f16", "offsets", "lengths", "entries", "ids", "d", "V", "max_len", "h", "bits",
+                         "want_bits", "limit", "threads", NULL};
     Py_buffer Ac, R, offsets, lengths, entries, ids, h, bits;
     int f16, d, V, max_len, want_bits, nt;
     float limit;
-    if (!PyArg_ParseTuple(args, "y*y*iy*y*y*y*iiiw*w*ifi", &Ac, &R, &f16, &offsets, &lengths, &entries, &ids, &d, &V,
-                          &max_len, &h, &bits, &want_bits, &limit, &nt))
+    if (!keywords_only("seq_composed", args) ||
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "y*y*py*y*y*y*iiiw*w*pfi:seq_composed", kw, &Ac, &R, &f16,
+                                     &offsets, &lengths, &entries, &ids, &d, &V, &max_len, &h, &bits, &want_bits,
+                                     &limit, &nt))
         return NULL;
     PyObject *ret = NULL;
     const int kd = d + 1, isz = f16 ? 2 : 4;
@@ -302,32 +330,27 @@ static PyObject *py_seq_composed(PyObject *self, PyObject *args) {
     return ret;
 }
 
-/* Greedy longest-match segmentation by walking a trie of the table's keys: from each match start,
- * follow the text down the trie and keep the deepest node that is a table entry. children is
- * (n_nodes, K) int32 (-1: none), entry_of is (n_nodes,) int32 (-1: not an entry); node 0 is the
+/* Greedy longest-match segmentation by walking a trie of the table's keys (trie.h): from each match
+ * start, follow the text down the trie and keep the deepest node that is a table entry. children
+ * is (n_nodes, K) int32 (-1: none), entry_of is (n_nodes,) int32 (-1: not an entry); node 0 is the
  * root and every single symbol is an entry, so every match has at least one character. */
-static PyObject *py_trie_segment(PyObject *self, PyObject *args) {
+static PyObject *py_trie_segment(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kw[] = {"children", "entry_of", "K", "ids", "starts", "entries", NULL};
     Py_buffer children, entry_of, ids, starts, entries;
     int K;
-    if (!PyArg_ParseTuple(args, "y*y*iy*w*w*", &children, &entry_of, &K, &ids, &starts, &entries)) return NULL;
+    if (!keywords_only("trie_segment", args) ||
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "y*y*iy*w*w*:trie_segment", kw, &children, &entry_of, &K, &ids,
+                                     &starts, &entries))
+        return NULL;
     const int32_t *ch = (const int32_t *)children.buf, *en = (const int32_t *)entry_of.buf, *x = (const int32_t *)ids.buf;
     int64_t *st = (int64_t *)starts.buf, *ent = (int64_t *)entries.buf;
     const Py_ssize_t n_nodes = entry_of.len / 4, N = ids.len / 4, cap = starts.len / 8;
     Py_ssize_t n = 0, i = 0;
     int ok = K > 0 && children.len / 4 >= n_nodes * K && entries.len / 8 >= cap;
     while (ok && i < N) {
-        int32_t node = 0, best_e = -1;
-        Py_ssize_t best_len = 0, j = i;
-        while (j < N) {
-            const int32_t s = x[j];
-            if (s < 0 || s >= K) { ok = 0; break; }
-            node = ch[(size_t)node * K + s];
-            if (node < 0) break;
-            if (node >= n_nodes) { ok = 0; break; }
-            j++;
-            if (en[node] >= 0) { best_e = en[node]; best_len = j - i; }
-        }
-        if (!ok || best_e < 0 || n >= cap) { ok = 0; break; }
+        int64_t best_len;
+        const int32_t best_e = trie_longest(ch, en, K, n_nodes, x + i, N - i, &best_len);
+        if (best_e < 0 || n >= cap) { ok = 0; break; }
         st[n] = i;
         ent[n] = best_e;
         n++;
@@ -342,9 +365,12 @@ static PyObject *py_trie_segment(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(n);
 }
 
-static PyObject *py_greedy_segment(PyObject *self, PyObject *args) {
+static PyObject *py_greedy_segment(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kw[] = {"M", "starts", NULL};
     Py_buffer M, starts;
-    if (!PyArg_ParseTuple(args, "y*w*", &M, &starts)) return NULL;
+    if (!keywords_only("greedy_segment", args) ||
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "y*w*:greedy_segment", kw, &M, &starts))
+        return NULL;
     const int64_t *m = (const int64_t *)M.buf;
     int64_t *st = (int64_t *)starts.buf;
     const Py_ssize_t N = M.len / 8, cap = starts.len / 8;
@@ -506,11 +532,21 @@ static PyObject *py_inject_faults(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"run_streams", py_run_streams, METH_VARARGS, "Grouped multi-row scoring (see streams.py)."},
-    {"run_jumps", py_run_jumps, METH_VARARGS, "Grouped multi-row scoring by composed jumps (see jumps.py)."},
-    {"seq_composed", py_seq_composed, METH_VARARGS, "One stream through a trie table (see sequential.py)."},
-    {"greedy_segment", py_greedy_segment, METH_VARARGS, "Greedy longest-match starts from match lengths."},
-    {"trie_segment", py_trie_segment, METH_VARARGS, "Greedy longest-match segmentation along a trie (see composed.py)."},
+    {"run_streams", (PyCFunction)(void (*)(void))py_run_streams, METH_VARARGS | METH_KEYWORDS,
+     "run_streams(*, WT, split_cols, RoT, nsym, V, Vp, d, dp, ids, start, length, H, Hb, bits, P, pairs, "
+     "stop_ratio, limit, check_every, steps_done, residual, diverged, threads, want_bits, frac) -> total steps: "
+     "grouped multi-row scoring (see streams.py)."},
+    {"run_jumps", (PyCFunction)(void (*)(void))py_run_jumps, METH_VARARGS | METH_KEYWORDS,
+     "run_jumps(*, M, f16, m_off, klen, children, entry_of, and run_streams' keywords but WT and split_cols) -> "
+     "(total steps, jumps): grouped multi-row scoring by composed jumps (see jumps.py)."},
+    {"seq_composed", (PyCFunction)(void (*)(void))py_seq_composed, METH_VARARGS | METH_KEYWORDS,
+     "seq_composed(*, Ac, R, f16, offsets, lengths, entries, ids, d, V, max_len, h, bits, want_bits, limit, "
+     "threads) -> the first bad match or -1: one stream through a trie table (see sequential.py)."},
+    {"greedy_segment", (PyCFunction)(void (*)(void))py_greedy_segment, METH_VARARGS | METH_KEYWORDS,
+     "greedy_segment(*, M, starts) -> n: greedy longest-match starts from match lengths."},
+    {"trie_segment", (PyCFunction)(void (*)(void))py_trie_segment, METH_VARARGS | METH_KEYWORDS,
+     "trie_segment(*, children, entry_of, K, ids, starts, entries) -> n: greedy longest-match segmentation "
+     "along a trie (see composed.py)."},
     {"fma_peak", py_fma_peak, METH_VARARGS, "fma_peak(n, threads) -> (flops, seconds, threads used, sink)."},
     {"isa", py_isa, METH_NOARGS, "The instruction set the kernels run with."},
     {"set_isa", py_set_isa, METH_VARARGS,

@@ -1,5 +1,5 @@
 /* What a kernel is given: the jobs that bindings.c fills and the kernels (streams.c, jumps.c, seq.c)
- * run, and the helpers the two rows kernels share. */
+ * run. */
 #ifndef ISAN_JOBS_H
 #define ISAN_JOBS_H
 
@@ -8,9 +8,10 @@
 #include "team.h"
 
 /* What every rows kernel shares (run_streams, run_jumps): the rows and their texts, the states
- * and outputs, the correction's pairs, the team. It opens StreamsJob and JumpsJob (as mamba's
- * SSMParamsBase opens each kernel's params), and bindings.c checks, fills and runs it in one place
- * for both. Positions, steps and divergences are counted in characters. */
+ * and outputs, the correction's pairs, the team, and what the rows scheduler (rows.c) keeps
+ * between threads. It opens StreamsJob and JumpsJob (as mamba's SSMParamsBase opens each kernel's
+ * params), and bindings.c checks, fills and runs it in one place for both. Positions, steps and
+ * divergences are counted in characters. */
 typedef struct {
     const Kernels *K;
     const float *RoT;   /* (kd, Vp) the readout [W_ro | b_ro] transposed, in panels of 16 columns */
@@ -18,6 +19,7 @@ typedef struct {
     int P;          /* true rows: 0..P-1 */
     int pairs;      /* 1: rows P..2P-1 are error rows paired with 0..P-1 */
     float frac;     /* split by rows, a round takes the queues at least this share of the longest */
+    int split_cols; /* 1: split by columns (run_streams only), 0: by rows */
     const int32_t *ids;
     const int64_t *start, *len; /* row s reads ids[start[s] : start[s] + len[s]] */
     float *H, *Hb;  /* (rows, dp) state rows (in: initial, out: final) and scratch of the same shape */
@@ -28,9 +30,16 @@ typedef struct {
     int64_t *steps_done; /* (P,) */
     float *residual;     /* (P,) */
     int64_t *diverged;   /* (P,) step t at which the state before character t is out of range; -1 */
+    /* set by the kernel's set_nt for the scheduler: */
+    int nkeys;      /* the keys rows wait on: symbols (run_streams) or table entries (run_jumps) */
+    int scratch_w;  /* floats of each of the 64 scratch rows a thread's step needs (at least Vp) */
     int nt;
     Barrier bar;
-    int64_t total_steps[64]; /* per thread */
+    int64_t total_steps[64]; /* per thread: characters */
+    int64_t jumps[64];       /* per thread: row steps (run_jumps: jumps; run_streams: total_steps) */
+    /* divergences found in a round's readouts, per round parity and thread: (row, step) pairs */
+    int64_t *div_list[2][64];
+    int div_n[2][64];
     atomic_int fail; /* allocation failure in a thread */
     int fault_tid;   /* test hook: this thread fails its allocations (-1: none) */
 } RowsJob;
@@ -39,10 +48,6 @@ typedef struct {
 typedef struct {
     RowsJob rows;   /* first: a StreamsJob is a RowsJob */
     const float *WT; /* (nsym, kd, dp) [[W[x], b[x]], [0, 1]] transposed, in panels */
-    int split_cols; /* 1: split by columns, 0: by rows */
-    /* divergences found in a round's readouts, per round parity and thread: (row, step) pairs */
-    int64_t *div_list[2][64];
-    int div_n[2][64];
 } StreamsJob;
 
 /* run_jumps (jumps.c): composed jumps of a trie table's keys, the rows grouped by key. */
@@ -53,7 +58,6 @@ typedef struct {
     const int64_t *m_off;
     const int32_t *klen, *children, *entry_of;
     int n_ent, n_nodes, max_k;
-    int64_t jumps[64]; /* per thread */
 } JumpsJob;
 
 /* seq_composed (seq.c): one stream through the table. Returns the index of the first jump whose
@@ -78,21 +82,6 @@ typedef struct {
     atomic_int fail;
     int fault_tid;         /* test hook: this thread fails its allocation (-1: none) */
 } SeqJob;
-
-/* The buffer that holds a row's state after `steps` updates: H when even, Hb when odd. */
-static inline float *state_buf(float *H, float *Hb, int64_t steps) { return (steps & 1) ? Hb : H; }
-
-/* The correction's measure of a pair (row s and its error row s + P in buf): max|e| / max|h| over
- * the whole rows (the homogeneous 1 floors max|h| at 1; the error row has 0 there). */
-static inline float pair_residual(const Kernels *K, const float *buf, int s, int P, int dp) {
-    return K->row_absmax(buf + ((size_t)s + P) * dp, dp) / K->row_absmax(buf + (size_t)s * dp, dp);
-}
-
-/* A row that stops with its state in Hb: copy it (and its error row's, with pairs) to H. */
-static inline void final_to_H(float *H, const float *Hb, int s, int P, int pairs, int dp) {
-    memcpy(H + (size_t)s * dp, Hb + (size_t)s * dp, sizeof(float) * dp);
-    if (pairs) memcpy(H + ((size_t)s + P) * dp, Hb + ((size_t)s + P) * dp, sizeof(float) * dp);
-}
 
 /* The kernels: set_nt(job, n) once the team's size is known, then work(job, tid, nt) in every
  * thread of it (team.h's run_parallel). */

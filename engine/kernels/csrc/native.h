@@ -39,9 +39,14 @@
  *   queues.h      the per-thread queues of rows by the symbol or table entry they read next
  *   jobs.h        what a kernel is given: RowsJob, shared by every rows kernel and embedded in
  *                 StreamsJob and JumpsJob (as mamba's SSMParamsBase in each kernel's params), SeqJob
+ *   rows.h/.c     the rows scheduler both rows kernels run: the queues by key, the stops (finished,
+ *                 diverged, converged), the final states, the readout and range check before each
+ *                 step; a kernel gives only its key and its step (RowsOps)
+ *   trie.h        the greedy longest-match walk along a table's trie (run_jumps, trie_segment)
  *   streams.c, jumps.c, seq.c
  *                 the kernels run_streams, run_jumps and seq_composed (no Python, no GIL)
- *   bindings.c    the Python module: argument checks, a job filled, run and released
+ *   bindings.c    the Python module: argument checks (keyword arguments), a job filled, run and
+ *                 released
  */
 #ifndef ISAN_NATIVE_H
 #define ISAN_NATIVE_H

@@ -1,4 +1,4 @@
-/* The per-thread queues of rows of run_streams and run_jumps (streams.c says how a round takes them). */
+/* The per-thread queues of rows of run_streams and run_jumps (rows.h says how a round takes them). */
 #ifndef ISAN_QUEUES_H
 #define ISAN_QUEUES_H
 
