@@ -144,7 +144,7 @@ class Engine:
 
     @classmethod
     def default(cls, path_mode: str = "auto", device: str = "cpu", dtype: str = "float32",
-                kernels: str | None = None) -> "Engine":
+                kernels: "str | Backend | None" = None) -> "Engine":
         """The default model shipped in the package (ISAN d=216 trained on text8-10M); the keywords
         are :meth:`load`'s."""
         return cls.load(default_model_path(), path_mode=path_mode, device=device, dtype=dtype, kernels=kernels)
