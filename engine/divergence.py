@@ -99,6 +99,75 @@ def _crossing_by_jumps(p: ISANParams, x: int, y: int, h: np.ndarray, t: int, lim
     return t  # the jump's end state was out of range; rounding put the crossing at its last step
 
 
+def _step_runs(p: ISANParams, first: np.ndarray, second: np.ndarray, rho_period: np.ndarray, steps: int,
+               limit: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Step all K^2 runs (run i repeats ``first[i]``, ``second[i]``) together from h0 for ``steps``
+    characters, one GEMM per symbol and step; a run stops once out of range, or once it has settled
+    on its fixed point (a converging period map whose state no longer changes over a period).
+
+    Returns:
+        (H (n, d) float64 the runs' states, after (n,) int64 the characters after which each run first
+        left the range (-1: it did not), active (n,) bool the runs still in range and unsettled).
+    """
+    n = len(first)
+    WT = np.ascontiguousarray(p.W.transpose(0, 2, 1))  # rows @ WT[k] == (W[k] @ rows.T).T
+    H = np.tile(p.h0, (n, 1))
+    H_period = H.copy()
+    active = np.ones(n, dtype=bool)
+    after = np.full(n, -1, dtype=np.int64)
+    for t in range(steps):
+        idx = np.flatnonzero(active)
+        if len(idx) == 0:
+            break
+        sym = (first if t % 2 == 0 else second)[idx]
+        order = np.argsort(sym, kind="stable")
+        idx, sym = idx[order], sym[order]
+        cuts = np.flatnonzero(np.diff(sym)) + 1
+        for rows, k in zip(np.split(idx, cuts), sym[np.concatenate([[0], cuts])]):
+            H[rows] = H[rows] @ WT[k] + p.b[k]
+        m = np.abs(H[idx]).max(axis=1)
+        out = ~(m <= limit)  # NaN counts as out
+        after[idx[out]] = t + 1
+        active[idx[out]] = False
+        if t % 2 == 1:
+            ok = idx[~out]
+            change = np.abs(H[ok] - H_period[ok]).max(axis=1) / (1.0 + np.abs(H[ok]).max(axis=1))
+            done = ok[(change < CONVERGED_RTOL) & (rho_period[ok] < 1)]
+            active[done] = False
+            H_period[ok] = H[ok]
+    return H, after, active
+
+
+def _largest_fixed_point(p: ISANParams, first: np.ndarray, second: np.ndarray, rho_period: np.ndarray) -> float:
+    """The largest ``max |h_i|`` over the fixed points (both phases of the period) of the converging runs."""
+    fixed_max = 0.0
+    for i in np.flatnonzero(rho_period < 1):  # where converging runs settle
+        M, c = _period_map(p, int(first[i]), int(second[i]))
+        hstar = np.linalg.solve(np.eye(p.d) - M, c)
+        fixed_max = max(fixed_max, float(np.abs(hstar).max()),
+                        float(np.abs(p.W[int(first[i])] @ hstar + p.b[int(first[i])]).max()))
+    return fixed_max
+
+
+def _leaving_runs(symbols, first: np.ndarray, second: np.ndarray, rho: np.ndarray, rho_period: np.ndarray,
+                  after: np.ndarray) -> tuple[list[dict], list[dict]]:
+    """(letters, pairs): the runs that leave the range, sorted by ``after_chars`` (None, beyond the
+    search, last), then by symbol or pair."""
+    leaves = (after > 0) | (after == -2)
+
+    def ac(i):
+        return None if after[i] == -2 else int(after[i])
+
+    letters = [{"symbol": symbols[int(first[i])], "spectral_radius": float(rho[i]), "after_chars": ac(i)}
+               for i in np.flatnonzero(leaves & (first == second))]
+    pairs = [{"pair": symbols[int(first[i])] + symbols[int(second[i])], "spectral_radius": float(rho_period[i]),
+              "after_chars": ac(i)} for i in np.flatnonzero(leaves & (first != second))]
+    key = (lambda name: (lambda r: (r["after_chars"] is None, r["after_chars"] or 0, r[name])))
+    letters.sort(key=key("symbol"))
+    pairs.sort(key=key("pair"))
+    return letters, pairs
+
+
 def repeat_divergence(params: ISANParams, symbols, max_chars: int = DEFAULT_MAX_CHARS,
                       limit: float = MAX_STATE_ABS, max_total_chars: int = DEFAULT_MAX_TOTAL_CHARS) -> dict:
     """Decide for every symbol and every ordered pair of symbols whether its repeats diverge.
@@ -128,59 +197,16 @@ def repeat_divergence(params: ISANParams, symbols, max_chars: int = DEFAULT_MAX_
     second = np.tile(np.arange(K), K)
     rho = np.where(first == second, rho_letters[first], np.sqrt(rho_pairs[first, second]))  # per character
     rho_period = rho_pairs[first, second]  # the period map's (two characters)
-    n = K * K
-    WT = np.ascontiguousarray(p.W.transpose(0, 2, 1))  # rows @ WT[k] == (W[k] @ rows.T).T
-    H = np.tile(p.h0, (n, 1))
-    H_period = H.copy()
-    active = np.ones(n, dtype=bool)
-    after = np.full(n, -1, dtype=np.int64)
-    converged = np.zeros(n, dtype=bool)
     steps = int(max_chars) + int(max_chars) % 2  # end on a whole period
     with threadpool_limits(1, user_api="blas"):
-        for t in range(steps):
-            idx = np.flatnonzero(active)
-            if len(idx) == 0:
-                break
-            sym = (first if t % 2 == 0 else second)[idx]
-            order = np.argsort(sym, kind="stable")
-            idx, sym = idx[order], sym[order]
-            cuts = np.flatnonzero(np.diff(sym)) + 1
-            for rows, k in zip(np.split(idx, cuts), sym[np.concatenate([[0], cuts])]):
-                H[rows] = H[rows] @ WT[k] + p.b[k]
-            m = np.abs(H[idx]).max(axis=1)
-            out = ~(m <= limit)  # NaN counts as out
-            after[idx[out]] = t + 1
-            active[idx[out]] = False
-            if t % 2 == 1:
-                ok = idx[~out]
-                change = np.abs(H[ok] - H_period[ok]).max(axis=1) / (1.0 + np.abs(H[ok]).max(axis=1))
-                done = ok[(change < CONVERGED_RTOL) & (rho_period[ok] < 1)]
-                converged[done] = True
-                active[done] = False
-                H_period[ok] = H[ok]
+        H, after, active = _step_runs(p, first, second, rho_period, steps, limit)
         slow = np.flatnonzero(active & (rho_period > 1))
         for i in slow:  # diverging, still in range: go on in jumps
             x, y = int(first[i]), int(second[i])
             hit = _crossing_by_jumps(p, x, y, H[i].copy(), steps, limit, int(max_total_chars))
             after[i] = -2 if hit is None else hit
-        fixed_max = 0.0
-        for i in np.flatnonzero(rho_period < 1):  # where converging runs settle
-            M, c = _period_map(p, int(first[i]), int(second[i]))
-            hstar = np.linalg.solve(np.eye(p.d) - M, c)
-            fixed_max = max(fixed_max, float(np.abs(hstar).max()),
-                            float(np.abs(p.W[int(first[i])] @ hstar + p.b[int(first[i])]).max()))
-    leaves = (after > 0) | (after == -2)
-
-    def ac(i):
-        return None if after[i] == -2 else int(after[i])
-
-    letters = [{"symbol": symbols[int(first[i])], "spectral_radius": float(rho[i]), "after_chars": ac(i)}
-               for i in np.flatnonzero(leaves & (first == second))]
-    pairs = [{"pair": symbols[int(first[i])] + symbols[int(second[i])], "spectral_radius": float(rho_period[i]),
-              "after_chars": ac(i)} for i in np.flatnonzero(leaves & (first != second))]
-    key = (lambda name: (lambda r: (r["after_chars"] is None, r["after_chars"] or 0, r[name])))
-    letters.sort(key=key("symbol"))
-    pairs.sort(key=key("pair"))
+        fixed_max = _largest_fixed_point(p, first, second, rho_period)
+    letters, pairs = _leaving_runs(symbols, first, second, rho, rho_period, after)
     off = first != second
     return {
         "letters": letters, "pairs": pairs,
