@@ -29,7 +29,60 @@ __all__ = ["IsanScoreFilter"]
 _CLASS = None
 
 
+def _get_scorer(block):
+    """The block's document scorer (:class:`isan.engine.corpus.scoring.DocScorer`), built on first use
+    in each worker from its model and options."""
+    if block._scorer is None:
+        from isan.engine.corpus.parts import load_corpus_engine
+        from isan.engine.corpus.scoring import DocScorer, ScoreOptions
+
+        block._scorer = DocScorer(load_corpus_engine(block.model),
+                                  ScoreOptions(normalize=block.normalize, unknown=block.unknown,
+                                               replacement=block.replacement, threads=block.threads))
+    return block._scorer
+
+
+def _getstate(block) -> dict:
+    """The block's state to pickle: the engine is rebuilt in each worker, never pickled."""
+    state = dict(block.__dict__)
+    state["_scorer"] = None
+    return state
+
+
+def _verdict(block, d, r: dict) -> bool | tuple[bool, str]:
+    """Write one scored row ``r`` into document ``d``'s metadata and say whether to keep it (True)
+    or drop it (False, the reason)."""
+    d.metadata["isan_chars"] = r["chars_scored"]
+    d.metadata["isan_bits"] = r["bits"]
+    d.metadata["isan_bpc"] = r["bpc"]
+    d.metadata["isan_changed_fraction"] = r["changed_fraction"]
+    if r["error"]:
+        d.metadata["isan_error"] = r["error"]
+        block.stat_update("isan_errors")
+        return True if block.keep_errors else (False, "isan_error")
+    block.stat_update("isan_bpc", value=r["bpc"])  # datatrove's stats keep mean / min / max
+    if block.min_bpc is not None and r["bpc"] < block.min_bpc:
+        return (False, "isan_bpc_low")
+    if block.max_bpc is not None and r["bpc"] > block.max_bpc:
+        return (False, "isan_bpc_high")
+    return True
+
+
+def _filter_batch(block, batch: list) -> list:
+    """Score datatrove documents together; one verdict (:func:`_verdict`) per document, in order."""
+    from isan.engine.corpus.readers import Doc
+
+    docs = [Doc(i, str(d.id), d.text if isinstance(d.text, str) else None,
+                None if isinstance(d.text, str) else "the document's text is not a string")
+            for i, d in enumerate(batch)]
+    rows = block._get_scorer().score(docs)
+    return [_verdict(block, d, r) for d, r in zip(batch, rows)]
+
+
 def _build():
+    """The class :class:`IsanScoreFilter`, built once, on first access (it subclasses datatrove's
+    BaseFilter, so datatrove is imported here). Raises IsanError naming the install command when
+    datatrove is missing."""
     global _CLASS
     if _CLASS is not None:
         return _CLASS
@@ -67,50 +120,13 @@ def _build():
             self.normalize, self.unknown, self.replacement, self.threads = normalize, unknown, replacement, threads
             self._scorer = None
 
-        def _get_scorer(self):
-            if self._scorer is None:
-                from isan.engine.corpus.parts import load_corpus_engine
-                from isan.engine.corpus.scoring import DocScorer, ScoreOptions
-
-                self._scorer = DocScorer(load_corpus_engine(self.model),
-                                         ScoreOptions(normalize=self.normalize, unknown=self.unknown,
-                                                      replacement=self.replacement, threads=self.threads))
-            return self._scorer
-
-        def __getstate__(self):  # the engine is rebuilt in each worker, never pickled
-            state = dict(self.__dict__)
-            state["_scorer"] = None
-            return state
+        _get_scorer = _get_scorer
+        __getstate__ = _getstate  # the engine is rebuilt in each worker, never pickled
 
         def filter(self, doc) -> bool | tuple[bool, str]:
             return self.filter_batch([doc])[0]
 
-        def filter_batch(self, batch: list) -> list:
-            from isan.engine.corpus.readers import Doc
-
-            docs = [Doc(i, str(d.id), d.text if isinstance(d.text, str) else None,
-                        None if isinstance(d.text, str) else "the document's text is not a string")
-                    for i, d in enumerate(batch)]
-            rows = self._get_scorer().score(docs)
-            out = []
-            for d, r in zip(batch, rows):
-                d.metadata["isan_chars"] = r["chars_scored"]
-                d.metadata["isan_bits"] = r["bits"]
-                d.metadata["isan_bpc"] = r["bpc"]
-                d.metadata["isan_changed_fraction"] = r["changed_fraction"]
-                if r["error"]:
-                    d.metadata["isan_error"] = r["error"]
-                    self.stat_update("isan_errors")
-                    out.append(True if self.keep_errors else (False, "isan_error"))
-                    continue
-                self.stat_update("isan_bpc", value=r["bpc"])  # datatrove's stats keep mean / min / max
-                if self.min_bpc is not None and r["bpc"] < self.min_bpc:
-                    out.append((False, "isan_bpc_low"))
-                elif self.max_bpc is not None and r["bpc"] > self.max_bpc:
-                    out.append((False, "isan_bpc_high"))
-                else:
-                    out.append(True)
-            return out
+        filter_batch = _filter_batch
 
     IsanScoreFilter.__module__ = __name__  # pickled by reference: this module's __getattr__ finds it
     _CLASS = IsanScoreFilter
