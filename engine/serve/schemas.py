@@ -186,119 +186,175 @@ def build_schemas(symbols: tuple[str, ...], max_chars: int, normalize_choices: l
             the model declares no normaliser).
         max_batch_texts, max_sample_chars, max_attribute_chars: the limits of those endpoints.
     """
-    V = len(symbols)
-    Sym = Literal[tuple(symbols)]  # type: ignore[valid-type]
-    Norm = Literal[tuple(normalize_choices)]  # type: ignore[valid-type]
-    Unk = Literal[UNKNOWN]  # type: ignore[valid-type]
-    text_opts = dict(
-        unknown=(Unk, Field("error", description="characters outside the alphabet after normalisation: error (422), "
-                                                 "skip, or replace with `replacement`")),
-        replacement=(Optional[Sym], Field(None, description='the symbol that replaces unknown characters (required '
-                                                            'with "unknown": "replace")')),
-        normalize=(Norm, Field("auto", description="auto: the model's normaliser; none: raw text (every character a "
-                                                   "symbol of the alphabet, unless `unknown` says otherwise); or a "
-                                                   "normaliser name")),
-    )
-    common = dict(
-        per_char=(bool, Field(False, description="also answer the bits and input offset of every scored character")),
-        **text_opts,
-        return_state=(bool, Field(False, description="answer a snapshot of the state after the text (`state`)")),
-        top_k=(integer(0, V), Field(0, description="answer the k most likely next characters (`next`)")),
-    )
+    fields = _RequestFields.of(symbols, max_chars, normalize_choices, raw_normalize)
+    return Schemas(_score_request(fields), _frame_request(fields), _batch_request(fields, max_batch_texts),
+                   _next_request(fields), _sample_request(fields, max_sample_chars),
+                   _attribute_request(fields, max_attribute_chars), max_chars)
 
-    def state_field(what: str):
-        return (Optional[str], Field(None, max_length=MAX_TOKEN_CHARS, pattern=TOKEN_PATTERN,
-                                     description=what + " (a token answered as `state` by this server)"))
 
-    raw_text = raw_text_pattern(symbols)
-    raw_values = [v for v in raw_normalize if v in normalize_choices]
+@dataclass
+class _RequestFields:
+    """What the request models of one served model share: its symbols, its largest text, the text
+    options (``unknown``, ``replacement``, ``normalize``), the scoring options and the rule of a
+    text read raw (:func:`build_schemas`)."""
 
-    def rules(text_field: str | None, unknown: bool = True, temperatures: bool = False):
-        """The schema's cross-field rules (``allOf`` of ``if``/``then``) for a request model."""
-        out = []
+    symbols: tuple[str, ...]
+    max_chars: int
+    text_opts: dict
+    common: dict
+    raw_text: str | None
+    raw_values: list[str]
+
+    @classmethod
+    def of(cls, symbols: tuple[str, ...], max_chars: int, normalize_choices: list[str],
+           raw_normalize: tuple[str, ...]) -> _RequestFields:
+        V = len(symbols)
+        Sym = Literal[tuple(symbols)]  # type: ignore[valid-type]
+        Norm = Literal[tuple(normalize_choices)]  # type: ignore[valid-type]
+        Unk = Literal[UNKNOWN]  # type: ignore[valid-type]
+        text_opts = dict(
+            unknown=(Unk, Field("error", description="characters outside the alphabet after normalisation: error "
+                                                     "(422), skip, or replace with `replacement`")),
+            replacement=(Optional[Sym], Field(None, description='the symbol that replaces unknown characters '
+                                                                '(required with "unknown": "replace")')),
+            normalize=(Norm, Field("auto", description="auto: the model's normaliser; none: raw text (every character "
+                                                       "a symbol of the alphabet, unless `unknown` says otherwise); or "
+                                                       "a normaliser name")),
+        )
+        common = dict(
+            per_char=(bool, Field(False, description="also answer the bits and input offset of every scored "
+                                                     "character")),
+            **text_opts,
+            return_state=(bool, Field(False, description="answer a snapshot of the state after the text (`state`)")),
+            top_k=(integer(0, V), Field(0, description="answer the k most likely next characters (`next`)")),
+        )
+        return cls(symbols, max_chars, text_opts, common, raw_text_pattern(symbols),
+                   [v for v in raw_normalize if v in normalize_choices])
+
+    @property
+    def V(self) -> int:
+        return len(self.symbols)
+
+    def config(self, text_field: str | None, unknown: bool = True, temperatures: bool = False) -> ConfigDict:
+        """A request model's config: no unknown field, strict types, and its cross-field rules."""
+        return ConfigDict(extra="forbid", strict=True,
+                          json_schema_extra=_rules(self, text_field, unknown, temperatures))
+
+
+def _rules(fields: _RequestFields, text_field: str | None, unknown: bool = True, temperatures: bool = False):
+    """The schema's cross-field rules (``allOf`` of ``if``/``then``) for a request model."""
+    out = []
+    if unknown:
+        out.append({"if": {"required": ["unknown"], "properties": {"unknown": {"const": "replace"}}},
+                    "then": {"required": ["replacement"],
+                             "properties": {"replacement": {"enum": list(fields.symbols)}}}})
+    if text_field and fields.raw_text and fields.raw_values:
+        cond: dict = {"properties": {"normalize": {"enum": fields.raw_values}}}
         if unknown:
-            out.append({"if": {"required": ["unknown"], "properties": {"unknown": {"const": "replace"}}},
-                        "then": {"required": ["replacement"], "properties": {"replacement": {"enum": list(symbols)}}}})
-        if text_field and raw_text and raw_values:
-            cond: dict = {"properties": {"normalize": {"enum": raw_values}}}
-            if unknown:
-                cond["properties"]["unknown"] = {"const": "error"}
-            if "auto" not in raw_values:
-                cond["required"] = ["normalize"]
-            text = {"pattern": raw_text}
-            then = {"items": text} if text_field == "texts" else text
-            out.append({"if": cond, "then": {"properties": {text_field: then}}})
-        if temperatures:
-            out.append({"not": {"required": ["temperature", "inverse_temperature"],
-                                "properties": {"temperature": {"type": "number"},
-                                               "inverse_temperature": {"type": "number"}}}})
+            cond["properties"]["unknown"] = {"const": "error"}
+        if "auto" not in fields.raw_values:
+            cond["required"] = ["normalize"]
+        text = {"pattern": fields.raw_text}
+        then = {"items": text} if text_field == "texts" else text
+        out.append({"if": cond, "then": {"properties": {text_field: then}}})
+    if temperatures:
+        out.append({"not": {"required": ["temperature", "inverse_temperature"],
+                            "properties": {"temperature": {"type": "number"},
+                                           "inverse_temperature": {"type": "number"}}}})
 
-        def extra(schema: dict) -> None:
-            if out:
-                schema["allOf"] = out
-        return extra
+    def extra(schema: dict) -> None:
+        if out:
+            schema["allOf"] = out
+    return extra
 
-    def config(**rule_args):
-        return ConfigDict(extra="forbid", strict=True, json_schema_extra=rules(**rule_args))
 
-    score = create_model(
-        "ScoreRequest", __config__=config(text_field="text"),
-        text=(str, Field(min_length=1, max_length=max_chars, description="the text to score")),
-        state=state_field("a snapshot (from return_state) to continue from; totals then run on"),
-        **common)
-    frame = create_model(
-        "StreamFrame", __config__=config(text_field="text"),
-        text=(Optional[str], Field(None, max_length=max_chars, description="the next chunk of the stream's text")),
+def _state_field(what: str):
+    return (Optional[str], Field(None, max_length=MAX_TOKEN_CHARS, pattern=TOKEN_PATTERN,
+                                 description=what + " (a token answered as `state` by this server)"))
+
+
+def _score_request(fields: _RequestFields) -> type[BaseModel]:
+    """``POST /v1/score``."""
+    return create_model(
+        "ScoreRequest", __config__=fields.config(text_field="text"),
+        text=(str, Field(min_length=1, max_length=fields.max_chars, description="the text to score")),
+        state=_state_field("a snapshot (from return_state) to continue from; totals then run on"),
+        **fields.common)
+
+
+def _frame_request(fields: _RequestFields) -> type[BaseModel]:
+    """A frame of the WebSocket ``/v1/stream``."""
+    return create_model(
+        "StreamFrame", __config__=fields.config(text_field="text"),
+        text=(Optional[str], Field(None, max_length=fields.max_chars,
+                                   description="the next chunk of the stream's text")),
         reset=(bool, Field(False, description="first go back to the initial state")),
-        restore=state_field("first continue from this snapshot"),
+        restore=_state_field("first continue from this snapshot"),
         snapshot=(bool, Field(False, description="answer a snapshot of the state (after the text, if any)")),
-        **common)
-    batch = create_model(
-        "BatchRequest", __config__=config(text_field="texts"),
+        **fields.common)
+
+
+def _batch_request(fields: _RequestFields, max_batch_texts: int) -> type[BaseModel]:
+    """``POST /v1/score/batch``."""
+    max_chars = fields.max_chars
+    return create_model(
+        "BatchRequest", __config__=fields.config(text_field="texts"),
         texts=(list[Annotated[str, Field(min_length=1, max_length=max_chars)]],
                Field(min_length=1, max_length=max_batch_texts,
                      description=f"independent texts, each scored from the initial state (at most {max_batch_texts:,}, "
                                  f"{max_chars:,} characters in all)")),
-        **common)
-    nxt = create_model(
-        "NextRequest", __config__=config(text_field="text"),
-        text=(Optional[str], Field(None, max_length=max_chars,
+        **fields.common)
+
+
+def _next_request(fields: _RequestFields) -> type[BaseModel]:
+    """``POST /v1/next``."""
+    V = fields.V
+    return create_model(
+        "NextRequest", __config__=fields.config(text_field="text"),
+        text=(Optional[str], Field(None, max_length=fields.max_chars,
                                    description="text to read first (scored: its bits are answered too); none: the "
                                                "distribution at `state` or at the initial state")),
-        state=state_field("a snapshot to start from (default: the initial state)"),
+        state=_state_field("a snapshot to start from (default: the initial state)"),
         k=(integer(1, V), Field(5, description=f"how many next characters (up to the alphabet's {V}: the whole "
                                                   "distribution)")),
         return_state=(bool, Field(False, description="answer a snapshot of the state after the text (`state`)")),
-        **text_opts)
-    sample = create_model(
-        "SampleRequest", __config__=config(text_field="prompt", unknown=False, temperatures=True),
-        prompt=(str, Field("", max_length=max_chars, description="text the model reads before generating")),
+        **fields.text_opts)
+
+
+def _sample_request(fields: _RequestFields, max_sample_chars: int) -> type[BaseModel]:
+    """``POST /v1/sample``."""
+    return create_model(
+        "SampleRequest", __config__=fields.config(text_field="prompt", unknown=False, temperatures=True),
+        prompt=(str, Field("", max_length=fields.max_chars, description="text the model reads before generating")),
         n=(integer(1, max_sample_chars), Field(200, description="characters to generate")),
         temperature=(Optional[float], Field(None, ge=0.01, le=100.0,
                                             description="logits are divided by it (default 1; give this or "
                                                         "inverse_temperature)")),
         inverse_temperature=(Optional[float], Field(None, ge=0.0, le=100.0,
                                                     description="logits are multiplied by it (0: uniform)")),
-        top_k=(Optional[integer(1, V)],
+        top_k=(Optional[integer(1, fields.V)],
                Field(None, description="sample only among the k most likely characters")),
         seed=(Optional[integer(0, MAX_SEED)], Field(None,
                                    description="seed of the random generator (default: drawn by the server and "
                                                "answered): the same seed gives the same text")),
-        state=state_field("a snapshot to start from (default: the initial state)"),
-        normalize=text_opts["normalize"],
+        state=_state_field("a snapshot to start from (default: the initial state)"),
+        normalize=fields.text_opts["normalize"],
         stream=(bool, Field(True, description="true: Server-Sent Events (`chars` events as characters are "
                                               "generated, then `done`); false: one JSON answer")),
         return_state=(bool, Field(False, description="answer a snapshot of the state after the generated text")),
     )
-    attribute = create_model(
-        "AttributeRequest", __config__=config(text_field="text"),
+
+
+def _attribute_request(fields: _RequestFields, max_attribute_chars: int) -> type[BaseModel]:
+    """``POST /v1/attribute``."""
+    return create_model(
+        "AttributeRequest", __config__=fields.config(text_field="text"),
         text=(str, Field(min_length=1, max_length=max_attribute_chars,
                          description="the text whose logits are attributed (memory grows with its length squared)")),
         by=(Literal["char", "word"], Field("char", description="sources: each character, or each word and run of spaces")),
-        state=state_field("a snapshot to start from (its state is the source <h0>)"),
+        state=_state_field("a snapshot to start from (its state is the source <h0>)"),
         full=(bool, Field(False, description="also answer the whole kappa (T, S, V), the logits and b_ro")),
-        **text_opts)
-    return Schemas(score, frame, batch, nxt, sample, attribute, max_chars)
+        **fields.text_opts)
 
 
 def raw_text_pattern(symbols: tuple[str, ...]) -> str | None:
