@@ -126,16 +126,9 @@ def run_readers(paths: list[str], cfg, shards: Path, scorer, readers: int,
     if readers < 1:
         raise IsanError(f"readers must be at least 1 here; got {readers}")
     t_start = time.perf_counter()
-    records: dict[str, dict] = {}
     stats = {"readers": readers, "scoring_seconds": 0.0, "writing_seconds": 0.0, "unpickling_seconds": 0.0,
              "first_part_seconds": None, "wait_seconds": 0.0, "parts": 0}
-    todo = []
-    for path in paths:
-        rec = FileParts(cfg, path, shards, on_part).complete()
-        if rec is not None:
-            records[path] = rec
-        else:
-            todo.append(path)
+    records, todo = _complete_files(paths, cfg, shards, on_part)
     if not todo:
         return [records[p] for p in paths], stats
     ctx = multiprocessing.get_context("spawn")
@@ -157,37 +150,66 @@ def run_readers(paths: list[str], cfg, shards: Path, scorer, readers: int,
                 active[p] = (ex.submit(_read_file, p, str(shards)), FileParts(cfg, p, shards, on_part))
 
         submit()
-        while active:
-            t0 = time.perf_counter()
-            try:
-                msg = q.get(timeout=POLL_SECONDS)
-            except queue_mod.Empty:
-                _check_readers(active)
-                _count_wait(stats, t0, t_start)
-                continue
-            _count_wait(stats, t0, t_start)
-            kind, path = msg[0], msg[1]
-            fp = active[path][1]
-            t0 = time.perf_counter()
-            if kind == "end":
-                records[path] = fp.finish()
-                del active[path]
-                submit()
-            elif kind == "skip":
-                _, _, part, docs, file_error = msg
-                fp.add(Path(part), docs, None, file_error)
-            else:
-                _, _, part, blob, file_error = msg
-                prepared = pickle.loads(blob)
-                t1 = time.perf_counter()
-                stats["unpickling_seconds"] += t1 - t0
-                rows = scorer.score_prepared(prepared) if prepared.docs else []
-                t0, t1 = t1, time.perf_counter()
-                stats["scoring_seconds"] += t1 - t0
-                fp.add(Path(part), prepared.docs, rows, file_error)
-                stats["writing_seconds"] += time.perf_counter() - t1
-                stats["parts"] += 1
+        _feed_scorer(q, active, submit, records, scorer, stats, t_start)
     return [records[p] for p in paths], stats
+
+
+def _complete_files(paths: list[str], cfg, shards: Path, on_part) -> tuple[dict[str, dict], list[str]]:
+    """({path: done record} of the files an earlier run finished, the paths still to read, in order)."""
+    from isan.engine.corpus.parts import FileParts
+
+    records: dict[str, dict] = {}
+    todo = []
+    for path in paths:
+        rec = FileParts(cfg, path, shards, on_part).complete()
+        if rec is not None:
+            records[path] = rec
+        else:
+            todo.append(path)
+    return records, todo
+
+
+def _feed_scorer(q, active: dict, submit: Callable[[], None], records: dict, scorer, stats: dict,
+                 t_start: float) -> None:
+    """Take the readers' messages from ``q`` until every file in ``active`` has ended: score and
+    write each part, record each file's done record, hand out the next files (``submit``)."""
+    while active:
+        t0 = time.perf_counter()
+        try:
+            msg = q.get(timeout=POLL_SECONDS)
+        except queue_mod.Empty:
+            _check_readers(active)
+            _count_wait(stats, t0, t_start)
+            continue
+        _count_wait(stats, t0, t_start)
+        kind, path = msg[0], msg[1]
+        fp = active[path][1]
+        if kind == "end":
+            records[path] = fp.finish()
+            del active[path]
+            submit()
+        else:
+            _take_part(fp, msg, scorer, stats)
+
+
+def _take_part(fp, msg: tuple, scorer, stats: dict) -> None:
+    """Add one part a reader sent to its file: a part written already (``"skip"``: its place), or a
+    prepared part (``"part"``), scored here and written."""
+    t0 = time.perf_counter()
+    if msg[0] == "skip":
+        _, _, part, docs, file_error = msg
+        fp.add(Path(part), docs, None, file_error)
+        return
+    _, _, part, blob, file_error = msg
+    prepared = pickle.loads(blob)
+    t1 = time.perf_counter()
+    stats["unpickling_seconds"] += t1 - t0
+    rows = scorer.score_prepared(prepared) if prepared.docs else []
+    t0, t1 = t1, time.perf_counter()
+    stats["scoring_seconds"] += t1 - t0
+    fp.add(Path(part), prepared.docs, rows, file_error)
+    stats["writing_seconds"] += time.perf_counter() - t1
+    stats["parts"] += 1
 
 
 def _count_wait(stats: dict, t0: float, t_start: float) -> None:
