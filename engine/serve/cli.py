@@ -10,6 +10,7 @@ import click
 from isan.click_types import FiniteFloat
 from isan.errors import IsanError, install_hint
 from isan.engine.serve.config import DEFAULT_MAX_CHARS, MAX_WORKERS, ServeConfig
+from isan.engine.loading import RUNTIMES
 from isan.engine.serve.malloc import MAX_MMAP_THRESHOLD_KIB
 
 _D = ServeConfig()
@@ -56,6 +57,24 @@ def bound_name(host: str) -> tuple[str, ...]:
     except ValueError:
         return (host,)
     return ()
+
+
+def chosen_runtime(runtime: str, deprecated_backend: str | None) -> str:
+    """``--runtime``'s value, or that of ``--backend``, its deprecated spelling kept for a release (given,
+    one line on stderr names ``--runtime``).
+
+    Raises:
+        click.UsageError: both given (exit status 2).
+    """
+    if deprecated_backend is None:
+        return runtime
+    from click.core import ParameterSource
+
+    if click.get_current_context().get_parameter_source("runtime") in (ParameterSource.COMMANDLINE,
+                                                                       ParameterSource.ENVIRONMENT):
+        raise click.UsageError("give --runtime or --backend (its deprecated spelling), not both")
+    click.echo(f"warning: --backend is deprecated: use --runtime {deprecated_backend}", err=True)
+    return deprecated_backend
 
 
 #: seconds above 0, at most :data:`MAX_TIMEOUT_S`
@@ -105,10 +124,14 @@ def run_to_the_end(server) -> None:
 @click.option("--path", "path_mode", type=click.Choice(list(PATH_CHOICES)), default="auto", show_default=True,
               help="The engine's path (auto: composed with a trie table, else chunked; chunked: chunk-parallel, no "
                    "table loaded); used as it is with --no-batching (reference implies it).")
-@click.option("--backend", type=click.Choice(["numpy", "onnx"]), default="numpy", show_default=True)
+@click.option("--runtime", type=click.Choice(RUNTIMES), default="numpy", show_default=True,
+              help="What scores: numpy, isan's engine and its compiled kernels; onnx, onnxruntime over the bundle's "
+                   "ONNX graphs.")
+@click.option("--backend", "deprecated_backend", type=click.Choice(RUNTIMES), default=None, hidden=True,
+              help="The deprecated spelling of --runtime.")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True,
-              help="cuda: the numpy backend's rounds run on the GPU with the torch backend (the gpu extra; not yet "
-                   "measured to pay for rounds of about a hundred rows), the onnx backend uses onnxruntime's CUDA "
+              help="cuda: the numpy runtime's rounds run on the GPU with the torch kernel backend (the gpu extra; not "
+                   "yet measured to pay for rounds of about a hundred rows), the onnx runtime uses onnxruntime's CUDA "
                    "provider; auto: CUDA when present. /healthz (model.kernels) says which backend and device run.")
 @click.option("--max-chars", default=DEFAULT_MAX_CHARS, show_default=True, type=COUNT,
               help="Largest text per request or frame.")
@@ -172,9 +195,9 @@ def run_to_the_end(server) -> None:
                    "the server holds; 0: glibc's own threshold, which rises up to 32 MiB (memory then stays).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug", "trace"]))
-def main(host, port, model, path_mode, backend, device, max_chars, max_pending_mb, max_streams, max_stream_frames,
-         round_chars, request_timeout, stream_idle_timeout, batching, threads, read_timeout, keep_alive_timeout,
-         max_connections, max_batch_texts, max_sample_chars, max_attribute_chars, api_key_file, docs,
+def main(host, port, model, path_mode, runtime, deprecated_backend, device, max_chars, max_pending_mb, max_streams,
+         max_stream_frames, round_chars, request_timeout, stream_idle_timeout, batching, threads, read_timeout,
+         keep_alive_timeout, max_connections, max_batch_texts, max_sample_chars, max_attribute_chars, api_key_file, docs,
          ui, state_secret_file, allow_origin, allow_host, served_model_name, workers, malloc_mmap_threshold_kib,
          log_level):
     """Serve scoring over HTTP (POST /v1/score, /v1/score/batch, /v1/next, /v1/sample, /v1/attribute; the
@@ -182,6 +205,7 @@ def main(host, port, model, path_mode, backend, device, max_chars, max_pending_m
     "loading" until the model is loaded, then "ready". SIGTERM or SIGINT stops it gracefully: requests in flight are
     answered, and each open stream gets its last state ({"event": "shutdown", "state": snapshot}) and close code 1012."""
     failed: list[str] = []
+    runtime = chosen_runtime(runtime, deprecated_backend)
     try:
         if workers > 1 and threads is None:
             from isan.engine.serve.workers import worker_threads
@@ -210,7 +234,7 @@ def main(host, port, model, path_mode, backend, device, max_chars, max_pending_m
         manifest = read_manifest(src, verify="none")  # a missing or broken bundle is an error before listening
 
         def load():
-            return load_engine(model, path=path_mode, backend=backend, device=device)
+            return load_engine(model, path=path_mode, runtime=runtime, device=device)
 
         server = spec = None
 
@@ -222,8 +246,8 @@ def main(host, port, model, path_mode, backend, device, max_chars, max_pending_m
         if workers > 1:  # each worker loads the model and builds its app (engine/serve/workers.py)
             from isan.engine.serve.workers import WorkerSpec
 
-            spec = WorkerSpec(model, path_mode, backend, device, config)
-        elif manifest.get("kind") == "isan" and backend == "numpy":
+            spec = WorkerSpec(model, path_mode, runtime, device, config)
+        elif manifest.get("kind") == "isan" and runtime == "numpy":
             # load while listening: /healthz answers "loading" (composing a table can take seconds)
             app = create_app(loader=load, info=ModelInfo.of_manifest(manifest, str(src)), config=config,
                              on_load_failed=stop)
@@ -238,7 +262,7 @@ def main(host, port, model, path_mode, backend, device, max_chars, max_pending_m
         raise click.ClickException(f"isan-serve needs {e.name}: {install_hint('serve')}") from None
     except IsanError as e:
         raise click.ClickException(str(e)) from None
-    click.echo(f"isan-serve: model {manifest.get('kind')} {src} ({path_mode} path, {backend} backend, device {device}, "
+    click.echo(f"isan-serve: model {manifest.get('kind')} {src} ({path_mode} path, {runtime} runtime, device {device}, "
                f"{'batched rounds' if batching else 'no batching'}) on http://{host}:{port}"
                + (" (API key required)" if config.api_key else "")
                + (f"; isan lens at http://{host}:{port}/" if config.ui else "")

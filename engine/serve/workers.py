@@ -86,14 +86,14 @@ class WorkerSpec:
     """What a worker needs to build its app (pickled to each worker).
 
     Attributes:
-        model, path, backend, device: as ``isan-serve`` takes them (:func:`isan.engine.load_engine`).
+        model, path, runtime, device: as ``isan-serve`` takes them (:func:`isan.engine.load_engine`).
         config: the limits of each worker (``config.workers``: how many there are).
         run_dir: the folder of this run (metrics files, a load failure's message).
     """
 
     model: str | None
     path: str
-    backend: str
+    runtime: str
     device: str
     config: ServeConfig
     run_dir: str = ""
@@ -101,7 +101,7 @@ class WorkerSpec:
     def load_engine(self):
         from isan.engine import load_engine
 
-        return load_engine(self.model, path=self.path, backend=self.backend, device=self.device)
+        return load_engine(self.model, path=self.path, runtime=self.runtime, device=self.device)
 
 
 def worker_app(spec: WorkerSpec):

@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 
 from isan.click_types import FiniteFloat, WholeNumber
+from isan.engine.loading import RUNTIMES
 from isan.errors import IsanError, StateDivergedError, install_hint
 
 DEFAULT_TEXT8 = "../shared/data/text8_head/text8_head.txt"
@@ -137,15 +138,44 @@ def model_options(fn):
                            "the speed guide); reference: per-character float64 numpy.")(fn)
     fn = click.option("--threads", type=POSITIVE_INT, default=None,
                       help="Threads for the compiled kernels (default: the CPUs this process may use; ISAN_NUM_THREADS).")(fn)
-    fn = click.option("--backend", type=click.Choice(["numpy", "onnx"]), default="numpy", show_default=True,
-                      help="numpy engine, or onnxruntime over the bundle's ONNX graphs (isan export --onnx).")(fn)
+    fn = click.option("--runtime", type=click.Choice(RUNTIMES), default="numpy", show_default=True,
+                      help="What scores: numpy, isan's engine and its compiled kernels; onnx, onnxruntime over the "
+                           "bundle's ONNX graphs (isan export --onnx).")(fn)
+    fn = deprecated_option("--backend", "--runtime", "runtime", type=click.Choice(RUNTIMES))(fn)
     fn = click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True,
-                      help="cuda: the numpy backend scores ISAN models on the GPU with the torch backend (the gpu "
-                           "extra), the onnx backend uses onnxruntime's CUDA provider; auto: CUDA when present. "
+                      help="cuda: the numpy runtime scores ISAN models on the GPU with the torch kernel backend (the "
+                           "gpu extra), the onnx runtime uses onnxruntime's CUDA provider; auto: CUDA when present. "
                            "What ran is in the JSON's scoring field.")(fn)
     fn = click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True,
-                      help="float64: the exact float64 reference on the torch backend (any device; slower).")(fn)
+                      help="float64: the exact float64 reference on the torch kernel backend (any device; slower).")(fn)
     return fn
+
+
+def deprecated_option(old: str, new: str, new_param: str, **option):
+    """A decorator for a command: ``old``, a hidden option kept for a release as the deprecated
+    spelling of the option ``new`` (whose parameter is ``new_param``), with click's ``option``
+    keywords (its type). Given, ``old`` prints one line on stderr that names ``new`` and its value
+    becomes ``new_param``'s, so the command sees only ``new_param``. Both given: a usage error
+    (exit status 2)."""
+    from click.core import ParameterSource
+
+    old_param = "deprecated_" + old.lstrip("-").replace("-", "_")
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def command(*args, **kwargs):
+            value = kwargs.pop(old_param, None)
+            if value is not None:
+                source = click.get_current_context().get_parameter_source(new_param)
+                if source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
+                    raise click.UsageError(f"give {new} or {old} (its deprecated spelling), not both")
+                click.echo(f"warning: {old} is deprecated: use {new} {value}", err=True)
+                kwargs[new_param] = value
+            return fn(*args, **kwargs)
+
+        return click.option(old, old_param, hidden=True, default=None, **option)(command)
+
+    return decorate
 
 
 def emit_json(obj) -> None:
@@ -189,12 +219,14 @@ def unknown_options(fn):
     return fn
 
 
-def load_engine(model, path_mode="auto", backend="numpy", device="cpu", threads=None, dtype="float32"):
+def load_engine(model, path_mode="auto", runtime="numpy", device="cpu", threads=None, dtype="float32"):
+    """The engine of a command (:func:`isan.engine.load_engine`), ``threads`` kernel threads where it has
+    them; what was loaded is logged (``isan -v``)."""
     from isan.engine import load_engine as _load
 
     if threads is not None and threads < 1:
         raise UserError(f"--threads must be at least 1; got {threads}")
-    engine = _load(model, path=path_mode, backend=backend, device=device, dtype=dtype)
+    engine = _load(model, path=path_mode, runtime=runtime, device=device, dtype=dtype)
     if threads is not None and hasattr(engine, "threads"):
         engine.threads = threads
     logging.getLogger("isan").info("engine: %s", engine.describe())

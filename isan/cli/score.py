@@ -9,6 +9,7 @@ import click
 from isan.cli.helpers import (NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT, SEED, UserError,
                               emit_json, friendly, load_engine, main, model_options, normalize_option, read_input,
                               unknown_options, input_file, warn_if_mostly_dropped)
+from isan.engine.kernels.backends import default_backend
 
 
 @main.command(short_help="Score FILE (or stdin) in bits: total and per character.")
@@ -25,7 +26,7 @@ from isan.cli.helpers import (NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, POSITIVE_FLO
                    "characters (train) or the last 10% (valid; for ASCII text the same bytes as --alphabet bytes).")
 @normalize_option
 @friendly
-def score(file, model, path_mode, threads, backend, device, dtype, unknown, replacement, as_json, per_char,
+def score(file, model, path_mode, threads, runtime, device, dtype, unknown, replacement, as_json, per_char,
           text8_split, text_split, normalize):
     """Score FILE (or stdin, '-') in bits: total bits and bits per character (bpc).
 
@@ -35,7 +36,7 @@ def score(file, model, path_mode, threads, backend, device, dtype, unknown, repl
     comes from the state before it, starting at h0. With --per-char each scored character is
     listed with the offset of the input character it came from.
     """
-    engine = load_engine(model, path_mode, backend, device, threads, dtype)
+    engine = load_engine(model, path_mode, runtime, device, threads, dtype)
     if not (per_char or text_split or text8_split) and engine.alphabet.unit == "char":
         # a file of any size in bounded memory: read and scored in blocks, the state carried across
         from isan.engine.blocks import read_blocks, score_blocks
@@ -106,7 +107,7 @@ def print_per_char(r, text: str) -> None:
 @model_options
 @normalize_option
 @friendly
-def sample(prompt, n, temperature, inverse_temperature, top_k, seed, as_json, model, path_mode, threads, backend,
+def sample(prompt, n, temperature, inverse_temperature, top_k, seed, as_json, model, path_mode, threads, runtime,
            device, dtype, normalize):
     """Generate text after --prompt (the prompt goes through the model's normaliser first)."""
     if temperature is not None and inverse_temperature is not None:
@@ -117,11 +118,12 @@ def sample(prompt, n, temperature, inverse_temperature, top_k, seed, as_json, mo
             raise click.BadParameter(f"{inverse_temperature:g} is too small (1 / it is infinite).",
                                      param_hint="'--inverse-temperature'")
     temperature = 1.0 if temperature is None else temperature
-    given = [f"--device {device}"] * (device != "cpu") + [f"--dtype {dtype}"] * (dtype != "float32")
-    if backend == "numpy" and given:  # name only the options given (their defaults are what sampling uses)
+    if runtime == "numpy" and default_backend(device, dtype) != "native":  # the torch kernel backend: for scoring
+        # name only the options given (their defaults are what sampling uses)
+        given = [f"--device {device}"] * (device != "cpu") + [f"--dtype {dtype}"] * (dtype != "float32")
         raise UserError(f"isan sample draws one character a step on the CPU (numpy); {' and '.join(given)} "
                         f"{'is' if len(given) == 1 else 'are'} for scoring (isan score, isan corpus score)")
-    engine = load_engine(model, path_mode, backend, device, threads, dtype)
+    engine = load_engine(model, path_mode, runtime, device, threads, dtype)
     from isan.engine.sampling import greedy, new_seed
 
     deterministic = greedy(temperature, top_k)[1] == 1  # the most likely character each step: no seed is used
