@@ -5,9 +5,11 @@ in order and cut into parts of ``part_docs`` documents (or ``part_chars`` charac
 scored and written atomically, then the file's ``KEY.done.json``. A re-run of the same job skips
 complete files and parts, so a job killed at any moment and run again ends with exactly the output
 of an uninterrupted run (the bits of a document do not depend on how it was batched; see
-:mod:`isan.engine.corpus.scoring`). The local runner scores the files one after another in this
-process with all its cores; the Ray runner (:mod:`isan.engine.corpus.ray_runner`) gives the files
-to actors, one engine each, and writes the same files.
+:mod:`isan.engine.corpus.scoring`). Where the job runs is its *executor*: the local executor scores
+the files in this process with all its cores (or in worker processes,
+:mod:`isan.engine.corpus.workers`); the Ray executor (:mod:`isan.engine.corpus.ray_runner`) gives
+the files to actors, one engine each, and writes the same files. (A *runner*, in the engine, is a
+kernel: :class:`~isan.engine.kernels.chunked.Runner`.)
 """
 
 from __future__ import annotations
@@ -24,14 +26,17 @@ from isan.engine.corpus.lines import MAX_LINE_BYTES
 from isan.engine.corpus.readers import detect_format, expand_inputs, is_url, resolve_input
 from isan.engine.corpus.scoring import DocScorer, corpus_path
 from isan.engine.corpus.writers import COLUMNS_V1
-# the per-file units every runner shares (the workers and the Ray actors import them from parts.py, not from here)
+from isan.engine.kernels.backends import default_backend
+from isan.engine.loading import renamed_keyword
+# the per-file units every executor shares (the workers and the Ray actors import them from parts.py, not from here)
 from isan.engine.corpus.parts import JobConfig, load_corpus_engine, process_file
 
 log = logging.getLogger(__name__)
 
 JOB_FORMAT = "isan-corpus-job"
 JOB_VERSION = 1
-RUNNERS = ("local", "ray")
+#: where a job runs (:func:`score_corpus`'s ``executor``)
+EXECUTORS = ("local", "ray")
 
 
 class JobInterrupted(KeyboardInterrupt):
@@ -162,13 +167,14 @@ def _check_job(out: Path, cfg: JobConfig) -> None:
 
 
 def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = "auto", text_field: str = "text",
-                 id_field: str | None = "id", per_line: bool = False, runner: str = "local",
+                 id_field: str | None = "id", per_line: bool = False, executor: str | None = None,
                  ray_address: str | None = None, model: str | None = None, normalize: str = "auto",
                  unknown: str = "error", replacement: str | None = None, batch_chars: int | None = None,
                  per_char_max: int = 0, part_docs: int = 10_000, part_chars: int = 32_000_000,
                  threads: int | None = None, progress: bool = True, ray_actors: int | None = None,
                  ray_cpus_per_actor: float = 1, engine=None, device: str = "cpu", dtype: str = "float32",
-                 workers: int = 1, readers: int | None = None, max_line_bytes: int = MAX_LINE_BYTES) -> dict:
+                 workers: int = 1, readers: int | None = None, max_line_bytes: int = MAX_LINE_BYTES,
+                 runner: str | None = None) -> dict:
     """Score every document of a corpus with an ISAN and write Parquet shards and ``summary.json``.
 
     Args:
@@ -177,8 +183,9 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
         fmt: ``auto`` (by file name), ``jsonl``, ``parquet`` or ``text``.
         text_field, id_field: the fields (columns) holding each document's text and id.
         per_line: with text files, one document a non-blank line (default: one a file).
-        runner: ``local`` (this process, all its cores) or ``ray`` (Ray Data; ``ray_address`` of a
-            running cluster, e.g. ``ray://head:10001`` or ``HOST:6379``, or None to start a local one).
+        executor: where the job runs: ``local`` (the default: this process, all its cores, or
+            ``workers`` processes) or ``ray`` (Ray Data; ``ray_address`` of a running cluster, e.g.
+            ``ray://head:10001`` or ``HOST:6379``, or None to start a local one).
         model: a bundle directory (default: the shipped model). ``engine``: an Engine instead (local only).
         normalize, unknown, replacement: as for :meth:`Engine.score`.
         batch_chars: characters scored together in one call of the batched kernel (default: the
@@ -186,9 +193,9 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
             depend on it on the CPU's kernels).
         per_char_max: also keep per-character bits of documents of at most this many scored characters.
         part_docs, part_chars: an output part (the unit of resumption) closes after this many documents or characters.
-        threads: kernel threads of the local runner (default: all the CPUs this process may use),
+        threads: kernel threads of the local executor (default: all the CPUs this process may use),
             of each worker process when ``workers`` > 1 (default there: 1).
-        workers: worker processes of the local runner (:mod:`isan.engine.corpus.workers`); the
+        workers: worker processes of the local executor (:mod:`isan.engine.corpus.workers`); the
             output files are the same whatever their number.
         readers: with a backend that runs a job in one process (a GPU, or float64: the torch
             backend), reader processes that read, decompress, parse, normalise and map the
@@ -200,23 +207,26 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
         progress: show a progress bar (stderr).
         ray_actors, ray_cpus_per_actor: Ray actors (default: the cluster's CPUs / CPUs per actor) and CPUs each.
         device, dtype: where and in what the kernels run (:meth:`Engine.load`): ``device="cuda"``
-            scores on the GPU with the torch backend (the Ray runner: one actor a GPU, each asking
+            scores on the GPU with the torch backend (the Ray executor: one actor a GPU, each asking
             Ray for one); ``dtype="float64"`` is the exact reference there.
+        runner: deprecated alias of ``executor``, kept for a release (it warns: ``DeprecationWarning``).
     Returns:
         the summary (also written to ``out/summary.json``).
     Raises:
-        IsanError: bad options, no inputs, or ``out`` holding another job's output. Bad documents
+        IsanError: bad options (among them ``executor`` and ``runner`` both given), no inputs, or
+            ``out`` holding another job's output. Bad documents
             and unreadable files never raise: they are recorded in the output.
         JobInterrupted: Ctrl-C (or SIGTERM with worker or reader processes); it says how many parts
             this run wrote, all kept for a re-run to resume from.
     """
-    if runner not in RUNNERS:
-        raise IsanError(f"runner must be local or ray; got {runner!r}")
+    executor = renamed_keyword("executor", executor, "runner", runner, default="local")
+    if executor not in EXECUTORS:
+        raise IsanError(f"executor must be local or ray; got {executor!r}")
     try:
         import pyarrow  # noqa: F401  (the output is Parquet)
     except ImportError:
         raise IsanError(f"the corpus job writes Parquet with pyarrow: {install_hint('corpus')} "
-                        f"(or, for the Ray runner too: {install_hint('ray')})") from None
+                        f"(or, for the Ray executor too: {install_hint('ray')})") from None
     detect_format("x", fmt)
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [str(inputs)]
@@ -231,30 +241,31 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
         raise IsanError(f"per_char_max must be at least 0; got {per_char_max}")
     if workers < 1:
         raise IsanError(f"workers must be at least 1; got {workers}")
-    if workers > 1 and (runner != "local" or engine is not None):
-        raise IsanError("worker processes are the local runner's, and load the model themselves: pass model=, "
-                        "not engine= (the Ray runner has its actors)")
+    if workers > 1 and (executor != "local" or engine is not None):
+        raise IsanError("worker processes are the local executor's, and load the model themselves: pass model=, "
+                        "not engine= (the Ray executor has its actors)")
     t0 = time.perf_counter()
-    on_actors = runner == "ray" and (device != "cpu" or dtype != "float32")
-    if on_actors and device == "auto":
+    if executor == "ray" and device == "auto":
         raise IsanError("name the device of a Ray job's actors, cpu or cuda: auto would be decided here, not on them")
+    # the torch backend on the actors (a GPU, or float64): they load the model on their device, and
+    # here only its identity is needed
+    on_actors = executor == "ray" and default_backend(device, dtype) == "torch"
     if engine is None:
-        # the Ray runner's actors load the model on their device; here only its identity is needed
         engine = load_corpus_engine(model) if on_actors else load_corpus_engine(model, device, dtype)
-    elif runner == "ray":
-        raise IsanError("the Ray runner loads the model on every actor: pass model=, not engine=")
+    elif executor == "ray":
+        raise IsanError("the Ray executor loads the model on every actor: pass model=, not engine=")
     if workers > 1 and engine.kernels.one_process:
         raise IsanError("worker processes run the CPU's compiled kernels: on the torch backend (a GPU, or float64) "
                         "one process drives the device (and its GEMMs choose their kernels by shape, so a "
                         "document's last bits could depend on how the work was cut); use workers=1, and readers "
                         "to read and prepare the documents in other processes")
-    if readers is not None and readers > 0 and not (runner == "local" and engine.kernels.one_process):
+    if readers is not None and readers > 0 and not (executor == "local" and engine.kernels.one_process):
         raise IsanError("reader processes (--readers) feed the torch backend (--device cuda, or --dtype float64), "
-                        "which runs a job in one process, on the local runner; the CPU's kernels take worker "
+                        "which runs a job in one process, on the local executor; the CPU's kernels take worker "
                         "processes instead: use --workers N (workers= from Python)")
     if batch_chars is None and not on_actors:
         batch_chars = engine.kernels.batch_chars  # the backend's (the Ray actors' own on their device)
-    kernel = f"torch-{device.split(':')[0]}-{dtype}" if on_actors else corpus_path(engine)  # as the actors name it
+    kernel = actors_rounding(device, dtype) if on_actors else corpus_path(engine)  # as the actors name it
     cfg = JobConfig(model=str(model) if model else None, params_sha256=engine.params_sha256, kernel=kernel,
                     device=device if on_actors else engine.kernels.device,
                     dtype=dtype if on_actors else engine.kernels.dtype, fmt=fmt,
@@ -276,7 +287,7 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
 
     parts_before = _count_files(shards, "*.part-*.parquet")
     try:
-        if runner == "ray":
+        if executor == "ray":
             from isan.engine.corpus.ray_runner import run_ray
 
             records, where = run_ray(paths, cfg, out, ray_address, ray_actors, ray_cpus_per_actor,
@@ -288,7 +299,7 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
             # without a bar, workers that take whole files need not report their parts (a manager process fewer)
             records, facts = run_workers(paths, cfg, shards, workers, threads or 1,
                                          on_part=on_part if bar.bar is not None else None)
-            where = {"runner": "local", **facts}
+            where = {"runner": "local", **facts}  # the summary's key stays "runner" (its JSON is unchanged)
         else:
             scorer = DocScorer(engine, cfg.options(threads))
             n_readers = 0
@@ -305,7 +316,7 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
                 facts = {"readers": 0} if engine.kernels.one_process else {}
             where = {"runner": "local", "workers": 1, "threads": scorer.threads, "batch_chars": scorer.batch_chars,
                      **facts}
-        if runner == "local" and engine.kernels.rounding is not None:  # say where it ran
+        if executor == "local" and engine.kernels.rounding is not None:  # say where it ran
             where.update(engine.kernels.describe())
     except KeyboardInterrupt:
         bar.close()
@@ -317,6 +328,15 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
     summary = summarize(records, cfg, engine, seconds, where)
     write_json_atomic(out / "summary.json", summary)
     return summary
+
+
+def actors_rounding(device: str, dtype: str) -> str:
+    """The kernel a Ray job's actors record on the torch backend (its ``Backend.rounding``:
+    ``"torch-cuda-float32"``), asked here, on a driver that need not have their device or torch:
+    of the backend without its runners."""
+    from isan.engine.kernels.backends import TorchBackend
+
+    return TorchBackend("torch", device, dtype, streams=None).rounding
 
 
 def summarize(records: list[dict], cfg: JobConfig, engine, seconds: float, where: dict) -> dict:

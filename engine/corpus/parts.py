@@ -1,7 +1,7 @@
 """One input file of a corpus job cut into parts, each scored and written atomically: the job's
 configuration (:class:`JobConfig`), the model it scores with, :class:`FileParts` and :func:`process_file`.
 
-The local runner (:mod:`isan.engine.corpus.job`), its worker processes
+The local executor (:mod:`isan.engine.corpus.job`), its worker processes
 (:mod:`isan.engine.corpus.workers`) and the Ray actors (:mod:`isan.engine.corpus.ray_runner`) all
 go through this module, so they write the same files; it imports none of them.
 """
@@ -88,7 +88,7 @@ def file_error_row(message: str) -> dict:
 class FileParts:
     """One input file as the job cuts it: its parts in order (``part_docs`` documents or
     ``part_chars`` characters each), each written atomically once scored, then its done record.
-    The local runner, its worker processes and the Ray actors all go through it, so they write the
+    The local executor, its worker processes and the Ray actors all go through it, so they write the
     same files.
 
     Args:

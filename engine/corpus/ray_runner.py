@@ -1,15 +1,15 @@
-"""The Ray runner: the corpus job's input files as a Ray Dataset, scored by actors, one engine each.
+"""The Ray executor: the corpus job's input files as a Ray Dataset, scored by actors, one engine each.
 
 ``ray.data.from_items`` lists the input files; ``map_batches`` hands them, one file a batch, to a
 pool of :class:`FileScorer` actors (``ActorPoolStrategy(size=n)``, ``num_cpus`` CPUs each); each actor loads the model once and runs the same
-:func:`isan.engine.corpus.parts.process_file` as the local runner, so the two write the same files
+:func:`isan.engine.corpus.parts.process_file` as the local executor, so the two write the same files
 (atomically, resumable). Actors read the inputs and write the output themselves: on a real cluster
 both must be reachable from every node under the same path (a shared file system, or fsspec URLs
 such as ``s3://`` for the inputs), and every node needs isan installed.
 
 The documents are read by isan's readers inside the actors rather than by ``ray.data.read_json``
 or ``read_parquet``: those fail a whole file on one bad line, where the job records each bad
-document and goes on, and their output files could not be the local runner's.
+document and goes on, and their output files could not be the local executor's.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def run_ray(paths: list[str], cfg, out: Path, address: str | None, actors: int |
     except ImportError:
         from isan.errors import IsanError, install_hint
 
-        raise IsanError(f"the Ray runner needs Ray: {install_hint('ray')}") from None
+        raise IsanError(f"the Ray executor needs Ray: {install_hint('ray')}") from None
     from dataclasses import asdict
 
     started_here = not ray.is_initialized()
@@ -132,6 +132,7 @@ def run_ray(paths: list[str], cfg, out: Path, address: str | None, actors: int |
 
             raise IsanError(f"the Ray job returned no result for {len(missing)} file(s), e.g. {missing[0]}; "
                             "run it again (complete files are kept)")
+        # the summary's key stays "runner" (its JSON is unchanged)
         where = {"runner": "ray", "address": address or "local", "cluster_cpus": cpus, "cluster_nodes": nodes,
                  "actors": n, "cpus_per_actor": cpus_per_actor, "gpus_per_actor": gpus, "nodes_used": len(nodes_used - {""})}
         return [by_path[p] for p in paths], where

@@ -1,4 +1,4 @@
-"""Worker processes of the local runner (issue 36): the corpus job on every core of a machine.
+"""Worker processes of the local executor (issue 36): the corpus job on every core of a machine.
 
 One process cannot keep many cores busy: reading, JSON, normalising and writing run in the
 interpreter, one at a time, so the threads of the batched kernel stopped gaining at 4 threads on a
@@ -60,7 +60,7 @@ SMALL_JOB_BYTES = 4_000_000
 
 def plan_workers(workers: int | None, threads: int | None, input_bytes: int | None = None,
                  device: str = "cpu", dtype: str = "float32") -> tuple[int, int]:
-    """(workers, kernel threads of each) for the local runner, from what the user gave.
+    """(workers, kernel threads of each) for the local executor, from what the user gave.
 
     Neither: one thread a worker and a worker a CPU this process may use (a small job, under
     :data:`SMALL_JOB_BYTES` of input, or one on the torch backend, a GPU or float64: one worker,
@@ -69,8 +69,10 @@ def plan_workers(workers: int | None, threads: int | None, input_bytes: int | No
     """
     from isan.engine.kernels import default_threads
 
+    from isan.engine.kernels.backends import default_backend
+
     cpus = default_threads()
-    torch_backend = device != "cpu" or dtype != "float32"
+    torch_backend = default_backend(device, dtype) == "torch"  # one process drives the device
     if workers is None and (torch_backend or (threads is None and input_bytes is not None
                                               and input_bytes < SMALL_JOB_BYTES)):
         return 1, threads or cpus
@@ -327,7 +329,7 @@ def _by_file(ex, paths: list[str], cfg, shards: Path, on_part, records: dict, st
 
 @contextlib.contextmanager
 def pool_run(pool: Callable[[], "cf.ProcessPoolExecutor | None"], who: str, broken: tuple = ()):
-    """The work of a process pool (the local runner's workers, a GPU job's readers), ended the one
+    """The work of a process pool (the local executor's workers, a GPU job's readers), ended the one
     way both need: SIGTERM stops it as Ctrl-C does; a process that died (``BrokenProcessPool``) or a
     broken link to it (``broken``) becomes an IsanError saying that what was written stands and a
     re-run resumes; any error stops the pool at once (:func:`_stop`); a normal end waits for it.

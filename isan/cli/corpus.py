@@ -8,9 +8,11 @@ import sys
 import click
 
 from isan.click_types import WholeNumber
-from isan.cli.helpers import (POSITIVE_FLOAT, UserError, emit_json, friendly, main, normalize_option,
-                              unknown_options)
+from isan.cli.helpers import (POSITIVE_FLOAT, UserError, deprecated_option, emit_json, friendly, main,
+                              normalize_option, unknown_options)
+from isan.engine.corpus.job import EXECUTORS
 from isan.engine.corpus.lines import MAX_LINE_BYTES
+from isan.engine.kernels.backends import default_backend
 
 #: processes (workers, readers) and kernel threads a job may ask for
 MAX_PROCESSES = 1024
@@ -45,10 +47,13 @@ def _existing_inputs(ctx, param, inputs):
 @click.option("--id-field", default="id", show_default=True,
               help="JSON field / Parquet column of the id (absent: FILE:LINE or FILE:ROW).")
 @click.option("--per-line", is_flag=True, help="Text files: one document a non-blank line (default: one a file).")
-@click.option("--runner", type=click.Choice(["local", "ray"]), default="local", show_default=True,
-              help="local: this machine's cores through the batched kernels; ray: Ray Data actors, one engine each.")
+@click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,
+              help="Where the job runs: local, this machine's cores through the batched kernels; ray, Ray Data "
+                   "actors, one engine each.")
+@deprecated_option("--runner", "--executor", "executor", type=click.Choice(EXECUTORS))
 @click.option("--ray-address", default=None,
-              help="A running Ray cluster (HOST:6379 or ray://HOST:10001; default: start a local one). Implies --runner ray.")
+              help="A running Ray cluster (HOST:6379 or ray://HOST:10001; default: start a local one). Implies "
+                   "--executor ray.")
 @click.option("--ray-actors", type=WholeNumber(1, MAX_PROCESSES), default=None,
               help="Ray actors (default: the cluster's CPUs / --ray-cpus-per-actor).")
 @click.option("--ray-cpus-per-actor", type=POSITIVE_FLOAT, default=1.0, show_default=True,
@@ -62,7 +67,7 @@ def _existing_inputs(ctx, param, inputs):
 @click.option("--part-docs", type=WholeNumber(min=1), default=10_000, show_default=True,
               help="Documents an output part holds (a part is the unit a re-run resumes from).")
 @click.option("--workers", type=WholeNumber(1, MAX_PROCESSES), default=None,
-              help="Worker processes of the local runner, each normalising and scoring its share (default: the CPUs "
+              help="Worker processes of the local executor, each normalising and scoring its share (default: the CPUs "
                    "this process may use divided by --threads; inputs under 4 MB: 1); the output is the same for any number.")
 @click.option("--threads", type=WholeNumber(1, MAX_PROCESSES), default=None,
               help="Kernel threads of each worker (default: 1, or the CPUs divided by --workers when that is given).")
@@ -75,7 +80,7 @@ def _existing_inputs(ctx, param, inputs):
               help="The longest line (JSONL, or text with --per-line) read, in bytes; a longer one is its document's "
                    "error and is skipped in bounded memory.")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True,
-              help="cuda: score on the GPU with the torch backend (the gpu extra; with --runner ray one actor a "
+              help="cuda: score on the GPU with the torch backend (the gpu extra; with --executor ray one actor a "
                    "GPU); auto: cuda when torch sees a GPU.")
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True,
               help="float64: the exact float64 reference on the torch backend (any device; slower).")
@@ -84,7 +89,7 @@ def _existing_inputs(ctx, param, inputs):
 @normalize_option
 @unknown_options
 @friendly
-def corpus_score_cmd(inputs, out, fmt, text_field, id_field, per_line, runner, ray_address, ray_actors,
+def corpus_score_cmd(inputs, out, fmt, text_field, id_field, per_line, executor, ray_address, ray_actors,
                      ray_cpus_per_actor, model, batch_chars, per_char_max, part_docs, workers, threads, readers,
                      max_line_bytes, device, dtype, progress, as_json, normalize, unknown, replacement):
     """Score every document of INPUT... (paths, globs, directories, fsspec URLs) into --out DIR.
@@ -96,13 +101,13 @@ def corpus_score_cmd(inputs, out, fmt, text_field, id_field, per_line, runner, r
     from isan.engine.corpus import JobInterrupted, score_corpus
 
     if ray_address:
-        runner = "ray"
-    if readers and runner == "local" and device == "cpu" and dtype == "float32":
+        executor = "ray"
+    if readers and executor == "local" and default_backend(device, dtype) == "native":
         raise UserError("--readers feeds the torch backend (--device cuda, or --dtype float64), which scores a job in "
                         "one process; on the CPU's kernels use --workers N (worker processes) instead")
-    if runner == "ray":
+    if executor == "ray":
         if workers is not None:
-            raise UserError("--workers is the local runner's; the Ray runner has --ray-actors")
+            raise UserError("--workers is the local executor's; the Ray executor has --ray-actors")
     else:
         from isan.engine.corpus.job import input_bytes
         from isan.engine.corpus.workers import plan_workers
@@ -110,7 +115,7 @@ def corpus_score_cmd(inputs, out, fmt, text_field, id_field, per_line, runner, r
         workers, threads = plan_workers(workers, threads, input_bytes(list(inputs)), device, dtype)
     try:
         summary = score_corpus(list(inputs), out, fmt=fmt, text_field=text_field, id_field=id_field or None,
-                               per_line=per_line, runner=runner, ray_address=ray_address, model=model,
+                               per_line=per_line, executor=executor, ray_address=ray_address, model=model,
                                normalize=normalize, unknown=unknown, replacement=replacement, batch_chars=batch_chars,
                                per_char_max=per_char_max, part_docs=part_docs, threads=threads, progress=progress,
                                ray_actors=ray_actors, ray_cpus_per_actor=ray_cpus_per_actor, device=device,
