@@ -1,7 +1,7 @@
 """Scoring documents: many at once through the engine's batched kernel, long ones in blocks.
 
-A document's bits are a function of the document alone, whichever runner, batch, order, worker or
-thread count scored it, so that the local and the Ray runner, and a resumed run, write the same
+A document's bits are a function of the document alone, whichever executor, batch, order, worker or
+thread count scored it, so that the local and the Ray executor, and a resumed run, write the same
 numbers to the last bit:
 
 - documents of at most ``row_max_chars`` scored characters are scored together, chunk-parallel
@@ -67,19 +67,20 @@ def corpus_path(engine) -> str:
 def corpus_engine(engine, threads: int | None = None):
     """The engine a corpus job scores with: the same model on the chunk-parallel path
     (:func:`corpus_path`; never the table's sequential jumps), its chunk plan fixed
-    (``LONG_DOC_THREADS``)."""
+    (``LONG_DOC_THREADS``), with ``engine``'s own kernel backend object (its options, such as the
+    torch backend's ``step`` and ``precision``, and its runners' caches) and what ``engine``
+    computed on first use (the certificate, the kernel layouts): :meth:`Engine.with_path`.
+
+    Raises:
+        IsanError: ``engine`` is not an ISAN :class:`~isan.engine.core.Engine`.
+    """
     from isan.engine.core import Engine
 
     if not isinstance(engine, Engine):
         raise IsanError(f"corpus scoring runs ISAN engines (isan.engine.Engine); got {type(engine).__name__}")
-    path = corpus_path(engine)
-    if not engine.kernels.runs_tables:
-        path = "chunked"  # the engine path of the torch backend (its runner, one character a step)
-    if engine.path == path and engine.threads == LONG_DOC_THREADS:
-        return engine  # already one (keeps what it computed on first use: the certificate, the kernel layout)
-    k = engine.kernels
-    return Engine(engine.input_params, engine.alphabet, engine.manifest, engine.source, engine.table,
-                  path=path, threads=LONG_DOC_THREADS, device=k.device, dtype=k.dtype, kernels=k.name)
+    # the torch backend has no table paths: its engine path is chunked (its runner, one character a step)
+    path = corpus_path(engine) if engine.kernels.runs_tables else "chunked"
+    return engine.with_path(path, threads=LONG_DOC_THREADS)
 
 
 @dataclass
