@@ -86,6 +86,148 @@ class DecayStats:
     word_median_no_spaces: np.ndarray | None = None
 
 
+#: Fig 4b's readings of a position in the word: all sources, the last space's kappa only / removed,
+#: every space's kappa only / removed
+_WORD_READINGS = ("full", "only", "none", "all_only", "all_none")
+
+
+class _Sources:
+    """The sources of B segments' positions, carried one character at a time: ``C`` (d, B, N + 1),
+    per segment the history (lags >= N) then lags 0..N-1 (``dtype``); ``S`` (d, B) the biases of the
+    spaces that have left the window, carried like the history (the start state is no space): with
+    the spaces among lags 0..N-1 they give every space's kappa; ``state`` (B, d) the float64
+    reference states, advanced alongside."""
+
+    def __init__(self, p: ISANParams, H0: np.ndarray, N: int, dtype, space_id: int | None):
+        self.p64 = p.astype(np.float64)
+        self.W, self.bias, self.W_ro = p.W.astype(dtype), p.b.astype(dtype), p.W_ro.astype(dtype)
+        self.N, self.space_id = N, space_id
+        d, B = H0.shape[1], H0.shape[0]
+        self.C = np.zeros((d, B, N + 1), dtype=dtype)
+        self.C[:, :, 0] = H0.T
+        self.S = np.zeros((d, B), dtype=dtype)
+        self.state = H0.copy()
+
+    def step(self, ids: np.ndarray, t: np.ndarray, x: np.ndarray, live: np.ndarray) -> None:
+        """Read character ``x[b]`` at position ``t[b]`` in every ``live`` segment b (one GEMM per symbol)."""
+        C, S, N, d = self.C, self.S, self.N, self.C.shape[0]
+        # the oldest exact source joins the history; each symbol's matrix then carries its segments'
+        # history and lags 0..N-2 one step on (to history and lags 1..N-1), and lag 0 is the new bias
+        C[:, :, 0] += C[:, :, N]
+        if self.space_id is not None:  # the source leaving the window is the character N back
+            gone = t - N
+            S += C[:, :, N] * ((gone >= 0) & (ids[np.maximum(gone, 0)] == self.space_id))
+        for s in np.unique(x[live]):
+            sel = np.nonzero(live & (x == s))[0]
+            if self.space_id is not None:
+                S[:, sel] = self.W[s] @ S[:, sel]
+            out = (self.W[s] @ C[:, sel, :N].reshape(d, -1)).reshape(d, len(sel), N)
+            C[:, sel, 0] = out[:, :, 0]
+            C[:, sel, 2:] = out[:, :, 1:]
+            C[:, sel, 1] = self.bias[s][:, None]
+            self.state[sel] = self.state[sel] @ self.p64.W[s].T + self.p64.b[s]
+
+    def kappa(self, sel: np.ndarray) -> np.ndarray:
+        """(n, N + 1, V) float64: segments ``sel``'s kappa of the history, then of lags 0..N-1."""
+        d, B = self.S.shape
+        V = self.W_ro.shape[0]
+        K = (self.W_ro @ self.C.reshape(d, -1)).reshape(V, B, self.N + 1)
+        return K[:, sel].transpose(1, 2, 0).astype(np.float64)
+
+    def logits(self, sel: np.ndarray) -> np.ndarray:
+        """(n, V) float64: segments ``sel``'s reference logits."""
+        return self.state[sel] @ self.p64.W_ro.T + self.p64.b_ro
+
+    def old_spaces_kappa(self, sel: np.ndarray) -> np.ndarray:
+        """(n, V) float64: segments ``sel``'s kappa of the spaces older than the window."""
+        return (self.W_ro @ self.S[:, sel]).T.astype(np.float64)
+
+
+class _Fig4ac:
+    """Figures 4a and 4c, summed over positions: each lag's ``||kappa||``, the history's, and the bits
+    of the next character keeping the last n sources (n = 0..N) and all of them."""
+
+    def __init__(self, N: int):
+        self.norm_sum, self.hist_norm_sum = np.zeros(N), 0.0
+        self.keep_sum, self.full_sum, self.n_pos = np.zeros(N + 1), 0.0, 0
+
+    def add(self, K: np.ndarray, logits: np.ndarray, nxt: np.ndarray, b_ro: np.ndarray) -> np.ndarray:
+        """Count positions with kappa ``K`` (n, N + 1, V), ``logits`` (n, V) and next ids ``nxt`` (n,);
+        returns the log-probabilities of the next characters with all sources (n,)."""
+        n, V = len(nxt), K.shape[2]
+        r = np.arange(n)
+        norms = np.linalg.norm(K, axis=2)  # (n, N + 1)
+        self.norm_sum += norms[:, 1:].sum(0)
+        self.hist_norm_sum += float(norms[:, 0].sum())
+        # keep the last n sources: cumulative sums over lags
+        cum = b_ro + np.concatenate([np.zeros((n, 1, V)), np.cumsum(K[:, 1:], axis=1)], axis=1)  # (n, N+1, V)
+        lp = log_softmax(cum)[r, :, nxt]  # (n, N + 1)
+        self.keep_sum += -lp.sum(0) * LOG2E
+        lp_full = log_softmax(logits)[r, nxt]
+        self.full_sum += float(-lp_full.sum() * LOG2E)
+        self.n_pos += n
+        return lp_full
+
+
+class _Fig4b:
+    """Figure 4b, by position in the word 0..P-1: the bits summed (and kept, for the medians) of each
+    reading in :data:`_WORD_READINGS`, the positions counted, and those whose last space was N or more
+    back (skipped)."""
+
+    def __init__(self, P: int):
+        self.P = P
+        self.sums = {k: np.zeros(P) for k in _WORD_READINGS}
+        self.counts = np.zeros(P, dtype=np.int64)
+        self.values = {k: [[] for _ in range(P)] for k in _WORD_READINGS}  # for medians
+        self.outside = 0
+
+    def add(self, src: _Sources, ids: np.ndarray, t: np.ndarray, last_space: np.ndarray, sel: np.ndarray,
+            K: np.ndarray, logits: np.ndarray, nxt: np.ndarray, lp_full: np.ndarray) -> None:
+        """Count segments ``sel``'s positions ``t`` (n,) whose last space (``last_space``, (n,)) is in the window."""
+        N, space_id = src.N, src.space_id
+        b_ro = src.p64.b_ro
+        lag = t - last_space  # 0 when the space was just read
+        ok = (last_space >= 0) & (lag < N) & (lag < self.P)
+        self.outside += int(((last_space >= 0) & (lag >= N)).sum())
+        if not ok.any():
+            return
+        j = np.nonzero(ok)[0]
+        ks = K[j, 1 + lag[j]]  # (m, V) the last space's kappa
+        m = np.arange(len(j))
+        only = log_softmax(b_ro + ks)[m, nxt[j]]
+        none = log_softmax(logits[j] - ks)[m, nxt[j]]
+        # every space's kappa: the spaces among lags 0..N-1, and those carried beyond the window
+        srcs = t[j, None] - np.arange(N)[None, :]  # (m, N) the character at each lag
+        is_sp = (srcs >= 0) & (ids[np.maximum(srcs, 0)] == space_id)
+        ka = np.einsum("mkv,mk->mv", K[j, 1:], is_sp) + src.old_spaces_kappa(sel[j])
+        all_only = log_softmax(b_ro + ka)[m, nxt[j]]
+        all_none = log_softmax(logits[j] - ka)[m, nxt[j]]
+        bits = {"full": -lp_full[j] * LOG2E, "only": -only * LOG2E, "none": -none * LOG2E,
+                "all_only": -all_only * LOG2E, "all_none": -all_none * LOG2E}
+        for k in _WORD_READINGS:
+            np.add.at(self.sums[k], lag[j], bits[k])
+        np.add.at(self.counts, lag[j], 1)
+        for k in _WORD_READINGS:
+            for q in np.unique(lag[j]):
+                self.values[k][q].append(bits[k][lag[j] == q].astype(np.float32))
+
+    def medians(self) -> dict[str, np.ndarray]:
+        """{reading: (P,) the median bits at each position in the word (NaN where none was counted)}."""
+        return {k: np.array([float(np.median(np.concatenate(v[q]))) if v[q] else np.nan for q in range(self.P)])
+                for k, v in self.values.items()}
+
+
+def _segments(T: int, N: int, segments: int, warmup: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    """(B, starts, ends, begin): segment b counts positions [starts[b], ends[b]) (a position t predicts
+    ids[t + 1]); it reads from ``begin[b]``, warmup + N characters before (the first segment from the
+    start of the text, exactly)."""
+    B = max(1, min(int(segments), T // max(1, 4 * (N + warmup))))
+    edges = np.linspace(0, T - 1, B + 1).astype(np.int64)
+    starts, ends = edges[:-1], edges[1:]
+    begin = np.maximum(starts - N - warmup, 0)
+    return B, starts, ends, begin
+
+
 def window_statistics(p: ISANParams, ids: np.ndarray, window: int = 50, segments: int = 128, space_id: int | None = 0,
                       max_word_position: int = 20, dtype=np.float32, h: np.ndarray | None = None, warmup: int = 400,
                       tol: float = 1e-3) -> DecayStats:
@@ -102,128 +244,56 @@ def window_statistics(p: ISANParams, ids: np.ndarray, window: int = 50, segments
     Raises:
         AttributionCheckError: the sum identity fails.
     """
-    p64 = p.astype(np.float64)
     ids = np.asarray(ids, dtype=np.int64)
-    T, d, V, N = len(ids), p.d, p.V, int(window)
+    T, N = len(ids), int(window)
     if T < 2:
         raise IsanError("window statistics need at least two characters")
-    B = max(1, min(int(segments), T // max(1, 4 * (N + warmup))))
-    # segment b counts positions [starts[b], ends[b]) (a position t predicts ids[t + 1]); it starts from h
-    # warmup + N characters before (the first segment from the start of the text, exactly)
-    edges = np.linspace(0, T - 1, B + 1).astype(np.int64)
-    starts, ends = edges[:-1], edges[1:]
-    begin = np.maximum(starts - N - warmup, 0)
-    h = p64.h0 if h is None else np.asarray(h, dtype=np.float64)
-    H0 = np.tile(h, (B, 1))
-    L = int((ends - begin).max())
-    W = p.W.astype(dtype)
-    bias = p.b.astype(dtype)
-    W_ro = p.W_ro.astype(dtype)
-    b_ro = p64.b_ro
-    C = np.zeros((d, B, N + 1), dtype=dtype)  # per segment: history, then lags 0..N-1
-    C[:, :, 0] = H0.T
-    # the biases of the spaces that have left the window, carried like the history (the start state
-    # is no space): with the spaces among lags 0..N-1 they give every space's kappa
-    S = np.zeros((d, B), dtype=dtype)
-    state = H0.copy()  # the float64 reference states, advanced alongside
-    norm_sum = np.zeros(N)
-    hist_norm_sum = 0.0
-    keep_sum = np.zeros(N + 1)
-    full_sum = 0.0
-    n_pos = 0
-    P = max_word_position + 1
-    w_full, w_only, w_none, w_cnt = np.zeros(P), np.zeros(P), np.zeros(P), np.zeros(P, dtype=np.int64)
-    w_all_only, w_all_none = np.zeros(P), np.zeros(P)
-    w_vals = {k: [[] for _ in range(P)] for k in ("full", "only", "none", "all_only", "all_none")}  # for medians
+    B, starts, ends, begin = _segments(T, N, segments, warmup)
+    h = p.astype(np.float64).h0 if h is None else np.asarray(h, dtype=np.float64)
+    src = _Sources(p, np.tile(h, (B, 1)), N, dtype, space_id)
+    b_ro = src.p64.b_ro
+    fig4ac, fig4b = _Fig4ac(N), _Fig4b(max_word_position + 1)
     last_space = np.full(B, -1, dtype=np.int64)  # position of the last space read, per segment
-    outside = 0
-    err = 0.0
-    lmax = 1.0
+    err, lmax = 0.0, 1.0
     check = starts[1] - 1 if B > 1 and begin[1] > 0 else None  # segment 0 is exact there; 1 was warmed up
     snap = {}
-    for i in range(L):
+    for i in range(int((ends - begin).max())):
         t = begin + i
         live = t < ends  # segments still inside their range
         x = np.where(live, ids[np.minimum(t, T - 1)], 0)
-        # the oldest exact source joins the history; each symbol's matrix then carries its segments'
-        # history and lags 0..N-2 one step on (to history and lags 1..N-1), and lag 0 is the new bias
-        C[:, :, 0] += C[:, :, N]
-        if space_id is not None:  # the source leaving the window is the character N back
-            gone = t - N
-            S += C[:, :, N] * ((gone >= 0) & (ids[np.maximum(gone, 0)] == space_id))
-        for s in np.unique(x[live]):
-            sel = np.nonzero(live & (x == s))[0]
-            if space_id is not None:
-                S[:, sel] = W[s] @ S[:, sel]
-            out = (W[s] @ C[:, sel, :N].reshape(d, -1)).reshape(d, len(sel), N)
-            C[:, sel, 0] = out[:, :, 0]
-            C[:, sel, 2:] = out[:, :, 1:]
-            C[:, sel, 1] = bias[s][:, None]
-            state[sel] = state[sel] @ p64.W[s].T + p64.b[s]
+        src.step(ids, t, x, live)
         if check is not None:
             for b in (0, 1):
                 if t[b] == check:
-                    snap[b] = state[b].copy()
+                    snap[b] = src.state[b].copy()
         if space_id is not None:
             last_space = np.where(live & (x == space_id), t, last_space)
         counted = live & (t >= starts) & (t + 1 < T)
         if not counted.any():
             continue
         sel = np.nonzero(counted)[0]
-        K = (W_ro @ C.reshape(d, -1)).reshape(V, B, N + 1)[:, sel].transpose(1, 2, 0).astype(np.float64)  # (n, N+1, V)
-        logits = state[sel] @ p64.W_ro.T + b_ro
+        K, logits = src.kappa(sel), src.logits(sel)
         lmax = max(lmax, float(np.abs(logits).max()))
         err = max(err, float(np.abs(b_ro + K.sum(1) - logits).max()))
         nxt = ids[t[sel] + 1]
-        r = np.arange(len(sel))
-        norms = np.linalg.norm(K, axis=2)  # (n, N + 1)
-        norm_sum += norms[:, 1:].sum(0)
-        hist_norm_sum += float(norms[:, 0].sum())
-        # keep the last n sources: cumulative sums over lags
-        cum = b_ro + np.concatenate([np.zeros((len(sel), 1, V)), np.cumsum(K[:, 1:], axis=1)], axis=1)  # (n, N+1, V)
-        lp = log_softmax(cum)[r, :, nxt]  # (n, N + 1)
-        keep_sum += -lp.sum(0) * LOG2E
-        lp_full = log_softmax(logits)[r, nxt]
-        full_sum += float(-lp_full.sum() * LOG2E)
-        n_pos += len(sel)
+        lp_full = fig4ac.add(K, logits, nxt, b_ro)
         if space_id is not None:
-            lag = t[sel] - last_space[sel]  # 0 when the space was just read
-            ok = (last_space[sel] >= 0) & (lag < N) & (lag < P)
-            outside += int(((last_space[sel] >= 0) & (lag >= N)).sum())
-            if ok.any():
-                j = np.nonzero(ok)[0]
-                ks = K[j, 1 + lag[j]]  # (m, V) the last space's kappa
-                m = np.arange(len(j))
-                only = log_softmax(b_ro + ks)[m, nxt[j]]
-                none = log_softmax(logits[j] - ks)[m, nxt[j]]
-                # every space's kappa: the spaces among lags 0..N-1, and those carried beyond the window
-                src = t[sel][j, None] - np.arange(N)[None, :]  # (m, N) the character at each lag
-                is_sp = (src >= 0) & (ids[np.maximum(src, 0)] == space_id)
-                ka = np.einsum("mkv,mk->mv", K[j, 1:], is_sp) + (W_ro @ S[:, sel[j]]).T.astype(np.float64)
-                all_only = log_softmax(b_ro + ka)[m, nxt[j]]
-                all_none = log_softmax(logits[j] - ka)[m, nxt[j]]
-                np.add.at(w_full, lag[j], -lp_full[j] * LOG2E)
-                np.add.at(w_only, lag[j], -only * LOG2E)
-                np.add.at(w_none, lag[j], -none * LOG2E)
-                np.add.at(w_all_only, lag[j], -all_only * LOG2E)
-                np.add.at(w_all_none, lag[j], -all_none * LOG2E)
-                np.add.at(w_cnt, lag[j], 1)
-                for k, v in (("full", -lp_full[j] * LOG2E), ("only", -only * LOG2E), ("none", -none * LOG2E),
-                             ("all_only", -all_only * LOG2E), ("all_none", -all_none * LOG2E)):
-                    for q in np.unique(lag[j]):
-                        w_vals[k][q].append(v[lag[j] == q].astype(np.float32))
+            fig4b.add(src, ids, t[sel], last_space[sel], sel, K, logits, nxt, lp_full)
     if err > tol * lmax:
         raise AttributionCheckError(f"b_ro + sum kappa differs from the logits by {err:.3g} (window statistics)")
-    c = np.maximum(w_cnt, 1)
     warm_err = None
     if len(snap) == 2:
         warm_err = float(np.abs(snap[0] - snap[1]).max()) / max(1.0, float(np.abs(snap[0]).max()))
-    med = {k: np.array([float(np.median(np.concatenate(v[q]))) if v[q] else np.nan for q in range(P)])
-           for k, v in w_vals.items()}
-    return DecayStats(N, n_pos, norm_sum / n_pos, hist_norm_sum / n_pos, keep_sum / n_pos, full_sum / n_pos,
-                      np.arange(P), w_full / c, w_only / c, w_none / c, w_cnt, outside, err, B, warm_err,
-                      med["full"], med["only"], med["none"], w_all_only / c, w_all_none / c, med["all_only"],
-                      med["all_none"])
+    return _decay_stats(N, fig4ac, fig4b, err, B, warm_err)
+
+
+def _decay_stats(N: int, fig4ac: _Fig4ac, fig4b: _Fig4b, err: float, B: int, warm_err: float | None) -> DecayStats:
+    """The means (over the positions counted) and medians of the sums, as :class:`DecayStats`."""
+    n_pos, c, w, med = fig4ac.n_pos, np.maximum(fig4b.counts, 1), fig4b.sums, fig4b.medians()
+    return DecayStats(N, n_pos, fig4ac.norm_sum / n_pos, fig4ac.hist_norm_sum / n_pos, fig4ac.keep_sum / n_pos,
+                      fig4ac.full_sum / n_pos, np.arange(fig4b.P), w["full"] / c, w["only"] / c, w["none"] / c,
+                      fig4b.counts, fig4b.outside, err, B, warm_err, med["full"], med["only"], med["none"],
+                      w["all_only"] / c, w["all_none"] / c, med["all_only"], med["all_none"])
 
 
 def fit_two_rates(norms: np.ndarray, min_points: int = 4) -> dict:
