@@ -22,6 +22,7 @@ window carried forward), so the identity ``logits = b_ro + sum kappa`` still hol
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -126,11 +127,14 @@ def _explain(eng, req, window: int) -> dict:
     Raises:
         RequestError: 400 (bad options), 422 (text the model cannot read, a diverging state).
     """
-    from isan.engine.analysis.attribution import target_contributions
-    from isan.engine.prepare import word_spans
-    from isan.engine.reference import LOG2E, log_softmax
-    from isan.errors import IsanError
+    _check_request(eng, req)
+    text = _read(eng, req)
+    att = _attribution(eng.params, text, *_window(text, req.by, window, eng.alphabet))
+    return _answer(eng.alphabet, req, text, att, _target(eng.params, eng.alphabet.symbols, req, text, att), window)
 
+
+def _check_request(eng, req) -> None:
+    """Raise the 400 of options that need another, and the 422 of a model with no exact attribution."""
     if req.unknown == "replace" and req.replacement is None:
         raise RequestError(400, '"unknown": "replace" needs "replacement", one symbol of the alphabet')
     if req.target == "logit_diff" and req.other is None:
@@ -138,38 +142,98 @@ def _explain(eng, req, window: int) -> dict:
     if not hasattr(eng, "params") or not hasattr(eng, "attribute"):
         raise RequestError(422, "this model has no exact attribution (it is not an ISAN on the numpy backend); "
                                 "serve an ISAN bundle to explain predictions")
+
+
+@dataclass
+class _Text:
+    """The explained text as the model reads it.
+
+    Attributes:
+        prep: the prepared text (None for an empty text).
+        ids, offs: (T,) int64, each symbol's id and the input offset it comes from.
+        n_in: the input's characters; offset: the explained input offset (clamped to n_in).
+        i: symbols read before the prediction; h0: (d,) float64, the initial state.
+    """
+
+    prep: object
+    ids: np.ndarray
+    offs: np.ndarray
+    n_in: int
+    offset: int
+    i: int
+    h0: np.ndarray
+
+    def end_offset(self, j: int) -> int:
+        """The input offset where symbol ``j`` starts (the input's length past the last symbol)."""
+        return int(self.offs[j]) if j < len(self.ids) else self.n_in
+
+
+def _read(eng, req) -> _Text:
+    """The text of ``req`` read by the model (422: text it cannot read), and the symbol explained."""
+    from isan.errors import IsanError
+
     start = eng.initial_state()
     try:
         prep = eng.prepare(req.text, req.normalize, req.unknown, req.replacement, start) if req.text else None
     except IsanError as e:
         raise from_isan(e) from None
-    alphabet = eng.alphabet
-    symbols = alphabet.symbols
     ids = np.asarray(prep.ids if prep is not None else [], dtype=np.int64)
     offs = np.asarray(prep.offsets if prep is not None else [], dtype=np.int64)
-    T = len(ids)
     n_in = len(req.text)
     offset = n_in if req.offset is None else min(int(req.offset), n_in)
     i = int(np.searchsorted(offs, offset, side="left"))  # symbols read before the prediction
-    p = eng.params  # float64, inputs expanded to output ids
-    h0 = np.asarray(start.h, dtype=np.float64)
+    return _Text(prep, ids, offs, n_in, offset, i, np.asarray(start.h, dtype=np.float64))
 
-    def end_offset(j: int) -> int:
-        return int(offs[j]) if j < T else n_in
 
-    # the window: the last `window` symbols before i (in word mode, widened back to a word's start)
+def _window(text: _Text, by: str, window: int, alphabet) -> tuple[int, list[tuple[int, int]]]:
+    """(lo, spans): the window, the last ``window`` symbols before the prediction (in word mode,
+    widened back to a word's start), and its sources, each symbol's or word's [start, end)."""
+    from isan.engine.prepare import word_spans
+
+    i, ids = text.i, text.ids
     lo = max(0, i - window)
     spans: list[tuple[int, int]] = []
-    if req.by == "word" and i > 0 and alphabet.kind != "words":  # a word model's symbols are its words
-        text_read = prep.text if alphabet.kind == "chars" else ""
+    if by == "word" and i > 0 and alphabet.kind != "words":  # a word model's symbols are its words
+        text_read = text.prep.text if alphabet.kind == "chars" else ""
         for a, b in word_spans(ids[:i], text_read[:i] if alphabet.kind == "chars" else "", alphabet):
             if b > lo:
                 spans.append((a, b))
         lo = spans[0][0] if spans else lo
     else:
         spans = [(s, s + 1) for s in range(lo, i)]
+    return lo, spans
+
+
+@dataclass
+class _Attribution:
+    """The exact attribution of the logits at the prediction to the sources.
+
+    Attributes:
+        lo, spans: the window's first symbol and its sources (:func:`_window`).
+        logits: (V,) float64 at the prediction.
+        rows: (i - lo, V) float64, each windowed symbol's kappa.
+        kappa: (1 + len(spans), V) float64, the state before the window's kappa, then each source's.
+        kappa_err: max |b_ro + sum kappa - logits|; scale: max(1, max |logits|).
+    """
+
+    lo: int
+    spans: list[tuple[int, int]]
+    logits: np.ndarray
+    rows: np.ndarray
+    kappa: np.ndarray
+    kappa_err: float
+    scale: float
+
+
+def _attribution(p, text: _Text, lo: int, spans: list[tuple[int, int]]) -> _Attribution:
+    """The state's float64 reference steps to the prediction, then one backward pass for kappa.
+
+    Raises:
+        RequestError: 422 when the state diverges, or kappa does not sum to the logits within TOL.
+    """
+    ids, i = text.ids, text.i
     # the state before the window (float64 reference steps), then before the prediction
-    h = h0
+    h = text.h0
     W, b = p.W, p.b
     for x in ids[:lo]:
         h = W[x] @ h + b[x]
@@ -194,44 +258,78 @@ def _explain(eng, req, window: int) -> dict:
         raise RequestError(422, "the attribution of this text does not sum to its logits within the tolerance (a state "
                                 "near its range); explain a shorter text")
     kappa = np.vstack([first[None], [rows[a - lo:b_ - lo].sum(axis=0) for a, b_ in spans]]) if spans else first[None]
-    actual = int(ids[i]) if i < T else None
-    lp = log_softmax(logits)
+    return _Attribution(lo, spans, logits, rows, kappa, kappa_err, scale)
+
+
+@dataclass
+class _Target:
+    """The explained target: ``c`` and ``o`` (the symbols' ids, ``o`` None but for logit_diff), the
+    symbol that follows (``actual``, None at the end), ``lp`` (V,) the log-probabilities, ``ta``
+    the target's contributions, ``hist_bits`` the bits of ``c`` keeping the last n symbols."""
+
+    c: int
+    o: int | None
+    actual: int | None
+    lp: np.ndarray
+    ta: object
+    hist_bits: np.ndarray
+
+
+def _target(p, symbols, req, text: _Text, att: _Attribution) -> _Target:
+    """The target's contributions (422 when they cannot be computed) and the Fig 4c curve."""
+    from isan.engine.analysis.attribution import target_contributions
+    from isan.engine.reference import LOG2E, log_softmax
+    from isan.errors import IsanError
+
+    actual = int(text.ids[text.i]) if text.i < len(text.ids) else None
+    lp = log_softmax(att.logits)
     c = symbols.index(req.char) if req.char is not None else (actual if actual is not None else int(np.argmax(lp)))
     o = symbols.index(req.other) if req.other is not None else None
     try:
-        ta = target_contributions(kappa[None], logits[None], p.b_ro, req.target, char=c,
+        ta = target_contributions(att.kappa[None], att.logits[None], p.b_ro, req.target, char=c,
                                   other=o if o is not None else None)
     except IsanError as e:
         raise RequestError(422, f"{e}; explain a shorter text") from None
     # Fig 4c: bits of c keeping the last n symbols (n = 0: b_ro only); the full model adds the rest
-    keep = np.vstack([np.zeros(p.V), np.cumsum(rows[::-1], axis=0)]) + p.b_ro  # (i - lo + 1, V)
+    keep = np.vstack([np.zeros(p.V), np.cumsum(att.rows[::-1], axis=0)]) + p.b_ro  # (i - lo + 1, V)
     hist_bits = -log_softmax(keep)[:, c] * LOG2E
+    return _Target(c, o, actual, lp, ta, hist_bits)
 
-    def label(a: int, b_: int) -> str:
-        if alphabet.kind == "chars":
-            return "".join(symbols[int(x)] for x in ids[a:b_])
-        try:
-            return alphabet.decode(ids[a:b_])
-        except Exception:  # noqa: BLE001 - a piece of a multi-byte character: its symbols' labels
-            return "".join(symbols[int(x)] for x in ids[a:b_])
 
+def _label(alphabet, ids: np.ndarray, a: int, b_: int) -> str:
+    """The label of the source made of symbols [a, b_)."""
+    symbols = alphabet.symbols
+    if alphabet.kind == "chars":
+        return "".join(symbols[int(x)] for x in ids[a:b_])
+    try:
+        return alphabet.decode(ids[a:b_])
+    except Exception:  # noqa: BLE001 - a piece of a multi-byte character: its symbols' labels
+        return "".join(symbols[int(x)] for x in ids[a:b_])
+
+
+def _answer(alphabet, req, text: _Text, att: _Attribution, t: _Target, window: int) -> dict:
+    """The JSON answer (:class:`ExplainResponse`)."""
+    from isan.engine.reference import LOG2E
+
+    symbols, ids, lo, spans, ta, c = alphabet.symbols, text.ids, att.lo, att.spans, t.ta, t.c
     head = "<h0>" if lo == 0 else "<history>"
     out = {
-        "offset": offset, "position": i,
-        "tokens": [symbols[int(x)] for x in ids], "token_offsets": offs.tolist(),
-        "actual": symbols[actual] if actual is not None else None,
-        "target": req.target, "char": symbols[c], "other": symbols[o] if o is not None else None,
-        "value": float(ta.value[0]), "base": float(ta.base[0]), "logit": float(logits[c]),
-        "bits": float(-lp[c] * LOG2E),
-        "sources": [head] + [label(a, b_) for a, b_ in spans],
+        "offset": text.offset, "position": text.i,
+        "tokens": [symbols[int(x)] for x in ids], "token_offsets": text.offs.tolist(),
+        "actual": symbols[t.actual] if t.actual is not None else None,
+        "target": req.target, "char": symbols[c], "other": symbols[t.o] if t.o is not None else None,
+        "value": float(ta.value[0]), "base": float(ta.base[0]), "logit": float(att.logits[c]),
+        "bits": float(-t.lp[c] * LOG2E),
+        "sources": [head] + [_label(alphabet, ids, a, b_) for a, b_ in spans],
         "source_spans": [[0, lo]] + [[a, b_] for a, b_ in spans],
-        "source_offsets": [[0, end_offset(lo) if lo else 0]] + [[end_offset(a), end_offset(b_)] for a, b_ in spans],
+        "source_offsets": [[0, text.end_offset(lo) if lo else 0]]
+                          + [[text.end_offset(a), text.end_offset(b_)] for a, b_ in spans],
         "contributions": ta.contributions[0].tolist(),
         "check": {"identity": "value = base + sum(contributions); logits = b_ro + sum kappa",
                   "sum": float(ta.base[0] + ta.contributions[0].sum()), "max_abs_error": float(ta.max_abs_error),
-                  "logits_max_abs_error": kappa_err, "tolerance": TOL * scale, "ok": True},
-        "history": {"n": list(range(i - lo + 1)), "bits": hist_bits.tolist(), "full_bits": float(-lp[c] * LOG2E),
-                    "window": window, "complete": lo == 0},
+                  "logits_max_abs_error": att.kappa_err, "tolerance": TOL * att.scale, "ok": True},
+        "history": {"n": list(range(text.i - lo + 1)), "bits": t.hist_bits.tolist(),
+                    "full_bits": float(-t.lp[c] * LOG2E), "window": window, "complete": lo == 0},
         "window": window,
         "unit": getattr(alphabet, "unit", "char"),
     }
