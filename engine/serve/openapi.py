@@ -98,28 +98,56 @@ def declare(fa: FastAPI, api, http_routes: dict, stream) -> None:
     """Declare every route of :data:`isan.engine.serve.routes.ROUTES` (``http_routes``: their
     handlers) and the WebSocket ``/v1/stream`` (``stream``: its handler) to FastAPI ``fa``, with the
     request schemas of ``api`` (:class:`isan.engine.serve.routes.Api`)."""
+    _declare_api(fa, api, http_routes)
+    _declare_openai(fa, api.oai, http_routes)
+    _declare_stream(fa, stream)
+
+
+def _body_schema(model) -> dict:
+    """The ``openapi_extra`` of a route whose body is the request model ``model``."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    schema["additionalProperties"] = False
+    return {"requestBody": {"required": True, "content": {JSON: {"schema": schema}}}}
+
+
+def _declare_post(fa: FastAPI, http_routes: dict, path: str, model, response, summary: str,
+                  codes=(400, 401, 403, 408, 409, 413, 415, 422, 500, 503), extra_200: dict | None = None,
+                  error_model=None) -> None:
+    """Declare ``POST path``: its body ``model``, its answer ``response``, its errors ``codes``."""
+    route_handler = http_routes[("POST", path)]
+
+    async def endpoint(request: Request):
+        return Raw(route_handler)
+
+    ok = {"model": response, "description": summary}
+    if extra_200:
+        ok["content"] = extra_200
+    fa.post(path, response_model=None, summary=summary, description=summary,
+            responses={200: ok, **error_responses(*codes, model=error_model)}, openapi_extra=_body_schema(model),
+            name=path.strip("/").replace("/", "_"))(endpoint)
+
+
+def _declare_get(fa: FastAPI, http_routes: dict, path: str, response, summary: str) -> None:
+    """Declare ``GET path`` answering ``response`` (errors in OpenAI's shape)."""
+    route_handler = http_routes[("GET", path)]
+
+    async def endpoint(request: Request):
+        return Raw(route_handler)
+
+    fa.get(path, response_model=None, summary=summary, description=summary,
+           responses={200: {"model": response, "description": summary},
+                      **error_responses(401, 403, 405, 503, model=OpenAIError)},
+           name=path.strip("/").replace("/", "_"))(endpoint)
+
+
+def _declare_api(fa: FastAPI, api, http_routes: dict) -> None:
+    """The ``/v1`` routes of the API: score, batch, next, sample, attribute and explain."""
     from isan.engine.serve.lens import ExplainResponse
 
-    schemas, oai = api.schemas, api.oai
+    schemas = api.schemas
 
-    def body_schema(model) -> dict:
-        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-        schema["additionalProperties"] = False
-        return {"requestBody": {"required": True, "content": {JSON: {"schema": schema}}}}
-
-    def declare(path: str, model, response, summary: str, codes=(400, 401, 403, 408, 409, 413, 415, 422, 500, 503),
-                extra_200: dict | None = None, error_model=None):
-        route_handler = http_routes[("POST", path)]
-
-        async def endpoint(request: Request):
-            return Raw(route_handler)
-
-        ok = {"model": response, "description": summary}
-        if extra_200:
-            ok["content"] = extra_200
-        fa.post(path, response_model=None, summary=summary, description=summary,
-                responses={200: ok, **error_responses(*codes, model=error_model)}, openapi_extra=body_schema(model),
-                name=path.strip("/").replace("/", "_"))(endpoint)
+    def declare(*args, **kwargs) -> None:
+        _declare_post(fa, http_routes, *args, **kwargs)
 
     declare("/v1/score", schemas.score, ScoreResponse, "Score one text: its bits, and optionally each character's, "
             "the top-k next characters and a snapshot of the state")
@@ -145,35 +173,34 @@ def declare(fa: FastAPI, api, http_routes: dict, stream) -> None:
             "logits) to the initial state and each earlier symbol or word, with the check that they sum to it, and "
             "the bits when only the last n symbols are kept (paper Fig 4c)")
 
+
+def _declare_openai(fa: FastAPI, oai, http_routes: dict) -> None:
+    """The OpenAI-compatible routes: completions, tokenize, detokenize, the model list, the tokenizer."""
     oai_codes = (400, 401, 403, 404, 408, 413, 415, 422, 500, 503)
+
+    def declare(*args, **kwargs) -> None:
+        _declare_post(fa, http_routes, *args, codes=oai_codes, error_model=OpenAIError, **kwargs)
+
     declare("/v1/completions", oai.schemas.completion, CompletionResponse, "OpenAI-compatible completions (as vLLM "
             "and llama.cpp): score a prompt (echo, logprobs, max_tokens 0) and generate after it. Tokens are the "
             "model's symbols; log-probs natural logs. With \"stream\": true, Server-Sent Events `data: {chunk}` "
-            "ending with `data: [DONE]`", codes=oai_codes, error_model=OpenAIError,
+            "ending with `data: [DONE]`",
             extra_200={"text/event-stream": {"schema": {
                 "type": "object", "required": ["data"],
                 "description": "one Server-Sent Event (no event name): data is a CompletionResponse with one choice's "
                                "piece, then `[DONE]`; an error ends the stream with {\"error\": {...}}",
                 "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}}})
     declare("/tokenize", oai.schemas.tokenize, TokenizeResponse, "The token ids of a text, as the model reads it "
-            "(vLLM's /tokenize)", codes=oai_codes, error_model=OpenAIError)
-    declare("/detokenize", oai.schemas.detokenize, DetokenizeResponse, "The text of token ids (vLLM's /detokenize)",
-            codes=oai_codes, error_model=OpenAIError)
+            "(vLLM's /tokenize)")
+    declare("/detokenize", oai.schemas.detokenize, DetokenizeResponse, "The text of token ids (vLLM's /detokenize)")
 
-    def declare_get(path: str, response, summary: str):
-        route_handler = http_routes[("GET", path)]
+    _declare_get(fa, http_routes, "/v1/models", ModelList, "The served model (OpenAI's model list)")
+    _declare_get(fa, http_routes, "/tokenizer_info", TokenizerInfo, "The tokenizer: the model's symbols, and "
+                 "<|endoftext|> (token id V), which stands for the initial state (vLLM's /tokenizer_info)")
 
-        async def endpoint(request: Request):
-            return Raw(route_handler)
 
-        fa.get(path, response_model=None, summary=summary, description=summary,
-               responses={200: {"model": response, "description": summary},
-                          **error_responses(401, 403, 405, 503, model=OpenAIError)},
-               name=path.strip("/").replace("/", "_"))(endpoint)
-
-    declare_get("/v1/models", ModelList, "The served model (OpenAI's model list)")
-    declare_get("/tokenizer_info", TokenizerInfo, "The tokenizer: the model's symbols, and <|endoftext|> (token id "
-                "V), which stands for the initial state (vLLM's /tokenizer_info)")
+def _declare_stream(fa: FastAPI, stream) -> None:
+    """The WebSocket ``/v1/stream`` (OpenAPI does not describe it: :data:`DESCRIPTION` does)."""
 
     @fa.websocket("/v1/stream")
     async def _declared_stream(ws: WebSocket):  # pragma: no cover - IsanApp routes streams to the StreamEndpoint
