@@ -89,82 +89,94 @@ class StreamEndpoint:
         ws = WebSocket(scope, receive, send)
         refusal = self.refusal(scope, authorized)
         if refusal is not None:
-            try:
-                await ws.accept()
-                await ws.send_text(encode_json(refusal[0].body()).decode())
-                await ws.close(code=refusal[1])
-            except (WebSocketDisconnect, RuntimeError, OSError):
-                pass
+            await _refuse(ws, *refusal)
             return
         queue: asyncio.Queue = asyncio.Queue(maxsize=config.max_stream_frames)
-        handed_back = []
-
-        def hand_back() -> None:  # the server shuts down (connections.ws_protocol_class)
-            handed_back.append(True)
-            try:  # wake the loop if it waits for a frame; if the queue is full it is busy and looks after the frame
-                queue.put_nowait(_HAND_BACK)
-            except asyncio.QueueFull:
-                pass
-
-        scope[HAND_BACK] = hand_back
+        handed_back: list = []
+        scope[HAND_BACK] = _hand_back_function(queue, handed_back)
         await ws.accept()
         service.streams_open += 1
         metrics.streams_open.inc()
         client = Client()
         reader = asyncio.ensure_future(read_frames(ws, queue, client, service))
         state = service.engine.initial_state()
-        answered = 0  # frames answered on this connection
         try:
-            while True:
-                if handed_back:
-                    await self.hand_back(ws, state if answered else None)
-                    break
-                if client.gone and queue.empty():
-                    break
-                try:
-                    async with asyncio.timeout(config.stream_idle_timeout_s):
-                        item = await queue.get()
-                except TimeoutError:
-                    e = RequestError(408, f"no frame for {config.stream_idle_timeout_s:g} s (--stream-idle-timeout); "
-                                          "the stream is closed: open a new one, or restore a snapshot")
-                    await ws.send_text(encode_json(e.body()).decode())
-                    await ws.close(code=1001)
-                    break
-                if item is None:
-                    break
-                if item is _HAND_BACK:
-                    continue
-                t0, raw, err, res = item
-                with res:  # the frame's bytes are given back however its answer ends
-                    try:
-                        if err is not None:
-                            raise err
-                        out, state = await self.frame(raw, state, res, client)
-                        status = 200
-                    except RequestError as e:
-                        out, status = e.body(), e.status
-                    except ClientGone:
-                        break
-                    except Exception:
-                        log.exception("unhandled error in a stream frame")
-                        out, status = RequestError(500, "internal error; the server log has the details").body(), 500
-                    await ws.send_text(encode_json(out).decode())
-                    answered += 1
-                metrics.frames.labels(str(status)).inc()
-                if status == 200:
-                    metrics.frame_seconds.observe(time.perf_counter() - t0)
+            await self._frames(ws, queue, client, handed_back, state)
         except (WebSocketDisconnect, RuntimeError, OSError):  # the client left while we answered
             pass
         finally:
-            scope.pop(HAND_BACK, None)
-            client.leave()
-            reader.cancel()  # a frame the reader holds is given back by the reader
-            while not queue.empty():
-                item = queue.get_nowait()
-                if item is not None and item is not _HAND_BACK:
-                    item[3].release()
-            service.streams_open -= 1
-            metrics.streams_open.dec()
+            self._close(scope, client, reader, queue)
+
+    async def _frames(self, ws: WebSocket, queue: asyncio.Queue, client: Client, handed_back: list, state) -> None:
+        """Answer the frames in order, from the stream's first ``state``, until the client leaves, the
+        stream is idle too long (408, close code 1001) or the server hands it back."""
+        answered = 0  # frames answered on this connection
+        while True:
+            if handed_back:
+                await self.hand_back(ws, state if answered else None)
+                return
+            if client.gone and queue.empty():
+                return
+            item = await self._next(ws, queue)
+            if item is None:
+                return
+            if item is _HAND_BACK:
+                continue
+            answer = await self._answer(ws, item, state, client)
+            if answer is None:  # the client left
+                return
+            status, state = answer
+            answered += 1
+            self.metrics.frames.labels(str(status)).inc()
+            if status == 200:
+                self.metrics.frame_seconds.observe(time.perf_counter() - item[0])
+
+    async def _next(self, ws: WebSocket, queue: asyncio.Queue):
+        """The next queued item: a frame, :data:`_HAND_BACK`, or None when the reader is done or no
+        frame came within the idle timeout (then the stream is answered 408 and closed with 1001)."""
+        config = self.config
+        try:
+            async with asyncio.timeout(config.stream_idle_timeout_s):
+                return await queue.get()
+        except TimeoutError:
+            e = RequestError(408, f"no frame for {config.stream_idle_timeout_s:g} s (--stream-idle-timeout); "
+                                  "the stream is closed: open a new one, or restore a snapshot")
+            await ws.send_text(encode_json(e.body()).decode())
+            await ws.close(code=1001)
+            return None
+
+    async def _answer(self, ws: WebSocket, item: tuple, state, client: Client):
+        """Answer one queued frame ``(t0, raw, err, res)``: (its status, the stream's state after
+        it), or None when the client left while it was scored."""
+        _, raw, err, res = item
+        with res:  # the frame's bytes are given back however its answer ends
+            try:
+                if err is not None:
+                    raise err
+                out, state = await self.frame(raw, state, res, client)
+                status = 200
+            except RequestError as e:
+                out, status = e.body(), e.status
+            except ClientGone:
+                return None
+            except Exception:
+                log.exception("unhandled error in a stream frame")
+                out, status = RequestError(500, "internal error; the server log has the details").body(), 500
+            await ws.send_text(encode_json(out).decode())
+        return status, state
+
+    def _close(self, scope, client: Client, reader: asyncio.Future, queue: asyncio.Queue) -> None:
+        """The stream has ended: stop its reader, give back the bytes of its frames still queued, and
+        leave the count of open streams."""
+        scope.pop(HAND_BACK, None)
+        client.leave()
+        reader.cancel()  # a frame the reader holds is given back by the reader
+        while not queue.empty():
+            item = queue.get_nowait()
+            if item is not None and item is not _HAND_BACK:
+                item[3].release()
+        self.service.streams_open -= 1
+        self.metrics.streams_open.dec()
 
     async def hand_back(self, ws: WebSocket, state) -> None:
         """The last frame of a stream when the server shuts down: ``{"event": "shutdown", "state":
@@ -201,6 +213,32 @@ class StreamEndpoint:
         if frame.top_k:
             out["next"] = service.next_chars(s, frame.top_k)
         return out, s
+
+
+async def _refuse(ws: WebSocket, error: RequestError, code: int) -> None:
+    """Refuse a handshake: accept it, send ``error``'s JSON, close with ``code`` (a client that left
+    is let go)."""
+    try:
+        await ws.accept()
+        await ws.send_text(encode_json(error.body()).decode())
+        await ws.close(code=code)
+    except (WebSocketDisconnect, RuntimeError, OSError):
+        pass
+
+
+def _hand_back_function(queue: asyncio.Queue, handed_back: list):
+    """The function a stream puts under :data:`~isan.engine.serve.connections.HAND_BACK` in its
+    scope: called when the server shuts down, it marks the stream handed back (``handed_back``
+    gets an item) and wakes it if it waits for a frame."""
+
+    def hand_back() -> None:  # the server shuts down (connections.ws_protocol_class)
+        handed_back.append(True)
+        try:  # wake the loop if it waits for a frame; if the queue is full it is busy and looks after the frame
+            queue.put_nowait(_HAND_BACK)
+        except asyncio.QueueFull:
+            pass
+
+    return hand_back
 
 
 async def read_frames(ws: WebSocket, queue: asyncio.Queue, client: Client, service: Service) -> None:
