@@ -2,7 +2,7 @@
 
 Example:
     >>> from isan.corpus import score_corpus, read_output
-    >>> summary = score_corpus(["data/*.jsonl.gz"], "scores/", runner="local")   # doctest: +SKIP
+    >>> summary = score_corpus(["data/*.jsonl.gz"], "scores/", executor="local")   # doctest: +SKIP
     >>> read_output("scores/").to_pandas()[["id", "bits", "bpc", "error"]]       # doctest: +SKIP
 """
 

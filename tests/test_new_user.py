@@ -35,13 +35,13 @@ def test_path_chunked_is_accepted_by_the_cli(tmp_path):
     r = isan("score", "--json", "--path", "chunked", f)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["scoring"]["path"] == "chunked"
-    r = isan("score", "--json", "--path", "chunked", "--backend", "onnx", f)
-    assert r.returncode == 2 and "--backend numpy" in r.stderr and "Traceback" not in r.stderr
+    r = isan("score", "--json", "--path", "chunked", "--runtime", "onnx", f)
+    assert r.returncode == 2 and "--runtime numpy" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_onnx_backend_says_how_it_scored(tmp_path):
     pytest.importorskip("onnxruntime")
-    r = isan("score", "--json", "--backend", "onnx", "-", input="the cat sat")
+    r = isan("score", "--json", "--runtime", "onnx", "-", input="the cat sat")
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)["scoring"]
     assert s["backend"] == "onnx" and s["provider"] == "CPUExecutionProvider" and s["path"]

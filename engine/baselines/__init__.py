@@ -10,5 +10,5 @@ A baseline model has ``kind, K, V, d, state_size, state_names, backend, provider
 - :mod:`~isan.engine.baselines.reservoir`: ESN and NPM (Cernansky et al. 2008)
 - :mod:`~isan.engine.baselines.occam`: the Occam-gated LSTM (Raiman and Sidor)
 - :mod:`~isan.engine.baselines.ngram`: the Kneser-Ney n-gram's model and scoring (counting: :mod:`isan.train.ngram`)
-- :mod:`~isan.engine.baselines.onnx`: any bundle's ONNX graphs under onnxruntime (``--backend onnx``)
+- :mod:`~isan.engine.baselines.onnx`: any bundle's ONNX graphs under onnxruntime (``--runtime onnx``)
 """

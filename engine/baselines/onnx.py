@@ -59,7 +59,7 @@ def _ort():
         import onnxruntime
     except ImportError:
         raise BackendUnavailableError(f"the onnx backend needs onnxruntime: {install_hint('onnx')} "
-                                      f"(or {install_hint('gpu')} for CUDA), or use --backend numpy") from None
+                                      f"(or {install_hint('gpu')} for CUDA), or use --runtime numpy") from None
     return onnxruntime
 
 
@@ -440,7 +440,7 @@ def _open_session(file: Path, which: str, manifest: dict, names: tuple[list[str]
 
 def load_onnx_engine(path: str | Path, device: str = "cpu", path_mode: str = "auto",
                      chunk: int = DEFAULT_CHUNK) -> RunnerEngine:
-    """The :class:`isan.engine.Engine` API over a bundle's ONNX graphs (``--backend onnx``).
+    """The :class:`isan.engine.Engine` API over a bundle's ONNX graphs (``--runtime onnx``).
 
     Args:
         path_mode: "auto" or "reference" (the graphs run per character); "composed" is an error
@@ -449,7 +449,7 @@ def load_onnx_engine(path: str | Path, device: str = "cpu", path_mode: str = "au
         BundleFormatError, BackendUnavailableError, IsanError (see :meth:`OnnxRunner.load`).
     """
     if path_mode in ("composed", "chunked", "jumps"):
-        raise IsanError(f"--path {path_mode} runs isan's own kernels; use --backend numpy, or --path auto")
+        raise IsanError(f"--path {path_mode} runs isan's own kernels; use --runtime numpy, or --path auto")
     if path_mode not in ("auto", "reference"):
         raise IsanError(f"path must be auto, composed, chunked or reference; got {path_mode!r}")
     runner = OnnxRunner.load(path, device=device, chunk=chunk)

@@ -1,7 +1,7 @@
 """The ONNX graphs of a bundle's weights, built from numpy with ``onnx.helper`` (no torch).
 
 The engine builds them into the user cache on first use for a bundle that ships none
-(:func:`cached_graphs`, the shipped model's ``--backend onnx``), and :mod:`isan.export.onnx_export`
+(:func:`cached_graphs`, the shipped model's ``--runtime onnx``), and :mod:`isan.export.onnx_export`
 writes them into bundles (``isan export --onnx``); onnxruntime runs them in
 :mod:`isan.engine.baselines.onnx`. The ``onnx`` package is imported only when a graph is built.
 

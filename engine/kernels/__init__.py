@@ -48,6 +48,11 @@ _warned = False
 from isan.engine.kernels import autotune as _autotune  # noqa: E402  (after _native: it imports nothing of ours at load)
 
 
+#: The kernel backends' names, the keys of :data:`~isan.engine.kernels.backends.BACKENDS` (here, where
+#: ``ISAN_KERNELS`` is read, so that this package imports none of its modules to check it).
+NAMES = ("native", "numpy", "torch")
+
+
 def kernels_override() -> str | None:
     """The backend ``ISAN_KERNELS`` names (``"native"``, ``"numpy"`` or ``"torch"``: a key of the
     registry, :data:`~isan.engine.kernels.backends.NAMES`), or None where it is unset or empty: the
@@ -59,8 +64,6 @@ def kernels_override() -> str | None:
     value = os.environ.get("ISAN_KERNELS", "").strip()
     if not value:
         return None
-    from isan.engine.kernels.backends import NAMES
-
     if value not in NAMES:
         raise IsanError(f"ISAN_KERNELS must name a kernel backend, one of {', '.join(NAMES)} (or be unset); "
                         f"got {value!r}")

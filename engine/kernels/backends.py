@@ -33,6 +33,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Protocol, Sequence, runtime_checkable
 
+from isan.engine.kernels import NAMES
 from isan.engine.kernels.plan import CHECK_EVERY, Kernel, Plan
 from isan.errors import BackendUnavailableError, IsanError, install_hint
 
@@ -42,8 +43,7 @@ if TYPE_CHECKING:  # names for the annotations only
     from isan.engine.kernels.streams import StreamModel
     from isan.params import ISANParams
 
-#: Backend names, and the devices a user may name (``auto``: CUDA when torch sees a GPU, else the CPU).
-NAMES = ("native", "numpy", "torch")
+#: The devices a user may name (``auto``: CUDA when torch sees a GPU, else the CPU).
 DEVICES = ("cpu", "cuda", "auto")
 DTYPES = ("float32", "float64")
 

@@ -13,14 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 
 from isan.errors import IsanError
-
-if TYPE_CHECKING:  # names for the annotations only
-    from isan.engine.kernels.chunked import Runner
 
 #: The correction's stopping rule (:mod:`isan.engine.kernels.chunked`, 'Correction pass'): a
 #: chunk's error row stops at ``rtol / margin`` of its state, checked every ``check_every`` steps.
@@ -91,7 +88,7 @@ class Plan:
     kernel: Kernel
     model: object = field(repr=False)
     chunks: tuple[int, ...]
-    runner: "Runner" = field(repr=False)
+    runner: Callable = field(repr=False)  # a Runner (isan.engine.kernels.chunked)
     fallback: object = field(default=None, repr=False)
     rtol: float = DEFAULT_RTOL
     margin: float = DEFAULT_MARGIN
@@ -101,7 +98,7 @@ class Plan:
     path: str = "chunked"
 
     @classmethod
-    def one_row_a_text(cls, model, runner: "Runner", n_texts: int, **options) -> "Plan":
+    def one_row_a_text(cls, model, runner: Callable, n_texts: int, **options) -> "Plan":
         """The plan of ``n_texts`` texts on ``runner``, none cut (documents of a corpus, a benchmark's
         rows); ``options`` are the other fields."""
         return cls(options.pop("kernel", Kernel.CHUNKED), model, (1,) * n_texts, runner, **options)

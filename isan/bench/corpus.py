@@ -6,7 +6,7 @@ log-normal (median about 2,000 characters, clipped to 100-100,000, like web page
 the texts again from new random offsets until the corpus holds ``mb`` MB; it is written once as
 JSONL shards into the cache (``$ISAN_CACHE_DIR/bench/corpus-...``). Then, in one process:
 
-1. the local runner (``score_corpus(runner="local")``), all cores of this machine;
+1. the local executor (``score_corpus(executor="local")``), all cores of this machine;
 2. the Ray runner on a cluster this benchmark starts here (``ray start --head`` and a second node
    joined to it, ``cpus_per_node`` CPUs each), checked to write exactly the local runner's files;
    the cluster is stopped afterwards (its processes killed by process group);
@@ -248,7 +248,7 @@ def bench_corpus(data_dir: str | Path, mb: float = 50.0, files: int = 8, cpus_pe
                     shutil.rmtree(out_ray, ignore_errors=True)
                     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
                     t = time.perf_counter()
-                    sr = score_corpus([str(corpus / "*.jsonl")], out_ray, progress=False, runner="ray",
+                    sr = score_corpus([str(corpus / "*.jsonl")], out_ray, progress=False, executor="ray",
                                       ray_address=cl.address, ray_cpus_per_actor=cpus_per_node)
                     dt_ray = time.perf_counter() - t
                     same = read_output(out_local).equals(read_output(out_ray))
