@@ -40,7 +40,7 @@ from isan.engine.paths import default_model_path, find_table
 from isan.engine.planning import Planner
 from isan.engine.prepare import prepare_batch, prepare_one
 from isan.engine.results import Attribution, Sample, ScoreResult, State, in_input_terms, with_prefix
-from isan.engine.route import CHUNKED_MIN_CHARS, PATH_ROUTES, PATHS, Route, Routes, Way, check_path  # noqa: F401  (CHUNKED_MIN_CHARS: documented here)
+from isan.engine.route import PATH_ROUTES, Route, Routes, Way, check_path
 
 
 
@@ -102,7 +102,7 @@ class Engine:
 
     @property
     def path(self) -> str:
-        """The computation path (one of :data:`PATHS`), as resolved for the backend."""
+        """The computation path (one of :data:`~isan.engine.route.PATHS`), as resolved for the backend."""
         return self.routes.path
 
     # ---- construction -----------------------------------------------------------------
@@ -116,7 +116,7 @@ class Engine:
                 chunked), ``"composed"`` (error without a table), ``"chunked"`` (chunk-parallel,
                 no table needed), ``"jumps"`` (chunk-parallel by the table's composed jumps; error
                 without a table) or ``"reference"``. On the composed path, texts of
-                CHUNKED_MIN_CHARS characters or more are scored chunk-parallel (by composed jumps
+                :data:`~isan.engine.route.CHUNKED_MIN_CHARS` characters or more are scored chunk-parallel (by composed jumps
                 when they make enough chunks: :meth:`plan`).
             progress_bar: show a progress bar if a table recipe must be composed on first use.
             device: ``"cpu"`` (the compiled kernels), ``"cuda"``/``"cuda:N"`` (the torch backend on
@@ -150,7 +150,7 @@ class Engine:
         return cls.load(default_model_path(), path_mode=path_mode, device=device, dtype=dtype, kernels=kernels)
 
     def with_path(self, path: str, threads: int | None = None) -> "Engine":
-        """The same model on another computation path (one of :data:`PATHS`), with the same kernel
+        """The same model on another computation path (one of :data:`~isan.engine.route.PATHS`), with the same kernel
         backend object (its options and caches) and the same planner (the certificate and the kernel
         layouts it built); ``threads``: the kernels' threads (default: this engine's).
 
@@ -309,7 +309,7 @@ class Engine:
                 normaliser name; the result's ``normalization`` reports what it changed.
             unknown, replacement: characters still outside the alphabet after normalisation.
             path: this call's computation path (default: the engine's). On the composed path a
-                text of CHUNKED_MIN_CHARS characters or more is scored chunk-parallel; the
+                text of :data:`~isan.engine.route.CHUNKED_MIN_CHARS` characters or more is scored chunk-parallel; the
                 result's ``scoring`` says which path ran.
             threads: threads for the compiled kernels (default: the engine's).
         Returns:
@@ -339,7 +339,7 @@ class Engine:
     def route(self, n: int, path: str | None = None) -> Route:
         """The route of a text of ``n`` characters (:meth:`isan.engine.route.Routes.for_text`): a
         call's ``path`` as asked, else the engine's (on the composed path a text of
-        CHUNKED_MIN_CHARS characters or more goes chunk-parallel)."""
+        :data:`~isan.engine.route.CHUNKED_MIN_CHARS` characters or more goes chunk-parallel)."""
         return self.routes.for_text(n, path)
 
     def _run(self, route: Route, ids: np.ndarray, h: np.ndarray, threads: int | None, want_bits: bool,

@@ -13,7 +13,8 @@ import warnings
 from pathlib import Path
 
 from isan.errors import IsanError
-from isan.engine.core import PATHS, Engine
+from isan.engine.core import Engine
+from isan.engine.route import check_path
 from isan.engine.paths import default_model_path
 
 
@@ -54,8 +55,7 @@ def load_engine(model: str | Path | None = None, path: str = "auto", runtime: st
     runtime = renamed_keyword("runtime", runtime, "backend", backend, default="numpy")
     if runtime not in RUNTIMES:
         raise IsanError(f"runtime must be numpy or onnx; got {runtime!r}")
-    if path not in ("auto",) + PATHS:
-        raise IsanError(f"path must be auto or one of {', '.join(PATHS)}; got {path!r}")
+    check_path(path, auto=True)
     src = default_model_path() if model is None else Path(model)
     if runtime == "onnx":
         if dtype != "float32":
