@@ -151,16 +151,14 @@ class DocScorer:
 
     def _bits(self, ids_list: list) -> list:
         """Bits of each text, all texts' chunks as rows of one chunk-parallel batch
-        (:meth:`Engine.score_ids`, by the kernel :func:`corpus_path` names). Each text is cut by its
+        (:meth:`Engine.score_ids`, by the kernel of the corpus engine's route). Each text is cut by its
         own length alone (:meth:`Engine.min_chunk` a chunk), so its bits do not depend on the batch.
         Raises StateDivergedError with ``text_index``."""
         eng = self.engine
-        kernel = corpus_path(eng)
         c = eng.min_chunk()
         plan = [max(1, len(x) // c) for x in ids_list]
         h0 = np.tile(eng.params.h0, (len(ids_list), 1))
-        bits, _, _ = eng.score_ids(ids_list, h0, chunks=plan, threads=self.threads,
-                                   kernel=kernel if eng.kernels.runs_tables else "chunked")
+        bits, _, _ = eng.score_ids(ids_list, h0, chunks=plan, threads=self.threads, kernel=eng.route(0).kernel)
         return bits
 
     def _score_rows(self, p: PreparedDocs, ids: np.ndarray, batch: list[int], rows: list) -> None:
