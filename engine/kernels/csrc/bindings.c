@@ -17,11 +17,24 @@
 #include "jobs.h"
 #include "trie.h"
 
-/* A call of a binding that takes keyword arguments only: a TypeError if any is positional. */
-static int keywords_only(const char *name, PyObject *args) {
+/* A call of a binding that takes keyword arguments only (kw, NULL-terminated): a TypeError if any
+ * is positional or not one of kw, naming it (a missing one is PyArg_ParseTupleAndKeywords'). */
+static int keywords_only(const char *name, PyObject *args, PyObject *kwargs, char **kw) {
     if (args && PyTuple_GET_SIZE(args) > 0) {
         PyErr_Format(PyExc_TypeError, "%s() takes keyword arguments only", name);
         return 0;
+    }
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (kwargs && PyDict_Next(kwargs, &pos, &key, &value)) {
+        const char *k = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+        int known = 0;
+        for (int i = 0; k && kw[i] && !known; i++) known = strcmp(k, kw[i]) == 0;
+        if (!known) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument %R", name, key);
+            return 0;
+        }
     }
     return 1;
 }
@@ -168,7 +181,7 @@ static PyObject *py_run_streams(PyObject *self, PyObject *args, PyObject *kwargs
     RowsArgs a;
     Py_buffer WT;
     int split_cols;
-    if (!keywords_only("run_streams", args) ||
+    if (!keywords_only("run_streams", args, kwargs, kw) ||
         !PyArg_ParseTupleAndKeywords(args, kwargs, "y*p" ROWS_FORMAT ":run_streams", kw, &WT, &split_cols,
                                      ROWS_TARGETS(a)))
         return NULL;
@@ -225,7 +238,7 @@ static PyObject *py_run_jumps(PyObject *self, PyObject *args, PyObject *kwargs) 
     RowsArgs a;
     Py_buffer M, m_off, klen, children, entry_of;
     int f16;
-    if (!keywords_only("run_jumps", args) ||
+    if (!keywords_only("run_jumps", args, kwargs, kw) ||
         !PyArg_ParseTupleAndKeywords(args, kwargs, "y*py*y*y*y*" ROWS_FORMAT ":run_jumps", kw, &M, &f16, &m_off,
                                      &klen, &children, &entry_of, ROWS_TARGETS(a)))
         return NULL;
@@ -267,7 +280,7 @@ static PyObject *py_seq_composed(PyObject *self, PyObject *args, PyObject *kwarg
     Py_buffer Ac, R, offsets, lengths, entries, ids, h, bits;
     int f16, d, V, max_len, want_bits, nt;
     float limit;
-    if (!keywords_only("seq_composed", args) ||
+    if (!keywords_only("seq_composed", args, kwargs, kw) ||
         !PyArg_ParseTupleAndKeywords(args, kwargs, "y*y*py*y*y*y*iiiw*w*pfi:seq_composed", kw, &Ac, &R, &f16,
                                      &offsets, &lengths, &entries, &ids, &d, &V, &max_len, &h, &bits, &want_bits,
                                      &limit, &nt))
@@ -338,7 +351,7 @@ static PyObject *py_trie_segment(PyObject *self, PyObject *args, PyObject *kwarg
     static char *kw[] = {"children", "entry_of", "K", "ids", "starts", "entries", NULL};
     Py_buffer children, entry_of, ids, starts, entries;
     int K;
-    if (!keywords_only("trie_segment", args) ||
+    if (!keywords_only("trie_segment", args, kwargs, kw) ||
         !PyArg_ParseTupleAndKeywords(args, kwargs, "y*y*iy*w*w*:trie_segment", kw, &children, &entry_of, &K, &ids,
                                      &starts, &entries))
         return NULL;
@@ -368,7 +381,7 @@ static PyObject *py_trie_segment(PyObject *self, PyObject *args, PyObject *kwarg
 static PyObject *py_greedy_segment(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kw[] = {"M", "starts", NULL};
     Py_buffer M, starts;
-    if (!keywords_only("greedy_segment", args) ||
+    if (!keywords_only("greedy_segment", args, kwargs, kw) ||
         !PyArg_ParseTupleAndKeywords(args, kwargs, "y*w*:greedy_segment", kw, &M, &starts))
         return NULL;
     const int64_t *m = (const int64_t *)M.buf;

@@ -31,7 +31,7 @@
 /* One thread's schedule; rows indexed from r0 (local index ls = s - r0). */
 typedef struct RowSched {
     RowsJob *R;
-    int tid, writes; /* writes: this thread writes the shared outputs (all but split by columns' 1..) */
+    int tid, writes; /* writes: this thread writes the shared outputs (split by columns: thread 0 alone) */
     int r0, r1, nr;  /* rows this thread schedules (all rows when split by columns) */
     int64_t *nstep;  /* steps each row has taken: its state is in H when even, in Hb when odd */
     int64_t *pos;    /* characters each row has read */
