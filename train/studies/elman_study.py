@@ -354,10 +354,6 @@ def summarise(records: list[dict]) -> dict:
     return res
 
 
-def _fmt(x, nd=3):
-    return "—" if x is None else f"{x:.{nd}f}"
-
-
 def welch_p(a: dict, b: dict) -> float | None:
     """Two-sided p of Welch's unpaired t-test (the paper's sec. 7 test) from two cells of :func:`summarise`
     (population std converted to the sample std); None with fewer than 2 runs or without scipy."""
@@ -398,9 +394,9 @@ def claims(summary: dict) -> dict:
     return out
 
 
-def write_table(results: Path, readme_out: Path | None = None) -> dict:
-    """TABLE.md, table.json and fig1.png from the committed logs under ``results``."""
-    results = Path(results)
+def _table_data(results: Path) -> tuple[dict, dict]:
+    """(table.json's content: the test set's entropy, Fig. 1's summary and the paper's claims, the ridge
+    check, the trained models' scores, the kappa study and the bundles; entropy.json) from ``results``."""
     ent = json.loads((results / "entropy.json").read_text())
     H = ent["splits"]["test"]["entropy"]["nnl"]
     recs = all_records(results)
@@ -415,23 +411,33 @@ def write_table(results: Path, readme_out: Path | None = None) -> dict:
     table = {"entropy_nnl": H, "entropy_bits": ent["splits"]["test"]["entropy"]["bits_per_symbol"],
              "fig1": summ, "claims": claims(summ), "ridge_check": ridge, "neural": neural, "kappa": kappa,
              "bundles": bundles}
-    (results / "table.json").write_text(json.dumps(table, indent=1) + "\n")
-    lines = ["# Elman's grammar: untrained-network baselines (Čerňanský et al. 2008, Fig. 1), ISAN and LSTM", "",
-             "Written by `isan study elman table --results results/elman` from the committed logs "
-             "(`fig1_runs.jsonl`, `entropy.json`, `neural/`, `kappa.json`); commands in `command.txt`.", "",
-             f"Test set: {ent['splits']['test']['sentences']:,} sentences, {ent['splits']['test']['symbols']:,} "
-             f"symbols; train: {ent['splits']['train']['sentences']:,} sentences, "
-             f"{ent['splits']['train']['symbols']:,} symbols. Grammar entropy of the test set "
-             f"H = {H:.4f} NNL ({table['entropy_bits']:.4f} bits/word). Every generated sentence passes both "
-             f"checkers: {ent['splits']['train']['grammatical_oracle']:,}/{ent['splits']['train']['sentences']:,} "
-             f"train, {ent['splits']['test']['grammatical_oracle']:,}/{ent['splits']['test']['sentences']:,} test.",
-             "", f"The paper's (sec. 5): train {PAPER_DATA['train_sentences']:,} sentences, "
-             f"{PAPER_DATA['train_symbols']:,} symbols; test {PAPER_DATA['test_sentences']:,} sentences, "
-             f"{PAPER_DATA['test_symbols']:,} symbols; H = {PAPER_DATA['H']} estimated on the test set. Ours has "
-             f"{ent['splits']['train']['symbols'] - PAPER_DATA['train_symbols']:+,} training and "
-             f"{ent['splits']['test']['symbols'] - PAPER_DATA['test_symbols']:+,} test symbols, and H "
-             f"{H - PAPER_DATA['H']:+.4f} NNL: its rule probabilities are ours (the paper gives none).",
-             "", "NNL on the test set (mean ± std over runs; lower is better; H is the floor):", ""]
+    return table, ent
+
+
+def _data_lines(ent: dict, table: dict) -> list[str]:
+    """TABLE.md's opening: the data's sizes and entropy beside the paper's."""
+    H = table["entropy_nnl"]
+    return ["# Elman's grammar: untrained-network baselines (Čerňanský et al. 2008, Fig. 1), ISAN and LSTM", "",
+            "Written by `isan study elman table --results results/elman` from the committed logs "
+            "(`fig1_runs.jsonl`, `entropy.json`, `neural/`, `kappa.json`); commands in `command.txt`.", "",
+            f"Test set: {ent['splits']['test']['sentences']:,} sentences, {ent['splits']['test']['symbols']:,} "
+            f"symbols; train: {ent['splits']['train']['sentences']:,} sentences, "
+            f"{ent['splits']['train']['symbols']:,} symbols. Grammar entropy of the test set "
+            f"H = {H:.4f} NNL ({table['entropy_bits']:.4f} bits/word). Every generated sentence passes both "
+            f"checkers: {ent['splits']['train']['grammatical_oracle']:,}/{ent['splits']['train']['sentences']:,} "
+            f"train, {ent['splits']['test']['grammatical_oracle']:,}/{ent['splits']['test']['sentences']:,} test.",
+            "", f"The paper's (sec. 5): train {PAPER_DATA['train_sentences']:,} sentences, "
+            f"{PAPER_DATA['train_symbols']:,} symbols; test {PAPER_DATA['test_sentences']:,} sentences, "
+            f"{PAPER_DATA['test_symbols']:,} symbols; H = {PAPER_DATA['H']} estimated on the test set. Ours has "
+            f"{ent['splits']['train']['symbols'] - PAPER_DATA['train_symbols']:+,} training and "
+            f"{ent['splits']['test']['symbols'] - PAPER_DATA['test_symbols']:+,} test symbols, and H "
+            f"{H - PAPER_DATA['H']:+.4f} NNL: its rule probabilities are ours (the paper gives none).",
+            "", "NNL on the test set (mean ± std over runs; lower is better; H is the floor):", ""]
+
+
+def _fig1_lines(summ: dict) -> list[str]:
+    """TABLE.md's Fig. 1 tables: the test NNL of each group of models by size."""
+    lines = []
     groups = (("esn-paper", ESN_SIZES, "reservoir units n", "The paper's ESN and ESN+ as written (sparse reservoir, "
                "output feedback, RLS readout; eq. 6), run on test text with their own output fed back and, in the "
                "-tf columns, with the feedback teacher-forced:"),
@@ -458,14 +464,25 @@ def write_table(results: Path, readme_out: Path | None = None) -> dict:
         runs = sorted({summ[m][s]["runs"] + summ[m][s].get("diverged", 0) for m in models for s in summ[m]})
         lines += ["", f"Runs per cell: {', '.join(map(str, runs))} (a diverged run, NNL not finite, is counted "
                   "beside the cell and left out of its mean).", ""]
-    lines += ["The paper's claims, size by size (mean NNL):", ""]
-    for k, v in table["claims"].items():
+    return lines
+
+
+def _claims_lines(claims: dict) -> list[str]:
+    """TABLE.md's check of the paper's claims, size by size."""
+    lines = ["The paper's claims, size by size (mean NNL):", ""]
+    for k, v in claims.items():
         beyond = sum(r["beyond_std"] and r["plus_better"] for r in v["rows"])
         worse = [r["size"] for r in v["rows"] if not r["plus_better"]]
         lines.append(f"- {k}: the + variant is better at {v['sizes_plus_better']} of {v['sizes']} sizes "
                      f"({beyond} by more than the two standard deviations combined; {v['sizes_plus_better_p05']} "
                      f"at p < 0.05 by Welch's t-test)"
                      + (f"; not at {worse}" if worse else "") + ".")
+    return lines
+
+
+def _neural_lines(neural: dict) -> list[str]:
+    """TABLE.md's table of the trained models (none without them)."""
+    lines = []
     if neural:
         lines += ["", "Trained models on the same data (one run each; valid and test NNL scored as one stream from "
                   "the initial state; the figure shows, per architecture, the run with the best valid NNL):", "",
@@ -474,6 +491,12 @@ def write_table(results: Path, readme_out: Path | None = None) -> dict:
         for name, r in neural.items():
             lines.append(f"| {r.get('label', name)} | {r.get('n_params', 0):,} | {r['valid_nnl']:.4f} | "
                          f"{r['test_nnl']:.4f} | {r['test_bits_per_word']:.4f} | [neural/{name}/](neural/{name}/) |")
+    return lines
+
+
+def _kappa_lines(kappa: dict | None) -> list[str]:
+    """TABLE.md's kappa study (none without it)."""
+    lines = []
     if kappa:
         lines += ["", "ISAN word-level attribution (kappa) at the main verb after a relative clause: "
                   "the plural-minus-singular verb logit that each earlier word contributes "
@@ -494,6 +517,12 @@ def write_table(results: Path, readme_out: Path | None = None) -> dict:
                      f"matrix and bias together) flips the predicted number in "
                      f"{kappa['swap_head_flips_number']:.1%} of sentences for the head noun and "
                      f"{kappa['swap_rc_noun_flips_number']:.1%} for the relative clause's noun.")
+    return lines
+
+
+def _bundles_and_ridge_lines(bundles: list | None, ridge: list) -> list[str]:
+    """TABLE.md's bundles' check and ridge check (none without them)."""
+    lines = []
     if bundles:
         lines += ["", "Bundles (run 0; `bundles/`), scored through `load_reservoir_bundle` against the direct "
                   "computation:", "", "| bundle | NNL (direct) | NNL (bundle) |", "|---|---:|---:|"]
@@ -502,6 +531,17 @@ def write_table(results: Path, readme_out: Path | None = None) -> dict:
     if ridge:
         lines += ["", "ESN ridge check (run 0, n = 100, valid NNL): " + "; ".join(
             f"{r['model']} {r['ridge']:g}: {r['valid_nnl']:.4f}" for r in ridge) + "."]
+    return lines
+
+
+def write_table(results: Path, readme_out: Path | None = None) -> dict:
+    """TABLE.md, table.json and fig1.png from the committed logs under ``results``."""
+    results = Path(results)
+    table, ent = _table_data(results)
+    (results / "table.json").write_text(json.dumps(table, indent=1) + "\n")
+    summ, neural, H = table["fig1"], table["neural"], table["entropy_nnl"]
+    lines = (_data_lines(ent, table) + _fig1_lines(summ) + _claims_lines(table["claims"]) + _neural_lines(neural)
+             + _kappa_lines(table["kappa"]) + _bundles_and_ridge_lines(table["bundles"], table["ridge_check"]))
     (results / "TABLE.md").write_text("\n".join(lines) + "\n")
     chosen = {}  # per kind, the run with the best valid NNL (the one the figure shows)
     for k, r in neural.items():
