@@ -33,17 +33,7 @@ FUNCTION_EXCEPTIONS = {
     "engine/corpus/job.py:score_corpus": "to split by concept: plan the parts, run them, write the summary",
     "engine/corpus/workers.py:run_workers": "to split by concept: start the pool, hand out the files, drain the results",
     "engine/divergence.py:repeat_divergence": "to split by concept: the symbols' repeats, the pairs' repeats, the verdict",
-    "engine/kernels/jumps.py:run_jumps_ref": "the numpy twin of the compiled kernel, kept step for step beside its "
-                                             "C: to split by round (jumps, stops, bits)",
     "engine/serve/cli.py:main": "click's options of isan-serve: to split the config's assembly from the start",
-    "engine/serve/connections.py:protocol_class": "a uvicorn protocol class built inside a function (uvicorn is "
-                                                  "imported when the server starts); to split: its methods",
-    "engine/serve/connections.py:ws_protocol_class": "the WebSocket twin of protocol_class, built inside a function "
-                                                     "for the same reason; to split: its methods",
-    "engine/serve/lens.py:_explain": "to split by concept: the request's checks, the attributions, the answer",
-    "engine/serve/openapi.py:declare": "to split: the routes' declarations and the stream's",
-    "engine/serve/schemas.py:build_schemas": "pydantic models built for a model's symbols: to split by request",
-    "engine/serve/websocket.py:StreamEndpoint.__call__": "to split by concept: the handshake, the frames' loop, the close",
     "train/loop.py:Trainer.__init__": "to split by concept: the data, the model, the optimizer, the resume",
     "train/loop.py:Trainer.run": "to split by concept: one step, the evaluation, the checkpoint",
     "train/studies/elman_study.py:write_table": "to split: the table's rows, the markdown, the figure",

@@ -267,6 +267,124 @@ def segment(nat, table: JumpTable, ids: np.ndarray) -> np.ndarray:
     return ents[:n]
 
 
+def _lse_bits(L: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Bits of ``targets`` under logits ``L`` (n, V), by a float64 log-sum-exp."""
+    L = L.astype(np.float64)
+    mx = L.max(axis=1, keepdims=True)
+    lse = np.log(np.exp(L - mx).sum(axis=1)) + mx[:, 0]
+    return (lse - L[np.arange(len(L)), targets]) * LOG2E
+
+
+class _JumpRows:
+    """The rows of :func:`run_jumps_ref` between rounds: where each is, what it takes next, and the
+    results the kernel returns (one thread's schedule of the compiled kernel, step for step)."""
+
+    def __init__(self, model: JumpTable, ids, start, length, H, bits, pairs, stop_ratio, check_every, limit, frac):
+        sm = model.stream
+        self.P = check_rows_arguments(sm, ids, start, length, H, bits, pairs)
+        self.model, self.ids64, self.start, self.length, self.H, self.bits = model, ids.astype(np.int64), start, length, H, bits
+        self.pairs, self.stop_ratio, self.check_every, self.limit = pairs, stop_ratio, check_every, limit
+        self.frac = check_frac(frac)
+        self.d, self.V, self.dp, self.Vp, self.RoT = sm.d, sm.V, sm.dp, sm.Vp, sm.RoT[:, : sm.V]
+        P = self.P
+        self.steps_done = np.zeros(P, dtype=np.int64)
+        self.residual = np.full(P, np.inf, dtype=np.float32)
+        self.diverged = np.full(P, -1, dtype=np.int64)
+        self.pos = np.zeros(P, dtype=np.int64)
+        self.nj = np.zeros(P, dtype=np.int64)  # jumps each row has taken
+        self.ent = np.full(P, -1, dtype=np.int64)  # the key a waiting row takes next
+        self.waiting = np.zeros(P, dtype=bool)  # in a key's queue
+        self.max_k = int(model.klen.max())
+        self.total, self.n_jumps = 0, 0
+
+    def longest(self, s: int) -> int:
+        """The greedy longest match from row s's position, not past its end."""
+        p0, avail = int(self.start[s] + self.pos[s]), int(self.length[s] - self.pos[s])
+        ch, en = self.model.children, self.model.entry_of
+        node, best = 0, -1
+        for j in range(min(avail, self.max_k)):
+            node = ch[node, self.ids64[p0 + j]]
+            if node < 0:
+                break
+            if en[node] >= 0:
+                best = int(en[node])
+        return best
+
+    def stop_or_queue(self, active: np.ndarray) -> None:
+        """Last round's rows that diverged, finished or (pairs, every check_every jumps) converged
+        stop; the others join the queue of the key they take next."""
+        pos, length, P = self.pos, self.length, self.P
+        gone = (self.diverged[active] >= 0) | (pos[active] >= length[active])
+        self.steps_done[active[gone]] = np.minimum(pos[active[gone]], length[active[gone]])
+        keep = ~gone
+        if self.pairs:
+            chk = keep & (self.nj[active] > 0) & (self.nj[active] % self.check_every == 0)
+            a = active[chk]
+            r = (np.abs(self.H[a + P]).max(axis=1) / np.abs(self.H[a]).max(axis=1)).astype(np.float32)
+            self.residual[a] = r
+            conv = r <= np.float32(self.stop_ratio)
+            self.steps_done[a[conv]] = pos[a[conv]]
+            keep[np.flatnonzero(chk)[conv]] = False
+        for s in active[keep].tolist():
+            self.ent[s] = self.longest(s)
+        self.waiting[active[keep]] = True
+
+    def take_round(self, queued: np.ndarray) -> np.ndarray:
+        """This round's rows: the queues at least ``frac`` of the longest."""
+        cnt = np.bincount(self.ent[queued], minlength=len(self.model.klen))
+        thr = max(1, int(np.float32(self.frac) * np.float32(cnt.max())))
+        active = queued[cnt[self.ent[queued]] >= thr]
+        self.waiting[active] = False
+        return active
+
+    def read_out(self, active: np.ndarray) -> None:
+        """The readout before each row's jump, and the range check of its state."""
+        p = self.start[active] + self.pos[active]
+        bad = ~(np.abs(self.H[active, : self.d]).max(axis=1) <= self.limit)
+        if self.bits is not None:
+            b = _lse_bits(self.H[active] @ self.RoT, self.ids64[p])
+            self.bits[p] = b
+            bad |= ~np.isfinite(b)
+        newly = bad & (self.diverged[active] < 0)
+        self.diverged[active[newly]] = self.pos[active[newly]]
+
+    def jump(self, active: np.ndarray) -> None:
+        """Every row of the round takes its key's jump (grouped by key), with the readouts inside it."""
+        H, d, P, klen = self.H, self.d, self.P, self.model.klen
+        ent_a = self.ent[active]
+        order = np.argsort(ent_a, kind="stable")
+        Hn = H.copy()
+        for grp in np.split(order, np.flatnonzero(np.diff(ent_a[order])) + 1):
+            e = int(ent_a[grp[0]])
+            Me, rows = self.model.M[e], active[grp]
+            Hn[rows, : d + 1] = H[rows, : d + 1] @ Me[:, : d + 1]
+            if self.pairs:
+                Hn[rows + P, : d + 1] = H[rows + P, : d + 1] @ Me[:, : d + 1]
+            if self.bits is not None and klen[e] > 1:
+                self.read_inside(rows, H[rows, : d + 1] @ Me[:, self.dp :], int(klen[e]))
+        H[:] = Hn
+        self.total += int(klen[ent_a].sum())
+        self.n_jumps += len(active)
+        self.pos[active] += klen[ent_a]
+        self.nj[active] += 1
+
+    def read_inside(self, rows: np.ndarray, L: np.ndarray, k: int) -> None:
+        """The bits of the characters a jump of ``k`` passes, from its readouts ``L`` (n, (k-1) Vp)."""
+        for c in range(1, k):
+            pc = self.start[rows] + self.pos[rows] + c
+            bc = _lse_bits(L[:, (c - 1) * self.Vp : (c - 1) * self.Vp + self.V], self.ids64[pc])
+            self.bits[pc] = bc
+            nf = ~np.isfinite(bc) & (self.diverged[rows] < 0)
+            self.diverged[rows[nf]] = self.pos[rows[nf]] + c
+
+    def result(self) -> StreamsResult:
+        """The results; a final state out of range is a divergence at the row's end."""
+        m = np.abs(self.H[: self.P, : self.d]).max(axis=1)
+        bad = (self.diverged < 0) & ~(m <= self.limit)
+        self.diverged[bad] = self.steps_done[bad]
+        return StreamsResult(self.total, self.steps_done, self.residual, self.diverged, self.n_jumps)
+
+
 def run_jumps_ref(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: np.ndarray, H: np.ndarray,
                   bits: np.ndarray | None = None, pairs: bool = False, stop_ratio: float = 0.0,
                   check_every: int = 16, limit: float = MAX_STATE_ABS, threads: int = 1,
@@ -274,106 +392,16 @@ def run_jumps_ref(model: JumpTable, ids: np.ndarray, start: np.ndarray, length: 
     """The numpy twin of :func:`run_jumps`: the same schedule (one thread's: ``threads`` and
     ``split`` are ignored), so the same rounds, jumps and stops; the bits agree within float32
     rounding (the log-softmax is float64 here)."""
-    sm = model.stream
-    P = check_rows_arguments(sm, ids, start, length, H, bits, pairs)
-    d, V, dp, Vp = sm.d, sm.V, sm.dp, sm.Vp
-    steps_done = np.zeros(P, dtype=np.int64)
-    residual = np.full(P, np.inf, dtype=np.float32)
-    diverged = np.full(P, -1, dtype=np.int64)
-    ids64 = ids.astype(np.int64)
-    pos = np.zeros(P, dtype=np.int64)
-    RoT = sm.RoT[:, :V]
-    ch, en, klen = model.children, model.entry_of, model.klen
-    max_k = int(klen.max())
-    frac = check_frac(frac)
-    nj = np.zeros(P, dtype=np.int64)  # jumps each row has taken
-    ent = np.full(P, -1, dtype=np.int64)  # the key a waiting row takes next
-    waiting = np.zeros(P, dtype=bool)  # in a key's queue
-    active = np.arange(P)  # the rows stepped last round (at first: every row, to be queued or stopped)
-    total, n_jumps = 0, 0
-
-    def lse_bits(L, targets):
-        L = L.astype(np.float64)
-        mx = L.max(axis=1, keepdims=True)
-        lse = np.log(np.exp(L - mx).sum(axis=1)) + mx[:, 0]
-        return (lse - L[np.arange(len(L)), targets]) * LOG2E
-
-    def longest(s):  # the greedy longest match from row s's position, not past its end
-        p0, avail = int(start[s] + pos[s]), int(length[s] - pos[s])
-        node, best = 0, -1
-        for j in range(min(avail, max_k)):
-            node = ch[node, ids64[p0 + j]]
-            if node < 0:
-                break
-            if en[node] >= 0:
-                best = int(en[node])
-        return best
-
+    rows = _JumpRows(model, ids, start, length, H, bits, pairs, stop_ratio, check_every, limit, frac)
+    active = np.arange(rows.P)  # the rows stepped last round (at first: every row, to be queued or stopped)
     while True:
-        # between rounds: last round's rows that diverged, finished or converged stop; the others queue
-        keep = np.ones(len(active), dtype=bool)
-        gone = (diverged[active] >= 0) | (pos[active] >= length[active])
-        steps_done[active[gone]] = np.minimum(pos[active[gone]], length[active[gone]])
-        keep &= ~gone
-        if pairs:
-            chk = keep & (nj[active] > 0) & (nj[active] % check_every == 0)
-            a = active[chk]
-            mh = np.abs(H[a]).max(axis=1)
-            me = np.abs(H[a + P]).max(axis=1)
-            r = (me / mh).astype(np.float32)
-            residual[a] = r
-            conv = r <= np.float32(stop_ratio)
-            steps_done[a[conv]] = pos[a[conv]]
-            keep[np.flatnonzero(chk)[conv]] = False
-        for s in active[keep].tolist():
-            ent[s] = longest(s)
-        waiting[active[keep]] = True
-        queued = np.flatnonzero(waiting)
+        rows.stop_or_queue(active)
+        queued = np.flatnonzero(rows.waiting)
         if len(queued) == 0:
-            break
-        # this round: the queues (rows by the key they take next) at least frac of the longest
-        cnt = np.bincount(ent[queued], minlength=len(klen))
-        thr = max(1, int(np.float32(frac) * np.float32(cnt.max())))
-        active = queued[cnt[ent[queued]] >= thr]
-        waiting[active] = False
-        p = start[active] + pos[active]
-        bad = ~(np.abs(H[active, :d]).max(axis=1) <= limit)
-        if bits is not None:
-            b = lse_bits(H[active] @ RoT, ids64[p])
-            bits[p] = b
-            bad |= ~np.isfinite(b)
-        newly = bad & (diverged[active] < 0)
-        diverged[active[newly]] = pos[active[newly]]
-        ent_a = ent[active]
-        order = np.argsort(ent_a, kind="stable")
-        cuts = np.flatnonzero(np.diff(ent_a[order])) + 1
-        Hn = H.copy()
-        for grp in np.split(order, cuts):
-            e = int(ent_a[grp[0]])
-            k = int(klen[e])
-            Me = model.M[e]
-            rows = active[grp]
-            Hn[rows, : d + 1] = H[rows, : d + 1] @ Me[:, : d + 1]
-            if pairs:
-                Hn[rows + P, : d + 1] = H[rows + P, : d + 1] @ Me[:, : d + 1]
-            if bits is not None and k > 1:
-                L = H[rows, : d + 1] @ Me[:, dp:]  # (n, (k-1) Vp)
-                for c in range(1, k):
-                    pc = start[rows] + pos[rows] + c
-                    bc = lse_bits(L[:, (c - 1) * Vp : (c - 1) * Vp + V], ids64[pc])
-                    bits[pc] = bc
-                    nf = ~np.isfinite(bc) & (diverged[rows] < 0)
-                    diverged[rows[nf]] = pos[rows[nf]] + c
-        H[:] = Hn
-        total += int(klen[ent_a].sum())
-        n_jumps += len(active)
-        pos[active] += klen[ent_a]
-        nj[active] += 1
-    final = H[:P, :d]
-    m = np.abs(final).max(axis=1)
-    bad = (diverged < 0) & ~(m <= limit)
-    diverged[bad] = steps_done[bad]
-    return StreamsResult(total, steps_done, residual, diverged, n_jumps)
+            return rows.result()
+        active = rows.take_round(queued)
+        rows.read_out(active)
+        rows.jump(active)
 
 
 @native_or_twin(run_jumps_ref)
