@@ -207,57 +207,18 @@ def main(host, port, model, path_mode, runtime, deprecated_backend, device, max_
     failed: list[str] = []
     runtime = chosen_runtime(runtime, deprecated_backend)
     try:
-        if workers > 1 and threads is None:
-            from isan.engine.serve.workers import worker_threads
-
-            threads = worker_threads(workers)
-        config = ServeConfig(max_chars=max_chars, max_pending_mb=max_pending_mb, max_streams=max_streams,
-                             max_stream_frames=max_stream_frames, round_chars=round_chars,
-                             min_slice_chars=min(_D.min_slice_chars, round_chars), request_timeout_s=request_timeout,
-                             stream_idle_timeout_s=stream_idle_timeout, batching=batching, threads=threads,
-                             state_secret=read_secret(state_secret_file), read_timeout_s=read_timeout,
-                             keep_alive_s=keep_alive_timeout, max_connections=max_connections,
-                             max_batch_texts=max_batch_texts, max_sample_chars=max_sample_chars,
-                             max_attribute_chars=max_attribute_chars, api_key=read_key(api_key_file), docs=docs, ui=ui,
-                             allow_origins=tuple(allow_origin), allow_hosts=tuple(allow_host) + bound_name(host),
-                             model_name=served_model_name, workers=workers,
-                             malloc_mmap_threshold_kib=malloc_mmap_threshold_kib)
-        import uvicorn
-
-        from isan.engine import load_engine
-        from isan.engine.bundle import read_manifest
-        from isan.engine.paths import default_model_path
-        from isan.engine.serve.app import create_app
-        from isan.engine.serve.model_info import ModelInfo
-
-        src = default_model_path() if model is None else model
-        manifest = read_manifest(src, verify="none")  # a missing or broken bundle is an error before listening
-
-        def load():
-            return load_engine(model, path=path_mode, runtime=runtime, device=device)
-
-        server = spec = None
-
-        def stop(msg: str) -> None:
-            failed.append(msg)
-            if server is not None:
-                server.should_exit = True
-
-        if workers > 1:  # each worker loads the model and builds its app (engine/serve/workers.py)
-            from isan.engine.serve.workers import WorkerSpec
-
-            spec = WorkerSpec(model, path_mode, runtime, device, config)
-        elif manifest.get("kind") == "isan" and runtime == "numpy":
-            # load while listening: /healthz answers "loading" (composing a table can take seconds)
-            app = create_app(loader=load, info=ModelInfo.of_manifest(manifest, str(src)), config=config,
-                             on_load_failed=stop)
-        else:  # other engines' states have other sizes than the manifest says: load first
-            app = create_app(load(), config=config)
-        if spec is None:
-            from isan.engine.serve.malloc import set_mmap_threshold
-
-            set_mmap_threshold(config.malloc_mmap_threshold_kib)  # each worker sets its own
-            server = uvicorn.Server(app.uvicorn_config(host, port, log_level))
+        config = _serve_config(
+            host=host, threads=threads, workers=workers, api_key_file=api_key_file,
+            state_secret_file=state_secret_file, allow_origin=allow_origin, allow_host=allow_host,
+            served_model_name=served_model_name, max_chars=max_chars, max_pending_mb=max_pending_mb,
+            max_streams=max_streams, max_stream_frames=max_stream_frames, round_chars=round_chars,
+            request_timeout=request_timeout, stream_idle_timeout=stream_idle_timeout, batching=batching,
+            read_timeout=read_timeout, keep_alive_timeout=keep_alive_timeout, max_connections=max_connections,
+            max_batch_texts=max_batch_texts, max_sample_chars=max_sample_chars,
+            max_attribute_chars=max_attribute_chars, docs=docs, ui=ui,
+            malloc_mmap_threshold_kib=malloc_mmap_threshold_kib)
+        manifest, src, server, spec = _prepare_server(model, path_mode, runtime, device, config, host, port,
+                                                      log_level, failed)
     except ModuleNotFoundError as e:
         raise click.ClickException(f"isan-serve needs {e.name}: {install_hint('serve')}") from None
     except IsanError as e:
@@ -277,3 +238,84 @@ def main(host, port, model, path_mode, runtime, deprecated_backend, device, max_
         run_to_the_end(server)
     if failed:
         raise click.ClickException(f"the model could not be loaded: {failed[0]}")
+
+
+def _serve_config(*, host, threads, workers, api_key_file, state_secret_file, allow_origin, allow_host,
+                  served_model_name, max_chars, max_pending_mb, max_streams, max_stream_frames, round_chars,
+                  request_timeout, stream_idle_timeout, batching, read_timeout, keep_alive_timeout, max_connections,
+                  max_batch_texts, max_sample_chars, max_attribute_chars, docs, ui,
+                  malloc_mmap_threshold_kib) -> ServeConfig:
+    """The server's config from ``isan-serve``'s options (each named as its option): the key and the
+    state secret read (:func:`read_key`, :func:`read_secret`), the ``--host`` name allowed, the kernel
+    threads shared among the ``workers`` when not given.
+
+    Raises:
+        click.ClickException: a key or secret file that cannot be read.
+        IsanError: a value :class:`ServeConfig` refuses.
+    """
+    if workers > 1 and threads is None:
+        from isan.engine.serve.workers import worker_threads
+
+        threads = worker_threads(workers)
+    return ServeConfig(max_chars=max_chars, max_pending_mb=max_pending_mb, max_streams=max_streams,
+                       max_stream_frames=max_stream_frames, round_chars=round_chars,
+                       min_slice_chars=min(_D.min_slice_chars, round_chars), request_timeout_s=request_timeout,
+                       stream_idle_timeout_s=stream_idle_timeout, batching=batching, threads=threads,
+                       state_secret=read_secret(state_secret_file), read_timeout_s=read_timeout,
+                       keep_alive_s=keep_alive_timeout, max_connections=max_connections,
+                       max_batch_texts=max_batch_texts, max_sample_chars=max_sample_chars,
+                       max_attribute_chars=max_attribute_chars, api_key=read_key(api_key_file), docs=docs, ui=ui,
+                       allow_origins=tuple(allow_origin), allow_hosts=tuple(allow_host) + bound_name(host),
+                       model_name=served_model_name, workers=workers,
+                       malloc_mmap_threshold_kib=malloc_mmap_threshold_kib)
+
+
+def _prepare_server(model, path_mode, runtime, device, config: ServeConfig, host, port, log_level,
+                    failed: list[str]):
+    """What serves: ``(manifest, its bundle's path, a uvicorn.Server or None, a WorkerSpec or None)``.
+    With ``config.workers`` > 1, the spec from which each worker loads the model and builds its app
+    (:mod:`isan.engine.serve.workers`); else the server, whose app loads an ISAN on the numpy runtime
+    while it listens (a failure to load is appended to ``failed`` and stops it), any other model
+    before. The bundle's manifest is read first: a missing or broken bundle fails before listening.
+
+    Raises:
+        IsanError: a missing or broken bundle, or a model that cannot be loaded (before listening).
+        ModuleNotFoundError: uvicorn, or another module of the serve extra, missing.
+    """
+    import uvicorn
+
+    from isan.engine import load_engine
+    from isan.engine.bundle import read_manifest
+    from isan.engine.paths import default_model_path
+    from isan.engine.serve.app import create_app
+    from isan.engine.serve.model_info import ModelInfo
+
+    src = default_model_path() if model is None else model
+    manifest = read_manifest(src, verify="none")  # a missing or broken bundle is an error before listening
+
+    def load():
+        return load_engine(model, path=path_mode, runtime=runtime, device=device)
+
+    server = spec = None
+
+    def stop(msg: str) -> None:
+        failed.append(msg)
+        if server is not None:
+            server.should_exit = True
+
+    if config.workers > 1:  # each worker loads the model and builds its app (engine/serve/workers.py)
+        from isan.engine.serve.workers import WorkerSpec
+
+        spec = WorkerSpec(model, path_mode, runtime, device, config)
+    elif manifest.get("kind") == "isan" and runtime == "numpy":
+        # load while listening: /healthz answers "loading" (composing a table can take seconds)
+        app = create_app(loader=load, info=ModelInfo.of_manifest(manifest, str(src)), config=config,
+                         on_load_failed=stop)
+    else:  # other engines' states have other sizes than the manifest says: load first
+        app = create_app(load(), config=config)
+    if spec is None:
+        from isan.engine.serve.malloc import set_mmap_threshold
+
+        set_mmap_threshold(config.malloc_mmap_threshold_kib)  # each worker sets its own
+        server = uvicorn.Server(app.uvicorn_config(host, port, log_level))
+    return manifest, src, server, spec
