@@ -15,7 +15,7 @@ import numpy as np
 
 from isan.engine.forgetting import ProvenForgetting
 from isan.engine.kernels.backends import Backend
-from isan.engine.kernels.plan import DEFAULT_MARGIN, DEFAULT_RTOL, Kernel, Plan
+from isan.engine.kernels.plan import DEFAULT_MARGIN, DEFAULT_RTOL, Kernel, ModelFacts, Plan
 from isan.params import ISANParams
 
 
@@ -141,13 +141,22 @@ class Planner:
         from isan.errors import IsanError
 
         cut = isinstance(chunks, str) and chunks == "auto"
-        planned = self.backend.plan(lengths, threads, self, cut=cut, kernel=kernel)
+        facts = ModelFacts(self.has_table, self.forget_bound_chars(rtol=self.backend.rtol), self.min_chunk())
+        planned = self.backend.plan(lengths, threads, facts, cut=cut, kernel=kernel)
         counts = planned.chunks
         if not isinstance(chunks, str):
             counts = tuple(int(c) for c in chunks)
             if len(counts) != len(lengths) or min(counts, default=1) < 1:
                 raise IsanError(f"give one chunk count of at least 1 for each of the {len(lengths)} texts; got {counts}")
-        return dataclasses.replace(planned, chunks=counts, fallback=self.fallback(lengths, counts))
+        model = planned.model if planned.model is not None else self.layout(planned.kernel)
+        return dataclasses.replace(planned, model=model, chunks=counts, fallback=self.fallback(lengths, counts))
+
+    def layout(self, kernel: Kernel):
+        """The model's weights in ``kernel``'s layout: the trie table's composed jumps
+        (:meth:`jump_table`; float16 for ``JUMPS_F16``) or the per-symbol layout (:meth:`stream_model`)."""
+        if kernel.uses_table:
+            return self.jump_table("float16" if kernel is Kernel.JUMPS_F16 else "float32")
+        return self.stream_model()
 
     def report(self, rep) -> dict:
         """A :class:`~isan.engine.kernels.chunked.ChunkedReport` as the scoring report: where it ran

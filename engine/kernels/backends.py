@@ -34,34 +34,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Protocol, Sequence, runtime_checkable
 
 from isan.engine.kernels import NAMES
-from isan.engine.kernels.plan import CHECK_EVERY, Kernel, Plan
+from isan.engine.kernels.plan import CHECK_EVERY, DEFAULT_RTOL, Kernel, ModelFacts, Plan
 from isan.errors import BackendUnavailableError, IsanError, install_hint
 
 if TYPE_CHECKING:  # names for the annotations only
     from isan.engine.kernels.chunked import BatchResult, Runner
-    from isan.engine.kernels.jumps import JumpTable
     from isan.engine.kernels.streams import StreamModel
     from isan.params import ISANParams
 
 #: The devices a user may name (``auto``: CUDA when torch sees a GPU, else the CPU).
 DEVICES = ("cpu", "cuda", "auto")
 DTYPES = ("float32", "float64")
-
-
-class PlanSource(Protocol):
-    """What a backend's :meth:`Backend.plan` reads from the model it plans for (the Engine's
-    :class:`~isan.engine.planning.Planner`): its kernel layouts, built on first use, and its
-    certificate's forgetting bound."""
-
-    has_table: bool
-
-    def stream_model(self) -> "StreamModel": ...
-
-    def jump_table(self, dtype: str = "float32") -> "JumpTable": ...
-
-    def min_chunk(self) -> int: ...
-
-    def forget_bound_chars(self, rtol: float | None = None, margin: float | None = None) -> int | None: ...
 
 
 #: Characters a call should hold where the caller chooses (:attr:`Backend.batch_chars`), by device.
@@ -89,6 +72,8 @@ class Backend(Protocol):
         one_process: whether a corpus job must run in one process (its GEMM libraries choose
             kernels by shape, so a document's last bits could depend on how the work was cut).
         reports_where: whether a scoring report names the backend and device (all but the default).
+        rtol: the correction's tolerance its plans stop at (the certificate's forgetting bound is
+            asked at it: :class:`~isan.engine.kernels.plan.ModelFacts`).
         rounding: the name of the kernel a corpus job records where the bits depend on the
             backend (``"torch-cuda-float32"``), or None where they are the CPU kernels'.
         batch_chars: characters a caller should hand over in one call where it can choose (a
@@ -115,7 +100,10 @@ class Backend(Protocol):
     @property
     def rounding(self) -> str | None: ...
 
-    def plan(self, lengths: Sequence[int], threads: int, source: PlanSource, cut: bool = True,
+    @property
+    def rtol(self) -> float: ...
+
+    def plan(self, lengths: Sequence[int], threads: int, facts: ModelFacts, cut: bool = True,
              kernel: Kernel = Kernel.AUTO) -> Plan: ...
 
     def fallback(self, params: "ISANParams", forget_bound_chars: int | None): ...
@@ -184,37 +172,41 @@ class CpuBackend(_Kernels):
     def rounding(self) -> str | None:
         return None
 
-    def plan(self, lengths: Sequence[int], threads: int, source: PlanSource, cut: bool = True,
+    @property
+    def rtol(self) -> float:
+        """The correction's tolerance its plans stop at (:data:`~isan.engine.kernels.plan.DEFAULT_RTOL`)."""
+        return DEFAULT_RTOL
+
+    def plan(self, lengths: Sequence[int], threads: int, facts: ModelFacts, cut: bool = True,
              kernel: Kernel = Kernel.AUTO) -> Plan:
         """How a batch of texts of these ``lengths`` runs on ``threads`` threads.
 
         Args:
             lengths: characters of each text.
             threads: kernel threads (the rows planned: ROWS_PER_THREAD a thread).
-            source: the model's layouts and chunk bounds (:class:`PlanSource`).
+            facts: what the plan reads of the model (:class:`~isan.engine.kernels.plan.ModelFacts`).
             cut: False for one row a text.
             kernel: ``"chunked"``, ``"jumps"``, ``"jumps-f16"`` or ``"auto"``: jumps when the model
                 has a trie table and the batch makes at least ``MIN_ROWS_PER_THREAD`` rows a thread
                 (queues by key need many rows), else chunked.
         Returns:
-            Plan.
+            Plan, without its model (the planner attaches the layout of its kernel).
         """
         from isan.engine.kernels.chunked import plan_chunks
         from isan.engine.kernels.jumps import MIN_ROWS_PER_THREAD, ROWS_PER_THREAD
 
         lengths = [int(n) for n in lengths]
-        planned = plan_chunks(lengths, target_rows=ROWS_PER_THREAD * threads, min_chunk=source.min_chunk()) \
+        planned = plan_chunks(lengths, target_rows=ROWS_PER_THREAD * threads, min_chunk=facts.min_chunk) \
             if cut else [1] * len(lengths)
         kernel = Kernel.of(kernel)
         if kernel is Kernel.AUTO:
             enough = sum(planned) >= MIN_ROWS_PER_THREAD * threads
-            kernel = Kernel.JUMPS if source.has_table and enough else Kernel.CHUNKED
+            kernel = Kernel.JUMPS if facts.has_table and enough else Kernel.CHUNKED
         if kernel.uses_table:
-            model = source.jump_table("float16" if kernel is Kernel.JUMPS_F16 else "float32")
-            return Plan(kernel, model, tuple(planned), self.jumps, path=kernel.value)
+            return Plan(kernel, None, tuple(planned), self.jumps, path=kernel.value)
         if kernel is not Kernel.CHUNKED:
             raise IsanError(f"the {self.name} backend runs the kernels auto, chunked, jumps and jumps-f16; got {kernel.value!r}")
-        return Plan(kernel, source.stream_model(), tuple(planned), self.streams)
+        return Plan(kernel, None, tuple(planned), self.streams)
 
     def fallback(self, params: "ISANParams", forget_bound_chars: int | None):
         """A certified model's proof that no chunk needs the float64 fallback
@@ -239,17 +231,24 @@ class TorchBackend(_Kernels):
     def rounding(self) -> str | None:
         return f"torch-{self.device.split(':')[0]}-{self.dtype}"
 
-    def plan(self, lengths: Sequence[int], threads: int, source: PlanSource, cut: bool = True,
+    @property
+    def rtol(self) -> float:
+        """The correction's tolerance its plans stop at: the dtype's (:mod:`isan.engine.kernels.torch.plan`)."""
+        from isan.engine.kernels.torch import plan
+
+        return plan.rtol(self.dtype)
+
+    def plan(self, lengths: Sequence[int], threads: int, facts: ModelFacts, cut: bool = True,
              kernel: Kernel = Kernel.AUTO) -> Plan:
         """Every batch on the per-symbol runner (``kernel`` is ignored), cut for the device
-        (:mod:`isan.engine.kernels.torch.plan`) at the dtype's tolerance."""
+        (:mod:`isan.engine.kernels.torch.plan`) at the dtype's tolerance (:attr:`rtol`); without its
+        model (the planner attaches it)."""
         from isan.engine.kernels.torch import plan
 
         lengths = [int(n) for n in lengths]
-        rtol = plan.rtol(self.dtype)
-        chunks = plan.chunks(lengths, self.device, threads, self.dtype, source.forget_bound_chars(rtol=rtol)) \
+        chunks = plan.chunks(lengths, self.device, threads, self.dtype, facts.forget_bound_chars) \
             if cut else [1] * len(lengths)
-        return Plan(Kernel.TORCH, source.stream_model(), tuple(chunks), self.streams, rtol=rtol,
+        return Plan(Kernel.TORCH, None, tuple(chunks), self.streams, rtol=self.rtol,
                     check_every=plan.check_every(self.device) or CHECK_EVERY, empty_bits=self.streams.empty_bits,
                     row_totals=True)
 

@@ -59,6 +59,23 @@ class Kernel(str, Enum):
         return self in (Kernel.JUMPS, Kernel.JUMPS_F16)
 
 
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a backend's plan reads of the model it plans for, as values the Engine's planner
+    gathers once a batch (:meth:`isan.engine.planning.Planner.plan`).
+
+    Attributes:
+        has_table: whether the model has a trie table (the jumps kernels can run).
+        forget_bound_chars: characters after which the certificate proves any start-state error
+            within the backend's tolerance (:attr:`Backend.rtol`); None without a certificate.
+        min_chunk: the shortest chunk the CPU kernels cut for this model, in characters.
+    """
+
+    has_table: bool
+    forget_bound_chars: int | None
+    min_chunk: int
+
+
 def host_bits(n: int) -> np.ndarray:
     """Where a runner writes the bits of ``n`` characters by default: ``(n,) float64``, uninitialised."""
     return np.empty(n, dtype=np.float64)
@@ -71,7 +88,8 @@ class Plan:
     Attributes:
         kernel: the :class:`Kernel` that advances the rows.
         model: the runner's weights: a :class:`~isan.engine.kernels.streams.StreamModel` or a
-            :class:`~isan.engine.kernels.jumps.JumpTable`.
+            :class:`~isan.engine.kernels.jumps.JumpTable` (a backend's plan leaves None: the
+            planner attaches the model's layout for the kernel).
         chunks: the chunk count of each text (1: not cut), one per text.
         runner: the kernel that advances the rows (:class:`~isan.engine.kernels.chunked.Runner`).
         fallback: what redoes a chunk whose correction does not settle
