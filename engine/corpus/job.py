@@ -220,6 +220,33 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
             this run wrote, all kept for a re-run to resume from.
     """
     executor = renamed_keyword("executor", executor, "runner", runner, default="local")
+    paths = _checked_inputs(inputs, executor, fmt, engine, workers, part_docs=part_docs, part_chars=part_chars,
+                            batch_chars=batch_chars, max_line_bytes=max_line_bytes, per_char_max=per_char_max)
+    t0 = time.perf_counter()
+    engine, on_actors = _job_engine(executor, engine, model, device, dtype, workers, readers)
+    cfg = _job_config(engine, on_actors, model, device, dtype, batch_chars, dict(
+        fmt=fmt, text_field=text_field, id_field=id_field, per_line=per_line, normalize=normalize, unknown=unknown,
+        replacement=replacement, per_char_max=per_char_max, part_docs=part_docs, part_chars=part_chars,
+        max_line_bytes=max_line_bytes))
+    out = Path(out)
+    paths = _open_job(out, cfg, paths)
+    records, where = _run_parts(executor, paths, cfg, out, engine, progress=progress, threads=threads,
+                                workers=workers, readers=readers, ray_address=ray_address, ray_actors=ray_actors,
+                                ray_cpus_per_actor=ray_cpus_per_actor)
+    seconds = time.perf_counter() - t0
+    summary = summarize(records, cfg, engine, seconds, where)
+    write_json_atomic(out / "summary.json", summary)
+    return summary
+
+
+def _checked_inputs(inputs: list[str] | str, executor: str, fmt: str, engine, workers: int, *, part_docs: int,
+                    part_chars: int, batch_chars: int | None, max_line_bytes: int, per_char_max: int) -> list[str]:
+    """The input files (``inputs`` expanded: :func:`~isan.engine.corpus.readers.expand_inputs`), once
+    the options that need no model are checked (those of :func:`score_corpus`).
+
+    Raises:
+        IsanError: a bad option, pyarrow missing, or no input file.
+    """
     if executor not in EXECUTORS:
         raise IsanError(f"executor must be local or ray; got {executor!r}")
     try:
@@ -244,7 +271,17 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
     if workers > 1 and (executor != "local" or engine is not None):
         raise IsanError("worker processes are the local executor's, and load the model themselves: pass model=, "
                         "not engine= (the Ray executor has its actors)")
-    t0 = time.perf_counter()
+    return paths
+
+
+def _job_engine(executor: str, engine, model, device: str, dtype: str, workers: int, readers: int | None):
+    """``(the engine the job is planned with, on_actors)``: ``engine``, else ``model`` loaded on
+    ``device`` in ``dtype``; ``on_actors`` when the Ray actors run the torch backend (a GPU, or
+    float64): they load the model on their device, and here it is loaded on the CPU for its identity.
+
+    Raises:
+        IsanError: options that the executor and the engine's backend cannot run together.
+    """
     if executor == "ray" and device == "auto":
         raise IsanError("name the device of a Ray job's actors, cpu or cuda: auto would be decided here, not on them")
     # the torch backend on the actors (a GPU, or float64): they load the model on their device, and
@@ -263,16 +300,26 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
         raise IsanError("reader processes (--readers) feed the torch backend (--device cuda, or --dtype float64), "
                         "which runs a job in one process, on the local executor; the CPU's kernels take worker "
                         "processes instead: use --workers N (workers= from Python)")
+    return engine, on_actors
+
+
+def _job_config(engine, on_actors: bool, model, device: str, dtype: str, batch_chars: int | None,
+                options: dict) -> JobConfig:
+    """The job's :class:`JobConfig`: the user's ``options`` (the fields that decide the output) with
+    the model's identity and kernel, and where it runs (the actors' ``device``, ``dtype`` and
+    kernel when ``on_actors``, else the engine's; ``batch_chars`` None: the backend's)."""
     if batch_chars is None and not on_actors:
         batch_chars = engine.kernels.batch_chars  # the backend's (the Ray actors' own on their device)
     kernel = actors_rounding(device, dtype) if on_actors else corpus_path(engine)  # as the actors name it
-    cfg = JobConfig(model=str(model) if model else None, params_sha256=engine.params_sha256, kernel=kernel,
-                    device=device if on_actors else engine.kernels.device,
-                    dtype=dtype if on_actors else engine.kernels.dtype, fmt=fmt,
-                    text_field=text_field, id_field=id_field, per_line=per_line, normalize=normalize, unknown=unknown,
-                    replacement=replacement, per_char_max=per_char_max, part_docs=part_docs, part_chars=part_chars,
-                    batch_chars=batch_chars, max_line_bytes=max_line_bytes)
-    out = Path(out)
+    return JobConfig(model=str(model) if model else None, params_sha256=engine.params_sha256, kernel=kernel,
+                     device=device if on_actors else engine.kernels.device,
+                     dtype=dtype if on_actors else engine.kernels.dtype, batch_chars=batch_chars, **options)
+
+
+def _open_job(out: Path, cfg: JobConfig, paths: list[str]) -> list[str]:
+    """Start the job in ``out``, or resume the same job there (:func:`_check_job`), with
+    ``out/shards`` ready (a killed run's unfinished writes removed); returns ``paths`` as the job
+    names them (resolved, once each, in order; as given in a job started before that)."""
     _check_job(out, cfg)
     if cfg.input_paths == "resolved":  # one name for a file however it was spelled (dict: once each, in order)
         paths = list(dict.fromkeys(resolve_input(p) for p in paths))
@@ -280,6 +327,19 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
     shards.mkdir(exist_ok=True)
     for leftover in shards.glob(".*.tmp"):  # a killed run's unfinished writes (never read)
         leftover.unlink(missing_ok=True)
+    return paths
+
+
+def _run_parts(executor: str, paths: list[str], cfg: JobConfig, out: Path, engine, *, progress: bool,
+               threads: int | None, workers: int, readers: int | None, ray_address: str | None,
+               ray_actors: int | None, ray_cpus_per_actor: float) -> tuple[list[dict], dict]:
+    """Score ``paths`` into ``out/shards`` where the job runs (the Ray actors, worker processes, or
+    this process), with the progress bar; returns ``(one done record per path, where it ran)``.
+
+    Raises:
+        JobInterrupted: Ctrl-C (or SIGTERM with worker or reader processes).
+    """
+    shards = out / "shards"
     bar = Progress(progress, _input_sizes(paths))
 
     def on_part(t: dict) -> None:
@@ -301,21 +361,7 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
                                          on_part=on_part if bar.bar is not None else None)
             where = {"runner": "local", **facts}  # the summary's key stays "runner" (its JSON is unchanged)
         else:
-            scorer = DocScorer(engine, cfg.options(threads))
-            n_readers = 0
-            if engine.kernels.one_process:
-                from isan.engine.corpus.feed import plan_readers
-
-                n_readers = plan_readers(readers, input_bytes([str(p) for p in paths]))
-            if n_readers > 0:
-                from isan.engine.corpus.feed import run_readers
-
-                records, facts = run_readers(paths, cfg, shards, scorer, n_readers, on_part=on_part)
-            else:
-                records = [process_file(scorer, cfg, p, shards, on_part=on_part) for p in paths]
-                facts = {"readers": 0} if engine.kernels.one_process else {}
-            where = {"runner": "local", "workers": 1, "threads": scorer.threads, "batch_chars": scorer.batch_chars,
-                     **facts}
+            records, where = _run_here(engine, paths, cfg, shards, threads, readers, on_part)
         if executor == "local" and engine.kernels.rounding is not None:  # say where it ran
             where.update(engine.kernels.describe())
     except KeyboardInterrupt:
@@ -324,10 +370,28 @@ def score_corpus(inputs: list[str] | str, out: str | os.PathLike, *, fmt: str = 
                              _count_files(shards, "*.part-*.parquet"), _count_files(shards, "*.done.json")) from None
     finally:
         bar.close()
-    seconds = time.perf_counter() - t0
-    summary = summarize(records, cfg, engine, seconds, where)
-    write_json_atomic(out / "summary.json", summary)
-    return summary
+    return records, where
+
+
+def _run_here(engine, paths: list[str], cfg: JobConfig, shards: Path, threads: int | None, readers: int | None,
+              on_part) -> tuple[list[dict], dict]:
+    """Score ``paths`` in this process (fed by reader processes on the torch backend, when
+    :func:`~isan.engine.corpus.feed.plan_readers` gives some); ``(records, where it ran)``."""
+    scorer = DocScorer(engine, cfg.options(threads))
+    n_readers = 0
+    if engine.kernels.one_process:
+        from isan.engine.corpus.feed import plan_readers
+
+        n_readers = plan_readers(readers, input_bytes([str(p) for p in paths]))
+    if n_readers > 0:
+        from isan.engine.corpus.feed import run_readers
+
+        records, facts = run_readers(paths, cfg, shards, scorer, n_readers, on_part=on_part)
+    else:
+        records = [process_file(scorer, cfg, p, shards, on_part=on_part) for p in paths]
+        facts = {"readers": 0} if engine.kernels.one_process else {}
+    return records, {"runner": "local", "workers": 1, "threads": scorer.threads, "batch_chars": scorer.batch_chars,
+                     **facts}
 
 
 def actors_rounding(device: str, dtype: str) -> str:
