@@ -199,13 +199,9 @@ def run_workers(paths: list[str], cfg, shards: Path, workers: int, threads: int,
     Raises:
         IsanError: a worker could not load the model, or died; what was written stands.
     """
-    from isan.engine.corpus.parts import FileParts
-    from isan.engine.corpus.scoring import DEFAULT_BATCH_CHARS  # the CPU's: workers run its kernels
-
     if threads < 1 or workers < 1:
         raise IsanError(f"workers and threads must be at least 1; got {workers}, {threads}")
     records: dict[str, dict] = {}
-    queue: deque[_Part] = deque()
     stats = {"worker_seconds": 0.0, "driver_busy_seconds": 0.0}
     ctx = multiprocessing.get_context("spawn")
     by_file = len(paths) >= FILES_PER_WORKER * workers
@@ -213,68 +209,83 @@ def run_workers(paths: list[str], cfg, shards: Path, workers: int, threads: int,
     progress = _progress_queue(ctx, ending) if by_file and on_part is not None else None
     ex = cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
                                 initargs=(asdict(cfg), threads, progress))
-    in_flight = 0
-
-    def drain(block: bool) -> None:
-        """Write the parts at the front of the queue whose pieces are back (waiting for the first
-        one's when ``block``)."""
-        nonlocal in_flight
-        while queue:
-            part = queue[0]
-            if not all(f.done() for f in part.futures):
-                if not block:
-                    return
-                cf.wait(part.futures)
-            block = False
-            queue.popleft()
-            t0 = time.perf_counter()
-            if part.futures or not part.path.is_file():
-                rows = []
-                for f in part.futures:
-                    piece_rows, seconds = f.result()
-                    rows.extend(piece_rows)
-                    stats["worker_seconds"] += seconds
-                in_flight -= len(part.futures)
-                part.file.add(part.path, part.docs, rows, part.file_error)
-            else:
-                part.file.add(part.path, part.docs, None, part.file_error)
-            if part.last:
-                records[part.file.path] = part.file.finish()
-            stats["driver_busy_seconds"] += time.perf_counter() - t0
-
     with ending, pool_run(lambda: ex, "worker"):
         if by_file:
             _by_file(ex, paths, cfg, shards, on_part, records, stats, progress)
-        for path in paths if not by_file else ():
-            t0 = time.perf_counter()
-            fp = FileParts(cfg, path, shards, on_part)
-            rec = fp.complete()
-            if rec is not None:
-                records[path] = rec
-                continue
-            parts = fp.cut()
-            nxt = next(parts, None)
-            if nxt is None:  # no document and no error: a done record of no part, as process_file writes
-                records[path] = fp.finish()
-            while nxt is not None:
-                part_path, docs, file_error = nxt
-                nxt = next(parts, None)
-                part = _Part(fp, part_path, docs, file_error, last=nxt is None)
-                if docs and not part_path.is_file():
-                    for piece in pieces(docs, workers, cfg.batch_chars or DEFAULT_BATCH_CHARS):
-                        part.futures.append(ex.submit(_score_piece, piece))
-                        in_flight += 1
-                queue.append(part)
-                stats["driver_busy_seconds"] += time.perf_counter() - t0
-                drain(block=False)
-                while in_flight > 2 * workers:
-                    drain(block=True)
-                t0 = time.perf_counter()
-            stats["driver_busy_seconds"] += time.perf_counter() - t0
-        while queue:
-            drain(block=True)
+        else:
+            _by_piece(ex, paths, cfg, shards, on_part, records, stats, workers)
     return [records[p] for p in paths], {"workers": workers, "threads": threads,
                                          "shares": "files" if by_file else "pieces", **stats}
+
+
+def _by_piece(ex, paths: list[str], cfg, shards: Path, on_part, records: dict, stats: dict, workers: int) -> None:
+    """Each input file read and cut into its parts here, as one process does
+    (:class:`~isan.engine.corpus.parts.FileParts`); each part not yet written handed to the workers
+    in pieces (:func:`pieces`, :func:`_score_piece`), and written, with its file's done record, in
+    order as they come back (:func:`_drain`); at most ``2 * workers`` pieces wait or run."""
+    from isan.engine.corpus.parts import FileParts
+    from isan.engine.corpus.scoring import DEFAULT_BATCH_CHARS  # the CPU's: workers run its kernels
+
+    queue: deque[_Part] = deque()
+    in_flight = 0
+    for path in paths:
+        t0 = time.perf_counter()
+        fp = FileParts(cfg, path, shards, on_part)
+        rec = fp.complete()
+        if rec is not None:
+            records[path] = rec
+            continue
+        parts = fp.cut()
+        nxt = next(parts, None)
+        if nxt is None:  # no document and no error: a done record of no part, as process_file writes
+            records[path] = fp.finish()
+        while nxt is not None:
+            part_path, docs, file_error = nxt
+            nxt = next(parts, None)
+            part = _Part(fp, part_path, docs, file_error, last=nxt is None)
+            if docs and not part_path.is_file():
+                for piece in pieces(docs, workers, cfg.batch_chars or DEFAULT_BATCH_CHARS):
+                    part.futures.append(ex.submit(_score_piece, piece))
+                    in_flight += 1
+            queue.append(part)
+            stats["driver_busy_seconds"] += time.perf_counter() - t0
+            in_flight -= _drain(queue, records, stats, block=False)
+            while in_flight > 2 * workers:
+                in_flight -= _drain(queue, records, stats, block=True)
+            t0 = time.perf_counter()
+        stats["driver_busy_seconds"] += time.perf_counter() - t0
+    while queue:
+        _drain(queue, records, stats, block=True)
+
+
+def _drain(queue: deque[_Part], records: dict, stats: dict, block: bool) -> int:
+    """Write the parts at the front of ``queue`` whose pieces are back (waiting for the first one's
+    when ``block``), and the done record of a file whose last part it wrote; returns the pieces
+    collected."""
+    collected = 0
+    while queue:
+        part = queue[0]
+        if not all(f.done() for f in part.futures):
+            if not block:
+                return collected
+            cf.wait(part.futures)
+        block = False
+        queue.popleft()
+        t0 = time.perf_counter()
+        if part.futures or not part.path.is_file():
+            rows = []
+            for f in part.futures:
+                piece_rows, seconds = f.result()
+                rows.extend(piece_rows)
+                stats["worker_seconds"] += seconds
+            collected += len(part.futures)
+            part.file.add(part.path, part.docs, rows, part.file_error)
+        else:
+            part.file.add(part.path, part.docs, None, part.file_error)
+        if part.last:
+            records[part.file.path] = part.file.finish()
+        stats["driver_busy_seconds"] += time.perf_counter() - t0
+    return collected
 
 
 def _progress_queue(ctx, ending: contextlib.ExitStack):
