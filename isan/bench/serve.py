@@ -116,90 +116,134 @@ def run_bench(model: str | None = None, data: str = "../shared/data/text8_head/t
                  "model": {"source": str(eng.source), "params_sha256": eng.params_sha256},
                  "server_args": list(server_args or [])}
     if url is not None:
-        h = get_healthz(host, port)
-        if h is None or h.get("status") != "ready":
-            raise IsanError(f"{url} does not answer GET /healthz as a ready isan-serve "
-                            f"({'no answer' if h is None else h.get('status') or h.get('error')})")
-        theirs = (h.get("model") or {}).get("params_sha256")
-        if theirs != eng.params_sha256:
-            raise IsanError(f"{url} serves another model (params_sha256 {theirs}) than the benchmark's "
-                            f"{eng.source} ({eng.params_sha256}): give its bundle with --model")
+        _check_endpoint(url, host, port, eng)
         out["url"] = url
     args = list(server_args or [])
     if model:
         args += ["--model", str(model)]
-    n = max(1, min(len(valid) // text_chars, max(2 * clients, 16), 200))  # distinct texts, cycled
-    texts = [valid[i * text_chars : (i + 1) * text_chars] for i in range(n)]
-    spans = [["valid", i * text_chars, (i + 1) * text_chars] for i in range(n)]  # where each text lies in --data
-    expected = [r.bits for r in (eng.score(t) for t in texts)] if {"http", "completions"} & set(which) else []
-    lo, hi = parse_chunk_chars(chunk_chars)
-    rng = np.random.default_rng(seed)
-    plans = [rng.integers(lo, hi + 1, size=chunks).tolist() for _ in range(streams)]
-    starts = rng.integers(0, max(1, len(valid) - chunks * hi), size=streams)
-    stream_texts = [valid[a : a + sum(p)] for a, p in zip(starts, plans)]
-    stream_spans = [["valid", int(a), int(a + sum(p))] for a, p in zip(starts, plans)]
-    big = (test * (big_chars // len(test) + 1))[:big_chars]
-
-    def measure(host: str, port: int, srv: ServerProcess | None = None) -> dict:
-        """The measurements against ``host:port``; ``srv``: the server started here (memory, workers)."""
-        pid = srv.pid if srv is not None else None
-        res: dict = {"server_pid_rss_mib_idle": round(rss_mib(pid)[0], 1)} if pid else {}
-        if "http" in which:
-            say(f"http: {clients} clients posting {text_chars}-character texts for {duration_s:g} s")
-            asyncio.run(http_load(host, port, texts[:2], expected[:2], 2, 1.0))  # warm-up
-            before = srv.worker_health() if workers and srv is not None else None
-            res["http"] = asyncio.run(http_load(host, port, texts, expected, clients, duration_s,
-                                                 connect_first=before is not None, spans=spans))
-            if before is not None:  # how the kernel shared the connections among the workers
-                res["http"]["workers"] = worker_shares(before, srv.worker_health(), srv.worker_pids,
-                                                 res["http"].pop("connections_by_pid", {}))
-        if "completions" in which:  # the same texts through the OpenAI-compatible API (echo, logprobs=1)
-            say(f"completions: {clients} clients posting {text_chars}-character prompts (max_tokens 0, echo, "
-                f"logprobs 1) for {duration_s:g} s")
-            res["completions"] = asyncio.run(http_load(host, port, texts, expected, clients, duration_s,
-                                                        path="/v1/completions", make_body=completions_request_body,
-                                                        bits_of=completions_answer_bits, spans=spans))
-        if "stream" in which:
-            say(f"stream: {streams} WebSocket streams x {chunks} chunks of {lo}-{hi} characters")
-            want = [eng.score(t).bits for t in stream_texts]  # offline, on the engine's own path
-            res["stream"] = asyncio.run(stream_load(host, port, stream_texts, want, plans, pid, spans=stream_spans))
-        if "memory" in which:
-            say(f"memory: {big_requests} concurrent requests of {big_chars:,} characters")
-            res["memory"] = asyncio.run(memory_probe(host, port, pid, big, big_requests))
-        if "cancel" in which:
-            k = min(big_chars, 500_000)
-            say(f"cancel: {cancel_clients} clients send {k:,} characters and leave after {cancel_after_s:g} s; then a "
-                "new stream")
-            res["cancel"] = asyncio.run(cancel_probe(host, port, big[:k], cancel_after_s, cancel_clients))
-        if "slow" in which:
-            say(f"slow: {slow_conns} connections that send 14 of the 1,000 bytes they declare")
-            res["slow"] = asyncio.run(slow_body_probe(host, port, slow_conns))
-        if pid:
-            res["server_rss_mib_end"], res["server_rss_mib_peak"] = (round(x, 1) for x in rss_mib(pid))
-        return res
-
+    load = _Load(eng, say, which, workers, clients, text_chars, duration_s, streams, chunks, big_chars, big_requests,
+                 cancel_after_s, slow_conns, cancel_clients)
+    load.prepare(valid, test, chunk_chars, seed)
     if url is not None:
         say(f"the endpoint at {url}")
-        out.update(measure(host, port))
+        out.update(load.measure(host, port))
         return out
     if not workers:
         with ServerProcess(args) as srv:
-            out.update(measure("127.0.0.1", srv.port, srv))
+            out.update(load.measure("127.0.0.1", srv.port, srv))
         return out
     out["workers"] = []
     for count in workers:
         say(f"isan-serve --workers {count}")
         with ServerProcess(args + ["--workers", str(count)]) as srv:
-            out["workers"].append({"workers": count, **measure("127.0.0.1", srv.port, srv)})
+            out["workers"].append({"workers": count, **load.measure("127.0.0.1", srv.port, srv)})
     if "http" in which:
-        base = out["workers"][0]["http"]["requests_per_s"]
-        out["scaling"] = [{"workers": w["workers"], "requests_per_s": w["http"]["requests_per_s"],
-                           "ratio": w["http"]["requests_per_s"] / base if base else None,
-                           "latency_s": w["http"]["latency_s"], "statuses": w["http"]["statuses"],
-                           "max_rel_bits_error": w["http"]["max_rel_bits_error"],
-                           "max_abs_bits_error": w["http"]["max_abs_bits_error"], "worst_span": w["http"]["worst_span"],
-                           "worker_shares": [x["share"] for x in w["http"]["workers"]]} for w in out["workers"]]
+        out["scaling"] = _scaling(out["workers"])
     return out
+
+
+def _check_endpoint(url: str, host: str, port: int, eng) -> None:
+    """Raise IsanError unless ``url`` answers ``/healthz`` ready, serving ``eng``'s model."""
+    h = get_healthz(host, port)
+    if h is None or h.get("status") != "ready":
+        raise IsanError(f"{url} does not answer GET /healthz as a ready isan-serve "
+                        f"({'no answer' if h is None else h.get('status') or h.get('error')})")
+    theirs = (h.get("model") or {}).get("params_sha256")
+    if theirs != eng.params_sha256:
+        raise IsanError(f"{url} serves another model (params_sha256 {theirs}) than the benchmark's "
+                        f"{eng.source} ({eng.params_sha256}): give its bundle with --model")
+
+
+def _scaling(per_count: list[dict]) -> list[dict]:
+    """Each worker count's HTTP figures, its requests/s as a ratio to the first count's."""
+    base = per_count[0]["http"]["requests_per_s"]
+    return [{"workers": w["workers"], "requests_per_s": w["http"]["requests_per_s"],
+             "ratio": w["http"]["requests_per_s"] / base if base else None,
+             "latency_s": w["http"]["latency_s"], "statuses": w["http"]["statuses"],
+             "max_rel_bits_error": w["http"]["max_rel_bits_error"],
+             "max_abs_bits_error": w["http"]["max_abs_bits_error"], "worst_span": w["http"]["worst_span"],
+             "worker_shares": [x["share"] for x in w["http"]["workers"]]} for w in per_count]
+
+
+class _Load:
+    """The load of :func:`run_bench` (its arguments of the same names), the texts it sends
+    (:meth:`prepare`) and the measurements against one server (:meth:`measure`)."""
+
+    def __init__(self, eng, say, which, workers, clients: int, text_chars: int, duration_s: float, streams: int,
+                 chunks: int, big_chars: int, big_requests: int, cancel_after_s: float, slow_conns: int,
+                 cancel_clients: int):
+        self.eng, self.say, self.which, self.workers = eng, say, which, workers
+        self.clients, self.text_chars, self.duration_s = clients, text_chars, duration_s
+        self.streams, self.chunks, self.big_chars, self.big_requests = streams, chunks, big_chars, big_requests
+        self.cancel_after_s, self.slow_conns, self.cancel_clients = cancel_after_s, slow_conns, cancel_clients
+
+    def prepare(self, valid: str, test: str, chunk_chars, seed: int) -> None:
+        """The HTTP texts and their offline bits, each stream's chunk sizes and text, the probes' big text
+        (where each text lies in ``--data``: its span). Raises IsanError: bad ``chunk_chars``."""
+        text_chars, streams, chunks, which = self.text_chars, self.streams, self.chunks, self.which
+        n = max(1, min(len(valid) // text_chars, max(2 * self.clients, 16), 200))  # distinct texts, cycled
+        self.texts = [valid[i * text_chars : (i + 1) * text_chars] for i in range(n)]
+        self.spans = [["valid", i * text_chars, (i + 1) * text_chars] for i in range(n)]
+        self.expected = [r.bits for r in (self.eng.score(t) for t in self.texts)] \
+            if {"http", "completions"} & set(which) else []
+        self.lo, self.hi = lo, hi = parse_chunk_chars(chunk_chars)
+        rng = np.random.default_rng(seed)
+        self.plans = plans = [rng.integers(lo, hi + 1, size=chunks).tolist() for _ in range(streams)]
+        starts = rng.integers(0, max(1, len(valid) - chunks * hi), size=streams)
+        self.stream_texts = [valid[a : a + sum(p)] for a, p in zip(starts, plans)]
+        self.stream_spans = [["valid", int(a), int(a + sum(p))] for a, p in zip(starts, plans)]
+        self.big = (test * (self.big_chars // len(test) + 1))[:self.big_chars]
+
+    def measure(self, host: str, port: int, srv: ServerProcess | None = None) -> dict:
+        """The measurements against ``host:port``; ``srv``: the server started here (memory, workers)."""
+        pid = srv.pid if srv is not None else None
+        res: dict = {"server_pid_rss_mib_idle": round(rss_mib(pid)[0], 1)} if pid else {}
+        self._http(host, port, srv, res)
+        if "stream" in self.which:
+            self.say(f"stream: {self.streams} WebSocket streams x {self.chunks} chunks of {self.lo}-{self.hi} "
+                     "characters")
+            want = [self.eng.score(t).bits for t in self.stream_texts]  # offline, on the engine's own path
+            res["stream"] = asyncio.run(stream_load(host, port, self.stream_texts, want, self.plans, pid,
+                                                    spans=self.stream_spans))
+        self._probes(host, port, pid, res)
+        if pid:
+            res["server_rss_mib_end"], res["server_rss_mib_peak"] = (round(x, 1) for x in rss_mib(pid))
+        return res
+
+    def _http(self, host: str, port: int, srv: ServerProcess | None, res: dict) -> None:
+        """The HTTP load on /v1/score (``http``) and /v1/completions (``completions``) into ``res``."""
+        clients, text_chars, duration_s, texts, expected = (self.clients, self.text_chars, self.duration_s,
+                                                            self.texts, self.expected)
+        if "http" in self.which:
+            self.say(f"http: {clients} clients posting {text_chars}-character texts for {duration_s:g} s")
+            asyncio.run(http_load(host, port, texts[:2], expected[:2], 2, 1.0))  # warm-up
+            before = srv.worker_health() if self.workers and srv is not None else None
+            res["http"] = asyncio.run(http_load(host, port, texts, expected, clients, duration_s,
+                                                connect_first=before is not None, spans=self.spans))
+            if before is not None:  # how the kernel shared the connections among the workers
+                res["http"]["workers"] = worker_shares(before, srv.worker_health(), srv.worker_pids,
+                                                       res["http"].pop("connections_by_pid", {}))
+        if "completions" in self.which:  # the same texts through the OpenAI-compatible API (echo, logprobs=1)
+            self.say(f"completions: {clients} clients posting {text_chars}-character prompts (max_tokens 0, echo, "
+                     f"logprobs 1) for {duration_s:g} s")
+            res["completions"] = asyncio.run(http_load(host, port, texts, expected, clients, duration_s,
+                                                       path="/v1/completions", make_body=completions_request_body,
+                                                       bits_of=completions_answer_bits, spans=self.spans))
+
+    def _probes(self, host: str, port: int, pid: int | None, res: dict) -> None:
+        """The memory, cancellation and slow-body probes into ``res``."""
+        if "memory" in self.which:
+            self.say(f"memory: {self.big_requests} concurrent requests of {self.big_chars:,} characters")
+            res["memory"] = asyncio.run(memory_probe(host, port, pid, self.big, self.big_requests))
+        if "cancel" in self.which:
+            k = min(self.big_chars, 500_000)
+            self.say(f"cancel: {self.cancel_clients} clients send {k:,} characters and leave after "
+                     f"{self.cancel_after_s:g} s; then a new stream")
+            res["cancel"] = asyncio.run(cancel_probe(host, port, self.big[:k], self.cancel_after_s,
+                                                     self.cancel_clients))
+        if "slow" in self.which:
+            self.say(f"slow: {self.slow_conns} connections that send 14 of the 1,000 bytes they declare")
+            res["slow"] = asyncio.run(slow_body_probe(host, port, self.slow_conns))
 
 
 #: the measurements ``run_bench(url=...)`` takes: the load, not one server's memory or metrics
