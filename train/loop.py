@@ -101,32 +101,51 @@ class Trainer(RunDirectory):
     def __init__(self, cfg: TrainConfig, out_dir: str | Path, corpus: Corpus | None = None, progress_bar: bool = True,
                  overrides: dict | None = None, dist=None):
         """``dist``: a :class:`isan.train.ddp.DistContext` for data-parallel training (None: one process)."""
-        self.out = Path(out_dir)
-        self.dist = dist
+        self.out, self.dist = Path(out_dir), dist
         self.main = dist is None or dist.is_main
         self.progress_bar = progress_bar and self.main
-        cfg_path = self.out / "config.json"
-        # rank 0 reads the run directory and sends it to the others (they need not see it)
-        stored = self._read_run_dir() if self.main else None
-        if dist is not None:
-            stored = dist.broadcast(stored)
-        if isinstance(stored, Exception):
-            raise stored
-        self.resumed = stored is not None
-        if self.resumed:
-            saved = stored["config"]
-            if saved.get("format") != CHECKPOINT_FORMAT:
-                raise CheckpointError(f"{cfg_path} is not an isan checkpoint config")
-            cfg = TrainConfig.from_dict({**saved["train"], **{k: v for k, v in (overrides or {}).items()
-                                                               if k in self.RESUME_OVERRIDES and v is not None}})
-        if dist is not None:
-            cfg = TrainConfig.from_dict({**asdict(cfg), "device": dist.device})
-        self.cfg = cfg
+        cfg, stored = self._run_config(cfg, overrides)
+        self.resumed, self.cfg = stored is not None, cfg
         if cfg.device.startswith("cuda") and not torch.cuda.is_available():
             raise IsanError("--device cuda was asked for but torch sees no CUDA GPU; use --device cpu")
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
+        alphabet, K, V = self._load_data(cfg, corpus)
+        init = self._model_options(cfg)
+        self.teacher_logq = None  # (N, V) float16 log q over the train split (train/distill.py)
+        self.train_ids = self.corpus.train  # what an epoch reads: the train split, and any synthetic text
+        check_synthetic_chars(cfg.synthetic_chars, V)  # a whole number 0 or more that fits in memory, before any work
+        if cfg.synthetic_chars and dist is not None:
+            raise IsanError("--synthetic-chars is not supported with --distributed training")
+        if cfg.teacher or cfg.distill or cfg.synthetic_chars:
+            cfg = self.cfg = self._with_teacher(cfg, alphabet)
+        self._build_model(cfg, K, V, init)
+        self._build_optimizer(cfg)
+        self.progress, self.carry = Progress(lr=cfg.lr), None
+        self._resume_or_start(stored, alphabet_config(alphabet))
+
+    def _run_config(self, cfg: TrainConfig, overrides: dict | None) -> tuple[TrainConfig, dict | None]:
+        """(the run's config: config.json's on resume, with the budget ``overrides``; the rank's device with
+        ``dist``, what a resume reads from ``out`` or None). Raises CheckpointError: it cannot resume."""
+        # rank 0 reads the run directory and sends it to the others (they need not see it)
+        stored = self._read_run_dir() if self.main else None
+        if self.dist is not None:
+            stored = self.dist.broadcast(stored)
+        if isinstance(stored, Exception):
+            raise stored
+        if stored is not None:
+            saved = stored["config"]
+            if saved.get("format") != CHECKPOINT_FORMAT:
+                raise CheckpointError(f"{self.out / 'config.json'} is not an isan checkpoint config")
+            cfg = TrainConfig.from_dict({**saved["train"], **{k: v for k, v in (overrides or {}).items()
+                                                               if k in self.RESUME_OVERRIDES and v is not None}})
+        if self.dist is not None:
+            cfg = TrainConfig.from_dict({**asdict(cfg), "device": self.dist.device})
+        return cfg, stored
+
+    def _load_data(self, cfg: TrainConfig, corpus: Corpus | None) -> tuple[object, int, int]:
+        """Set the task (None: a language model), metric, corpus, unit and input map; (alphabet, K, V)."""
         # a task (isan.train.tasks.parentheses) brings its own data, outputs, loss and metric; else a language model
         self.task = task_for(cfg.model)
         if self.task and cfg.alphabet != "chars":
@@ -141,8 +160,11 @@ class Trainer(RunDirectory):
         imap = getattr(alphabet, "input_map", None)
         self.input_map = None if imap is None else \
             torch.as_tensor(np.asarray(imap), dtype=torch.int64, device=cfg.device)  # output id -> input id (V,)
-        if self.task:
-            V = self.task.n_outputs
+        return alphabet, K, (self.task.n_outputs if self.task else V)
+
+    def _model_options(self, cfg: TrainConfig) -> dict:
+        """The model's keyword options (``init_scale``, ``state_dropout``), once the options that shape it
+        are checked (IsanError: one that does not apply, or a structure the run cannot train)."""
         init = {"init_scale": cfg.init_scale} if cfg.init_scale is not None else {}
         if (cfg.stable_rho or cfg.state_dropout) and (self.task or cfg.model != "isan"):
             raise IsanError("--stable-rho and --state-dropout apply to the isan model only")
@@ -154,16 +176,14 @@ class Trainer(RunDirectory):
             from isan.train.structured import structure_problem
 
             problem = structure_problem(cfg.structure, cfg.rank, cfg.model, cfg.d, cfg.stable_rho, cfg.stable_basis,
-                                        cfg.teacher, cfg.alphabet, dist is not None)
+                                        cfg.teacher, cfg.alphabet, self.dist is not None)
             if problem:
                 raise IsanError(problem)
-        self.teacher_logq = None  # (N, V) float16 log q over the train split (train/distill.py)
-        self.train_ids = self.corpus.train  # what an epoch reads: the train split, and any synthetic text
-        check_synthetic_chars(cfg.synthetic_chars, V)  # a whole number 0 or more that fits in memory, before any work
-        if cfg.synthetic_chars and dist is not None:
-            raise IsanError("--synthetic-chars is not supported with --distributed training")
-        if cfg.teacher or cfg.distill or cfg.synthetic_chars:
-            cfg = self.cfg = self._with_teacher(cfg, alphabet)
+        return init
+
+    def _build_model(self, cfg: TrainConfig, K: int, V: int, init: dict) -> None:
+        """Build the model on the device (a stable ISAN, a DPLR ISAN, or :func:`build_model`'s), its hooks
+        (``constrain_``, ``aux_loss``), this rank's streams and the forward pass (DDP's with ``dist``)."""
         if cfg.stable_rho:
             from isan.train.models import ISAN
             from isan.train.stable import StableISAN
@@ -180,8 +200,8 @@ class Trainer(RunDirectory):
             self.model = build_model(self.task.model_kind if self.task else cfg.model, K, V, d=cfg.d,
                                      params=cfg.params, seed=cfg.seed, **init).to(cfg.device)
         self.n_params = sum(p.numel() for p in self.model.parameters())
-        self.constrain = getattr(self.model, "constrain_", None)
-        self.aux = getattr(self.model, "aux_loss", None)
+        self.constrain, self.aux = getattr(self.model, "constrain_", None), getattr(self.model, "aux_loss", None)
+        dist = self.dist
         self.streams = slice(0, cfg.batch_size) if dist is None else dist.shard(cfg.batch_size)
         self.B_local = self.streams.stop - self.streams.start
         self.forward = self.model
@@ -192,6 +212,9 @@ class Trainer(RunDirectory):
             self.forward = DistributedDataParallel(
                 self.model, device_ids=[dist.local_rank] if dist.backend == "nccl" else None,
                 find_unused_parameters=True)
+
+    def _build_optimizer(self, cfg: TrainConfig) -> None:
+        """Adam (AdamW on the matrices only, with ``weight_decay``) and the weights' average (``ema``)."""
         if cfg.weight_decay:
             no_decay = set(getattr(self.model, "no_decay", ()))  # biases, h0, the basis P: not decayed
             named = list(self.model.named_parameters())
@@ -204,9 +227,11 @@ class Trainer(RunDirectory):
         # certified too, ||sum a_i U_i|| <= rho); evaluated beside the live weights, saved as best when better
         self.ema = {n: p.detach().clone() for n, p in self.model.named_parameters()} if cfg.ema else None
         self._best_tensors = None  # the weights _save_best writes (None: the live model's)
-        self.progress = Progress(lr=cfg.lr)
-        self.carry = None
-        alpha = alphabet_config(alphabet)
+
+    def _resume_or_start(self, stored: dict | None, alpha: dict) -> None:
+        """Load the resume point (CheckpointError: the data gives another alphabet than the run's), or
+        write a new run's config.json (rank 0)."""
+        cfg_path = self.out / "config.json"
         if self.resumed:
             if not self.task and stored["config"].get("alphabet") != alpha["alphabet"]:
                 raise CheckpointError(f"the data now gives another alphabet than {cfg_path} records; "
@@ -214,12 +239,10 @@ class Trainer(RunDirectory):
             self._load_latest(*stored["latest"])
         elif self.main:
             self.out.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(cfg_path, {
-                "format": CHECKPOINT_FORMAT, "format_version": 1,
-                "model": self.model.config(), "n_params": self.n_params,
-                **alpha, "corpus": self.corpus.name,
-                "train": asdict(cfg), **({"task": self.task.config()} if self.task else {}),
-            })
+            write_json_atomic(cfg_path, {"format": CHECKPOINT_FORMAT, "format_version": 1,
+                                         "model": self.model.config(), "n_params": self.n_params, **alpha,
+                                         "corpus": self.corpus.name, "train": asdict(self.cfg),
+                                         **({"task": self.task.config()} if self.task else {})})
 
     def _with_teacher(self, cfg: TrainConfig, alphabet) -> TrainConfig:
         """Check the distillation options, compute the teacher's distributions over the train split, and
@@ -418,8 +441,7 @@ class Trainer(RunDirectory):
         from tqdm.auto import tqdm
 
         cfg, p, model = self.cfg, self.progress, self.model
-        world = 1 if self.dist is None else self.dist.world
-        where = {"unit": self.unit, "processes": world}
+        where = {"unit": self.unit, "processes": 1 if self.dist is None else self.dist.world}
         if not self.resumed:
             p.next_eval_chars = int(cfg.eval_every * len(self.train_ids))
             self._log({"event": "start", **where, "model": model.config(), "n_params": self.n_params,
@@ -428,105 +450,11 @@ class Trainer(RunDirectory):
             self._log({"event": "resume", **where, "epoch": p.epoch, "chunk": p.chunk, "step": p.step,
                        "budget": {k: getattr(cfg, k) for k in self.RESUME_OVERRIDES}})
         model.train()
-        imap = self.input_map
         while not p.done:
             if p.epoch >= cfg.max_epochs:
                 p.done, p.stop_reason = True, "max_epochs"
                 break
-            X, Q = self._epoch_streams(p.epoch)
-            Y = self.task.stream_targets(X) if self.task else None  # a task's targets, (L, B, outputs)
-            n_chunks = X.shape[0] // cfg.bptt
-            if p.chunk == 0 or self.carry is None:
-                self.carry = _detach(model.initial_state(self.B_local))
-            bar = tqdm(total=n_chunks, initial=p.chunk, desc=f"epoch {p.epoch + 1}", unit="chunk",
-                       disable=not self.progress_bar, dynamic_ncols=True)
-            window_nats, window_chars, window_aux, window_steps, t_window = 0.0, 0, 0.0, 0, time.perf_counter()
-            window_soft = 0.0
-            while p.chunk < n_chunks and not p.done:
-                x = X[p.chunk * cfg.bptt : (p.chunk + 1) * cfg.bptt]  # output ids (T, B / W)
-                t0 = time.perf_counter()
-                if cfg.lr_schedule == "cosine":  # from lr to lr * lr_min over the planned budget
-                    f = self._progress_fraction()
-                    p.lr = cfg.lr * (cfg.lr_min + (1 - cfg.lr_min) * 0.5 * (1 + math.cos(math.pi * f)))
-                    self._set_lr(p.lr)
-                state_in = self.carry if p.chunk > 0 else model.initial_state(self.B_local)
-                logits, state = self.forward(x if imap is None else imap[x], state_in)
-                if self.task:
-                    loss = self.task.loss(logits, Y[p.chunk * cfg.bptt : (p.chunk + 1) * cfg.bptt])
-                else:
-                    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x.reshape(-1))
-                objective = loss
-                if Q is not None:  # distillation: (1 - A) CE(x) + A CE(q, p) (train/distill.py)
-                    log_q = torch.from_numpy(np.ascontiguousarray(Q[p.chunk * cfg.bptt : (p.chunk + 1) * cfg.bptt]))
-                    soft = soft_cross_entropy(logits, log_q.to(cfg.device))
-                    objective = (1.0 - cfg.distill) * loss + cfg.distill * soft
-                aux = self.aux(self._progress_fraction()) if self.aux is not None else None
-                total = objective if aux is None else objective + aux
-                self.opt.zero_grad(set_to_none=True)
-                total.backward()
-                gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
-                finite = bool(torch.isfinite(total) and torch.isfinite(gnorm))
-                if self.dist is not None:
-                    finite = self.dist.all_true(finite)  # every rank skips the step together
-                if not finite:
-                    # Guard (docs/guide/tables-and-speed.md, 'Measured facts the code relies on'): skip
-                    # the step, restart the streams, lower the rate.
-                    p.nonfinite += 1
-                    p.lr *= 0.5
-                    self._set_lr(p.lr)
-                    self.carry = _detach(model.initial_state(self.B_local))
-                    self._log({"event": "nonfinite", "step": p.step, "epoch": p.epoch, "lr": p.lr})
-                    if p.nonfinite > 10:
-                        p.done, p.stop_reason = True, "too many non-finite losses"
-                    p.chunk += 1
-                    continue
-                self.opt.step()
-                if self.constrain is not None:
-                    self.constrain()  # a model's constraint on its weights (linear_nlro: ||W||_2 <= 1)
-                if self.ema is not None:
-                    self._update_ema()
-                self.carry = _detach(state)
-                p.train_seconds += time.perf_counter() - t0
-                p.chunk += 1
-                p.step += 1
-                p.chars_seen += x.numel() * world
-                window_nats += loss.item() * x.numel()
-                window_chars += x.numel()
-                window_steps += 1
-                if aux is not None:
-                    window_aux += float(aux.detach())
-                if Q is not None:
-                    window_soft += float(soft.detach()) * x.numel()
-                bar.update(1)
-                if p.step % cfg.log_every == 0:
-                    dt = time.perf_counter() - t_window
-                    if self.dist is not None:  # every rank's streams
-                        window_nats, window_chars, window_soft = self.dist.sum(window_nats, window_chars, window_soft)
-                    m = self.metric
-                    bpc = window_nats / window_chars / (LN2 if m == "bpc" else 1.0)  # a task's loss is its mean
-                    bar.set_postfix({m: f"{bpc:.3g}", "chars_s": f"{window_chars / dt:,.0f}"})
-                    self._log({"event": "step", "epoch": p.epoch, "step": p.step, "chars_seen": p.chars_seen,
-                               f"train_{m}": round(bpc, 5 if m == "bpc" else 8), "lr": p.lr,
-                               "chars_per_s": round(window_chars / dt),
-                               **({"aux_loss": round(window_aux / max(window_steps, 1), 8)}
-                                  if self.aux is not None else {}),
-                               **({"train_soft_bits": round(window_soft / window_chars / LN2, 5)}
-                                  if Q is not None else {})})
-                    window_nats, window_chars, window_aux, window_steps, t_window = 0.0, 0, 0.0, 0, time.perf_counter()
-                    window_soft = 0.0
-                if p.chars_seen >= p.next_eval_chars:
-                    p.next_eval_chars += int(cfg.eval_every * len(self.train_ids))
-                    self._after_eval(*self._evaluate())
-                if cfg.max_steps and p.step >= cfg.max_steps:
-                    p.done, p.stop_reason = True, "max_steps"
-                if cfg.max_chars and p.chars_seen >= cfg.max_chars:
-                    p.done, p.stop_reason = True, "max_chars"
-                if p.step % cfg.ckpt_every == 0:
-                    self._save_latest()
-            bar.close()
-            if p.chunk >= n_chunks:
-                p.epoch += 1
-                p.chunk = 0
+            self._run_epoch(tqdm)
         if p.best_valid_bpc is None or (p.history and p.history[-1]["chars_seen"] != p.chars_seen):
             self._after_eval(*self._evaluate())  # a final evaluation so `best` reflects the end
             p.done = True
@@ -535,6 +463,125 @@ class Trainer(RunDirectory):
                    f"best_valid_{self.metric}": p.best_valid_bpc, "best_epoch": p.best_epoch,
                    "train_chars_per_s": round(p.chars_seen / max(p.train_seconds, 1e-9))})
         return p
+
+    def _run_epoch(self, tqdm) -> None:
+        """Train the chunks of epoch ``progress.epoch`` from ``progress.chunk`` on (until the run is done);
+        an epoch read to its end moves the progress to the next one."""
+        cfg, p = self.cfg, self.progress
+        X, Q = self._epoch_streams(p.epoch)
+        Y = self.task.stream_targets(X) if self.task else None  # a task's targets, (L, B, outputs)
+        n_chunks = X.shape[0] // cfg.bptt
+        if p.chunk == 0 or self.carry is None:
+            self.carry = _detach(self.model.initial_state(self.B_local))
+        bar = tqdm(total=n_chunks, initial=p.chunk, desc=f"epoch {p.epoch + 1}", unit="chunk",
+                   disable=not self.progress_bar, dynamic_ncols=True)
+        window = _StepWindow()
+        while p.chunk < n_chunks and not p.done:
+            rows = slice(p.chunk * cfg.bptt, (p.chunk + 1) * cfg.bptt)
+            x = X[rows]  # output ids (T, B / W)
+            t0 = time.perf_counter()
+            stepped = self._step(x, None if Y is None else Y[rows], None if Q is None else Q[rows])
+            if stepped is None:  # Guard (docs/guide/tables-and-speed.md, 'Measured facts the code relies on'):
+                p.nonfinite, p.lr = p.nonfinite + 1, p.lr * 0.5  # skip the step, restart the streams, lower the rate
+                self._set_lr(p.lr)
+                self.carry = _detach(self.model.initial_state(self.B_local))
+                self._log({"event": "nonfinite", "step": p.step, "epoch": p.epoch, "lr": p.lr})
+                if p.nonfinite > 10:
+                    p.done, p.stop_reason = True, "too many non-finite losses"
+                p.chunk += 1
+                continue
+            loss, aux, soft, state = stepped
+            self.carry = _detach(state)
+            p.train_seconds += time.perf_counter() - t0
+            p.chunk, p.step = p.chunk + 1, p.step + 1
+            p.chars_seen += x.numel() * (1 if self.dist is None else self.dist.world)
+            window.add(loss, aux, soft, x.numel())
+            bar.update(1)
+            if p.step % cfg.log_every == 0:
+                self._log_window(window, bar, Q is not None)
+                window = _StepWindow()
+            self._after_step()
+        bar.close()
+        if p.chunk >= n_chunks:
+            p.epoch += 1
+            p.chunk = 0
+
+    def _step(self, x: torch.Tensor, y, log_q: np.ndarray | None):
+        """One optimizer step on chunk ``x`` (T, B / W) output ids (``y``: a task's targets; ``log_q``: the
+        teacher's (T, B / W, V) float16). Returns (the data loss, the aux loss or None, the soft loss or
+        None, the state after x), or None where the loss or gradient was not finite (no step taken)."""
+        cfg, p, model, imap = self.cfg, self.progress, self.model, self.input_map
+        if cfg.lr_schedule == "cosine":  # from lr to lr * lr_min over the planned budget
+            f = self._progress_fraction()
+            p.lr = cfg.lr * (cfg.lr_min + (1 - cfg.lr_min) * 0.5 * (1 + math.cos(math.pi * f)))
+            self._set_lr(p.lr)
+        state_in = self.carry if p.chunk > 0 else model.initial_state(self.B_local)
+        logits, state = self.forward(x if imap is None else imap[x], state_in)
+        if self.task:
+            loss = self.task.loss(logits, y)
+        else:
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x.reshape(-1))
+        objective, soft = loss, None
+        if log_q is not None:  # distillation: (1 - A) CE(x) + A CE(q, p) (train/distill.py)
+            soft = soft_cross_entropy(logits, torch.from_numpy(np.ascontiguousarray(log_q)).to(cfg.device))
+            objective = (1.0 - cfg.distill) * loss + cfg.distill * soft
+        aux = self.aux(self._progress_fraction()) if self.aux is not None else None
+        total = objective if aux is None else objective + aux
+        self.opt.zero_grad(set_to_none=True)
+        total.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+        finite = bool(torch.isfinite(total) and torch.isfinite(gnorm))
+        if self.dist is not None:
+            finite = self.dist.all_true(finite)  # every rank skips the step together
+        if not finite:
+            return None
+        self.opt.step()
+        if self.constrain is not None:
+            self.constrain()  # a model's constraint on its weights (linear_nlro: ||W||_2 <= 1)
+        if self.ema is not None:
+            self._update_ema()
+        return loss, aux, soft, state
+
+    def _log_window(self, w: _StepWindow, bar, distilled: bool) -> None:
+        """Log a step event: the train metric (and aux, soft losses) over the steps of window ``w``."""
+        p, m = self.progress, self.metric
+        dt = time.perf_counter() - w.t0
+        if self.dist is not None:  # every rank's streams
+            w.nats, w.chars, w.soft = self.dist.sum(w.nats, w.chars, w.soft)
+        bpc = w.nats / w.chars / (LN2 if m == "bpc" else 1.0)  # a task's loss is its mean
+        bar.set_postfix({m: f"{bpc:.3g}", "chars_s": f"{w.chars / dt:,.0f}"})
+        self._log({"event": "step", "epoch": p.epoch, "step": p.step, "chars_seen": p.chars_seen,
+                   f"train_{m}": round(bpc, 5 if m == "bpc" else 8), "lr": p.lr, "chars_per_s": round(w.chars / dt),
+                   **({"aux_loss": round(w.aux / max(w.steps, 1), 8)} if self.aux is not None else {}),
+                   **({"train_soft_bits": round(w.soft / w.chars / LN2, 5)} if distilled else {})})
+
+    def _after_step(self) -> None:
+        """Evaluate when due, stop at the budget (max_steps, max_chars), checkpoint every ckpt_every steps."""
+        cfg, p = self.cfg, self.progress
+        if p.chars_seen >= p.next_eval_chars:
+            p.next_eval_chars += int(cfg.eval_every * len(self.train_ids))
+            self._after_eval(*self._evaluate())
+        if cfg.max_steps and p.step >= cfg.max_steps:
+            p.done, p.stop_reason = True, "max_steps"
+        if cfg.max_chars and p.chars_seen >= cfg.max_chars:
+            p.done, p.stop_reason = True, "max_chars"
+        if p.step % cfg.ckpt_every == 0:
+            self._save_latest()
+
+
+class _StepWindow:
+    """The train losses summed since the last step event: nats and characters (over this rank's streams),
+    the aux loss and steps, the soft loss (nats times characters), from ``t0`` (perf_counter seconds)."""
+
+    def __init__(self):
+        self.nats, self.chars, self.aux, self.steps, self.soft, self.t0 = 0.0, 0, 0.0, 0, 0.0, time.perf_counter()
+
+    def add(self, loss: torch.Tensor, aux: torch.Tensor | None, soft: torch.Tensor | None, n: int) -> None:
+        self.nats, self.chars, self.steps = self.nats + loss.item() * n, self.chars + n, self.steps + 1
+        if aux is not None:
+            self.aux += float(aux.detach())
+        if soft is not None:
+            self.soft += float(soft.detach()) * n
 
 
 def train(cfg: TrainConfig, out_dir: str | Path, progress_bar: bool = True, overrides: dict | None = None,
