@@ -24,6 +24,7 @@ it on the CPU device).
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -48,35 +49,47 @@ GPU_RUNS = (("float32", "mm"), ("float32", "triton"), ("float32", "triton-tf32x3
             ("float64", "triton"))
 
 
-def bench_gpu(model: str | None, data: str | Path, device: str = "cuda", repeats: int = 3,
-              sizes: dict | None = None, runs: list[tuple[str, str]] | None = None, profile: bool = False,
-              seed: int = 0, log=print) -> dict:
-    """Run the benchmark; returns a JSON-ready dict (see the module docstring).
+class _Rows:
+    """The result's rows (``rows``), one a measurement: characters a second, useful TFLOP/s
+    (``flops`` a character) and the ratio to a baseline's characters a second; each is logged."""
 
-    ``runs``: (dtype, step) pairs, step ``"mm"``, ``"triton"`` or ``"triton-tf32x3"`` (default:
-    :data:`GPU_RUNS` on a GPU, the float32 and float64 ``"mm"`` runs on the CPU device). ``profile``:
-    profile one call of the documents of the first run with torch.profiler, its top kernels by
-    device time in the result (``facts["profile"]``).
+    def __init__(self, flops: int, log):
+        self.rows, self.flops, self.log = [], flops, log
 
-    Raises:
-        BackendUnavailableError: no such device (or no torch).
-    """
-    import torch
+    def __call__(self, name: str, chars: int, seconds: float, times: list, base: float | None = None) -> dict:
+        r = {"name": name, "chars": int(chars), "seconds": seconds, "times": times, "chars_per_s": chars / seconds,
+             "useful_tflops": chars * self.flops / seconds / 1e12}
+        r["ratio"] = r["chars_per_s"] / base if base else 1.0
+        self.rows.append(r)
+        self.log(f"  {name}: {r['chars_per_s']:,.0f} chars/s ({r['ratio']:.2f}x)")
+        return r
 
+
+@dataclass
+class _Work:
+    """What every run scores, and how: the documents (``L`` ids each) and their start states ``h0``
+    (docs, d), the long text's ids, the timing repeats, the overlapped batches, whether to profile."""
+
+    docs: list
+    h0: np.ndarray
+    ids_all: np.ndarray
+    L: int
+    repeats: int
+    n_batches: int
+    profile: bool
+    device: str
+    log: object
+
+    @property
+    def n_doc_chars(self) -> int:
+        return len(self.docs) * self.L
+
+
+def _engines(src, device: str, runs: list[tuple[str, str]]) -> dict:
+    """{(dtype, step): the torch backend's Engine for that run, or the IsanError that refused it}."""
     from isan.engine.core import Engine
-    from isan.engine.paths import default_model_path
-    from isan.engine.kernels.backends import resolve_device
-    from isan.engine.reference import score_ref
-
-    sz = {**SIZES, **(sizes or {})}
-    device = resolve_device(device)
-    src = model or default_model_path()
-    cpu = Engine.load(src, progress_bar=False)
-    from isan.engine.batches import score_batches
     from isan.errors import IsanError
 
-    if runs is None:
-        runs = list(GPU_RUNS) if device.startswith("cuda") else [("float32", "mm"), ("float64", "mm")]
     gpu = {}
     for dt, st in runs:
         step, _, precision = st.partition("-")
@@ -85,84 +98,59 @@ def bench_gpu(model: str | None, data: str | Path, device: str = "cuda", repeats
                                       precision=precision or "ieee")
         except IsanError as e:
             gpu[dt, st] = e
-    text = Path(data).read_text(encoding="utf-8", errors="replace")
-    ids_all = cpu.prepare(text[: sz["long_chars"]] if sz["long_chars"] else text).ids
-    rng = np.random.default_rng(seed)
-    L = sz["doc_chars"]
-    starts = rng.integers(0, len(ids_all) - L, sz["docs"])
-    docs = [ids_all[s : s + L] for s in starts]
-    n_doc_chars = len(docs) * L
-    h0 = np.tile(cpu.params.h0, (len(docs), 1))
-    d, V = cpu.d, len(cpu.alphabet)
-    flops = 2 * (d * (d + 1) + (d + 1) * V)
-    rows, facts = [], {"flops_per_char": flops}
+    return gpu
 
-    def row(name, chars, seconds, times, base=None):
-        r = {"name": name, "chars": int(chars), "seconds": seconds, "times": times, "chars_per_s": chars / seconds,
-             "useful_tflops": chars * flops / seconds / 1e12}
-        r["ratio"] = r["chars_per_s"] / base if base else 1.0
-        rows.append(r)
-        log(f"  {name}: {r['chars_per_s']:,.0f} chars/s ({r['ratio']:.2f}x)")
-        return r
 
-    log(f"documents: {len(docs):,} x {L:,} characters; long text: {len(ids_all):,} characters; device {device}")
-    sec, times, (bits_cpu, _, _) = _median_time(lambda: cpu.score_ids(docs, h0, chunks="none"), repeats)
-    base_docs = row(f"CPU compiled kernels: {len(docs):,} documents x {L}", n_doc_chars, sec, times)["chars_per_s"]
-    sec, times, long_cpu = _median_time(lambda: cpu.score(ids_all), repeats)
-    base_long = row(f"CPU compiled kernels: long text, {len(ids_all):,} chars", len(ids_all), sec, times)["chars_per_s"]
-    doc_bits, long_res, errors = {}, {}, {}  # keyed by (dtype, step)
-    for (dt, st), eng in gpu.items():
-        tag = f"{device} {dt}, step {st}"
-        try:
-            if isinstance(eng, Exception):
-                raise eng
-            sec, times, (bits, _, rep) = _median_time(lambda: eng.score_ids(docs, h0, chunks="none"), repeats)
-            row(f"{tag}: {len(docs):,} documents x {L}", n_doc_chars, sec, times, base_docs)
-            doc_bits[dt, st] = np.array([b.sum() for b in bits])
-            if profile and "profile" not in facts:
-                facts["profile"] = _where_time_goes(lambda: eng.score_ids(docs, h0, chunks="none"), device, tag,
-                                                    "documents", n_doc_chars, log)
-                if "kernel_device_s" in facts["profile"]:
-                    row(f"{tag}: the same, the step's kernel alone (device time)", n_doc_chars,
-                        facts["profile"]["kernel_device_s"], [], base_docs)
-            sec, times, tot = _median_time(lambda: eng.score_ids(docs, h0, chunks="none", want_bits="totals"),
-                                           repeats)
-            row(f"{tag}: the same, each document's total only (reduced on the device)", n_doc_chars, sec, times,
-                base_docs)
-            facts[f"docs {dt} step {st}: totals vs per-character sums (max rel)"] = float(
-                np.max(np.abs(tot[0] - doc_bits[dt, st]) / doc_bits[dt, st]))
-            n_batches = sz["pipeline_batches"]
-            sec, times, outs = _median_time(lambda: list(score_batches(eng, [(docs, h0)] * n_batches)), repeats)
-            row(f"{tag}: {n_batches} such batches, overlapped (score_batches, totals)", n_batches * n_doc_chars, sec,
-                times, base_docs)
-            facts[f"docs {dt} step {st}: overlapped totals vs one call's (max rel)"] = float(
-                max(np.max(np.abs(o[0] - tot[0]) / tot[0]) for o in outs))
-            sec, times, _ = _median_time(lambda: eng.score_ids(docs, h0, chunks="none", want_bits=False), repeats)
-            row(f"{tag}: the same, steps only (no readout)", n_doc_chars, sec, times, base_docs)
-            sec, times, res = _median_time(lambda: eng.score(ids_all), repeats)
-            row(f"{tag}: long text, chunk-parallel", len(ids_all), sec, times, base_long)
-            if profile and "profile_long" not in facts:
-                facts["profile_long"] = _where_time_goes(lambda: eng.score(ids_all), device, tag, "long text",
-                                                         len(ids_all), log)
-                if "kernel_device_s" in facts["profile_long"]:
-                    row(f"{tag}: long text, the step's kernel alone (device time)", len(ids_all),
-                        facts["profile_long"]["kernel_device_s"], [], base_long)
-            long_res[dt, st] = res
-        except Exception as e:  # noqa: BLE001 - a step that cannot run is reported, and the others still run
-            errors[tag] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
-            log(f"  {tag}: FAILED: {errors[tag]}")
-    if errors:
-        facts["errors"] = errors
-    if any(st.startswith("triton") for _, st in doc_bits):
-        from isan.engine.kernels.torch import grouped
+def _measure_run(w: _Work, eng, tag: str, key: tuple[str, str], row: _Rows, facts: dict, base_docs: float,
+                 base_long: float, doc_bits: dict, long_res: dict) -> None:
+    """One run's rows (the documents: per character, totals, overlapped batches, steps only; the long
+    text) and facts; its per-document bits in ``doc_bits[key]``, its long text's result in
+    ``long_res[key]``. Raises what the run raised (the caller reports it)."""
+    from isan.engine.batches import score_batches
 
-        facts["triton_configs"] = grouped.tuned_configs()
+    docs, h0, ids_all, repeats, dt, st = w.docs, w.h0, w.ids_all, w.repeats, *key
+    sec, times, (bits, _, rep) = _median_time(lambda: eng.score_ids(docs, h0, chunks="none"), repeats)
+    row(f"{tag}: {len(docs):,} documents x {w.L}", w.n_doc_chars, sec, times, base_docs)
+    doc_bits[dt, st] = np.array([b.sum() for b in bits])
+    if w.profile and "profile" not in facts:
+        facts["profile"] = _where_time_goes(lambda: eng.score_ids(docs, h0, chunks="none"), w.device, tag,
+                                            "documents", w.n_doc_chars, w.log)
+        if "kernel_device_s" in facts["profile"]:
+            row(f"{tag}: the same, the step's kernel alone (device time)", w.n_doc_chars,
+                facts["profile"]["kernel_device_s"], [], base_docs)
+    sec, times, tot = _median_time(lambda: eng.score_ids(docs, h0, chunks="none", want_bits="totals"), repeats)
+    row(f"{tag}: the same, each document's total only (reduced on the device)", w.n_doc_chars, sec, times,
+        base_docs)
+    facts[f"docs {dt} step {st}: totals vs per-character sums (max rel)"] = float(
+        np.max(np.abs(tot[0] - doc_bits[dt, st]) / doc_bits[dt, st]))
+    n_batches = w.n_batches
+    sec, times, outs = _median_time(lambda: list(score_batches(eng, [(docs, h0)] * n_batches)), repeats)
+    row(f"{tag}: {n_batches} such batches, overlapped (score_batches, totals)", n_batches * w.n_doc_chars, sec,
+        times, base_docs)
+    facts[f"docs {dt} step {st}: overlapped totals vs one call's (max rel)"] = float(
+        max(np.max(np.abs(o[0] - tot[0]) / tot[0]) for o in outs))
+    sec, times, _ = _median_time(lambda: eng.score_ids(docs, h0, chunks="none", want_bits=False), repeats)
+    row(f"{tag}: the same, steps only (no readout)", w.n_doc_chars, sec, times, base_docs)
+    sec, times, res = _median_time(lambda: eng.score(ids_all), repeats)
+    row(f"{tag}: long text, chunk-parallel", len(ids_all), sec, times, base_long)
+    if w.profile and "profile_long" not in facts:
+        facts["profile_long"] = _where_time_goes(lambda: eng.score(ids_all), w.device, tag, "long text",
+                                                 len(ids_all), w.log)
+        if "kernel_device_s" in facts["profile_long"]:
+            row(f"{tag}: long text, the step's kernel alone (device time)", len(ids_all),
+                facts["profile_long"]["kernel_device_s"], [], base_long)
+    long_res[dt, st] = res
+
+
+def _exactness(facts: dict, cpu, docs: list, n_ref: int, bits_cpu, long_cpu, doc_bits: dict, long_res: dict) -> None:
+    """The runs' exactness facts: each run's per-document bits against the CPU's and against the
+    float64 reference on the first ``n_ref`` documents, float32 against float64, and the long text's."""
+    from isan.engine.reference import score_ref
 
     def rel(a, b):
         return float(np.max(np.abs(a - b) / b))
 
     cpu_doc_bits = np.array([b.sum() for b in bits_cpu])
-    n_ref = min(sz["check_docs"], len(docs))
     ref64 = np.array([score_ref(cpu.params, docs[i].astype(np.int64), cpu.params.h0)[0].sum() for i in range(n_ref)])
     facts["check_docs"] = n_ref
     for (dt, st), bits in doc_bits.items():
@@ -176,14 +164,83 @@ def bench_gpu(model: str | None, data: str | Path, device: str = "cuda", repeats
         if dt == "float32" and ("float64", st) in long_res:
             b64 = long_res["float64", st].bits
             facts[f"long text float32 step {st}: rel vs float64"] = abs(res.bits - b64) / b64
+
+
+def _device_facts(device: str) -> dict:
+    """The device, torch's and CUDA's versions; a GPU's name and memory (GiB)."""
+    import torch
+
     dev = {"device": device, "torch": torch.__version__, "cuda": torch.version.cuda}
     if device.startswith("cuda"):
         dev["device_name"] = torch.cuda.get_device_name(torch.device(device))
         dev["memory_gib"] = round(torch.cuda.get_device_properties(torch.device(device)).total_memory / 2**30, 1)
-    return {"benchmark": "isan bench gpu", "machine": machine(), "gpu": dev, "command": " ".join(["isan"] + sys.argv[1:]),
+    return dev
+
+
+def bench_gpu(model: str | None, data: str | Path, device: str = "cuda", repeats: int = 3,
+              sizes: dict | None = None, runs: list[tuple[str, str]] | None = None, profile: bool = False,
+              seed: int = 0, log=print) -> dict:
+    """Run the benchmark; returns a JSON-ready dict (see the module docstring).
+
+    ``runs``: (dtype, step) pairs, step ``"mm"``, ``"triton"`` or ``"triton-tf32x3"`` (default:
+    :data:`GPU_RUNS` on a GPU, the float32 and float64 ``"mm"`` runs on the CPU device). ``profile``:
+    profile one call of the documents of the first run with torch.profiler, its top kernels by
+    device time in the result (``facts["profile"]``).
+
+    Raises:
+        BackendUnavailableError: no such device (or no torch).
+    """
+    import torch  # noqa: F401 - no torch: the error is raised here, before any work
+
+    from isan.engine.core import Engine
+    from isan.engine.paths import default_model_path
+    from isan.engine.kernels.backends import resolve_device
+
+    sz = {**SIZES, **(sizes or {})}
+    device = resolve_device(device)
+    src = model or default_model_path()
+    cpu = Engine.load(src, progress_bar=False)
+    if runs is None:
+        runs = list(GPU_RUNS) if device.startswith("cuda") else [("float32", "mm"), ("float64", "mm")]
+    gpu = _engines(src, device, runs)
+    text = Path(data).read_text(encoding="utf-8", errors="replace")
+    ids_all = cpu.prepare(text[: sz["long_chars"]] if sz["long_chars"] else text).ids
+    rng = np.random.default_rng(seed)
+    L = sz["doc_chars"]
+    starts = rng.integers(0, len(ids_all) - L, sz["docs"])
+    docs = [ids_all[s : s + L] for s in starts]
+    w = _Work(docs, np.tile(cpu.params.h0, (len(docs), 1)), ids_all, L, repeats, sz["pipeline_batches"], profile,
+              device, log)
+    d, V = cpu.d, len(cpu.alphabet)
+    flops = 2 * (d * (d + 1) + (d + 1) * V)
+    row, facts = _Rows(flops, log), {"flops_per_char": flops}
+    log(f"documents: {len(docs):,} x {L:,} characters; long text: {len(ids_all):,} characters; device {device}")
+    sec, times, (bits_cpu, _, _) = _median_time(lambda: cpu.score_ids(docs, w.h0, chunks="none"), repeats)
+    base_docs = row(f"CPU compiled kernels: {len(docs):,} documents x {L}", w.n_doc_chars, sec, times)["chars_per_s"]
+    sec, times, long_cpu = _median_time(lambda: cpu.score(ids_all), repeats)
+    base_long = row(f"CPU compiled kernels: long text, {len(ids_all):,} chars", len(ids_all), sec, times)["chars_per_s"]
+    doc_bits, long_res, errors = {}, {}, {}  # keyed by (dtype, step)
+    for (dt, st), eng in gpu.items():
+        tag = f"{device} {dt}, step {st}"
+        try:
+            if isinstance(eng, Exception):
+                raise eng
+            _measure_run(w, eng, tag, (dt, st), row, facts, base_docs, base_long, doc_bits, long_res)
+        except Exception as e:  # noqa: BLE001 - a step that cannot run is reported, and the others still run
+            errors[tag] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+            log(f"  {tag}: FAILED: {errors[tag]}")
+    if errors:
+        facts["errors"] = errors
+    if any(st.startswith("triton") for _, st in doc_bits):
+        from isan.engine.kernels.torch import grouped
+
+        facts["triton_configs"] = grouped.tuned_configs()
+    _exactness(facts, cpu, docs, min(sz["check_docs"], len(docs)), bits_cpu, long_cpu, doc_bits, long_res)
+    return {"benchmark": "isan bench gpu", "machine": machine(), "gpu": _device_facts(device),
+            "command": " ".join(["isan"] + sys.argv[1:]),
             "model": {"source": str(src), "params_sha256": cpu.params_sha256, "d": d, "V": V},
             "sizes": {**sz, "long_chars": len(ids_all)}, "repeats": repeats, "cpu_threads": cpu.threads,
-            "rows": rows, "facts": facts}
+            "rows": row.rows, "facts": facts}
 
 
 #: The fused step's kernel, as torch.profiler names it (engine/kernels/torch/grouped.py).
