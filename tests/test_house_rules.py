@@ -20,24 +20,9 @@ UNDERSCORE_IMPORT_EXCEPTIONS = {
     "isan.engine.kernels._native": "the compiled C extension's module: setuptools builds it under this private "
                                    "name, and isan.engine.kernels.native() is its public face",
 }
-#: the functions over MAX_FUNCTION_LINES today, {"path:qualified name": reason}; none may be added, and
-#: each entry must still exist and still be too long (drop it once split)
-FUNCTION_EXCEPTIONS = {
-    "isan/bench/gpu.py:bench_gpu": "to split by concept: the runs' loop, one run's measurement, the report",
-    "isan/bench/serve.py:run_bench": "to split by concept: start the server, the HTTP load, the streams, the probes",
-    "engine/analysis/decay.py:window_statistics": "to split by concept: the windows' sources, the statistics of "
-                                                  "Figures 4a, 4b and 4c",
-    "engine/corpus/datatrove.py:_build": "a class built inside a function (datatrove is imported only when asked "
-                                         "for); to split: its methods as module functions",
-    "engine/corpus/feed.py:run_readers": "to split by concept: start the readers, feed the scorer, collect the parts",
-    "engine/corpus/job.py:score_corpus": "to split by concept: plan the parts, run them, write the summary",
-    "engine/corpus/workers.py:run_workers": "to split by concept: start the pool, hand out the files, drain the results",
-    "engine/divergence.py:repeat_divergence": "to split by concept: the symbols' repeats, the pairs' repeats, the verdict",
-    "engine/serve/cli.py:main": "click's options of isan-serve: to split the config's assembly from the start",
-    "train/loop.py:Trainer.__init__": "to split by concept: the data, the model, the optimizer, the resume",
-    "train/loop.py:Trainer.run": "to split by concept: one step, the evaluation, the checkpoint",
-    "train/studies/elman_study.py:write_table": "to split: the table's rows, the markdown, the figure",
-}
+#: the functions allowed over MAX_FUNCTION_LINES, {"path:qualified name": reason}: none today (a table of
+#: data may be listed, with the reason); each entry must still exist and still be too long
+FUNCTION_EXCEPTIONS: dict[str, str] = {}
 
 
 def python_files(roots=PACKAGE_ROOTS + ("tests",), repo: Path = REPO) -> list[Path]:
