@@ -116,8 +116,8 @@ class Engine:
                 chunked), ``"composed"`` (error without a table), ``"chunked"`` (chunk-parallel,
                 no table needed), ``"jumps"`` (chunk-parallel by the table's composed jumps; error
                 without a table) or ``"reference"``. On the composed path, texts of
-                :data:`~isan.engine.route.CHUNKED_MIN_CHARS` characters or more are scored chunk-parallel (by composed jumps
-                when they make enough chunks: :meth:`plan`).
+                :data:`~isan.engine.route.CHUNKED_MIN_CHARS` characters or more are scored
+                chunk-parallel (by composed jumps when they make enough chunks: :meth:`plan`).
             progress_bar: show a progress bar if a table recipe must be composed on first use.
             device: ``"cpu"`` (the compiled kernels), ``"cuda"``/``"cuda:N"`` (the torch backend on
                 that GPU: every text and batch chunk-parallel there) or ``"auto"`` (CUDA when torch
@@ -162,8 +162,8 @@ class Engine:
             if int(threads) < 1:
                 raise IsanError(f"threads must be >= 1; got {threads}")
             other.threads = int(threads)
-        other.routes = Routes.resolve(path, self.table is not None, self.kernels.runs_tables, self.source or "this model",
-                                      self.kernels.device, self.kernels.dtype)
+        other.routes = Routes.resolve(path, self.table is not None, self.kernels.runs_tables,
+                                      self.source or "this model", self.kernels.device, self.kernels.dtype)
         return other
 
     @property
@@ -418,8 +418,8 @@ class Engine:
         if div:
             i, off, h_start, t = div[0]
             try:
-                raise_diverged(self.params.W, self.params.b, np.asarray(ids_list[i])[off:], h_start, where or plan.kernel.value,
-                               detected_at=t, base_offset=off, symbols=self.alphabet.symbols)
+                raise_diverged(self.params.W, self.params.b, np.asarray(ids_list[i])[off:], h_start,
+                               where or plan.kernel.value, detected_at=t, base_offset=off, symbols=self.alphabet.symbols)
             except StateDivergedError as e:
                 e.text_index = i
                 raise

@@ -147,7 +147,8 @@ class Planner:
         if not isinstance(chunks, str):
             counts = tuple(int(c) for c in chunks)
             if len(counts) != len(lengths) or min(counts, default=1) < 1:
-                raise IsanError(f"give one chunk count of at least 1 for each of the {len(lengths)} texts; got {counts}")
+                raise IsanError(f"give one chunk count of at least 1 for each of the {len(lengths)} texts; "
+                                f"got {counts}")
         model = planned.model if planned.model is not None else self.layout(planned.kernel)
         return dataclasses.replace(planned, model=model, chunks=counts, fallback=self.fallback(lengths, counts))
 

@@ -205,7 +205,8 @@ class CpuBackend(_Kernels):
         if kernel.uses_table:
             return Plan(kernel, None, tuple(planned), self.jumps, path=kernel.value)
         if kernel is not Kernel.CHUNKED:
-            raise IsanError(f"the {self.name} backend runs the kernels auto, chunked, jumps and jumps-f16; got {kernel.value!r}")
+            raise IsanError(f"the {self.name} backend runs the kernels auto, chunked, jumps and jumps-f16; "
+                            f"got {kernel.value!r}")
         return Plan(kernel, None, tuple(planned), self.streams)
 
     def fallback(self, params: "ISANParams", forget_bound_chars: int | None):

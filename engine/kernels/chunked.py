@@ -274,7 +274,8 @@ def score_texts_chunked(plan: "Plan", texts: Sequence[np.ndarray], h_init: np.nd
     converged, div2 = batch.correction_pass(F, bits)
     finals, divergences = batch.settle_in_order(F, h_init, div1, div2, converged, bits)
     if want_bits == "totals":
-        return (totals if totals is not None else np.add.reduceat(bits, rows.base[:-1])), finals, batch.report, divergences
+        sums = totals if totals is not None else np.add.reduceat(bits, rows.base[:-1])
+        return sums, finals, batch.report, divergences
     bl = rows.base.tolist()
     out_bits = [bits[bl[i] : bl[i + 1]] for i in range(len(texts))] if want_bits else [np.zeros(0)] * len(texts)
     return out_bits, finals, batch.report, divergences

@@ -282,7 +282,8 @@ class _JumpRows:
     def __init__(self, model: JumpTable, ids, start, length, H, bits, pairs, stop_ratio, check_every, limit, frac):
         sm = model.stream
         self.P = check_rows_arguments(sm, ids, start, length, H, bits, pairs)
-        self.model, self.ids64, self.start, self.length, self.H, self.bits = model, ids.astype(np.int64), start, length, H, bits
+        self.model, self.ids64, self.start, self.length = model, ids.astype(np.int64), start, length
+        self.H, self.bits = H, bits
         self.pairs, self.stop_ratio, self.check_every, self.limit = pairs, stop_ratio, check_every, limit
         self.frac = check_frac(frac)
         self.d, self.V, self.dp, self.Vp, self.RoT = sm.d, sm.V, sm.dp, sm.Vp, sm.RoT[:, : sm.V]
