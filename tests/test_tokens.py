@@ -238,7 +238,7 @@ def test_onnx_backend_on_a_byte_bundle_equals_numpy(byte_bundle, byte_params, by
     shutil.copytree(byte_bundle, b)
     export_bundle_onnx(b)
     eng = Engine.load(b)
-    onx = load_engine(b, backend="onnx")
+    onx = load_engine(b, runtime="onnx")
     r = onx.score(TEXT, per_char=True)
     assert r.chars == len(TEXT.encode()) and r.unit == "byte"
     np.testing.assert_allclose(r.per_char_bits, eng.score(TEXT, per_char=True).per_char_bits, rtol=0,
