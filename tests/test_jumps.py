@@ -258,20 +258,19 @@ def test_jumps_path_reports_divergence_like_chunked(unconstrained_engine):
 @pytest.mark.skipif(native() is None, reason="the compiled kernels are not built")
 def test_a_failing_call_then_good_calls(table, test_ids, default_engine):
     """An allocation failure in a thread raises MemoryError; the next calls are correct (issue 20's rule)."""
-    from isan.engine.kernels import _native
-
+    nat = native()  # the compiled module (the test is skipped without it)
     ids = test_ids[:40_000]
     start, length, H = _rows(table, ids, 64, default_engine.params32.h0)
     want = np.zeros(len(ids))
     run_jumps(table, ids, start, length, H.copy(), want, threads=2)
     for tid in (0, 1, 0):
-        _native.inject_faults(tid, 0)
+        nat.inject_faults(tid, 0)
         with pytest.raises(MemoryError):
             run_jumps(table, ids, start, length, H.copy(), np.zeros(len(ids)), threads=2)
         got = np.zeros(len(ids))
         run_jumps(table, ids, start, length, H.copy(), got, threads=2)
         np.testing.assert_array_equal(got, want)
-    _native.inject_faults(-1, 1)  # the system refuses the second thread: one thread does all rows
+    nat.inject_faults(-1, 1)  # the system refuses the second thread: one thread does all rows
     got = np.zeros(len(ids))
     run_jumps(table, ids, start, length, H.copy(), got, threads=2)
     ref = np.zeros(len(ids))

@@ -282,7 +282,7 @@ def test_a_busy_replica_is_tried_again_and_nobody_listening_is_a_clear_error():
 
 
 # ---- real replicas behind HAProxy ------------------------------------------------------------
-def _metric(text: str, name: str) -> float:
+def metric(text: str, name: str) -> float:
     m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
     return float(m.group(1)) if m else 0.0
 
@@ -352,7 +352,7 @@ class Cluster:
     def scored(self, i: int) -> float:
         """POST /v1/score requests replica i answered 200."""
         text = httpx.get(f"{self.replica_url(i)}/metrics", timeout=10).text
-        return _metric(text, 'isan_requests_total{endpoint="score",status="200"}')
+        return metric(text, 'isan_requests_total{endpoint="score",status="200"}')
 
     def close(self) -> None:
         procs = [p for p in [self.haproxy, *self.replicas] if p is not None]

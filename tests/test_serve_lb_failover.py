@@ -17,7 +17,7 @@ import pytest
 
 httpx = pytest.importorskip("httpx")
 
-from test_serve_lb import _metric, cluster  # noqa: E402,F401 (cluster: the fixture, shared)
+from test_serve_lb import cluster, metric  # noqa: E402,F401 (cluster: the fixture, shared)
 
 #: concurrent requests (half on each replica), characters each generates
 CLIENTS, CHARS = 16, 10_000
@@ -59,7 +59,7 @@ def test_requests_in_flight_on_a_killed_replica_get_an_answer(cluster, default_e
             assert r.json()["text"] == default_engine.sample("the ", n=CHARS, seed=i).text
         # the killed replica answered none of its half: the survivor did (retried by HAProxy, or sent again)
         metrics = httpx.get(f"{cluster.replica_url(1)}/metrics", timeout=30).text
-        assert _metric(metrics, 'isan_requests_total{endpoint="sample",status="200"}') > CLIENTS // 2
+        assert metric(metrics, 'isan_requests_total{endpoint="sample",status="200"}') > CLIENTS // 2
     finally:
         for c in clients:
             c.close()
