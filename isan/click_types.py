@@ -29,12 +29,23 @@ class WholeNumber(click.IntRange):
 
     def convert(self, value, param, ctx):
         if isinstance(value, str):
-            text = value.strip()
-            try:
-                value = int(text)
-            except ValueError:
-                number = click.FLOAT.convert(text, param, ctx)
-                if not math.isfinite(number) or number != int(number):
-                    self.fail(f"{value!r} is not a whole number.", param, ctx)
-                value = int(number)
+            number = count_text(value)
+            if number is None:
+                number = click.FLOAT.convert(value.strip(), param, ctx)  # its own error for a non-number
+            if not math.isfinite(number) or number != int(number):
+                self.fail(f"{value!r} is not a whole number.", param, ctx)
+            value = int(number)
         return super().convert(value, param, ctx)
+
+
+def count_text(text: str) -> int | float | None:
+    """A count as written: an int (``36000000``), else a float (``36e6``, ``inf``, ``2.5``), else
+    None where it is not a number. The caller says which floats it takes."""
+    text = text.strip()
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            return None

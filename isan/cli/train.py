@@ -7,7 +7,7 @@ import logging
 
 import click
 
-from isan.click_types import FiniteFloat, WholeNumber
+from isan.click_types import FiniteFloat, WholeNumber, count_text
 from isan.cli.helpers import DEFAULT_TEXT8, NON_NEGATIVE_FLOAT, POSITIVE_FLOAT, POSITIVE_INT, SEED, IntList, friendly, main
 
 
@@ -24,14 +24,10 @@ class CharCount(WholeNumber):
         from isan.train.synthetic_budget import synthetic_chars_problem
 
         if isinstance(value, str):
-            text = value.strip()
-            try:
-                value = int(text)
-            except ValueError:
-                try:
-                    value = float(text)
-                except ValueError:
-                    self.fail(f"{value!r} is not a number of characters (e.g. 36000000 or 36e6)", param, ctx)
+            number = count_text(value)
+            if number is None:
+                self.fail(f"{value!r} is not a number of characters (e.g. 36000000 or 36e6)", param, ctx)
+            value = number
         problem = synthetic_chars_problem(value)
         if problem:
             self.fail(problem, param, ctx)
