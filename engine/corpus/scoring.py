@@ -24,7 +24,6 @@ state, unreadable) gets its reason in ``error`` and zero counts; nothing raises 
 from __future__ import annotations
 
 import logging
-import re
 import time
 from dataclasses import dataclass
 from typing import Iterable
