@@ -101,6 +101,7 @@ if [ -n "$PROBE_PID" ]; then
 fi
 STEPS_ARG=${ISAN_GPU_STEPS:-float32:triton,float64:triton}
 step "bench gpu" 300 bash -c "$ISAN bench gpu --data '$TEXT8' --profile --steps $STEPS_ARG ${ISAN_GPU_BENCH_ARGS:-} --out '$OUT_DIR/gpu.json' 2>&1 | tee -a '$OUT_DIR/check.log'; exit \${PIPESTATUS[0]}"
+step "bench host" 150 bash -c "$ISAN bench host --device cuda --data '$TEXT8' --out '$OUT_DIR/host.json' 2>&1 | tee -a '$OUT_DIR/check.log'; exit \${PIPESTATUS[0]}"
 if [ "$MODE" = "" ] || [ -n "${ISAN_GPU_CORPUS_MB:-}" ]; then  # issue #47 part 3: a JSONL (zstd) corpus, one GPU process
 step "corpus gpu" 200 bash -c "bash isan/bench/gpu_corpus.sh '$GPU_DIR/data' ${ISAN_GPU_CORPUS_MB:-400} '$OUT_DIR' 2>&1 | tee -a '$OUT_DIR/check.log'; exit \${PIPESTATUS[0]}"
 fi

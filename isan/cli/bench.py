@@ -116,6 +116,38 @@ def bench_gpu_cmd(model, data, device, repeats, docs, doc_chars, quick, steps, p
     _report(markdown(result), result, out)
 
 
+@bench.command("host", short_help="The torch path's host side, with a device that takes no time; before and after.")
+@click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
+@click.option("--data", default=DEFAULT_TEXT8, show_default=True,
+              help="A text8 file: the long text (all of it), and the documents (its ids end to end, cut).")
+@click.option("--device", default="cpu", show_default=True,
+              help="The torch device whose host side is timed: cpu, cuda or cuda:N.")
+@click.option("--docs", type=POSITIVE_INT, default=None, help="Documents a batch (default 65,536).")
+@click.option("--doc-chars", type=POSITIVE_INT, default=None, help="Characters a document (default 512).")
+@click.option("--batches", type=POSITIVE_INT, default=None, help="Batches of the overlapped row (default 4).")
+@click.option("--repeats", type=POSITIVE_INT, default=None, help="Timed runs a row, the median kept (default 5).")
+@click.option("--before", type=click.Path(exists=True, file_okay=False), default=None,
+              help="A folder holding an older isan package: the same rows measured with it, in a subprocess, "
+                   "and the ratios.")
+@click.option("--quick", is_flag=True, help="Small sizes: a check that it runs, not a measurement.")
+@click.option("--profile", is_flag=True, help="Also cProfile one more run of each row: the host's functions by time.")
+@click.option("--out", default=None, help="Write the JSON results here (nothing is written without it).")
+@friendly
+def bench_host_cmd(model, data, device, docs, doc_chars, batches, repeats, before, quick, profile, out):
+    """The host side of the torch path (what it could feed a device that took no time: the steps
+    and readout replaced by a benchmark double): one call of 65,536 documents x 512 characters
+    (each one's total), overlapped batches, the long text as ids and as a str, and the corpus
+    scoring process; with --before, the same measured with an older isan and after/before."""
+    from isan.bench.host import QUICK_SIZES, bench_host, markdown
+
+    sizes = dict(QUICK_SIZES) if quick else {}
+    given = {"docs": docs, "doc_chars": doc_chars, "batches": batches, "repeats": repeats}
+    sizes.update({k: v for k, v in given.items() if v is not None})
+    result = bench_host(model, data, device=device, sizes=sizes, before=before, profile=profile,
+                        log=lambda m: click.echo(m, err=True))
+    _report(markdown(result), result, out)
+
+
 @bench.command("frontier", short_help="Models of several widths: test bpc, chars/s, KenLM.")
 @click.option("--models", default=None,
               help="Comma-separated bundle directories (default: the shipped text8 model). Ratios are against the first.")
