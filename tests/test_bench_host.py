@@ -77,6 +77,7 @@ def test_bench_host_quick_on_the_cpu_device(tmp_path, text8_path):
     r = json.loads(out.read_text())
     assert r["benchmark"] == "isan bench host" and r["device"] == "cpu" and r["before"] is None
     assert r["command"].startswith("isan ") and r["machine"]["cores"] >= 1
+    assert r["model"]["params_sha256"] == r["after"]["model"]["params_sha256"] and len(r["model"]["params_sha256"]) == 64
     assert [x["key"] for x in r["lines"]] == list(host.ROWS)
     sz = host.QUICK_SIZES
     rows = r["after"]["rows"]

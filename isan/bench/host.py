@@ -227,6 +227,7 @@ def measure(model: str | None, data: str | Path, device: str = "cpu", sizes: dic
     """
     import isan
     from isan.bench.common import machine, median_time
+    from isan.engine.paths import default_model_path
 
     sz = {**SIZES, **(sizes or {})}
     new_api = packed_api()
@@ -242,9 +243,15 @@ def measure(model: str | None, data: str | Path, device: str = "cpu", sizes: dic
             log(f"  {rows[key]['name']}: {chars / sec / 1e6:,.1f}M chars/s ({sec * 1e3:,.1f} ms)")
             if profile:
                 profiles[key] = host_profile(fn)
+    import torch
+
+    eng = inp.engine
     out = {"api": "packed" if new_api else "lists", "isan": str(Path(isan.__file__).resolve().parent),
            "revision": revision(Path(isan.__file__).resolve().parent), "machine": machine(),
-           "engine": inp.engine.describe(), "null_device": patched, "sizes": sz, "rows": rows}
+           "model": {"source": str(model or default_model_path()), "params_sha256": eng.params_sha256, "d": eng.d,
+                     "V": len(eng.alphabet)},
+           "engine": eng.describe(), "torch": {"version": torch.__version__, "threads": torch.get_num_threads()},
+           "null_device": patched, "sizes": sz, "rows": rows}
     if profile:
         out["profiles"] = profiles
     return out
@@ -364,7 +371,8 @@ def bench_host(model: str | None, data: str | Path, device: str = "cpu", sizes: 
     now = measure(model, data, device, sz, profile, log)
     lines = compare(prior, now)
     return {"benchmark": "isan bench host", "machine": machine(), "command": command or " ".join(["isan"] + sys.argv[1:]),
-            "device": device, "sizes": sz, "lines": lines, "targets": targets(lines), "after": now, "before": prior}
+            "model": now["model"], "device": device, "sizes": sz, "lines": lines, "targets": targets(lines),
+            "after": now, "before": prior}
 
 
 def _rate(x: float | None) -> str:
