@@ -388,11 +388,13 @@ class Engine:
                   want_bits: bool | str = True, threads: int | None = None, kernel: "Kernel | str" = Kernel.AUTO,
                   where: str | None = None):
         """Score texts already in ids, chunk-parallel, all as rows of one batch on the engine's
-        backend: the one batched call under :meth:`score`, :meth:`score_batch`, :meth:`advance`,
-        the server's rounds and corpus scoring (:func:`isan.engine.kernels.chunked.score_texts_chunked`).
+        backend: one batch of :func:`isan.engine.batches.score_batches` (the way every batch is
+        scored), under :meth:`score`, :meth:`score_batch`, :meth:`advance` and the server's rounds.
 
         Args:
-            ids_list: B int arrays of symbol ids (output ids), each non-empty; hs: (B, d) the state before each.
+            ids_list: B int arrays of symbol ids (output ids), each non-empty, or a
+                :class:`~isan.engine.packed.Packed` of them; hs: (B, d) the state before each, or
+                (d,) the state before every one.
             chunks: ``"auto"`` (long texts cut by the backend's plan, :meth:`plan`),
                 ``"none"`` (one row a text) or the chunk count of each text (a corpus cuts each
                 document by its own length, so that its bits do not depend on its batch).
@@ -403,27 +405,22 @@ class Engine:
                 backend has one kernel and ignores it).
             where: the path an error names (default: the kernel's name).
         Returns:
-            (bits per text: B float64 arrays (none: empty; ``"totals"``: one (B,) float64 array), final
+            (bits per text: a :class:`~isan.engine.packed.PackedBits` of B float64 arrays (none: B
+            empty arrays; ``"totals"``: one (B,) float64 array), final
             states (B, d) float32 or the backend's state dtype, :class:`~isan.engine.kernels.chunked.ChunkedReport`).
         Raises:
             StateDivergedError: a state leaves the range; located exactly by the float64 reference,
                 naming the offset in its text, with ``text_index`` the text.
         """
-        from isan.engine.kernels.chunked import score_texts_chunked
+        from isan.engine.batches import score_batches
 
-        threads = threads or self.threads
-        plan = self._planner.plan([len(x) for x in ids_list], threads, chunks, kernel)
-        bits, finals, rep, div = score_texts_chunked(plan, ids_list, np.asarray(hs, dtype=np.float64),
-                                                     threads=threads, want_bits=want_bits)
-        if div:
-            i, off, h_start, t = div[0]
-            try:
-                raise_diverged(self.params.W, self.params.b, np.asarray(ids_list[i])[off:], h_start,
-                               where or plan.kernel.value, detected_at=t, base_offset=off, symbols=self.alphabet.symbols)
-            except StateDivergedError as e:
-                e.text_index = i
-                raise
-        return bits, finals, rep
+        want = "totals" if want_bits == "totals" else "bits" if want_bits else "none"
+        how = chunks if isinstance(chunks, str) else np.asarray(chunks, dtype=np.int64)
+        (res,) = score_batches(self, [(ids_list, np.asarray(hs))], want, chunks=how, kernel=kernel, threads=threads,
+                               where=where)
+        if res.values is None:
+            return [np.zeros(0)] * len(res.finals), res.finals, res.report
+        return res.values, res.finals, res.report
 
     def certificate(self) -> dict | None:
         """The model's stability certificate (:func:`isan.engine.certificate.check_certificate`,

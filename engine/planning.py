@@ -122,7 +122,8 @@ class Planner:
             chosen = self.backend.fallback(self.params, self.forget_bound_chars())
             self._fallback = chosen if isinstance(chosen, ProvenForgetting) else self._float64_fallback
         if isinstance(self._fallback, ProvenForgetting) and chunks is not None:
-            if any(c > 1 and n // c < self._fallback.bound for n, c in zip(lengths, chunks)):
+            n, c = np.asarray(lengths, dtype=np.int64), np.asarray(chunks, dtype=np.int64)
+            if ((c > 1) & (n // c < self._fallback.bound)).any():
                 return self._float64_fallback  # a caller's chunks shorter than the proof: checked instead
         return self._fallback
 
@@ -145,8 +146,8 @@ class Planner:
         planned = self.backend.plan(lengths, threads, facts, cut=cut, kernel=kernel)
         counts = planned.chunks
         if not isinstance(chunks, str):
-            counts = tuple(int(c) for c in chunks)
-            if len(counts) != len(lengths) or min(counts, default=1) < 1:
+            counts = np.asarray(chunks, dtype=np.int64).reshape(-1)
+            if len(counts) != len(lengths) or (len(counts) and counts.min() < 1):
                 raise IsanError(f"give one chunk count of at least 1 for each of the {len(lengths)} texts; "
                                 f"got {counts}")
         model = planned.model if planned.model is not None else self.layout(planned.kernel)

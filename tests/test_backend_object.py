@@ -68,10 +68,10 @@ class PlainBackend:
 
         return Float64Fallback(params)
 
-    def batches(self, model, batches, want="totals", threads=1):
-        from isan.engine.kernels.chunked import score_batches_in_turn
+    def submit(self, plan, packed, hs, want="totals", threads=1, finals=True):
+        from isan.engine.kernels.chunked import score_packed
 
-        return score_batches_in_turn(self.streams, model, batches, want, threads)
+        return score_packed(plan, packed, hs, want, threads)
 
     def describe(self):
         return {"backend": self.name, "device": self.device, "dtype": self.dtype}
@@ -107,13 +107,14 @@ def test_batches_run_on_the_object_and_an_error_names_its_place(default_engine, 
     eng = engine_on(default_engine, PlainBackend())
     docs = [eng.encode("the cat sat on the mat "), eng.encode("a dog ran ")]
     h = np.tile(eng.params.h0, (2, 1))
-    ((totals, _),) = score_batches(eng, [(docs, h)])
+    (res,) = score_batches(eng, [(docs, h)])
+    totals = res.values
     want, _, _ = eng.score_ids(docs, h, chunks="none", want_bits="totals")
     np.testing.assert_array_equal(totals, want)  # the same runner on the same rows
 
     bad_eng = engine_on(unconstrained_engine, PlainBackend())
     bad = [bad_eng.encode("the cat "), bad_eng.encode("z" * 200)]
-    with pytest.raises(StateDivergedError, match="plain path") as err:  # the backend's describe
+    with pytest.raises(StateDivergedError, match="chunked path") as err:  # the plan's kernel
         list(score_batches(bad_eng, [(bad, h)]))
     assert err.value.text_index == 1 and err.value.batch_index == 0
     with pytest.raises(StateDivergedError, match="corpus batches path"):  # the caller's
@@ -127,7 +128,7 @@ def test_an_object_that_is_not_a_backend_is_refused_naming_what_it_lacks():
     class Half:
         name, device, dtype = "half", "cpu", "float32"
 
-    with pytest.raises(IsanError, match=r"this object has no batch_chars, batches, describe"):
+    with pytest.raises(IsanError, match=r"this object has no batch_chars, describe"):
         get_backend(object())
     with pytest.raises(IsanError, match=r"Half has no batch_chars, batches, describe, fallback, jumps, on_cpu") as err:
         check_backend(Half())

@@ -155,6 +155,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from isan.engine.batches import score_batches  # noqa: E402
+from isan.engine.kernels.chunked import score_texts_chunked  # noqa: E402
 
 
 def _batches(ids: np.ndarray, sizes: list[list[int]], h0: np.ndarray, seed: int = 0):
@@ -185,8 +186,10 @@ def test_pipelined_batches_equal_one_call_each(default_engine, text8_test, devic
     got_bits = list(score_batches(eng, batches, want="bits"))
     got_tot = list(score_batches(eng, batches, want="totals"))
     assert len(got_bits) == len(got_tot) == len(batches)
-    for (texts, hs), (bits, fin_b), (tot, fin_t) in zip(batches, got_bits, got_tot):
-        ref_bits, ref_fin, _ = eng.score_ids(texts, hs, chunks="none")
+    for (texts, hs), rb, rt in zip(batches, got_bits, got_tot):
+        (bits, fin_b), (tot, fin_t) = (rb.values, rb.finals), (rt.values, rt.finals)
+        plan = eng.plan([len(x) for x in texts], cut=False)  # the runner's one call, not the pipeline
+        ref_bits, ref_fin, _, _ = score_texts_chunked(plan, texts, hs)
         for b, r in zip(bits, ref_bits):
             np.testing.assert_allclose(b, r, rtol=rtol, atol=bits_atol)
         assert_sums(tot, bits)
@@ -195,14 +198,16 @@ def test_pipelined_batches_equal_one_call_each(default_engine, text8_test, devic
 
 
 def test_batches_on_the_cpu_kernels_are_score_ids_in_turn(default_engine, docs):
-    """The native backend has no pipeline: its batches are ``score_ids`` calls one after the other
-    (the same states exactly; each total is the host's sum of the same bits)."""
+    """The native backend has no pipeline: its batches are scored one after the other, each as
+    ``score_ids`` scores it (the same states exactly; each total the sum of the same bits)."""
     h0 = np.tile(default_engine.params.h0, (len(docs), 1))
-    (tot, fin), = score_batches(default_engine, [(docs, h0)])
+    (res,) = score_batches(default_engine, [(docs, h0)])
+    tot, fin = res.values, res.finals
     bits, ref_fin, _ = default_engine.score_ids(docs, h0, chunks="none")
     assert_sums(tot, bits)
     np.testing.assert_array_equal(fin, ref_fin)
-    (none, fin_n), = score_batches(default_engine, [(docs, h0)], want="none")
+    (res_n,) = score_batches(default_engine, [(docs, None)], want="none")  # None: every document from h0
+    none, fin_n = res_n.values, res_n.finals
     assert none is None and np.array_equal(fin_n, ref_fin)
 
 
@@ -220,8 +225,8 @@ def test_a_diverging_document_is_located_then_the_next_batches_score(kernels, de
     with pytest.raises(StateDivergedError) as err:
         list(score_batches(eng, [(good, h), (bad, h), (good, h)]))
     assert err.value.text_index == 1 and err.value.batch_index == 1 and err.value.offset is not None
-    ((tot, _),) = score_batches(eng, [(good, h)])
-    assert_sums(tot, eng.score_ids(good, h, chunks="none")[0])
+    (res,) = score_batches(eng, [(good, h)])
+    assert_sums(res.values, eng.score_ids(good, h, chunks="none")[0])
 
 
 def test_the_host_builds_the_next_batch_while_the_device_works(default_engine, docs, monkeypatch):
@@ -250,9 +255,9 @@ def test_the_host_builds_the_next_batch_while_the_device_works(default_engine, d
     monkeypatch.setattr(pipeline.Pending, "result", logged_result)
     out = list(score_batches(eng, batches))
     assert events == ["submit", "submit", "collect", "submit", "collect", "submit", "collect", "collect"]
-    for (t1, f1), (t2, f2) in zip(plain, out):
-        np.testing.assert_array_equal(t1, t2)
-        np.testing.assert_array_equal(f1, f2)
+    for a, b in zip(plain, out):
+        np.testing.assert_array_equal(a.values, b.values)
+        np.testing.assert_array_equal(a.finals, b.finals)
 
 
 def test_bench_gpu_quick_run_on_the_cpu_device(text8_path):

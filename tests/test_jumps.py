@@ -370,7 +370,7 @@ def test_auto_kernel_takes_jumps_when_the_batch_has_rows_for_them(default_engine
     assert eng.plan([2000] * 256, th).kernel == "chunked"
     assert eng.plan([2000] * 4096, th).kernel == "jumps"
     assert eng.plan([2000] * 4096, th, kernel="chunked").kernel == "chunked"
-    assert eng.plan([2000] * 4096, th, cut=False).chunks == (1,) * 4096
+    assert eng.plan([2000] * 4096, th, cut=False).chunks.tolist() == [1] * 4096
     n = MIN_ROWS_PER_THREAD * th
     texts = [text8_test[i * 50 : i * 50 + 40 + i % 13] for i in range(n)]
     many = eng.score_batch(texts, per_char=True, threads=th)

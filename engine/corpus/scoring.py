@@ -1,21 +1,26 @@
-"""Scoring documents: many at once through the engine's batched kernel, long ones in blocks.
+"""Scoring documents: every document a row (or its chunks) of the one pipeline,
+:func:`isan.engine.batches.score_batches`, in batches of about ``batch_chars`` characters.
 
 A document's bits are a function of the document alone, whichever executor, batch, order, worker or
 thread count scored it, so that the local and the Ray executor, and a resumed run, write the same
 numbers to the last bit:
 
-- documents of at most ``row_max_chars`` scored characters are scored together, chunk-parallel
-  (:func:`isan.engine.kernels.chunked.score_texts_chunked`, the kernel of :meth:`Engine.score_batch`),
-  each cut into ``max(1, n // c)`` chunks by its own length alone (``c``: :meth:`Engine.min_chunk`,
-  1,024 characters, or more where the model's certificate needs more to prove that its chunks correct
-  themselves; score_batch plans the cuts over the whole batch, which would make a document's last bits
-  depend on its neighbours); the kernel is fixed by the model (:func:`corpus_path`: composed jumps
-  when it has a trie table), and a row's arithmetic does not depend on the other rows, so a document
-  under ``2 c`` characters is one
-  row and equals ``Engine.score(text, path=corpus_path(engine))`` exactly;
-- a longer one is scored in blocks of a million characters with the state carried across them
-  (:func:`isan.engine.blocks.score_blocks`) on the chunk-parallel path, whose chunk plan is fixed
-  by ``LONG_DOC_THREADS`` rather than by the worker's cores.
+- on the CPU's kernels each document is cut into ``max(1, n // c)`` chunks by its own length alone
+  (``c``: :meth:`Engine.min_chunk`, 1,024 characters, or more where the model's certificate needs
+  more to prove that its chunks correct themselves; score_batch plans the cuts over the whole batch,
+  which would make a document's last bits depend on its neighbours) and scored chunk-parallel
+  (:func:`isan.engine.kernels.chunked.score_texts_chunked`); the kernel is fixed by the model
+  (:func:`corpus_path`: composed jumps when it has a trie table), and a row's arithmetic does not
+  depend on the other rows, so a document under ``2 c`` characters is one row and equals
+  ``Engine.score(text, path=corpus_path(engine))`` exactly; each document's total is summed where
+  its bits are made (by the kernel for a row, in order over its characters otherwise);
+- on a device's pipeline (the torch backend) a document of at most ``row_max_chars`` scored
+  characters is one row, batches queued one ahead of the host (their totals reduced on the device),
+  and a longer one is cut by its own length as on the CPU;
+- long documents (over ``row_max_chars``, or whose raw text is over twice it) are prepared in the
+  scoring process and scored in batches of their own; only a document that is read from its file
+  in blocks (too big to hold) is scored block by block with the state carried across them
+  (:func:`isan.engine.blocks.score_blocks`, chunk plan fixed by ``LONG_DOC_THREADS``).
 
 A document that cannot be scored (not in the alphabet, empty after normalisation, a diverging
 state, unreadable) gets its reason in ``error`` and zero counts; nothing raises for it.
@@ -25,11 +30,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable
 
 import numpy as np
 
+from isan.engine.batches import score_batches
+from isan.engine.packed import Packed
+from isan.engine.results import in_input_terms
 from isan.errors import EmptyTextError, IsanError, StateDivergedError
 from isan.engine.corpus.readers import Doc
 # the rows' helpers live with the preparation (a reader process makes the rows of documents that cannot be scored)
@@ -41,8 +50,6 @@ log = logging.getLogger(__name__)
 ROW_MAX_CHARS = 65_536
 #: the chunk plan of longer documents (and the threads that score them), the same on every worker
 LONG_DOC_THREADS = 2
-#: characters of a block when a long document is scored block by block
-BLOCK_CHARS = 1_000_000
 #: characters a batch of rows holds on the CPU (bounds memory: ~40 bytes a character); the job's default
 #: is the backend's (``Backend.batch_chars``: this on the CPU, more on a GPU)
 DEFAULT_BATCH_CHARS = 2_000_000
@@ -93,6 +100,18 @@ class ScoreOptions:
     threads: int | None = None  # threads of the row kernel (default: all the CPUs this process may use)
 
 
+@dataclass
+class RowGroup:
+    """Documents scored as rows: their ids (``packed``), each one's row in the part (``where``),
+    its normalisation report, and ``prepared(j, ids)``: document j as a
+    :class:`~isan.engine.normalize.Prepared` (what names a diverging state's offset in the input)."""
+
+    packed: Packed
+    where: list
+    reports: list
+    prepared: Callable
+
+
 class DocScorer:
     """Scores lists of :class:`Doc` into output rows (dicts; see :mod:`isan.engine.corpus.writers`):
     :func:`~isan.engine.corpus.prepared.prepare_docs` then :meth:`score_prepared`, which a reader
@@ -112,6 +131,13 @@ class DocScorer:
         #: threads of the batched kernel (results do not depend on them)
         self.threads = int(self.opt.threads or default_threads())
         self.seconds = 0.0
+        #: what a batch returns: each document's total, or each character's bits where some are kept
+        self.want = "bits" if self.opt.per_char_max else "totals"
+        #: the corpus engine's kernel (:func:`corpus_path`)
+        self.kernel = self.engine.route(0).kernel
+        #: how a document of at most ``row_max_chars`` is cut: by its own length on the CPU's kernels
+        #: (as a long one is), one row on a device's pipeline (queued, its total reduced there)
+        self.short_chunks = "own" if self.engine.kernels.runs_tables else "none"
 
     def prepare(self, docs: list[Doc]) -> PreparedDocs:
         """``docs`` read, normalised and mapped to ids in this process (:func:`prepare_docs`)."""
@@ -125,102 +151,116 @@ class DocScorer:
         return self.score_prepared(prepared)
 
     def score_prepared(self, p: PreparedDocs) -> list[dict]:
-        """The rows of a part's prepared documents, in its order: long documents in blocks, the
-        others longest first in batches of about ``batch_chars`` characters (rows of like length
-        finish together)."""
+        """The rows of a part's prepared documents, in its order: every document a row (or its
+        chunks) of the one pipeline (:func:`~isan.engine.batches.score_batches`), longest first in
+        batches of about ``batch_chars`` characters (rows of like length finish together); long
+        documents prepared here, in batches of their own; a document read from a file in blocks
+        (:attr:`Doc.blocks`, too big to hold) block by block."""
         t0 = time.perf_counter()
         rows = list(p.rows)
-        for k in p.long:
-            rows[k] = self._score_long(p.docs[k])
-        ids = p.ids  # uint8 where the alphabet allows: the kernels take ids of any integer type
-        b = p.bounds
-        order = sorted(range(len(p.short)), key=lambda j: -int(b[j + 1] - b[j]))
-        batch: list[int] = []
-        size = 0
-        for j in order:
-            batch.append(j)
-            size += int(b[j + 1] - b[j])
-            if size >= self.batch_chars:
-                self._score_rows(p, ids, batch, rows)
-                batch, size = [], 0
-        if batch:
-            self._score_rows(p, ids, batch, rows)
+        short = RowGroup(Packed.from_bounds(p.ids, p.bounds), list(p.short), p.reports, p.prepared)
+        self._score_group(short, p.docs, rows, self.short_chunks)
+        self._score_group(self._long_group(p, rows), p.docs, rows, "own")
         self.seconds += time.perf_counter() - t0
         return rows  # type: ignore[return-value]
 
-    def _bits(self, ids_list: list) -> list:
-        """Bits of each text, all texts' chunks as rows of one chunk-parallel batch
-        (:meth:`Engine.score_ids`, by the kernel of the corpus engine's route). Each text is cut by its
-        own length alone (:meth:`Engine.min_chunk` a chunk), so its bits do not depend on the batch.
-        Raises StateDivergedError with ``text_index``."""
-        eng = self.engine
-        c = eng.min_chunk()
-        plan = [max(1, len(x) // c) for x in ids_list]
-        h0 = np.tile(eng.params.h0, (len(ids_list), 1))
-        bits, _, _ = eng.score_ids(ids_list, h0, chunks=plan, threads=self.threads, kernel=eng.route(0).kernel)
-        return bits
-
-    def _score_rows(self, p: PreparedDocs, ids: np.ndarray, batch: list[int], rows: list) -> None:
-        """Score the short documents ``batch`` (positions in ``p.short``) as one batch into ``rows``."""
-        from isan.engine.results import in_input_terms
-
+    def _long_group(self, p: PreparedDocs, rows: list) -> "RowGroup":
+        """The long documents held in memory, prepared here, as a group of rows; a document that
+        cannot be scored gets its row, and one read in blocks is scored so (:meth:`_score_long`)."""
         o = self.opt
-        b = p.bounds
-        todo = list(batch)
-        while todo:
-            try:
-                res = self._bits([ids[b[j] : b[j + 1]] for j in todo])
-            except StateDivergedError as e:  # that document is recorded; the others are scored again
-                i = getattr(e, "text_index", None)
-                if i is None or not 0 <= i < len(todo):
-                    for j in todo:
-                        rows[p.short[j]] = empty_row(p.docs[p.short[j]], error_message(e))
-                    return
-                j = todo.pop(i)
-                k = p.short[j]
-                prep = p.prepared(j, ids[b[j] : b[j + 1]])
-                msg = str(in_input_terms(e, prep, self.engine.alphabet.symbols))
-                rows[k] = fill_row(empty_row(p.docs[k], f"StateDivergedError: {msg}"), prep.report, 0, 0.0)
-                rows[k]["bpc"] = None
+        ids, where, reports, preps = [], [], [], []
+        for k in p.long:
+            doc = p.docs[k]
+            if doc.text is None:
+                rows[k] = self._score_long(doc)
                 continue
+            try:
+                prep = self.engine.prepare(doc.text, o.normalize, o.unknown, o.replacement)
             except IsanError as e:
-                for j in todo:
-                    rows[p.short[j]] = empty_row(p.docs[p.short[j]], error_message(e))
-                return
-            for j, bits in zip(todo, res):
-                k = p.short[j]
-                row = fill_row(empty_row(p.docs[k]), p.reports[j], len(bits), float(bits.sum()))
-                if o.per_char_max and len(bits) <= o.per_char_max:
+                rows[k] = empty_row(doc, error_message(e))
+                continue
+            if len(prep.ids) == 0:
+                rows[k] = empty_row(doc, "EmptyTextError: the document is empty" + (" after normalisation" if doc.size else ""))
+                continue
+            ids.append(prep.ids)
+            where.append(k)
+            reports.append(prep.report)
+            preps.append(prep)
+        return RowGroup(Packed.of(ids), where, reports, lambda j, _ids: preps[j])
+
+    def _score_group(self, g: "RowGroup", docs: list, rows: list, chunks: str) -> None:
+        """Score a group's documents into ``rows`` by the one pipeline, batch by batch; a document
+        whose state leaves the range gets its error and the rest of its batch is scored again."""
+        todo = deque(self._batches(g.packed.length))
+        while todo:
+            batches = ((g.packed.take(js), None) for js in list(todo))
+            try:
+                for res in score_batches(self.engine, batches, self.want, chunks=chunks, kernel=self.kernel,
+                                         threads=self.threads, finals=False):
+                    self._fill(g, todo.popleft(), res.values, docs, rows)
+            except StateDivergedError as e:  # that document is recorded; the others are scored again
+                js = todo.popleft()
+                i = getattr(e, "text_index", None)
+                if i is None or not 0 <= i < len(js):
+                    self._fail(g, js, docs, rows, error_message(e))
+                    continue
+                j = int(js[i])
+                prep = g.prepared(j, g.packed.text(j))
+                msg = str(in_input_terms(e, prep, self.engine.alphabet.symbols))
+                k = g.where[j]
+                rows[k] = fill_row(empty_row(docs[k], f"StateDivergedError: {msg}"), prep.report, 0, 0.0)
+                rows[k]["bpc"] = None
+                if len(js) > 1:
+                    todo.appendleft(np.delete(js, i))
+            except IsanError as e:
+                self._fail(g, todo.popleft(), docs, rows, error_message(e))
+
+    def _batches(self, lengths: np.ndarray) -> list[np.ndarray]:
+        """The group's documents longest first (ties in order), cut into batches that each end at
+        the first document that brings them to ``batch_chars`` characters."""
+        order = np.argsort(-lengths, kind="stable")
+        ends = np.cumsum(lengths[order])
+        out, i, base = [], 0, 0
+        while i < len(order):
+            j = int(np.searchsorted(ends, base + self.batch_chars, side="left"))
+            j = min(j, len(order) - 1)
+            out.append(order[i : j + 1])
+            i, base = j + 1, int(ends[j])
+        return out
+
+    def _fill(self, g: "RowGroup", js: np.ndarray, values, docs: list, rows: list) -> None:
+        """The rows of a batch's documents from its values (totals, or each character's bits)."""
+        o = self.opt
+        lens = g.packed.length[js].tolist()
+        for b, (j, n) in enumerate(zip(js.tolist(), lens)):
+            k = g.where[j]
+            if self.want == "bits":
+                bits = values[b]
+                row = fill_row(empty_row(docs[k]), g.reports[j], n, float(bits.sum()))
+                if n <= o.per_char_max:
                     row["per_char_bits"] = np.asarray(bits, dtype=np.float64)
-                rows[k] = row
-            return
+            else:
+                row = fill_row(empty_row(docs[k]), g.reports[j], n, float(values[b]))
+            rows[k] = row
+
+    @staticmethod
+    def _fail(g: "RowGroup", js: np.ndarray, docs: list, rows: list, message: str) -> None:
+        for j in js.tolist():
+            rows[g.where[j]] = empty_row(docs[g.where[j]], message)
 
     def _score_long(self, doc: Doc) -> dict:
-        """A document scored in blocks, the state carried across them (bounded memory)."""
+        """A document read from its file in blocks (too big to hold), scored block by block with
+        the state carried across them (bounded memory: :func:`~isan.engine.blocks.score_blocks`)."""
         from isan.engine.blocks import score_blocks
 
         o = self.opt
-        if doc.blocks is not None:
-            blocks: Iterable[str] = doc.blocks()
-        else:
-            text = doc.text or ""
-            blocks = (text[s : s + BLOCK_CHARS] for s in range(0, len(text), BLOCK_CHARS))
         try:
-            per_char = None
-            if doc.text is not None and o.per_char_max and len(doc.text) <= BLOCK_CHARS:
-                r = self.engine.score(doc.text, per_char=True, unknown=o.unknown, replacement=o.replacement,
-                                      normalize=o.normalize)
-                per_char = r.per_char_bits if r.chars <= o.per_char_max else None
-            else:
-                r = score_blocks(self.engine, blocks, unknown=o.unknown, replacement=o.replacement,
-                                 normalize=o.normalize)
+            r = score_blocks(self.engine, doc.blocks(), unknown=o.unknown, replacement=o.replacement,
+                             normalize=o.normalize)
         except EmptyTextError:
             return empty_row(doc, "EmptyTextError: the document is empty" + (" after normalisation" if doc.size else ""))
         except IsanError as e:
             return empty_row(doc, error_message(e))
         except OSError as e:  # the file went away or broke while it was read
             return empty_row(doc, f"{type(e).__name__}: cannot read the document ({e})")
-        row = fill_row(empty_row(doc), r.normalization, r.chars, r.bits)
-        if per_char is not None:
-            row["per_char_bits"] = np.asarray(per_char, dtype=np.float64)
-        return row
+        return fill_row(empty_row(doc), r.normalization, r.chars, r.bits)

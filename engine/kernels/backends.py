@@ -33,12 +33,16 @@ import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Protocol, Sequence, runtime_checkable
 
+import numpy as np
+
 from isan.engine.kernels import NAMES
 from isan.engine.kernels.plan import CHECK_EVERY, DEFAULT_RTOL, Kernel, ModelFacts, Plan
 from isan.errors import BackendUnavailableError, IsanError, install_hint
 
 if TYPE_CHECKING:  # names for the annotations only
     from isan.engine.kernels.chunked import BatchResult, Runner
+    from isan.engine.kernels.torch.pipeline import Pending
+    from isan.engine.packed import Packed
     from isan.engine.kernels.streams import StreamModel
     from isan.params import ISANParams
 
@@ -108,8 +112,8 @@ class Backend(Protocol):
 
     def fallback(self, params: "ISANParams", forget_bound_chars: int | None): ...
 
-    def batches(self, model: "StreamModel", batches: Iterable, want: str = "totals",
-                threads: int = 1) -> "Iterator[BatchResult]": ...
+    def submit(self, plan: Plan, packed: "Packed", hs: np.ndarray, want: str = "totals",
+               threads: int = 1, finals: bool = True) -> "BatchResult | Pending": ...
 
     def describe(self) -> dict:
         """``{"backend", "device", "dtype", ...}``: what ran (the JSON a report carries)."""
@@ -138,14 +142,16 @@ class _Kernels:
         """Characters a call should hold where the caller chooses (:class:`Backend`)."""
         return GPU_BATCH_CHARS if self.device.startswith("cuda") else CPU_BATCH_CHARS
 
-    def batches(self, model: "StreamModel", batches: Iterable, want: str = "totals",
-                threads: int = 1) -> "Iterator[BatchResult]":
-        """Batches of documents (``(texts, hs)`` pairs; one row a document, none cut), each one's
-        :class:`~isan.engine.kernels.chunked.BatchResult` in order: here one after the other
-        (:func:`~isan.engine.kernels.chunked.score_batches_in_turn`); on a GPU overlapped."""
-        from isan.engine.kernels.chunked import score_batches_in_turn
+    def submit(self, plan: Plan, packed: "Packed", hs: np.ndarray, want: str = "totals",
+               threads: int = 1, finals: bool = True) -> "BatchResult":
+        """Score one batch of texts (``packed``, from the states ``hs``: (B, d) or (d,)) by ``plan``,
+        here at once (:func:`~isan.engine.kernels.chunked.score_packed`): the result's
+        ``result()`` is itself. A backend with an overlapped pipeline returns the batch in flight
+        instead (:class:`TorchBackend`); :func:`isan.engine.batches.score_batches` keeps one so.
+        ``finals``: whether the caller reads the final states (here they are made anyway)."""
+        from isan.engine.kernels.chunked import score_packed
 
-        return score_batches_in_turn(self.streams, model, batches, want, threads)
+        return score_packed(plan, packed, hs, want, threads)
 
     def describe(self) -> dict:
         """``{"backend", "device", "dtype"}``: what ran; and ``"why"`` where it was chosen for the
@@ -195,19 +201,18 @@ class CpuBackend(_Kernels):
         from isan.engine.kernels.chunked import plan_chunks
         from isan.engine.kernels.jumps import MIN_ROWS_PER_THREAD, ROWS_PER_THREAD
 
-        lengths = [int(n) for n in lengths]
-        planned = plan_chunks(lengths, target_rows=ROWS_PER_THREAD * threads, min_chunk=facts.min_chunk) \
-            if cut else [1] * len(lengths)
+        planned = np.asarray(plan_chunks([int(n) for n in lengths], target_rows=ROWS_PER_THREAD * threads,
+                                         min_chunk=facts.min_chunk) if cut else np.ones(len(lengths)), dtype=np.int64)
         kernel = Kernel.of(kernel)
         if kernel is Kernel.AUTO:
-            enough = sum(planned) >= MIN_ROWS_PER_THREAD * threads
+            enough = int(planned.sum()) >= MIN_ROWS_PER_THREAD * threads
             kernel = Kernel.JUMPS if facts.has_table and enough else Kernel.CHUNKED
         if kernel.uses_table:
-            return Plan(kernel, None, tuple(planned), self.jumps, path=kernel.value)
+            return Plan(kernel, None, planned, self.jumps, path=kernel.value)
         if kernel is not Kernel.CHUNKED:
             raise IsanError(f"the {self.name} backend runs the kernels auto, chunked, jumps and jumps-f16; "
                             f"got {kernel.value!r}")
-        return Plan(kernel, None, tuple(planned), self.streams)
+        return Plan(kernel, None, planned, self.streams)
 
     def fallback(self, params: "ISANParams", forget_bound_chars: int | None):
         """A certified model's proof that no chunk needs the float64 fallback
@@ -246,21 +251,28 @@ class TorchBackend(_Kernels):
         model (the planner attaches it)."""
         from isan.engine.kernels.torch import plan
 
-        lengths = [int(n) for n in lengths]
-        chunks = plan.chunks(lengths, self.device, threads, self.dtype, facts.forget_bound_chars) \
-            if cut else [1] * len(lengths)
-        return Plan(Kernel.TORCH, None, tuple(chunks), self.streams, rtol=self.rtol,
+        chunks = plan.chunks([int(n) for n in lengths], self.device, threads, self.dtype, facts.forget_bound_chars) \
+            if cut else np.ones(len(lengths))
+        return Plan(Kernel.TORCH, None, np.asarray(chunks, dtype=np.int64), self.streams, rtol=self.rtol,
                     check_every=plan.check_every(self.device) or CHECK_EVERY, empty_bits=self.streams.empty_bits,
                     row_totals=True)
 
-    def batches(self, model: "StreamModel", batches: Iterable, want: str = "totals",
-                threads: int = 1) -> "Iterator[BatchResult]":
-        """Batches of documents, each one's results in order, the host building and submitting
-        batch k + 1 while the device works on batch k
-        (:func:`~isan.engine.kernels.torch.pipeline.overlapped`)."""
-        from isan.engine.kernels.torch.pipeline import overlapped
+    def submit(self, plan: Plan, packed: "Packed", hs: np.ndarray, want: str = "totals",
+               threads: int = 1, finals: bool = True) -> "BatchResult | Pending":
+        """One batch by ``plan``: where it cuts no text, queued on the device and returned in
+        flight (:func:`~isan.engine.kernels.torch.pipeline.submit`: its ``result()`` waits for it,
+        so the host builds the next batch meanwhile); a batch of texts cut into chunks is scored
+        chunk-parallel at once (:func:`~isan.engine.kernels.chunked.score_packed`). ``finals``: False
+        leaves the final states on the device (the result's ``finals`` is None)."""
+        from isan.engine.kernels.chunked import ChunkedReport, score_packed
+        from isan.engine.kernels.torch import pipeline
 
-        return overlapped(self.streams, model, batches, want)
+        if plan.cuts:
+            return score_packed(plan, packed, hs, want, threads)
+        chars = int(packed.length.sum())
+        report = ChunkedReport(chunks=len(packed), chars=chars, rtol=plan.rtol, margin=plan.margin, path=plan.path,
+                               steps=chars, jumps=chars)
+        return pipeline.submit(self.streams, plan.model, packed, hs, want, report=report, finals=finals)
 
     def fallback(self, params: "ISANParams", forget_bound_chars: int | None):
         """Always :class:`~isan.engine.kernels.chunked.Float64Fallback`: the device's chunks and

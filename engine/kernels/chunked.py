@@ -38,6 +38,7 @@ from typing import Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from isan.engine.guard import MAX_STATE_ABS
+from isan.engine.packed import Packed, PackedBits
 from isan.engine.kernels.plan import DEFAULT_MARGIN, DEFAULT_RTOL, Kernel, Plan
 from isan.engine.kernels.streams import StreamModel, StreamsResult
 from isan.params import ISANParams
@@ -53,38 +54,49 @@ MIN_CHUNK = 1024
 ROWS_PER_THREAD = 512
 
 
+#: what a batch's results hold (:func:`score_packed`): each text's total bits, each character's, or
+#: none (final states only); and the ``want_bits`` of :func:`score_texts_chunked` of each
+WANTS = {"totals": "totals", "bits": True, "none": False}
+
+
 @dataclass
 class BatchResult:
-    """One batch of documents' results (:meth:`Backend.batches`; one row a document, none cut).
+    """One batch of texts' results (:meth:`Backend.submit`, :func:`isan.engine.batches.score_batches`).
 
     Attributes:
-        values: (B,) float64 each document's total bits (``"totals"``), a list of B (n_i,) float64
-            arrays of each character's bits (``"bits"``), or None (``"none"``).
-        finals: (B, d) each document's final state (the runner's state dtype).
-        diverged: (B,) int64: -1, or the step at which the document's state left the range (its
-            values are then not meaningful: the caller locates it with the float64 reference).
+        values: (B,) float64 each text's total bits (``"totals"``), a
+            :class:`~isan.engine.packed.PackedBits` of each character's bits (``"bits"``), or None
+            (``"none"``).
+        finals: (B, d) each text's final state (the runner's state dtype).
+        divergence: None, or ``(text index, offset in the text, start state (d,), step)``: a
+            state left the range at that step after that start (the values are then not
+            meaningful); the caller locates it exactly with :func:`isan.engine.guard.raise_diverged`.
+        report: how the batch was scored (:class:`ChunkedReport`).
     """
 
     values: object
     finals: np.ndarray
-    diverged: np.ndarray
+    divergence: tuple | None = None
+    report: "ChunkedReport | None" = None
+
+    def result(self) -> "BatchResult":
+        """Itself: a batch scored at once is its own submitted batch (``Backend.submit``'s result)."""
+        return self
 
 
-def score_batches_in_turn(runner: "Runner", model: StreamModel, batches, want: str = "totals",
-                          threads: int = 1, limit: float = MAX_STATE_ABS):
-    """Each batch of documents through :func:`score_texts_chunked` (one row a document), one after
-    the other: what a backend without an overlapped pipeline does (:meth:`Backend.batches`)."""
-    wants = {"totals": "totals", "bits": True, "none": False}
-    if want not in wants:
-        raise ValueError(f"want must be one of {', '.join(wants)}; got {want!r}")
-    for texts, hs in batches:
-        plan = Plan.one_row_a_text(model, runner, len(texts), kernel=Kernel.CHUNKED)
-        values, finals, _, div = score_texts_chunked(plan, texts, hs, threads=threads, limit=limit,
-                                                     want_bits=wants[want])
-        diverged = np.full(len(texts), -1, dtype=np.int64)
-        for i, _off, _h, t in div:
-            diverged[i] = t
-        yield BatchResult(values if want != "none" else None, finals, diverged)
+def score_packed(plan: "Plan", packed: "Packed", hs: np.ndarray, want: str = "totals", threads: int = 1,
+                 limit: float = MAX_STATE_ABS) -> BatchResult:
+    """One batch through :func:`score_texts_chunked` now: what :meth:`Backend.submit` does on a
+    backend without an overlapped pipeline (``hs``: (B, d) or (d,) the states before the texts).
+
+    Raises:
+        ValueError: an unknown ``want``, an empty text.
+    """
+    if want not in WANTS:
+        raise ValueError(f"want must be one of {', '.join(WANTS)}; got {want!r}")
+    values, finals, report, div = score_texts_chunked(plan, packed, hs, threads=threads, limit=limit,
+                                                      want_bits=WANTS[want])
+    return BatchResult(values if want != "none" else None, finals, div[0] if div else None, report)
 
 
 @dataclass
@@ -189,7 +201,7 @@ class Runner(Protocol):
 class ChunkRows:
     """The rows of a chunk-parallel batch: chunk c of text ``text[c]`` reads
     ``ids[start[c] : start[c] + length[c]]``; ``first[c]``: it starts its text; ``base``: where each
-    text starts in ``ids`` (B + 1 offsets)."""
+    text starts in ``ids`` (B,)."""
 
     text: np.ndarray
     start: np.ndarray
@@ -198,22 +210,25 @@ class ChunkRows:
     base: np.ndarray
 
     @classmethod
-    def cut(cls, lens: Sequence[int], chunks: Sequence[int]) -> "ChunkRows":
-        """Each text of ``lens`` characters cut into its count of ``chunks`` (even cuts, in order)."""
+    def cut(cls, packed: Packed, chunks: Sequence[int]) -> "ChunkRows":
+        """Each text of ``packed`` cut into its count of ``chunks``: even cuts in order, chunk k of
+        a text of n characters in P from ``round(k n / P)`` (``np.linspace(0, n, P + 1).round()``'s
+        cuts, computed for every text at once); an empty chunk (P > n) is left out."""
+        base, lens = packed.start, packed.length
         B = len(lens)
-        base = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-        if max(chunks, default=1) <= 1:  # one row a text (documents): no cut, built at once
-            text, start, length = np.arange(B, dtype=np.int64), base[:-1].copy(), np.asarray(lens, dtype=np.int64)
+        P = np.maximum(np.asarray(chunks, dtype=np.int64).reshape(B), 1) if B else np.zeros(0, np.int64)
+        if not B or P.max() <= 1:  # one row a text (documents): no cut
+            text, start, length = np.arange(B, dtype=np.int64), base.copy(), lens.copy()
         else:
-            text, start, length = [], [], []
-            for i, (n, P) in enumerate(zip(lens, chunks)):
-                cuts = np.linspace(0, n, max(P, 1) + 1).round().astype(np.int64)
-                for a, b in zip(cuts[:-1], cuts[1:]):
-                    if b > a:
-                        text.append(i)
-                        start.append(base[i] + a)
-                        length.append(b - a)
-            text, start, length = (np.asarray(x, dtype=np.int64) for x in (text, start, length))
+            text = np.repeat(np.arange(B, dtype=np.int64), P)
+            k = np.arange(len(text), dtype=np.int64) - np.repeat(np.cumsum(P) - P, P)
+            n, p = lens[text].astype(np.float64), P[text]
+            step = n / p
+            a = np.round(k * step)
+            b = np.where(k + 1 == p, n, np.round((k + 1) * step))
+            keep = b > a
+            text, a, b = text[keep], a[keep].astype(np.int64), b[keep].astype(np.int64)
+            start, length = base[text] + a, b - a
         first = np.ones(len(length), dtype=bool)
         first[1:] = text[1:] != text[:-1]
         return cls(text, start, length, first, base)
@@ -226,7 +241,7 @@ class ChunkRows:
         return int(self.start[c] - self.base[self.text[c]])
 
 
-def score_texts_chunked(plan: "Plan", texts: Sequence[np.ndarray], h_init: np.ndarray, *,
+def score_texts_chunked(plan: "Plan", texts: "Packed | Sequence[np.ndarray]", h_init: np.ndarray, *,
                         want_bits: bool | str = True, threads: int = 1, limit: float = MAX_STATE_ABS,
                         guess: np.ndarray | None = None,
                         ) -> tuple[list[np.ndarray] | np.ndarray, np.ndarray, ChunkedReport, list]:
@@ -238,16 +253,19 @@ def score_texts_chunked(plan: "Plan", texts: Sequence[np.ndarray], h_init: np.nd
         plan: the batch's :class:`~isan.engine.kernels.plan.Plan` (kernel, weights, chunks per text,
             runner, fallback, stopping rule, buffers): ``Engine.plan``, or
             :meth:`Plan.one_row_a_text` for texts not cut.
-        texts: B int id arrays (each non-empty; B = ``len(plan.chunks)``).
-        h_init: (B, d) the state before each text (float32, or the runner's ``state_dtype``).
+        texts: a :class:`~isan.engine.packed.Packed` batch of B texts, or B int id arrays (joined
+            once), each non-empty; B = ``len(plan.chunks)``.
+        h_init: (B, d) the state before each text, or (d,) the state before every one (float32,
+            or the runner's ``state_dtype``).
         want_bits: True (each character's bits), ``"totals"`` (each text's total bits only) or
             False (no readout; final states only).
         threads: threads for the kernel.
         limit: the largest ``|h|`` a state may reach (:mod:`isan.engine.guard`).
         guess: (d,) the start state guessed for chunks after the first (default: ``h_init[0]``).
     Returns:
-        (bits per text (n_i,) float64 (empty arrays if not want_bits; with ``want_bits="totals"`` one
-        (B,) float64 array, each text's total bits), final states (B, d) in the runner's state dtype,
+        (bits per text: a :class:`~isan.engine.packed.PackedBits`, B (n_i,) float64 views of one
+        array (empty arrays if not want_bits; with ``want_bits="totals"`` one (B,) float64 array,
+        each text's total bits), final states (B, d) in the runner's state dtype,
         report, divergences). ``divergences`` is empty, or holds one ``(text index, offset of the
         chunk in its text, the chunk's exact start state (d,), step t)``: the state before the
         chunk's character t is out of range (or its bits are not finite); the caller locates it
@@ -255,30 +273,41 @@ def score_texts_chunked(plan: "Plan", texts: Sequence[np.ndarray], h_init: np.nd
     Raises:
         ValueError: an empty text, chunk counts that do not match the texts, or an unknown ``want_bits``.
     """
-    lens = [len(t) for t in texts]
-    if any(n == 0 for n in lens):
+    packed = Packed.of(texts)
+    B = len(packed)
+    if B and packed.length.min() < 1:
         raise ValueError("every text must have at least one character")
-    if len(plan.chunks) != len(texts):
-        raise ValueError(f"the plan has chunk counts for {len(plan.chunks)} texts; got {len(texts)} texts")
+    if len(plan.chunks) != B:
+        raise ValueError(f"the plan has chunk counts for {len(plan.chunks)} texts; got {B} texts")
     if want_bits not in (True, False, "totals"):
         raise ValueError(f"want_bits must be True, False or 'totals'; got {want_bits!r}")
     d = plan.model.d
-    rows = ChunkRows.cut(lens, plan.chunks)
-    ids = concat_ids(texts)
-    h_init = np.asarray(h_init).reshape(len(texts), d)  # read in its own dtype where it is copied
+    if _writes_bits(plan, want_bits) or packed.ids.dtype != np.int32:
+        packed = packed.dense(np.int32)  # the runners' ids; each character's bits go to the ids' own places
+    rows = ChunkRows.cut(packed, plan.chunks)
+    h_init = np.broadcast_to(np.asarray(h_init), (B, d))  # read in its own dtype where it is copied
     g = np.asarray(guess if guess is not None else h_init[0], dtype=np.float64).reshape(d)
-    batch = _Batch(plan, ids, rows, g, threads, limit,
-                   ChunkedReport(chunks=len(rows), chars=len(ids), rtol=plan.rtol, margin=plan.margin, path=plan.path))
-    totals, bits = batch.buffers(want_bits, len(texts))
+    batch = _Batch(plan, packed.ids, rows, g, threads, limit,
+                   ChunkedReport(chunks=len(rows), chars=packed.chars, rtol=plan.rtol, margin=plan.margin,
+                                 path=plan.path))
+    totals, bits = batch.buffers(want_bits, B)
     F, div1 = batch.guess_pass(h_init, bits, totals)
     converged, div2 = batch.correction_pass(F, bits)
     finals, divergences = batch.settle_in_order(F, h_init, div1, div2, converged, bits)
     if want_bits == "totals":
-        sums = totals if totals is not None else np.add.reduceat(bits, rows.base[:-1])
+        sums = totals if totals is not None else np.add.reduceat(bits, packed.start) if B else np.zeros(0)
         return sums, finals, batch.report, divergences
-    bl = rows.base.tolist()
-    out_bits = [bits[bl[i] : bl[i + 1]] for i in range(len(texts))] if want_bits else [np.zeros(0)] * len(texts)
-    return out_bits, finals, batch.report, divergences
+    if not want_bits:
+        return PackedBits(np.zeros(0), np.zeros(B, np.int64), np.zeros(B, np.int64)), finals, batch.report, divergences
+    return PackedBits(bits, packed.start, packed.length), finals, batch.report, divergences
+
+
+def _writes_bits(plan: "Plan", want_bits) -> bool:
+    """Whether a batch writes each character's bits (asked for, or summed from them where the
+    runner cannot sum each text's itself: a text cut into chunks, or no ``row_totals``)."""
+    if want_bits is True:
+        return True
+    return want_bits == "totals" and not (plan.row_totals and not plan.cuts)
 
 
 class _Batch:
@@ -299,7 +328,7 @@ class _Batch:
         totals = None
         if want_bits == "totals" and self.plan.row_totals and len(self.rows) == B:
             totals = np.zeros(B, dtype=np.float64)  # one row a text: the runner sums each text's bits
-        bits = self.plan.empty_bits(len(self.ids)) if want_bits and totals is None else None
+        bits = self.plan.empty_bits(len(self.ids)) if want_bits and totals is None else None  # ids: dense here
         return totals, bits
 
     def rows_of(self, starts: np.ndarray) -> np.ndarray:
@@ -414,15 +443,6 @@ class _Batch:
         if bits is not None:
             bits[a:b] = b64
         return h64.astype(self.sdt), False, None
-
-
-def concat_ids(texts: Sequence[np.ndarray]) -> np.ndarray:
-    """The texts' ids end to end, int32 (one copy; texts may be arrays of any integer dtype or lists)."""
-    if not len(texts):
-        return np.zeros(0, np.int32)
-    if all(isinstance(t, np.ndarray) for t in texts):
-        return np.concatenate(texts, dtype=np.int32, casting="unsafe")
-    return np.concatenate([np.asarray(t, dtype=np.int32) for t in texts])
 
 
 def _first_bad(fallback, seg, h, limit):

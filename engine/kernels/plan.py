@@ -90,7 +90,7 @@ class Plan:
         model: the runner's weights: a :class:`~isan.engine.kernels.streams.StreamModel` or a
             :class:`~isan.engine.kernels.jumps.JumpTable` (a backend's plan leaves None: the
             planner attaches the model's layout for the kernel).
-        chunks: the chunk count of each text (1: not cut), one per text.
+        chunks: (B,) int64 the chunk count of each text (1: not cut).
         runner: the kernel that advances the rows (:class:`~isan.engine.kernels.chunked.Runner`).
         fallback: what redoes a chunk whose correction does not settle
             (:class:`~isan.engine.kernels.chunked.Float64Fallback`), or the proof that none can need it
@@ -105,7 +105,7 @@ class Plan:
 
     kernel: Kernel
     model: object = field(repr=False)
-    chunks: tuple[int, ...]
+    chunks: np.ndarray
     runner: Callable = field(repr=False)  # a Runner (isan.engine.kernels.chunked)
     fallback: object = field(default=None, repr=False)
     rtol: float = DEFAULT_RTOL
@@ -119,4 +119,9 @@ class Plan:
     def one_row_a_text(cls, model, runner: Callable, n_texts: int, **options) -> "Plan":
         """The plan of ``n_texts`` texts on ``runner``, none cut (documents of a corpus, a benchmark's
         rows); ``options`` are the other fields."""
-        return cls(options.pop("kernel", Kernel.CHUNKED), model, (1,) * n_texts, runner, **options)
+        return cls(options.pop("kernel", Kernel.CHUNKED), model, np.ones(n_texts, dtype=np.int64), runner, **options)
+
+    @property
+    def cuts(self) -> bool:
+        """Whether it cuts some text into more than one chunk."""
+        return bool(len(self.chunks) and int(np.max(self.chunks)) > 1)

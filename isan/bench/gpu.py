@@ -128,7 +128,7 @@ def _measure_run(w: _Work, eng, tag: str, key: tuple[str, str], row: _Rows, fact
     row(f"{tag}: {n_batches} such batches, overlapped (score_batches, totals)", n_batches * w.n_doc_chars, sec,
         times, base_docs)
     facts[f"docs {dt} step {st}: overlapped totals vs one call's (max rel)"] = float(
-        max(np.max(np.abs(o[0] - tot[0]) / tot[0]) for o in outs))
+        max(np.max(np.abs(o.values - tot[0]) / tot[0]) for o in outs))
     sec, times, _ = _median_time(lambda: eng.score_ids(docs, h0, chunks="none", want_bits=False), repeats)
     row(f"{tag}: the same, steps only (no readout)", w.n_doc_chars, sec, times, base_docs)
     sec, times, res = _median_time(lambda: eng.score(ids_all), repeats)

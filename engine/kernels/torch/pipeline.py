@@ -1,4 +1,4 @@
-"""Batches of documents through the device with the host's work overlapped (issue #47): :func:`overlapped`.
+"""Batches of texts through the device with the host's work overlapped: :func:`submit` and :class:`Pending`.
 
 One call of the runner (:class:`~isan.engine.kernels.torch.TorchStreams`) waits for its results, so
 the device idles while the host builds the next batch (the ids end to end, the state rows, the
@@ -6,50 +6,56 @@ copies in) and the host idles while the device steps: on an H200 (bench_results/
 batch of 65,536 documents x 512 characters took 0.61 s, of which the device's work was 0.20 s.
 Here a batch is *submitted* (:func:`submit`: copied in through page-locked memory, its steps,
 readout and copies out queued on the device, nothing waited for) and its results are *collected*
-later (:meth:`Pending.result`, which waits for the batch's event alone). :func:`overlapped` keeps
-one batch in flight: the host builds and submits batch k + 1 while the device works on batch k, then
-collects k. The states and weights never leave the device between the steps of a batch, and its
-results come back to page-locked memory, each document's total reduced on the device unless each
-character's bits are asked for.
+later (:meth:`Pending.result`, which waits for the batch's event alone).
+:func:`isan.engine.batches.score_batches` keeps one batch in flight: the host builds and submits
+batch k + 1 while the device works on batch k, then collects k. A batch is a
+:class:`~isan.engine.packed.Packed`: only the span of its ids that its texts read travels, in its
+own dtype (uint8 for a text alphabet), with no join on the host; with ``hs`` one state (the model's
+``h0``) the state rows are made on the device. The states and weights never leave the device
+between the steps of a batch, and its results come back to page-locked memory, each document's
+total reduced on the device unless each character's bits are asked for (the final states only
+where the caller reads them).
 
 A batch runs as :class:`~isan.engine.kernels.torch.streams.TorchStreams` runs rows without pairs,
 block by block, except that no row is dropped between blocks (a row past its end is carried as
 the sentinel symbol, exactly): the number of rows, and so every launch, is known on the host, and
 the Triton step's blocks wait for nothing. A row that leaves the range is reported
-(:attr:`BatchResult.diverged`) and its later values are not meaningful; the caller locates it with
-the float64 reference. Built and tested without a GPU: on torch's CPU device every copy and wait is
+(:attr:`BatchResult.divergence`: the first such row) and its later values are not meaningful; the
+caller locates it with the float64 reference. Built and tested without a GPU: on torch's CPU device every copy and wait is
 immediate, and the results equal the single call's (tests/test_gpu_pipeline.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 
 from isan.engine.guard import MAX_STATE_ABS
-from isan.engine.kernels.chunked import BatchResult, concat_ids
+from isan.engine.kernels.chunked import WANTS, BatchResult, ChunkedReport
 from isan.engine.kernels.streams import StreamModel
 from isan.engine.kernels.torch.streams import ReadoutBuffers, StepBlock, TorchStreams, max_abs
-
-#: What a batch's results hold: each document's total bits, each character's bits, or none.
-WANTS = ("totals", "bits", "none")
+from isan.engine.packed import Packed, PackedBits
 
 
 @dataclass
 class Pending:
     """A submitted batch: page-locked host buffers its results are being copied into, and the
-    event after the last copy (None on the CPU device, where the copies are done at once)."""
+    event after the last copy (None on the CPU device, where the copies are done at once).
+    ``start``: where each text's bits begin in ``bits``; ``hs``: the states before the texts
+    ((B, d) or (d,)), which locate a divergence."""
 
-    lens: np.ndarray
+    packed: Packed
     start: np.ndarray
+    hs: np.ndarray
     d: int
     want: str
     event: object
-    finals: torch.Tensor
+    finals: torch.Tensor | None
     diverged: torch.Tensor
+    report: ChunkedReport | None = None
     totals: torch.Tensor | None = None
     bits: np.ndarray | None = None
 
@@ -60,10 +66,18 @@ class Pending:
         if self.want == "totals":
             values = self.totals.numpy()
         elif self.want == "bits":
-            values = [self.bits[s : s + n] for s, n in zip(self.start.tolist(), self.lens.tolist())]
+            values = PackedBits(self.bits, self.start, self.packed.length)
         else:
             values = None
-        return BatchResult(values, self.finals.numpy()[:, : self.d], self.diverged.numpy())
+        diverged = self.diverged.numpy()
+        bad = np.flatnonzero(diverged >= 0)
+        divergence = None
+        if len(bad):
+            i = int(bad[0])
+            h = self.hs if self.hs.ndim == 1 else self.hs[i]
+            divergence = (i, 0, np.asarray(h, dtype=np.float64), int(diverged[i]))
+        finals = self.finals.numpy()[:, : self.d] if self.finals is not None else None
+        return BatchResult(values, finals, divergence, self.report)
 
 
 def _pinned(t: torch.Tensor) -> torch.Tensor:
@@ -75,79 +89,80 @@ def _pinned(t: torch.Tensor) -> torch.Tensor:
     return host
 
 
-def submit(runner: TorchStreams, model: StreamModel, texts: Sequence[np.ndarray], hs: np.ndarray,
-           want: str = "totals", limit: float = MAX_STATE_ABS) -> Pending:
-    """Queue one batch on ``runner``'s device: each text a row from its state in ``hs`` (B, d).
+def _checked(runner: TorchStreams, dm, packed, hs, want: str) -> tuple[Packed, np.ndarray]:
+    """The batch and its states as :func:`submit` takes them, or ValueError."""
+    if want not in WANTS:
+        raise ValueError(f"want must be one of {', '.join(WANTS)}; got {want!r}")
+    packed = Packed.of(packed)
+    B = len(packed)
+    if B == 0 or packed.length.min() < 1:
+        raise ValueError("a batch needs at least one text, and every text at least one character")
+    hs = np.asarray(hs)
+    if hs.shape != (B, dm.d) and hs.shape != (dm.d,):
+        raise ValueError(f"hs must be ({B}, {dm.d}) or ({dm.d},); got {hs.shape}")
+    packed.check_ids(dm.K)
+    return packed, hs
+
+
+def submit(runner: TorchStreams, model: StreamModel, packed: "Packed | Sequence[np.ndarray]", hs: np.ndarray,
+           want: str = "totals", limit: float = MAX_STATE_ABS, report: ChunkedReport | None = None,
+           finals: bool = True) -> Pending:
+    """Queue one batch on ``runner``'s device: each text a row from its state in ``hs``.
 
     Args:
-        texts: B non-empty int arrays of symbol ids.
+        packed: a :class:`~isan.engine.packed.Packed` batch of B non-empty texts (or B int arrays,
+            joined once); only the span of its ids the texts read travels, in its own dtype.
+        hs: (B, d) the state before each text, or (d,) the state before every one (made into the
+            rows on the device).
         want: ``"totals"`` (each text's bits summed on the device), ``"bits"`` (each character's,
             into page-locked memory) or ``"none"`` (final states only).
+        report: what the result's ``report`` is.
+        finals: False to leave the final states on the device (the result's ``finals`` is None).
     Returns:
         :class:`Pending`; its :meth:`~Pending.result` waits for this batch.
     Raises:
-        ValueError: an empty text, a bad ``want``, or ``hs`` of the wrong shape.
+        ValueError: an empty text, a bad ``want``, ids out of range, or ``hs`` of the wrong shape.
     """
-    if want not in WANTS:
-        raise ValueError(f"want must be one of {', '.join(WANTS)}; got {want!r}")
-    B = len(texts)
-    lens = np.fromiter((len(t) for t in texts), dtype=np.int64, count=B)
-    if B == 0 or (lens == 0).any():
-        raise ValueError("a batch needs at least one text, and every text at least one character")
     dm = runner.device_model(model)
-    d, dev = dm.d, runner.device
-    hs = np.asarray(hs)
-    if hs.shape != (B, d):
-        raise ValueError(f"hs must be ({B}, {d}); got {hs.shape}")
-    start = np.zeros(B, dtype=np.int64)
-    np.cumsum(lens[:-1], out=start[1:])
-    ids = concat_ids(texts)
-    if ids.min() < 0 or ids.max() >= dm.K:
-        raise ValueError(f"symbol ids must be in [0, {dm.K})")
-    rows = np.empty((B, d + 1), dtype=runner.state_dtype)
-    rows[:, :d] = hs
-    rows[:, d] = 1.0
+    packed, hs = _checked(runner, dm, packed, hs, want)
+    B, d, dev = len(packed), dm.d, runner.device
+    lo, hi = int(packed.start.min()), int((packed.start + packed.length).max())  # the span the rows read
+    start = packed.start - lo
     with runner.ieee(), torch.no_grad():
-        ids_d, start_d, lens_d, Hall = runner.upload(dm, ids, start, lens, rows)
-        n_chars = len(ids)
-        out = ReadoutBuffers.on(dev, chars=n_chars if want == "bits" else None, rows=B if want == "totals" else None)
-        act = torch.arange(B, device=dev)
-        div = torch.full((B,), -1, dtype=torch.int64, device=dev)
-        longest = int(lens.max())
-        blk = runner._block_steps(B, longest)
-        for t0 in range(0, longest, blk):  # every row in every block: no row is dropped, nothing waits
-            n_steps = min(blk, longest - t0)
-            block = StepBlock(runner, dm, Hall, act, 0, ids_d, start_d, lens_d, t0, blk, limit, n_steps=n_steps)
-            stopped_at = block.run(out)
-            div = torch.where((div < 0) & (stopped_at < block.n_steps), t0 + stopped_at, div)
-        m = max_abs(Hall[:, :d], 1)  # the final states' range (the kernel's final check)
-        div = torch.where((div < 0) & ~(m <= limit), lens_d, div)
-        pending = Pending(lens, start, d, want, None, _pinned(Hall), _pinned(div))
+        ids_d, start_d, lens_d, h_d = runner.upload(dm, packed.ids[lo:hi], start, packed.length, hs.reshape(-1, d))
+        Hall = torch.empty((B, d + 1), dtype=h_d.dtype, device=dev)
+        Hall[:, :d] = h_d
+        Hall[:, d] = 1.0
+        out = ReadoutBuffers.on(dev, chars=hi - lo if want == "bits" else None, rows=B if want == "totals" else None)
+        div = _run_blocks(runner, dm, Hall, ids_d, start_d, lens_d, int(packed.length.max()), B, out, limit)
+        pending = Pending(packed, start, hs, d, want, None, _pinned(Hall) if finals else None, _pinned(div), report)
         if want == "totals":
             pending.totals = _pinned(out.totals)
         elif want == "bits":
-            pending.bits = runner.empty_bits(n_chars)
+            pending.bits = runner.empty_bits(hi - lo)
             host = torch.from_numpy(pending.bits)
-            host.copy_(out.bits[:n_chars], non_blocking=host.is_pinned())
+            host.copy_(out.bits[: hi - lo], non_blocking=host.is_pinned())
         if dev.type == "cuda":
             pending.event = torch.cuda.Event()
             pending.event.record()
     return pending
 
 
-def overlapped(runner: TorchStreams, model: StreamModel, batches: Iterable[tuple[Sequence[np.ndarray], np.ndarray]],
-               want: str = "totals", limit: float = MAX_STATE_ABS) -> Iterator[BatchResult]:
-    """Each batch's :class:`BatchResult`, in order, with one batch in flight: batch k + 1 is built on
-    the host and submitted while the device works on batch k (see the module docstring).
-
-    Args:
-        batches: (texts, hs) pairs, as :func:`submit` takes them.
-    """
-    pending = None
-    for texts, hs in batches:
-        nxt = submit(runner, model, texts, hs, want, limit)
-        if pending is not None:
-            yield pending.result()
-        pending = nxt
-    if pending is not None:
-        yield pending.result()
+def _run_blocks(runner, dm, Hall, ids_d, start_d, lens_d, longest: int, B: int, out, limit: float) -> torch.Tensor:
+    """Every row through every block of steps (none dropped, nothing waits); (B,) the step at which
+    each row left the range, or -1."""
+    dev, d = Hall.device, dm.d
+    act = torch.arange(B, device=dev)
+    blk = runner._block_steps(B, longest)
+    stops, ends = [], []  # each block's stopping steps (from the text's start), and its end
+    for t0 in range(0, longest, blk):
+        n_steps = min(blk, longest - t0)
+        block = StepBlock(runner, dm, Hall, act, 0, ids_d, start_d, lens_d, t0, blk, limit, n_steps=n_steps)
+        stops.append(block.run(out) + t0)
+        ends.append(t0 + block.n_steps)
+    at = torch.stack(stops)  # (blocks, B): a row stopped in a block where its step is before the block's end
+    stopped = at < torch.tensor(ends, device=dev)[:, None]
+    first = stopped.to(torch.int8).argmax(0)  # the first block it stopped in
+    div = torch.where(stopped.any(0), at.gather(0, first[None])[0], -1)
+    m = max_abs(Hall[:, :d], 1)  # the final states' range (the kernel's final check)
+    return torch.where((div < 0) & ~(m <= limit), lens_d, div)

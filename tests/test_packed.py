@@ -1,0 +1,107 @@
+"""Packed batches (engine/packed.py) and the one pipeline (engine/batches.py): a batch's texts in one
+array reach the kernels without a join, a selection of texts over the same ids scores as the texts
+themselves, chunk cuts made for every text at once equal the cuts of ``np.linspace`` text by text,
+and results come back as one flat array whose views are each text's bits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from isan.engine.batches import score_batches
+from isan.engine.corpus.scoring import DocScorer
+from isan.engine.kernels.chunked import ChunkRows, score_texts_chunked
+from isan.engine.packed import Packed, PackedBits, narrow_ids
+
+
+def linspace_cuts(lens, chunks):
+    """The cuts of each text as ChunkRows made them one text at a time (the reference)."""
+    base = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    text, start, length = [], [], []
+    for i, (n, P) in enumerate(zip(lens, chunks)):
+        cuts = np.linspace(0, n, max(P, 1) + 1).round().astype(np.int64)
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            if b > a:
+                text.append(i)
+                start.append(base[i] + a)
+                length.append(b - a)
+    return np.array(text, np.int64), np.array(start, np.int64), np.array(length, np.int64)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 100_000), st.integers(1, 300)), min_size=1, max_size=20))
+def test_chunk_cuts_for_every_text_at_once_equal_linspace_text_by_text(texts):
+    lens, chunks = [n for n, _ in texts], [p for _, p in texts]
+    rows = ChunkRows.cut(Packed.from_lengths(np.zeros(sum(lens), np.uint8), lens), chunks)
+    text, start, length = linspace_cuts(lens, chunks)
+    np.testing.assert_array_equal(rows.text, text)
+    np.testing.assert_array_equal(rows.start, start)
+    np.testing.assert_array_equal(rows.length, length)
+    assert rows.first.sum() == len(lens)
+
+
+def test_a_packed_batch_keeps_its_texts_and_a_selection_shares_the_ids():
+    texts = [np.array([1, 2, 3]), np.array([4]), np.array([5, 6])]
+    p = Packed.of(texts)
+    assert p.ids.dtype == np.uint8 and p.chars == 6 and p.is_dense()
+    assert [t.tolist() for t in p.texts()] == [[1, 2, 3], [4], [5, 6]]
+    sel = p.take([2, 0])
+    assert sel.ids is p.ids and not sel.is_dense()
+    d = sel.dense(np.int32)
+    assert d.ids.dtype == np.int32 and d.ids.tolist() == [5, 6, 1, 2, 3] and d.is_dense()
+    assert narrow_ids(np.array([0, 300])).dtype == np.int32
+    with pytest.raises(ValueError, match=r"\[0, 4\)"):
+        p.check_ids(4)
+    bits = PackedBits(np.arange(6.0), p.start, p.length)
+    assert len(bits) == 3 and bits[2].tolist() == [4.0, 5.0] and bits[-1].tolist() == [4.0, 5.0]
+    assert bits.totals().tolist() == [3.0, 3.0, 9.0]
+    with pytest.raises(IndexError):
+        bits[3]
+
+
+def test_a_selection_of_texts_scores_as_the_texts_themselves(default_engine, text8_test):
+    """The corpus's batches: documents picked out of a part's ids (no copy) score as the same
+    documents given one by one, bit for bit (the same rows of the same kernel), per character and
+    in total."""
+    eng = default_engine
+    ids = eng.encode(text8_test[:40_000])
+    lens = [300, 3000, 17, 5000, 1200]
+    part = Packed.from_lengths(ids[: sum(lens)], lens)
+    pick = [3, 0, 4]
+    texts = [part.text(j).astype(np.int64) for j in pick]
+    plan = eng.plan([len(t) for t in texts], chunks=[max(1, len(t) // eng.min_chunk()) for t in texts])
+    want, fin_want, _, _ = score_texts_chunked(plan, texts, eng.params.h0)
+    got, fin_got, _, _ = score_texts_chunked(plan, part.take(pick), eng.params.h0)
+    assert isinstance(got, PackedBits)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    np.testing.assert_array_equal(fin_got, fin_want)
+    (res,) = score_batches(eng, [(part.take(pick), None)], "totals", chunks="own", kernel=eng.route(0).kernel)
+    per_char = [float(w.sum()) for w in want]
+    np.testing.assert_allclose(res.values, per_char, rtol=1e-12)  # summed in another order
+
+
+def batches_one_at_a_time(lengths, batch_chars):
+    """The corpus's batches as they were cut one document at a time (the reference)."""
+    order = sorted(range(len(lengths)), key=lambda j: -int(lengths[j]))
+    out, batch, size = [], [], 0
+    for j in order:
+        batch.append(j)
+        size += int(lengths[j])
+        if size >= batch_chars:
+            out.append(batch)
+            batch, size = [], 0
+    if batch:
+        out.append(batch)
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 5000), min_size=1, max_size=60), st.integers(1, 20_000))
+def test_the_corpus_batches_equal_cutting_one_document_at_a_time(lengths, batch_chars):
+    scorer = DocScorer.__new__(DocScorer)
+    scorer.batch_chars = batch_chars
+    got = [b.tolist() for b in scorer._batches(np.array(lengths, dtype=np.int64))]
+    assert got == batches_one_at_a_time(lengths, batch_chars)
