@@ -18,9 +18,10 @@ numbers to the last bit:
   characters is one row, batches queued one ahead of the host (their totals reduced on the device),
   and a longer one is cut by its own length as on the CPU;
 - long documents (over ``row_max_chars``, or whose raw text is over twice it) are prepared in the
-  scoring process and scored in batches of their own; only a document that is read from its file
-  in blocks (too big to hold) is scored block by block with the state carried across them
-  (:func:`isan.engine.blocks.score_blocks`, chunk plan fixed by ``LONG_DOC_THREADS``).
+  scoring process and scored in batches of their own, cut by their own length; a document read
+  from its file in blocks (too big to hold), or of over ``BATCHED_LONG_MAX_CHARS`` characters, is
+  scored block by block with the state carried across them (:func:`isan.engine.blocks.score_blocks`,
+  chunk plan fixed by ``LONG_DOC_THREADS``: bounded memory).
 
 A document that cannot be scored (not in the alphabet, empty after normalisation, a diverging
 state, unreadable) gets its reason in ``error`` and zero counts; nothing raises for it.
@@ -32,7 +33,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -53,6 +54,12 @@ LONG_DOC_THREADS = 2
 #: characters a batch of rows holds on the CPU (bounds memory: ~40 bytes a character); the job's default
 #: is the backend's (``Backend.batch_chars``: this on the CPU, more on a GPU)
 DEFAULT_BATCH_CHARS = 2_000_000
+#: the longest document held in memory that is scored as rows of a batch (its ids, and each
+#: character's bits where a chunk's correction rewrites them: about 13 bytes a character); a longer
+#: one is scored block by block, the state carried across blocks (bounded memory)
+BATCHED_LONG_MAX_CHARS = 4_000_000
+#: characters of a block when a document is scored block by block
+BLOCK_CHARS = 1_000_000
 
 
 def corpus_path(engine) -> str:
@@ -171,7 +178,7 @@ class DocScorer:
         ids, where, reports, preps = [], [], [], []
         for k in p.long:
             doc = p.docs[k]
-            if doc.text is None:
+            if doc.text is None or len(doc.text) > BATCHED_LONG_MAX_CHARS:
                 rows[k] = self._score_long(doc)
                 continue
             try:
@@ -249,13 +256,18 @@ class DocScorer:
             rows[g.where[j]] = empty_row(docs[g.where[j]], message)
 
     def _score_long(self, doc: Doc) -> dict:
-        """A document read from its file in blocks (too big to hold), scored block by block with
-        the state carried across them (bounded memory: :func:`~isan.engine.blocks.score_blocks`)."""
+        """A document read from its file in blocks (too big to hold), or longer than
+        :data:`BATCHED_LONG_MAX_CHARS`, scored block by block with the state carried across them
+        (bounded memory: :func:`~isan.engine.blocks.score_blocks`)."""
         from isan.engine.blocks import score_blocks
 
         o = self.opt
+        if doc.text is not None:
+            blocks: Iterable[str] = (doc.text[s : s + BLOCK_CHARS] for s in range(0, len(doc.text), BLOCK_CHARS))
+        else:
+            blocks = doc.blocks()
         try:
-            r = score_blocks(self.engine, doc.blocks(), unknown=o.unknown, replacement=o.replacement,
+            r = score_blocks(self.engine, blocks, unknown=o.unknown, replacement=o.replacement,
                              normalize=o.normalize)
         except EmptyTextError:
             return empty_row(doc, "EmptyTextError: the document is empty" + (" after normalisation" if doc.size else ""))
