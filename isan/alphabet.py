@@ -19,7 +19,7 @@ def validated_ids(ids, V: int) -> np.ndarray:
     """An id sequence (array, list or any iterable) as int64 (n,). Raises AlphabetError unless it is
     1-D with values in [0, V)."""
     a = np.asarray(ids if isinstance(ids, (np.ndarray, list, tuple)) else list(ids), dtype=np.int64)
-    if a.ndim != 1 or (len(a) and (a.min() < 0 or a.max() >= V)):
+    if a.ndim != 1 or (len(a) and a.view(np.uint64).max() >= V):  # a negative id is a huge uint64: one pass
         raise AlphabetError(f"ids must be a 1-D array of values in [0, {V})")
     return a
 
@@ -72,6 +72,7 @@ class Alphabet(IdsOrText, SameInputs):
     symbols: tuple[str, ...]
     _index: dict = field(init=False, repr=False, compare=False)
     _lut: np.ndarray | None = field(init=False, repr=False, compare=False)
+    _table: bytes | None = field(init=False, repr=False, compare=False)
 
     #: the interface shared with the token alphabets of :mod:`isan.tokens`
     kind = "chars"
@@ -96,6 +97,9 @@ class Alphabet(IdsOrText, SameInputs):
             for s, i in index.items():
                 lut[ord(s)] = i
         object.__setattr__(self, "_lut", lut)
+        # up to 127 symbols: ids fit int8 (-1 is byte 255), and bytes.translate maps a text at once
+        table = bytes(int(i) & 255 for i in lut) if lut is not None and len(symbols) < 128 else None
+        object.__setattr__(self, "_table", table)
 
     @classmethod
     def text8(cls) -> "Alphabet":
@@ -134,12 +138,14 @@ class Alphabet(IdsOrText, SameInputs):
 
     def raw_ids(self, text: str) -> np.ndarray:
         """ids of every character, -1 where a character is not in the alphabet. int64 (len(text),)."""
-        if self._lut is not None:
+        if self._lut is not None:  # every symbol is one byte of latin-1: a lookup table over the bytes
             try:
                 raw = text.encode("latin-1")
             except UnicodeEncodeError:
                 raw = None
             if raw is not None:
+                if self._table is not None:
+                    return np.frombuffer(raw.translate(self._table), dtype=np.int8).astype(np.int64)
                 return self._lut[np.frombuffer(raw, dtype=np.uint8)]
         get = self._index.get
         return np.fromiter((get(c, -1) for c in text), dtype=np.int64, count=len(text))
