@@ -62,7 +62,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import FrozenInstanceError, dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -123,47 +123,120 @@ class Normalizer:
         return text, np.arange(len(text), dtype=np.int64), None, None
 
 
-class _Text8V1(Normalizer):
-    """wikifil.pl's character mapping (see the module docstring)."""
+def _byte_table(f) -> bytes:
+    """A 256-byte table for ``bytes.translate``: byte b -> ``f(b)``."""
+    return bytes(f(b) for b in range(256))
 
-    _WORD_LEN = np.array([len(w) for w in DIGIT_WORDS], dtype=np.int64)
-    _WORD_TABLE = np.array([[ord(c) for c in w.ljust(7)] for w in DIGIT_WORDS], dtype=np.uint32)
+
+def _is_text8(b: int) -> bool:
+    return 97 <= b <= 122 or b == 32
+
+
+#: text8-v1 on one byte: A-Z lower-cased, a-z and space kept, digits kept (spelled out next), every other
+#: byte a space
+_TEXT8_MAP = _byte_table(lambda b: b + 32 if 65 <= b <= 90 else b if _is_text8(b) or 48 <= b <= 57 else 32)
+#: 1 for an input byte that text8-v1 changes unless it is dropped: all but a-z and space
+_TEXT8_CHANGES = _byte_table(lambda b: 0 if _is_text8(b) else 1)
+#: a digit stays (its word's bytes are 1 then 0s, next), every other byte is 1: output bytes, 1 where an
+#: input byte's output starts
+_TEXT8_STARTS = _byte_table(lambda b: b if 48 <= b <= 57 else 1)
+_DIGIT_WORDS_B = tuple(w.encode("ascii") for w in DIGIT_WORDS)
+_DIGIT_STARTS = tuple(b"\x01" + bytes(len(w) - 1) for w in DIGIT_WORDS)
+#: the sort key of :func:`_most_changed`: the most frequent first, ties by code point
+_ASCII = np.arange(128, dtype=np.int64)
+_BY_COUNT = np.int64(-128)
+_WORD_LEN = np.array([len(w) for w in DIGIT_WORDS], dtype=np.int64)
+_WORD_TABLE = np.array([[ord(c) for c in w.ljust(7)] for w in DIGIT_WORDS], dtype=np.uint32)
+
+
+def text8_v1_reference(text: str, context: str = "") -> tuple[str, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """text8-v1 (see the module docstring) on UTF-32 code points with numpy: the reference twin of
+    ``TEXT8_V1.apply``, which must return exactly the same.
+
+    Args:
+        text: the raw text (lone surrogates allowed).
+        context: the last normalised character before ``text`` ("" at the start of a text).
+    Returns:
+        (normalised text; offsets int64 (len(normalised),); changed bool (len(text),); dropped bool
+        (len(text),); changed and dropped are None for a text that is text8 already).
+    """
+    n = len(text)
+    if n == 0:
+        return "", np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
+    if text.isascii():  # text that is already text8 (a-z and single spaces) passes unchanged, fast
+        raw = text.encode("ascii")
+        if (not raw.translate(None, _TEXT8_BYTES) and b"  " not in raw
+                and not (context == " " and raw.startswith(b" "))):
+            return text, np.arange(n, dtype=np.int64), None, None
+    cp = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+    lower = (cp >= 97) & (cp <= 122)
+    upper = (cp >= 65) & (cp <= 90)
+    digit = (cp >= 48) & (cp <= 57)
+    mapped = np.where(lower, cp, np.where(upper, cp + 32, 32)).astype(np.uint32)
+    if digit.any():
+        lens = np.where(digit, _WORD_LEN[np.where(digit, cp - 48, 0)], 1)
+        src = np.repeat(np.arange(n, dtype=np.int64), lens)
+        starts = np.cumsum(lens) - lens
+        pos = np.arange(len(src), dtype=np.int64) - starts[src]
+        out = mapped[src]
+        sel = digit[src]
+        out[sel] = _WORD_TABLE[cp[src[sel]] - 48, pos[sel]]
+    else:
+        src = np.arange(n, dtype=np.int64)
+        out = mapped
+    space = out == 32
+    prev = np.empty_like(space)
+    prev[0] = context == " "
+    prev[1:] = space[:-1]
+    keep = ~(space & prev)
+    if not keep.all():
+        out, src = out[keep], src[keep]
+    dropped = np.bincount(src, minlength=n) == 0
+    changed = ~(lower | (cp == 32)) & ~dropped
+    return out.astype(np.uint8).tobytes().decode("ascii"), src, changed, dropped
+
+
+class _Text8V1(Normalizer):
+    """wikifil.pl's character mapping (see the module docstring), on bytes: every character beyond
+    ASCII is one ``?`` (``str.encode("ascii", "replace")``), which maps to a space and counts as
+    changed exactly as the character would, so a text is a few passes of ``bytes.translate`` and
+    numpy over one byte a character (:func:`text8_v1_reference` is the twin on code points)."""
 
     def apply(self, text: str, context: str = "") -> tuple[str, np.ndarray, np.ndarray | None, np.ndarray | None]:
         n = len(text)
         if n == 0:
             return "", np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
-        if text.isascii():  # text that is already text8 (a-z and single spaces) passes unchanged, fast
-            raw = text.encode("ascii")
-            if (not raw.translate(None, _TEXT8_BYTES) and b"  " not in raw
-                    and not (context == " " and raw.startswith(b" "))):
-                return text, np.arange(n, dtype=np.int64), None, None
-        cp = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
-        lower = (cp >= 97) & (cp <= 122)
-        upper = (cp >= 65) & (cp <= 90)
-        digit = (cp >= 48) & (cp <= 57)
-        mapped = np.where(lower, cp, np.where(upper, cp + 32, 32)).astype(np.uint32)
-        if digit.any():
-            lens = np.where(digit, self._WORD_LEN[np.where(digit, cp - 48, 0)], 1)
-            src = np.repeat(np.arange(n, dtype=np.int64), lens)
-            starts = np.cumsum(lens) - lens
-            pos = np.arange(len(src), dtype=np.int64) - starts[src]
-            out = mapped[src]
-            sel = digit[src]
-            out[sel] = self._WORD_TABLE[cp[src[sel]] - 48, pos[sel]]
-        else:
-            src = np.arange(n, dtype=np.int64)
-            out = mapped
+        raw = text.encode("ascii", "replace")  # one byte a character
+        squeeze_first = context == " "
+        mapped = raw.translate(_TEXT8_MAP)
+        digits = mapped.translate(None, _TEXT8_BYTES)  # all that is not a-z or space now
+        if not digits and mapped == raw and b"  " not in raw and not (squeeze_first and raw[0] == 32):
+            return text, np.arange(n, dtype=np.int64), None, None  # text8 already
+        src = None
+        if digits:  # spelled out; src: the input offset of each output byte (a word's all the digit's)
+            starts = raw.translate(_TEXT8_STARTS)  # 1 where an input byte's output starts
+            for d in set(digits):
+                mapped = mapped.replace(bytes((d,)), _DIGIT_WORDS_B[d - 48])
+                starts = starts.replace(bytes((d,)), _DIGIT_STARTS[d - 48])
+            src = np.cumsum(np.frombuffer(b"\x00" + starts[1:], dtype=np.uint8), dtype=np.int64)  # from 0
+        flag = np.frombuffer(raw.translate(_TEXT8_CHANGES), dtype=bool)
+        if b"  " not in mapped and not (squeeze_first and mapped[0] == 32):  # nothing squeezed
+            offsets = src if src is not None else np.arange(n, dtype=np.int64)
+            return mapped.decode("ascii"), offsets, flag.copy(), np.zeros(n, dtype=bool)
+        out = np.frombuffer(mapped, dtype=np.uint8)
         space = out == 32
-        prev = np.empty_like(space)
-        prev[0] = context == " "
-        prev[1:] = space[:-1]
-        keep = ~(space & prev)
-        if not keep.all():
-            out, src = out[keep], src[keep]
-        dropped = np.bincount(src, minlength=n) == 0
-        changed = ~(lower | (cp == 32)) & ~dropped
-        return out.astype(np.uint8).tobytes().decode("ascii"), src, changed, dropped
+        keep = ~space
+        keep[1:] |= keep[:-1]  # a space stays after a non-space
+        if not squeeze_first:
+            keep[0] = True
+        if src is None:
+            offsets = keep.nonzero()[0].astype(np.int64, copy=False)
+            kept = keep
+        else:
+            offsets = src[keep]
+            kept = np.zeros(n, dtype=bool)
+            kept[offsets] = True
+        return out[keep].tobytes().decode("ascii"), offsets, flag & kept, ~kept
 
 
 NONE = Normalizer("none", 1, "the identity: raw text")
@@ -248,25 +321,60 @@ def resolve(normalize: str | Normalizer | None, declared: Normalizer) -> Normali
     return get_normalizer(normalize)
 
 
-@dataclass(frozen=True)
 class Prepared:
-    """Text made ready for a model: ids, where each came from, and what changed.
+    """Text made ready for a model: ids, where each came from, and what changed. Immutable.
 
     Attributes:
         ids: int64 (n,) symbol ids to score.
         offsets: int64 (n,) offset in the input text of the character each id came from.
-        text: the scored text (``alphabet.decode(ids)``).
+        text: the scored text (``alphabet.decode(ids)``), decoded on first access and kept when it
+            was not given (a text given, ``""`` included, is returned as given).
         report: ``{"normalizer", "chars_read", "chars_scored", "changed", "dropped",
             "skipped", "replaced", "most_changed", "most_dropped"}`` (see the module docstring).
+
+    Args:
+        ids, offsets, text, report: as above; ``text`` None: decoded from ``ids`` by ``alphabet``
+            when it is read.
+        alphabet: the alphabet of ``ids`` (needed when ``text`` is None).
+
+    Raises:
+        TypeError: ``text`` and ``alphabet`` both None.
+        dataclasses.FrozenInstanceError (an AttributeError): setting or deleting an attribute.
     """
 
-    ids: np.ndarray
-    offsets: np.ndarray
-    text: str
-    report: dict
+    __slots__ = ("ids", "offsets", "report", "_text", "_alphabet")
+
+    def __init__(self, ids: np.ndarray, offsets: np.ndarray, text: str | None, report: dict, alphabet=None):
+        if text is None and alphabet is None:
+            raise TypeError("Prepared needs its text, or the alphabet that decodes its ids")
+        for name, value in (("ids", ids), ("offsets", offsets), ("report", report), ("_text", text),
+                            ("_alphabet", alphabet)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name, value):
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name):
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __reduce__(self):
+        return Prepared, (self.ids, self.offsets, self._text, self.report, self._alphabet)
+
+    def __repr__(self) -> str:
+        return f"Prepared(ids={self.ids!r}, offsets={self.offsets!r}, text={self.text!r}, report={self.report!r})"
+
+    @property
+    def text(self) -> str:
+        if self._text is None:
+            object.__setattr__(self, "_text", self._alphabet.decode(self.ids))
+        return self._text
 
     @property
     def last_symbol(self) -> str:
+        """The last character of ``text`` ("" when empty); of a character alphabet's ids without
+        decoding the others."""
+        if self._text is None and self._alphabet.kind == "chars":
+            return self._alphabet.symbols[int(self.ids[-1])] if len(self.ids) else ""
         return self.text[-1] if self.text else ""
 
 
@@ -283,20 +391,39 @@ def _what_changed(text: str, changed: np.ndarray | None, dropped: np.ndarray | N
     normaliser's masks (None: it changed nothing)."""
     if changed is None:
         return {"changed": 0, "dropped": 0}
-    listed = normalizer is not NONE
-    return {"changed": int(changed.sum()), "dropped": int(dropped.sum()),
-            "most_changed": _most_changed(text, changed) if listed else [],
-            "most_dropped": _most_changed(text, dropped) if listed else []}
+    out = {"changed": int(np.count_nonzero(changed)), "dropped": int(np.count_nonzero(dropped))}
+    if normalizer is not NONE:
+        raw = np.frombuffer(text.encode("ascii", "replace"), dtype=np.uint8)  # beyond ASCII: '?'
+        out["most_changed"] = _most_changed(text, raw, changed) if out["changed"] else []
+        out["most_dropped"] = _most_changed(text, raw, dropped) if out["dropped"] else []
+    return out
 
 
-def _most_changed(text: str, mask: np.ndarray, top: int = 5) -> list[dict]:
-    """The ``top`` most frequent characters of ``text`` where ``mask`` is set, with their counts."""
-    if not mask.any():
-        return []
-    cp = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")[mask]
-    vals, counts = np.unique(cp, return_counts=True)
-    order = np.lexsort((vals, -counts))[:top]
-    return [{"char": chr(int(vals[i])), "count": int(counts[i])} for i in order]
+def _most_changed(text: str, raw: np.ndarray, mask: np.ndarray, top: int = 5) -> list[dict]:
+    """The ``top`` most frequent characters of ``text`` where ``mask`` is set, with their counts
+    (the most frequent first, ties by code point). ``raw``: ``text`` encoded to ASCII with each
+    character beyond it a ``?``, uint8 (len(text),)."""
+    counts = np.bincount(raw[mask], minlength=128)
+    if counts[63] and not text.isascii():  # '?': a question mark, or a character beyond ASCII
+        return _most_changed_unicode(text, raw, mask, counts, top)
+    first = np.argsort(_BY_COUNT * counts + _ASCII, kind="stable")[:top].tolist()  # zero counts sort last
+    return [{"char": chr(c), "count": k} for c, k in zip(first, counts[first].tolist()) if k]
+
+
+def _most_changed_unicode(text: str, raw: np.ndarray, mask: np.ndarray, counts: np.ndarray, top: int) -> list[dict]:
+    """:func:`_most_changed` of a text beyond ASCII, from the counts of its ASCII bytes (``?``
+    included, which counts the characters beyond ASCII too)."""
+    found = {c: k for c, k in enumerate(counts.tolist()) if k and c != 63}
+    where = (mask & (raw == 63)).nonzero()[0]
+    if len(where) > 1024:
+        cp = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")[where]
+        vals, n = np.unique(cp, return_counts=True)
+        found.update(zip(vals.tolist(), n.tolist()))
+    else:
+        for ch in map(text.__getitem__, where.tolist()):
+            found[ord(ch)] = found.get(ord(ch), 0) + 1
+    order = sorted((-k, c) for c, k in found.items())[:top]
+    return [{"char": chr(c), "count": -k} for k, c in order]
 
 
 def prepare(text: str | Sequence[int] | np.ndarray, alphabet: Alphabet, normalizer: Normalizer = NONE,
@@ -322,7 +449,7 @@ def prepare(text: str | Sequence[int] | np.ndarray, alphabet: Alphabet, normaliz
     if not isinstance(text, str):
         ids = alphabet.as_ids(text)
         offs = np.arange(len(ids), dtype=np.int64)
-        return Prepared(ids, offs, alphabet.decode(ids), _report("ids", len(ids), len(ids)))
+        return Prepared(ids, offs, None, _report("ids", len(ids), len(ids)), alphabet)
     if text.startswith(BOM) and not context:  # a byte-order mark starts a file; it is not text
         norm_text, offsets, changed, dropped = normalizer.apply(text[1:], context)
         offsets = offsets + 1
@@ -334,9 +461,9 @@ def prepare(text: str | Sequence[int] | np.ndarray, alphabet: Alphabet, normaliz
     if alphabet.kind != "chars":
         return _prepare_tokens(text, norm_text, offsets, changed, dropped, alphabet, normalizer, unknown, replacement)
     raw = alphabet.raw_ids(norm_text)
-    bad = raw < 0
     skipped = replaced = 0
-    if bad.any():
+    if len(raw) and raw.min() < 0:
+        bad = raw < 0
         if unknown == "error":
             j = int(np.argmax(bad))
             ch, off = norm_text[j], int(offsets[j])
@@ -355,10 +482,11 @@ def prepare(text: str | Sequence[int] | np.ndarray, alphabet: Alphabet, normaliz
             replaced = int(bad.sum())
             raw = raw.copy()
             raw[bad] = rid
-        norm_text = alphabet.decode(raw)
+        norm_text = None  # decoded if asked
     report = _report(normalizer.id, len(text), len(raw), skipped=skipped, replaced=replaced,
                      **_what_changed(text, changed, dropped, normalizer))
-    return Prepared(raw.astype(np.int64, copy=False), offsets.astype(np.int64, copy=False), norm_text, report)
+    return Prepared(raw.astype(np.int64, copy=False), offsets.astype(np.int64, copy=False), norm_text, report,
+                    alphabet)
 
 
 def _prepare_tokens(text: str, norm_text: str, offsets: np.ndarray, changed, dropped, alphabet, normalizer: Normalizer,
