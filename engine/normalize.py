@@ -326,15 +326,16 @@ class Prepared:
 
     Attributes:
         ids: int64 (n,) symbol ids to score.
-        offsets: int64 (n,) offset in the input text of the character each id came from.
+        offsets: int64 (n,) offset in the input text of the character each id came from (made on
+            first access when not given: ``arange(n)``, ids given as ids).
         text: the scored text (``alphabet.decode(ids)``), decoded on first access and kept when it
             was not given (a text given, ``""`` included, is returned as given).
         report: ``{"normalizer", "chars_read", "chars_scored", "changed", "dropped",
             "skipped", "replaced", "most_changed", "most_dropped"}`` (see the module docstring).
 
     Args:
-        ids, offsets, text, report: as above; ``text`` None: decoded from ``ids`` by ``alphabet``
-            when it is read.
+        ids, offsets, text, report: as above; ``offsets`` None: ``arange(n)``; ``text`` None: decoded
+            from ``ids`` by ``alphabet`` when it is read.
         alphabet: the alphabet of ``ids`` (needed when ``text`` is None).
 
     Raises:
@@ -342,12 +343,12 @@ class Prepared:
         dataclasses.FrozenInstanceError (an AttributeError): setting or deleting an attribute.
     """
 
-    __slots__ = ("ids", "offsets", "report", "_text", "_alphabet")
+    __slots__ = ("ids", "report", "_offsets", "_text", "_alphabet")
 
-    def __init__(self, ids: np.ndarray, offsets: np.ndarray, text: str | None, report: dict, alphabet=None):
+    def __init__(self, ids: np.ndarray, offsets: np.ndarray | None, text: str | None, report: dict, alphabet=None):
         if text is None and alphabet is None:
             raise TypeError("Prepared needs its text, or the alphabet that decodes its ids")
-        for name, value in (("ids", ids), ("offsets", offsets), ("report", report), ("_text", text),
+        for name, value in (("ids", ids), ("_offsets", offsets), ("report", report), ("_text", text),
                             ("_alphabet", alphabet)):
             object.__setattr__(self, name, value)
 
@@ -358,10 +359,16 @@ class Prepared:
         raise FrozenInstanceError(f"cannot delete field {name!r}")
 
     def __reduce__(self):
-        return Prepared, (self.ids, self.offsets, self._text, self.report, self._alphabet)
+        return Prepared, (self.ids, self._offsets, self._text, self.report, self._alphabet)
 
     def __repr__(self) -> str:
         return f"Prepared(ids={self.ids!r}, offsets={self.offsets!r}, text={self.text!r}, report={self.report!r})"
+
+    @property
+    def offsets(self) -> np.ndarray:
+        if self._offsets is None:
+            object.__setattr__(self, "_offsets", np.arange(len(self.ids), dtype=np.int64))
+        return self._offsets
 
     @property
     def text(self) -> str:
@@ -447,9 +454,8 @@ def prepare(text: str | Sequence[int] | np.ndarray, alphabet: Alphabet, normaliz
     if unknown not in UNKNOWN_POLICIES:
         raise AlphabetError(f"unknown={unknown!r}; choose one of {', '.join(UNKNOWN_POLICIES)}")
     if not isinstance(text, str):
-        ids = alphabet.as_ids(text)
-        offs = np.arange(len(ids), dtype=np.int64)
-        return Prepared(ids, offs, None, _report("ids", len(ids), len(ids)), alphabet)
+        ids = alphabet.as_ids(text)  # each id its own offset: made if asked, as the text is
+        return Prepared(ids, None, None, _report("ids", len(ids), len(ids)), alphabet)
     if text.startswith(BOM) and not context:  # a byte-order mark starts a file; it is not text
         norm_text, offsets, changed, dropped = normalizer.apply(text[1:], context)
         offsets = offsets + 1
