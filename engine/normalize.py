@@ -140,6 +140,7 @@ _TEXT8_CHANGES = _byte_table(lambda b: 0 if _is_text8(b) else 1)
 #: a digit stays (its word's bytes are 1 then 0s, next), every other byte is 1: output bytes, 1 where an
 #: input byte's output starts
 _TEXT8_STARTS = _byte_table(lambda b: b if 48 <= b <= 57 else 1)
+_NOT_DIGITS = bytes(b for b in range(256) if not 48 <= b <= 57)
 _DIGIT_WORDS_B = tuple(w.encode("ascii") for w in DIGIT_WORDS)
 _DIGIT_STARTS = tuple(b"\x01" + bytes(len(w) - 1) for w in DIGIT_WORDS)
 #: the sort key of :func:`_most_changed`: the most frequent first, ties by code point
@@ -208,10 +209,11 @@ class _Text8V1(Normalizer):
             return "", np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
         raw = text.encode("ascii", "replace")  # one byte a character
         squeeze_first = context == " "
-        mapped = raw.translate(_TEXT8_MAP)
-        digits = mapped.translate(None, _TEXT8_BYTES)  # all that is not a-z or space now
-        if not digits and mapped == raw and b"  " not in raw and not (squeeze_first and raw[0] == 32):
+        others = raw.translate(None, _TEXT8_BYTES)  # the bytes that are not a-z or space
+        if not others and b"  " not in raw and not (squeeze_first and raw[0] == 32):
             return text, np.arange(n, dtype=np.int64), None, None  # text8 already
+        mapped = raw.translate(_TEXT8_MAP)
+        digits = others.translate(None, _NOT_DIGITS)
         src = None
         if digits:  # spelled out; src: the input offset of each output byte (a word's all the digit's)
             starts = raw.translate(_TEXT8_STARTS)  # 1 where an input byte's output starts
