@@ -142,9 +142,12 @@ def _reading(pid: int, folder: Path) -> bool:
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the reader processes in /proc")
 def test_a_killed_reader_ends_the_job_and_a_rerun_resumes(corpus, tmp_path, text8_test):
     """kill -9 of a reader amid its file (float64 on the torch backend, readers blocked on the full
-    queue): the job ends with a message, exit 2, no traceback; a re-run ends with the files of an
-    in-process run."""
+    queue): the job ends with a message, exit 2, no traceback, and no part left in shared memory; a
+    re-run ends with the files of an in-process run."""
     pytest.importorskip("torch")
+    from isan.engine.corpus.shared_parts import count_blocks
+
+    blocks = count_blocks()
     src = tmp_path / "src"
     src.mkdir()
     for k in range(3):  # files of several parts, so that a reader holds its file open while it waits
@@ -163,6 +166,7 @@ def test_a_killed_reader_ends_the_job_and_a_rerun_resumes(corpus, tmp_path, text
     _, err = p.communicate(timeout=120)
     assert p.returncode == 2 and "a reader process died" in err and "run the same command again" in err, err
     assert "Traceback" not in err, err
+    assert count_blocks() == blocks
     r = subprocess.run([*cmd, "--out", str(tmp_path / "out"), "--readers", "1"], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr

@@ -9,6 +9,11 @@ is ``score_prepared(prepare_docs(...))`` in one process; with a backend that mus
 process (a GPU), reader processes prepare and the scoring process scores
 (:mod:`isan.engine.corpus.feed`), with the same rows to the last bit.
 
+The documents of the normalisers a corpus meets (``text8``, ``none``) are normalised and mapped to
+ids all at once (:mod:`isan.engine.corpus.batch_prepare`), their reports kept as columns of counts
+and made into dicts when asked for (:class:`Reports`); any other goes through ``prepare`` one by
+one. Either way a document gets the ids, offsets and report that ``prepare`` gives it.
+
 A document that cannot be scored (not in the alphabet, empty after normalisation, unreadable)
 gets its row here; one too long for a row of the batched kernel is kept whole (its text, or its
 file's blocks) for the scorer, which scores it in blocks.
@@ -16,13 +21,16 @@ file's blocks) for the scorer, which scores it in blocks.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from isan.alphabet import UNKNOWN_POLICIES
 from isan.errors import IsanError
+from isan.engine.corpus.batch_prepare import MAX_TEXT_CHARS, prepare_texts
 from isan.engine.corpus.readers import Doc
-from isan.engine.normalize import Prepared, prepare, resolve
+from isan.engine.normalize import BOM, Prepared, prepare, resolve
 
 COUNT_KEYS = ("changed", "dropped", "skipped", "replaced")
 
@@ -30,7 +38,8 @@ COUNT_KEYS = ("changed", "dropped", "skipped", "replaced")
 def empty_row(doc: Doc, error: str | None = None) -> dict:
     """The output row of ``doc`` with nothing scored yet, and ``error`` (or the document's own)."""
     return {"id": doc.id, "index": doc.index, "chars_read": 0, "chars_scored": 0, "bits": 0.0, "bpc": None,
-            **{k: 0 for k in COUNT_KEYS}, "changed_fraction": None, "error": error or doc.error, "per_char_bits": None}
+            "changed": 0, "dropped": 0, "skipped": 0, "replaced": 0, "changed_fraction": None,
+            "error": error or doc.error, "per_char_bits": None}
 
 
 def changed_fraction(report: dict) -> float | None:
@@ -47,14 +56,16 @@ def changed_fraction(report: dict) -> float | None:
 
 def fill_row(row: dict, report: dict | None, chars: int, bits: float) -> dict:
     """``row`` with its counts from the normalisation ``report`` and ``chars`` scored for ``bits``; returns it."""
-    report = report or {}
-    row["chars_read"] = int(report.get("chars_read", 0))
-    row["chars_scored"] = int(chars)
-    row["bits"] = float(bits)
-    row["bpc"] = float(bits) / chars if chars else None
-    for k in COUNT_KEYS:
-        row[k] = int(report.get(k, 0))
-    row["changed_fraction"] = changed_fraction(report)
+    get = (report or {}).get
+    read, changed, dropped = int(get("chars_read", 0)), int(get("changed", 0)), int(get("dropped", 0))
+    skipped, replaced = int(get("skipped", 0)), int(get("replaced", 0))
+    chars, bits = int(chars), float(bits)
+    row["chars_read"] = read
+    row["chars_scored"] = chars
+    row["bits"] = bits
+    row["bpc"] = bits / chars if chars else None
+    row["changed"], row["dropped"], row["skipped"], row["replaced"] = changed, dropped, skipped, replaced
+    row["changed_fraction"] = min(1.0, (changed + dropped + skipped + replaced) / read) if read > 0 else None
     return row
 
 
@@ -90,7 +101,8 @@ class PreparedDocs:
         short: positions of documents scored as rows of the batched kernel, in document order.
         ids: their ids, concatenated (uint8 when the alphabet has at most 256 symbols, else int64).
         bounds: int64 (len(short) + 1,): the j-th short document's ids are ``ids[bounds[j]:bounds[j + 1]]``.
-        reports: the j-th short document's normalisation report.
+        reports: the j-th short document's normalisation report (a dict; a sequence of them,
+            :class:`Reports`, where the part was prepared together).
         steps_at, steps: the offsets in the input of the short documents' characters, which a
             diverging state names, as the steps between them (the first from 0) concatenated as
             ``ids`` are, kept only where a step is not 1 (a character dropped or spelled out): their
@@ -120,8 +132,8 @@ class PreparedDocs:
         """The rows with each document's counts and no bits (0): what a benchmark of the reading
         side alone writes (``isan.bench.corpus.bench_readers``); long documents count nothing."""
         rows = [r if r is not None else empty_row(d) for r, d in zip(self.rows, self.docs)]
-        for j, k in enumerate(self.short):
-            rows[k] = fill_row(empty_row(self.docs[k]), self.reports[j], int(self.bounds[j + 1] - self.bounds[j]), 0.0)
+        for j, (k, n) in enumerate(zip(self.short, np.diff(self.bounds).tolist())):
+            rows[k] = fill_row(empty_row(self.docs[k]), self.reports[j], n, 0.0)
         return rows
 
     def prepared(self, j: int, ids: np.ndarray) -> Prepared:
@@ -140,57 +152,218 @@ def without_text(doc: Doc) -> Doc:
     return Doc(doc.index, doc.id, error=doc.error, chars=doc.chars, file_pos=doc.file_pos)
 
 
+class Reports(Sequence):
+    """The normalisation reports of a part's short documents (``PreparedDocs.reports``): the j-th
+    is the dict :func:`~isan.engine.normalize.prepare` reports for document ``short[j]``, made when
+    asked for from columns of counts (the documents prepared together,
+    :func:`~isan.engine.corpus.batch_prepare.prepare_texts`), else kept as it came.
+
+    Args:
+        batch: the documents prepared together (a :class:`TextsPrepared`), or None.
+        rows: int64 (n,): the j-th report's row in ``batch``, -1 where it is kept whole.
+        kept: {j: report} of the others.
+    """
+
+    def __init__(self, batch=None, rows: np.ndarray | None = None, kept: dict | None = None):
+        self.kept = kept or {}
+        self.rows = rows if rows is not None else np.full(len(self.kept), -1, dtype=np.int64)
+        # what the reports are made of (not the batch's ids)
+        self.normalizer = batch.normalizer if batch is not None else None
+        self.counts = batch.counts if batch is not None else None
+        self.changed_top = batch.changed_top if batch is not None else None
+        self.dropped_top = batch.dropped_top if batch is not None else None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, j):
+        made = self.__dict__.get("_made")
+        if made is None:
+            made = self._made = self._make()
+        return made[j]
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and len(other) == len(self) and all(a == b for a, b in zip(self, other))
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_made"}
+
+    def _make(self) -> list[dict]:
+        """Every report, made at once (a Python list from each column, then a dict a report)."""
+        rows = self.rows.tolist()
+        made = [self.kept.get(j) for j in range(len(rows))]
+        if self.counts is None:
+            return made
+        counts = self.counts.tolist()
+        changed, dropped = _lists(self.changed_top, len(counts)), _lists(self.dropped_top, len(counts))
+        norm = self.normalizer
+        for j, b in enumerate(rows):
+            if b >= 0:
+                read, scored, ch, dr = counts[b]
+                made[j] = {"normalizer": norm, "chars_read": read, "chars_scored": scored, "changed": ch, "dropped": dr,
+                           "skipped": 0, "replaced": 0, "most_changed": changed[b], "most_dropped": dropped[b]}
+        return made
+
+
+def _lists(top: tuple, n: int) -> list[list[dict]]:
+    """Each of ``n`` texts' ``most_changed`` (or ``most_dropped``) list from (text, code point, count)."""
+    out: list[list[dict]] = [[] for _ in range(n)]
+    for t, c, k in zip(*(a.tolist() for a in top)):
+        out[t].append({"char": chr(c), "count": k})
+    return out
+
+
+def _batch_plan(preparer, normalize, unknown: str) -> tuple[str, bytes] | None:
+    """(the normaliser's id, the alphabet's :func:`~isan.engine.corpus.batch_prepare.id_table`)
+    when ``preparer`` prepares as :func:`~isan.engine.normalize.prepare` does with a normaliser
+    that :func:`~isan.engine.corpus.batch_prepare.prepare_texts` takes; else None (each document
+    goes through ``preparer.prepare``)."""
+    from isan.engine.corpus.batch_prepare import id_table
+    from isan.engine.normalize import NONE, TEXT8_V1
+
+    if unknown not in UNKNOWN_POLICIES:
+        return None
+    if not isinstance(preparer, TextPreparer):
+        from isan.engine.core import Engine
+
+        if type(preparer).prepare is not Engine.prepare:
+            return None
+    try:
+        norm = resolve(normalize, preparer.normalizer)
+    except IsanError:
+        return None
+    table = id_table(preparer.alphabet)
+    if table is None or norm not in (TEXT8_V1, NONE):
+        return None
+    return norm.id, table
+
+
 def prepare_docs(preparer, docs: list[Doc], normalize="auto", unknown: str = "error",
                  replacement: str | None = None, row_max_chars: int = 65_536) -> PreparedDocs:
     """Read, normalise and map to ids a part's documents (``preparer``: an Engine or a
     :class:`TextPreparer`); what cannot be scored gets its row with the reason. Raises nothing for
-    a document."""
+    a document.
+
+    The documents of the ``text8`` and ``none`` normalisers are prepared together
+    (:func:`~isan.engine.corpus.batch_prepare.prepare_texts`), any other one by one
+    (``preparer.prepare``): the same ids, offsets and reports either way."""
     docs = list(docs)
     out = PreparedDocs(docs=[None] * len(docs), rows=[None] * len(docs))
-    ids, steps, lengths = [], [], [0]
+    plan = _batch_plan(preparer, normalize, unknown)
+    together: list[int] = []  # documents prepared together
+    alone: dict[int, Prepared] = {}  # documents prepared one by one
     for k, doc in enumerate(docs):
-        if doc.error is not None:
-            out.docs[k], out.rows[k] = without_text(doc), empty_row(doc)
+        doc = docs[k] = _readable(out, k, doc, row_max_chars)
+        if doc is None:
             continue
-        if doc.text is None and doc.blocks is not None and 0 <= doc.chars <= 4 * row_max_chars:
-            # a small file: read it whole, so that it scores as the same text from any format
-            try:
-                doc = Doc(doc.index, doc.id, "".join(doc.blocks()), chars=doc.chars, file_pos=doc.file_pos)
-            except (IsanError, OSError) as e:
-                out.docs[k], out.rows[k] = without_text(doc), empty_row(doc, error_message(e))
-                continue
-        if doc.text is None or len(doc.text) > 2 * row_max_chars + 16:
-            out.docs[k] = doc
-            out.long.append(k)
+        if plan is not None and 0 < len(doc.text) < MAX_TEXT_CHARS and not doc.text.startswith(BOM):
+            together.append(k)
             continue
         try:
-            prep = preparer.prepare(doc.text, normalize, unknown, replacement)
+            alone[k] = preparer.prepare(doc.text, normalize, unknown, replacement)
         except IsanError as e:
             out.docs[k], out.rows[k] = without_text(doc), empty_row(doc, error_message(e))
-            continue
+    batch = None
+    if together:
+        taken, batch = prepare_texts([docs[k].text for k in together], *plan)
+        for k in np.asarray(together)[~taken]:  # left to prepare (a character outside the alphabet)
+            try:
+                alone[int(k)] = preparer.prepare(docs[k].text, normalize, unknown, replacement)
+            except IsanError as e:
+                out.docs[k], out.rows[k] = without_text(docs[k]), empty_row(docs[k], error_message(e))
+        together = [k for k, t in zip(together, taken) if t]
+    _assemble(out, docs, together, batch, alone, row_max_chars)
+    return out
+
+
+def _readable(out: PreparedDocs, k: int, doc: Doc, row_max_chars: int) -> Doc | None:
+    """Document ``k`` with its text, or None where it is decided already: its row (an error) or a
+    long document kept whole (in ``out``). A small file read as one document is read here."""
+    if doc.error is not None:
+        out.docs[k], out.rows[k] = without_text(doc), empty_row(doc)
+        return None
+    if doc.text is None and doc.blocks is not None and 0 <= doc.chars <= 4 * row_max_chars:
+        # a small file: read it whole, so that it scores as the same text from any format
+        try:
+            doc = Doc(doc.index, doc.id, "".join(doc.blocks()), chars=doc.chars, file_pos=doc.file_pos)
+        except (IsanError, OSError) as e:
+            out.docs[k], out.rows[k] = without_text(doc), empty_row(doc, error_message(e))
+            return None
+    if doc.text is None or len(doc.text) > 2 * row_max_chars + 16:
+        out.docs[k] = doc
+        out.long.append(k)
+        return None
+    return doc
+
+
+def _assemble(out: PreparedDocs, docs: list[Doc], together: list[int], batch, alone: dict[int, Prepared],
+              row_max_chars: int) -> None:
+    """Fill ``out`` with the prepared documents in their order: an empty one's row, one too long
+    for a row kept whole (``long``), the others' ids, offsets and reports (``short``)."""
+    lengths = batch.lengths if batch is not None else np.zeros(0, dtype=np.int64)
+    row_of = dict(zip(together, range(len(together))))
+    for k, prep in alone.items():
         if len(prep.ids) == 0:
+            doc = docs[k]
             row = fill_row(empty_row(doc, "EmptyTextError: the document is empty" + (" after normalisation" if doc.text else "")),
-                        prep.report, 0, 0.0)
+                           prep.report, 0, 0.0)
             row["bpc"] = None
             out.docs[k], out.rows[k] = without_text(doc), row
+    for k in sorted(row_of.keys() | alone.keys()):
+        if out.rows[k] is not None:
             continue
-        if len(prep.ids) > row_max_chars:
-            out.docs[k] = doc
+        n = int(lengths[row_of[k]]) if k in row_of else len(alone[k].ids)
+        if n > row_max_chars:
+            out.docs[k] = docs[k]
             out.long.append(k)
-            continue
-        out.docs[k] = without_text(doc)
-        out.short.append(k)
-        ids.append(prep.ids)
-        steps.append(np.diff(prep.offsets, prepend=0))
-        lengths.append(len(prep.ids))
-        out.reports.append(prep.report)
-    if ids:
-        c = np.concatenate(ids)
-        out.ids = c.astype(np.uint8) if c.min() >= 0 and c.max() <= 255 else c.astype(np.int64)
-        s = np.concatenate(steps)
-        at = np.flatnonzero(s != 1)
-        out.steps_at = at.astype(np.int32 if len(s) < 2**31 else np.int64)
-        st = s[at]
-        out.steps = st.astype(np.uint8) if st.size and 0 <= st.min() and st.max() <= 255 else st.astype(np.int64)
-    out.bounds = np.cumsum(lengths, dtype=np.int64)
-    return out
+        else:
+            out.docs[k] = without_text(docs[k])
+            out.short.append(k)
+    out.long.sort()
+    if not out.short:
+        return
+    if batch is not None and len(out.short) == len(together):  # every row prepared together: taken whole
+        ids, bounds_len, at, steps = batch.ids, lengths, batch.steps_at, batch.steps
+        out.reports = Reports(batch, np.arange(len(together), dtype=np.int64))
+    else:
+        ids, bounds_len, at, steps = _joined_rows(out, batch, row_of, alone)
+    out.ids = ids if ids.dtype == np.uint8 else (ids.astype(np.uint8) if ids.min() >= 0 and ids.max() <= 255
+                                                 else ids.astype(np.int64))
+    out.bounds = np.zeros(len(bounds_len) + 1, dtype=np.int64)
+    np.cumsum(bounds_len, out=out.bounds[1:])
+    out.steps_at = at.astype(np.int32 if len(ids) < 2**31 else np.int64)
+    out.steps = steps.astype(np.uint8) if steps.size and 0 <= steps.min() and steps.max() <= 255 else steps.astype(np.int64)
+
+
+def _joined_rows(out: PreparedDocs, batch, row_of: dict, alone: dict) -> tuple:
+    """(ids, lengths, step positions, steps) of the short documents in order, from those prepared
+    together (``batch``, document k its row ``row_of[k]``) and one by one (``alone``); sets
+    ``out.reports``."""
+    if batch is not None:
+        starts = np.zeros(len(batch.lengths) + 1, dtype=np.int64)
+        np.cumsum(batch.lengths, out=starts[1:])
+        at_bounds = np.searchsorted(batch.steps_at, starts)
+    ids, lengths, at, steps, rows, kept = [], [], [], [], [], {}
+    pos = 0
+    for j, k in enumerate(out.short):
+        if k in row_of:
+            b = row_of[k]
+            a, e = at_bounds[b], at_bounds[b + 1]
+            ids.append(batch.ids[starts[b] : starts[b + 1]])
+            at.append(batch.steps_at[a:e] - starts[b] + pos)
+            steps.append(batch.steps[a:e])
+            rows.append(b)
+        else:
+            prep = alone[k]
+            ids.append(prep.ids)
+            s = np.diff(prep.offsets, prepend=0)
+            nz = np.flatnonzero(s != 1)
+            at.append(nz + pos)
+            steps.append(s[nz])
+            rows.append(-1)
+            kept[j] = prep.report
+        lengths.append(len(ids[-1]))
+        pos += lengths[-1]
+    out.reports = Reports(batch, np.asarray(rows, dtype=np.int64), kept)
+    return (np.concatenate(ids), np.asarray(lengths, dtype=np.int64), np.concatenate(at).astype(np.int64),
+            np.concatenate(steps).astype(np.int64))
