@@ -25,10 +25,9 @@ part), and the serial fraction s that Amdahl's law gives from the speed-up at N 
 s) / N)), with what that s predicts for 16 cores.
 
 :func:`bench_readers` (``python -m isan.bench.corpus DATA_DIR --readers 1,2,4``) times the reading side
-of a one-process (GPU) job alone: the same corpus compressed with zstd, read, decompressed, parsed,
-normalised and mapped to ids by N reader processes (:mod:`isan.engine.corpus.feed`) feeding a scorer
-whose device takes no time (its parts are written with zero bits): the most characters a second the
-readers can hand a GPU on this machine.
+of a one-process (GPU) job alone: the corpus in zstd, read, decompressed, parsed, normalised and mapped
+to ids by N reader processes (:mod:`isan.engine.corpus.feed`) feeding a scorer whose device takes no time
+(its parts written with zero bits): the most characters a second the readers hand a GPU here.
 """
 
 from __future__ import annotations
@@ -97,8 +96,7 @@ def make_corpus(data_dir: str | Path, mb: float, files: int = 8, seed: int = 0, 
         for f in fs:
             f.close()
     (tmp / "DONE").write_text(json.dumps({"documents": n, "bytes": written}) + "\n")
-    if d.exists():
-        shutil.rmtree(d)
+    shutil.rmtree(d, ignore_errors=True)
     os.replace(tmp, d)
     return d
 
@@ -428,7 +426,6 @@ class _NoDevice:
 
     def score(self, docs: list) -> list[dict]:
         from isan.engine.corpus.prepared import prepare_docs
-
         return prepare_docs(self.engine, docs).rows_without_bits()
 
     def score_prepared(self, prepared) -> list[dict]:
@@ -446,81 +443,136 @@ def zstd_corpus(corpus: Path) -> Path:
     for f in sorted(corpus.glob("*.jsonl")):
         (tmp / (f.name + ".zst")).write_bytes(zstandard.ZstdCompressor(level=3).compress(f.read_bytes()))
     (tmp / "DONE").write_text("{}\n")
-    if d.exists():
-        shutil.rmtree(d)
+    shutil.rmtree(d, ignore_errors=True)
     os.replace(tmp, d)
     return d
 
 
 def bench_readers(data_dir: str | Path, mb: float = 50.0, files: int = 16, readers: list[int] | None = None,
-                  in_process: bool = True, log=print, work_dir: str | Path | None = None) -> dict:
+                  in_process: bool = True, log=print, work_dir: str | Path | None = None, repeats: int = 1,
+                  before: str | None = None) -> dict:
     """The reading side of a one-process (GPU) job alone (see the module docstring): for each count
-    of readers (0: this process reads and prepares, as a job with ``readers=0`` does), the seconds,
-    characters read a second in all and a reader, the wait for the first part and the scorer's
-    wait after it. Each run's files are checked equal to the first's."""
-    from isan.engine.corpus.feed import run_readers
-    from isan.engine.corpus.parts import JobConfig, load_corpus_engine, process_file
+    of readers (0: in this process, as ``readers=0``), the best of ``repeats`` runs (:func:`_readers_run`),
+    each run's files checked equal to the first's; one reader's work in this process
+    (:func:`_reader_alone`); with ``before`` (an older isan's ``site-packages``), its same command and
+    this one's, each run in a fresh process, in turns (``result["before"]``, with the ratio of the rates)."""
+    from isan.engine.corpus.parts import JobConfig, load_corpus_engine
 
-    readers = list(readers or [1, 2])
     corpus = make_corpus(Path(data_dir), mb, files)
-    meta = json.loads((corpus / "DONE").read_text())
-    zst = zstd_corpus(corpus)
+    meta, zst = json.loads((corpus / "DONE").read_text()), zstd_corpus(corpus)
     paths = sorted(str(p) for p in zst.glob("*.zst"))
     zbytes = sum(os.path.getsize(p) for p in paths)
     log(f"corpus: {meta['documents']:,} documents, {meta['bytes'] / 1e6:.1f} MB of JSONL in {files} files, "
         f"{zbytes / 1e6:.1f} MB zstd ({zst})")
-    engine = load_corpus_engine(None)
-    cfg = JobConfig(params_sha256=engine.params_sha256)
+    cfg = JobConfig(params_sha256=(engine := load_corpus_engine(None)).params_sha256)
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="isan-bench-readers-"))
-    rows, first = [], None
+    counts, old, runs = ([0] if in_process else []) + list(readers or [1, 2]), [], []
     try:
-        for n in ([0] if in_process else []) + readers:
-            shards = work / f"readers-{n}" / "shards"
-            shutil.rmtree(shards.parent, ignore_errors=True)
-            shards.mkdir(parents=True)
-            t = time.perf_counter()
-            if n == 0:
-                recs, facts = [process_file(_NoDevice(engine), cfg, p, shards) for p in paths], {}
+        for _ in range(max(1, repeats)):
+            if before:  # the two in fresh processes, in turns
+                old.append(_bench_process(before, data_dir, mb, files, readers or [1, 2], in_process, work))
+                site = str(Path(__file__).resolve().parents[2])  # where this isan imports from
+                runs += _bench_process(site, data_dir, mb, files, readers or [1, 2], in_process, work)["rows"]
             else:
-                recs, facts = run_readers(paths, cfg, shards, _NoDevice(engine), n)
-            dt = time.perf_counter() - t
-            chars = sum(r["chars_read"] for r in recs)
-            files_now = {q.name: q.read_bytes() for q in sorted(shards.iterdir())}
-            first = first or files_now
-            row = {"readers": n, "seconds": dt, "chars": chars, "chars_per_s": chars / dt,
-                   "chars_per_s_per_reader": chars / dt / max(n, 1), "first_part_seconds": facts.get("first_part_seconds"),
-                   "scorer_wait_seconds": facts.get("wait_seconds"), "identical": files_now == first}
-            rows.append(row)
-            log(f"  readers {n}: {dt:.1f} s, {row['chars_per_s']:,.0f} chars/s "
-                f"({row['chars_per_s_per_reader']:,.0f} a reader)")
+                runs += [_readers_run(engine, cfg, paths, work, n) for n in counts]
+        rows, first = _best(runs), runs[0].get("files")
+        for r in rows:
+            r["identical"] = r.pop("files") == first if first is not None else r["identical"]
+            log(f"  readers {r['readers']}: {r['seconds']:.2f} s, {r['chars_per_s']:,.0f} chars/s")
+        alone = _reader_alone(engine, cfg, paths, work)
     finally:
         if not work_dir:
             shutil.rmtree(work, ignore_errors=True)
-    return {"benchmark": "corpus-readers", "machine": machine(),
-            "command": " ".join(["python -m isan.bench.corpus"] + sys.argv[1:]),
-            "corpus": {"path": str(zst), **meta, "files": files, "zstd_bytes": zbytes}, "rows": rows,
-            "model": engine.params_sha256}
+    out = {"benchmark": "corpus-readers", "machine": machine(), "command": " ".join(["python -m isan.bench.corpus"]
+           + sys.argv[1:]), "corpus": {"path": str(zst), **meta, "files": files, "zstd_bytes": zbytes}, "rows": rows,
+           "reader_alone": alone, "repeats": max(1, repeats), "model": engine.params_sha256}
+    if old:
+        b = _best([r for run in old for r in run["rows"]])
+        out["before"] = {"site": before, "rows": b, "ratio": {
+            r["readers"]: r["chars_per_s"] / o["chars_per_s"] for r in rows for o in b if o["readers"] == r["readers"]}}
+    return out
+
+
+def _best(rows: list[dict]) -> list[dict]:
+    """The fastest row of each count of readers, in the order the counts first came."""
+    best: dict[int, dict] = {}
+    for r in rows:
+        best[r["readers"]] = min(best.get(r["readers"], r), r, key=lambda x: x["seconds"])
+    return list(best.values())
+
+
+def _readers_run(engine, cfg, paths: list[str], work: Path, n: int) -> dict:
+    """One run of the reading side with ``n`` readers (0: in this process): its row, with its files."""
+    from isan.engine.corpus.feed import run_readers
+    from isan.engine.corpus.parts import process_file
+
+    shutil.rmtree((shards := work / f"readers-{n}" / "shards").parent, ignore_errors=True)
+    shards.mkdir(parents=True)
+    t = time.perf_counter()
+    recs, facts = (([process_file(_NoDevice(engine), cfg, p, shards) for p in paths], {}) if n == 0
+                   else run_readers(paths, cfg, shards, _NoDevice(engine), n))
+    dt, chars, received = time.perf_counter() - t, sum(r["chars_read"] for r in recs), facts.get("unpickling_seconds")
+    return {"readers": n, "seconds": dt, "chars": chars, "chars_per_s": chars / dt, "chars_per_s_per_reader":
+            chars / dt / max(n, 1), "first_part_seconds": facts.get("first_part_seconds"), "scorer_wait_seconds":
+            facts.get("wait_seconds"), "parts": facts.get("parts"), "receiving_seconds": received,
+            "receiving_chars_per_s": chars / received if received else None, "scoring_seconds":
+            facts.get("scoring_seconds"), "writing_seconds": facts.get("writing_seconds"),
+            "files": {q.name: q.read_bytes() for q in sorted(shards.iterdir())}}
+
+
+def _reader_alone(engine, cfg, paths: list[str], work: Path) -> dict:
+    """A reader's work in this process (each file's parts cut, prepared, put in shared memory): its rate."""
+    from isan.engine.corpus import shared_parts
+    from isan.engine.corpus.parts import FileParts
+    from isan.engine.corpus.prepared import TextPreparer, prepare_docs
+
+    preparer, prefix, chars, t = TextPreparer.of(engine), shared_parts.job_prefix(), 0, time.perf_counter()
+    for i, p in enumerate(paths):
+        for part, docs, file_error in FileParts(cfg, p, work).cut():
+            prepared = prepare_docs(preparer, docs, cfg.normalize, cfg.unknown, cfg.replacement, cfg.row_max_chars)
+            shared_parts.put((str(part), prepared, file_error), f"{prefix}{i}")
+            shared_parts.remove(f"{prefix}{i}")
+            chars += sum(d.size for d in docs)
+    return {"seconds": (dt := time.perf_counter() - t), "chars": chars, "chars_per_s": chars / dt}
+
+
+def _bench_process(site: str, data_dir, mb: float, files: int, readers: list[int], in_process: bool, work: Path) -> dict:
+    """The JSON of this benchmark run by the isan that ``site`` holds, in a fresh process, from an empty folder."""
+    (cwd := work / "elsewhere").mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "isan.bench.corpus", str(Path(data_dir).resolve()), "--readers",
+                    ",".join(map(str, readers)), "--mb", f"{mb:g}", "--files", str(files), "--out", "run.json"]
+                   + ([] if in_process else ["--no-in-process"]), cwd=cwd, env={**os.environ, "PYTHONPATH": site},
+                   check=True, capture_output=True, text=True)
+    return json.loads((cwd / "run.json").read_text())
 
 
 def readers_markdown(result: dict) -> str:
     m, c = result["machine"], result["corpus"]
     lines = [f"Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}",
-             f"Command: `{result['command']}`  (one run of each; the device takes no time: the reading side alone)",
+             f"Command: `{result['command']}`  (the best of {result.get('repeats', 1)} run(s) of each; the device "
+             "takes no time: the reading side alone)",
              f"Corpus: {c['documents']:,} documents, {c['bytes'] / 1e6:.1f} MB of JSONL in {c['files']} zstd files "
              f"({c['zstd_bytes'] / 1e6:.1f} MB)", "",
-             "| readers | seconds | chars/s | chars/s a reader | first part after | scorer waited after it | same files |",
-             "|---:|---:|---:|---:|---:|---:|---|"]
+             "| readers | seconds | chars/s | chars/s a reader | first part after | scorer waited after it | "
+             "scorer received at | same files |", "|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in result["rows"]:
-        fp = f"{r['first_part_seconds']:.2f} s" if r["first_part_seconds"] is not None else "-"
-        w = f"{r['scorer_wait_seconds']:.2f} s" if r["scorer_wait_seconds"] is not None else "-"
-        lines.append(f"| {r['readers'] or '0 (in process)'} | {r['seconds']:.1f} | {r['chars_per_s']:,.0f} | "
-                     f"{r['chars_per_s_per_reader']:,.0f} | {fp} | {w} | {'yes' if r['identical'] else 'NO'} |")
+        fp, w, rc = r["first_part_seconds"], r["scorer_wait_seconds"], r.get("receiving_chars_per_s")
+        lines.append(f"| {r['readers'] or '0 (in process)'} | {r['seconds']:.2f} | {r['chars_per_s']:,.0f} | "
+                     f"{r['chars_per_s_per_reader']:,.0f} | {'-' if fp is None else f'{fp:.2f} s'} | "
+                     f"{'-' if w is None else f'{w:.2f} s'} | {f'{rc:,.0f} chars/s' if rc else '-'} | "
+                     f"{'yes' if r['identical'] else 'NO'} |")
+    a, b = result["reader_alone"], result.get("before", {"rows": []})
+    lines += ["", f"One reader's work in one process (read, decompress, parse, prepare, hand over): "
+                  f"{a['chars_per_s']:,.0f} chars/s ({a['seconds']:.2f} s)"] + ([
+        "", f"The older isan ({b['site']}), the same command:", ""] if b["rows"] else []) + [
+        f"- readers {r['readers']}: {r['chars_per_s']:,.0f} chars/s ({r['seconds']:.2f} s); this one "
+        f"{b['ratio'][r['readers']]:.2f}x" for r in b["rows"] if r["readers"] in b["ratio"]]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m isan.bench.corpus DATA_DIR --readers 1,2,4 [--mb 50] [--files 16] [--out JSON]``:
-    :func:`bench_readers`, its table on stdout."""
+    """``python -m isan.bench.corpus DATA_DIR --readers 1,2,4 [--mb 50] [--files 16] [--repeats N]
+    [--before SITE] [--out JSON]``: :func:`bench_readers`, its table on stdout."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m isan.bench.corpus", description=bench_readers.__doc__)
@@ -528,15 +580,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--readers", default="1,2", help="reader counts, comma-separated (default 1,2)")
     ap.add_argument("--mb", type=float, default=50.0)
     ap.add_argument("--files", type=int, default=16)
-    ap.add_argument("--no-in-process", dest="in_process", action="store_false",
-                    help="skip the run that reads in this process")
+    ap.add_argument("--no-in-process", dest="in_process", action="store_false", help="no run in this process")
+    ap.add_argument("--repeats", type=int, default=1, help="runs of each count; the fastest is kept (default 1)")
+    ap.add_argument("--before", default=None, metavar="SITE",
+                    help="also run an older isan installed in SITE (its site-packages), in turns with this one")
     ap.add_argument("--out", default=None, help="also write the result as JSON here")
     a = ap.parse_args(argv)
     counts = [int(x) for x in a.readers.split(",") if x.strip()]
     if not counts or min(counts) < 1:
         ap.error("--readers takes counts of at least 1, e.g. 1,2,4")
     r = bench_readers(a.data_dir, mb=a.mb, files=a.files, readers=counts, in_process=a.in_process,
-                      log=lambda m: print(m, file=sys.stderr))
+                      log=lambda m: print(m, file=sys.stderr), repeats=a.repeats, before=a.before)
     if a.out:
         write_json(r, a.out)
     print(readers_markdown(r))
