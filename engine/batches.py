@@ -29,7 +29,6 @@ from isan.engine.packed import Packed
 from isan.errors import StateDivergedError
 
 if TYPE_CHECKING:
-    from isan.engine.core import Engine
     from isan.engine.kernels.chunked import BatchResult
 
 #: A batch as :func:`score_batches` takes it: its texts (a Packed, or int id arrays) and the states
@@ -37,7 +36,7 @@ if TYPE_CHECKING:
 Batch = "tuple[Packed | Sequence[np.ndarray], np.ndarray | None]"
 
 
-def score_batches(engine: "Engine", batches: Iterable, want: str = "totals", *,
+def score_batches(engine, batches: Iterable, want: str = "totals", *,
                   chunks: "str | Sequence[int] | None" = "none", kernel: "Kernel | str" = Kernel.AUTO,
                   threads: int | None = None, where: str | None = None, finals: bool = True) -> "Iterator[BatchResult]":
     """Score each batch on ``engine``'s backend; yields each one's
@@ -84,7 +83,7 @@ def score_batches(engine: "Engine", batches: Iterable, want: str = "totals", *,
         yield _collected(engine, in_flight, where)
 
 
-def _chunks(engine: "Engine", packed: Packed, chunks) -> "Sequence[int] | None":
+def _chunks(engine, packed: Packed, chunks) -> "Sequence[int] | None":
     """Each text's chunk count for :meth:`Engine.plan` (None: one row a text, ``"none"``, or the
     backend's cut, ``"auto"``)."""
     if isinstance(chunks, str):
@@ -98,7 +97,7 @@ def _chunks(engine: "Engine", packed: Packed, chunks) -> "Sequence[int] | None":
     return chunks
 
 
-def _collected(engine: "Engine", in_flight: tuple, where: str | None) -> "BatchResult":
+def _collected(engine, in_flight: tuple, where: str | None) -> "BatchResult":
     """The result of a submitted batch, or its divergence located exactly and raised."""
     k, packed, plan, pending = in_flight
     res = pending.result()

@@ -369,6 +369,6 @@ def test_no_cli_command_imports_another():
 def test_the_engine_top_holds_only_the_isan_core():
     core = {"__init__", "core", "results", "bundle", "normalize", "guard", "divergence", "certificate", "reference",
             "composed", "sampling", "blocks", "paths", "loading", "verify", "prepare", "forgetting", "planning", "exact",
-            "batches", "route"}
+            "batches", "packed", "route"}
     top = {p.stem for p in (REPO / "engine").glob("*.py")}
     assert top <= core, top - core
