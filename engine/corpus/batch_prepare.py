@@ -153,15 +153,16 @@ def _spell_digits(mapped: bytes) -> tuple[bytes, _Words | None]:
     return mapped, _Words(digits, at, inner, extra)
 
 
-def _steps(removed: np.ndarray, inner: np.ndarray | None, inner_at: np.ndarray, text_at: np.ndarray, size: int
-           ) -> tuple[np.ndarray, np.ndarray]:
+def _steps(squeezed: np.ndarray, removed: np.ndarray, inner: np.ndarray | None, inner_at: np.ndarray | None,
+           text_at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(positions in the ids, steps) where the offsets in the input do not step by one.
 
-    In the spelled-out text (``size`` characters, its squeezed spaces at ``removed``) a character
+    In the spelled-out text (``squeezed``: bool, its squeezed spaces, at ``removed``) a character
     steps 0 from the one before inside a word (``inner``: bool, None without digits; ``inner_at``:
     where), else 1; a kept one steps by its own step and those of the run of squeezed ones just
     before it, and a text's first (at ``text_at``) by 0.
     """
+    size = len(squeezed)
     pos, out, step = [], [], []
     if len(removed):
         brk = removed[1:] != removed[:-1] + 1
@@ -180,28 +181,25 @@ def _steps(removed: np.ndarray, inner: np.ndarray | None, inner_at: np.ndarray, 
         out.append(after[ok] - last[ok] - 1)
         step.append(own[ok] + run_steps[ok])
     if inner is not None:  # the kept characters of a word after its first, unless a run is just before them
-        k = inner_at[~_member(inner_at, removed)]
+        skip = squeezed.copy()
         if len(removed):
-            k = k[~_member(k, pos[0])]
+            skip[pos[0]] = True
+        k = inner_at[~skip[inner_at]]
         pos.append(k)
         out.append(k - np.searchsorted(removed, k))
         step.append(np.zeros(len(k), dtype=np.int64))
     pos, out, step = (np.concatenate(x) if x else np.zeros(0, dtype=np.int64) for x in (pos, out, step))
-    order = np.argsort(pos, kind="stable")
-    pos, out, step = pos[order], out[order], step[order]
-    keep = (step != 1) & ~_member(pos, text_at)  # a text's first is listed below, with its step 0
+    if inner is not None and len(removed):
+        order = np.argsort(pos, kind="stable")
+        pos, out, step = pos[order], out[order], step[order]
+    keep = step != 1
+    at = np.searchsorted(pos, text_at)  # a text's first is listed below, with its step 0
+    hit = at < len(pos)
+    hit[hit] = pos[at[hit]] == text_at[hit]
+    keep[at[hit]] = False
     pos, out, step = pos[keep], out[keep], step[keep]
     at = np.searchsorted(pos, text_at)
-    text_out = text_at - np.searchsorted(removed, text_at)
-    return np.insert(out, at, text_out), np.insert(step, at, 0)
-
-
-def _member(pos: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
-    """bool: whether each of ``pos`` is in the sorted array ``sorted_set``."""
-    if not len(sorted_set) or not len(pos):
-        return np.zeros(len(pos), dtype=bool)
-    k = np.minimum(np.searchsorted(sorted_set, pos), len(sorted_set) - 1)
-    return sorted_set[k] == pos
+    return np.insert(out, at, text_at - np.searchsorted(removed, text_at)), np.insert(step, at, 0)
 
 
 def _ids_of(spelled: bytes, keep: np.ndarray | None, table: bytes) -> np.ndarray:
@@ -248,7 +246,7 @@ def _text8_pass(texts: list[str], table: bytes) -> TextsPrepared:
     flags[dropped] = False
     changed = np.flatnonzero(flags)
     n_changed, n_dropped = _sums(changed, starts), _sums(dropped, starts)
-    at, steps = _steps(removed, inner, words.inner if words is not None else None, text_at, len(arr))
+    at, steps = _steps(squeezed, removed, inner, words.inner if words is not None else None, text_at)
     counts = np.stack([np.diff(starts), lengths, n_changed, n_dropped], axis=1)
     code = _code_points(a, exact, texts)
     return TextsPrepared(ids, lengths, at, steps, counts, _top(changed, code(changed), n_changed),

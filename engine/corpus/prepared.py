@@ -149,7 +149,7 @@ class PreparedDocs:
 
 def without_text(doc: Doc) -> Doc:
     """The document without its text: what the scorer needs of a document scored as a row."""
-    return Doc(doc.index, doc.id, error=doc.error, chars=doc.chars, file_pos=doc.file_pos)
+    return Doc(doc.index, doc.id, None, doc.error, None, doc.chars, doc.file_pos)
 
 
 class Reports(Sequence):
@@ -252,7 +252,12 @@ def prepare_docs(preparer, docs: list[Doc], normalize="auto", unknown: str = "er
     plan = _batch_plan(preparer, normalize, unknown)
     together: list[int] = []  # documents prepared together
     alone: dict[int, Prepared] = {}  # documents prepared one by one
+    most = min(2 * row_max_chars + 16, MAX_TEXT_CHARS - 1) if plan is not None else -1
     for k, doc in enumerate(docs):
+        text = doc.text
+        if text is not None and doc.error is None and 0 < len(text) <= most and text[0] != BOM:
+            together.append(k)  # the usual document, at once
+            continue
         doc = docs[k] = _readable(out, k, doc, row_max_chars)
         if doc is None:
             continue
@@ -337,33 +342,36 @@ def _assemble(out: PreparedDocs, docs: list[Doc], together: list[int], batch, al
 
 def _joined_rows(out: PreparedDocs, batch, row_of: dict, alone: dict) -> tuple:
     """(ids, lengths, step positions, steps) of the short documents in order, from those prepared
-    together (``batch``, document k its row ``row_of[k]``) and one by one (``alone``); sets
-    ``out.reports``."""
+    together (``batch``, document k its row ``row_of[k]``: consecutive rows are taken as one slice)
+    and one by one (``alone``); sets ``out.reports``."""
     if batch is not None:
         starts = np.zeros(len(batch.lengths) + 1, dtype=np.int64)
         np.cumsum(batch.lengths, out=starts[1:])
         at_bounds = np.searchsorted(batch.steps_at, starts)
-    ids, lengths, at, steps, rows, kept = [], [], [], [], [], {}
-    pos = 0
-    for j, k in enumerate(out.short):
-        if k in row_of:
-            b = row_of[k]
-            a, e = at_bounds[b], at_bounds[b + 1]
-            ids.append(batch.ids[starts[b] : starts[b + 1]])
-            at.append(batch.steps_at[a:e] - starts[b] + pos)
-            steps.append(batch.steps[a:e])
-            rows.append(b)
+    rows = np.array([row_of.get(k, -1) for k in out.short], dtype=np.int64)
+    ids, lengths, at, steps, kept = [], [], [], [], {}
+    pos, j = 0, 0
+    while j < len(rows):
+        if rows[j] >= 0:  # a run of consecutive rows of the batch
+            e = j + 1
+            while e < len(rows) and rows[e] == rows[e - 1] + 1:
+                e += 1
+            b0, b1 = int(rows[j]), int(rows[e - 1]) + 1
+            ids.append(batch.ids[starts[b0] : starts[b1]])
+            at.append(batch.steps_at[at_bounds[b0] : at_bounds[b1]] - starts[b0] + pos)
+            steps.append(batch.steps[at_bounds[b0] : at_bounds[b1]])
+            lengths.append(batch.lengths[b0:b1])
         else:
-            prep = alone[k]
+            prep = alone[out.short[j]]
             ids.append(prep.ids)
             s = np.diff(prep.offsets, prepend=0)
             nz = np.flatnonzero(s != 1)
             at.append(nz + pos)
             steps.append(s[nz])
-            rows.append(-1)
-            kept[j] = prep.report
-        lengths.append(len(ids[-1]))
-        pos += lengths[-1]
-    out.reports = Reports(batch, np.asarray(rows, dtype=np.int64), kept)
-    return (np.concatenate(ids), np.asarray(lengths, dtype=np.int64), np.concatenate(at).astype(np.int64),
+            lengths.append(np.array([len(prep.ids)], dtype=np.int64))
+            kept[j], e = prep.report, j + 1
+        pos += len(ids[-1])
+        j = e
+    out.reports = Reports(batch, rows, kept)
+    return (np.concatenate(ids), np.concatenate(lengths), np.concatenate(at).astype(np.int64),
             np.concatenate(steps).astype(np.int64))

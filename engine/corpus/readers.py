@@ -75,6 +75,10 @@ class Doc:
         """Characters, as far as known (for planning parts): the text's length or ``chars``."""
         return len(self.text) if self.text is not None else max(self.chars, 0)
 
+    def __reduce__(self):
+        # its fields in order, not a dict of them: a part's documents pickle in half the time
+        return Doc, (self.index, self.id, self.text, self.error, self.blocks, self.chars, self.file_pos)
+
 
 def _has_magic(p: str) -> bool:
     return any(c in p for c in "*?[")
