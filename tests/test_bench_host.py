@@ -70,11 +70,16 @@ def test_bench_host_quick_on_the_cpu_device(tmp_path, text8_path):
 
     from isan.cli import main
 
+    import torch
+
     out = tmp_path / "host.json"
+    threads = torch.get_num_threads()
     res = CliRunner().invoke(main, ["bench", "host", "--quick", "--device", "cpu", "--data", str(text8_path),
                                     "--out", str(out)])
     assert res.exit_code == 0, res.output
+    assert torch.get_num_threads() == threads  # one thread while it measured, and put back
     r = json.loads(out.read_text())
+    assert r["after"]["torch"]["threads"] == host.CPU_TORCH_THREADS
     assert r["benchmark"] == "isan bench host" and r["device"] == "cpu" and r["before"] is None
     assert r["command"].startswith("isan ") and r["machine"]["cores"] >= 1
     assert r["model"]["params_sha256"] == r["after"]["model"]["params_sha256"] and len(r["model"]["params_sha256"]) == 64

@@ -15,7 +15,7 @@ scores (its states never move, its bits are whatever the buffers held), so it ne
 correctness; the tests check only that it puts back what it replaced.
 
 Rows (medians over ``repeats`` timings after one untimed run each), on the torch backend on
-``device`` in float32:
+``device`` in float32 (on the CPU device with one torch thread, :data:`CPU_TORCH_THREADS`):
 
 * one call of ``docs`` documents x ``doc_chars`` characters (text8, its ids repeated end to end and
   cut into documents), each document's total only: chars/s and ms a batch;
@@ -60,6 +60,10 @@ QUICK_SIZES = {"docs": 64, "doc_chars": 200, "batches": 2, "repeats": 1, "long_c
 TARGETS = {"docs_one_call": 500e6, "docs_one_call_vs_before": 4.0, "long_vs_before": 4.0, "corpus": 300e6}
 #: The row keys, in the order of the table.
 ROWS = ("docs_one_call", "docs_batches", "long_ids", "long_str", "corpus")
+#: torch's threads during a run on the CPU device: the host's side is one thread's work, and the
+#: stand-ins of the device's work there (copies back, fills) do not wait on a second core that another
+#: process holds (two threads on a shared 2-core machine stalled a call of 70 ms to 400 ms).
+CPU_TORCH_THREADS = 1
 
 
 # ---- the null device ------------------------------------------------------------------------
@@ -220,41 +224,57 @@ def measure(model: str | None, data: str | Path, device: str = "cpu", sizes: dic
             profile: bool = False, log=print) -> dict:
     """The rows of :data:`ROWS` on the isan imported, with the null device: medians of
     ``sizes["repeats"]`` timings after one untimed run; ``profile``: cProfile's top functions of
-    one more run of each row. Returns a JSON-ready dict (``rows``: {key: row}).
+    one more run of each row. On the CPU device torch runs one thread meanwhile
+    (:data:`CPU_TORCH_THREADS`). Returns a JSON-ready dict (``rows``: {key: row}).
 
     Raises:
         BackendUnavailableError: no such device, or no torch.
     """
     import isan
-    from isan.bench.common import machine, median_time
+    import torch
+    from isan.bench.common import machine
     from isan.engine.paths import default_model_path
 
     sz = {**SIZES, **(sizes or {})}
     new_api = packed_api()
     inp = load_inputs(model, data, device, sz, new_api)
-    names = {"docs": sz["docs"], "doc_chars": sz["doc_chars"], "batches": sz["batches"], "long": len(inp.long_ids)}
-    rows, profiles = {}, {}
-    with null_device() as patched:
-        for key, (chars, fn) in row_calls(inp, int(sz["batches"]), new_api).items():
-            fn()  # first-call costs: the weights to the device, the allocator
-            sec, times = median_time(fn, int(sz["repeats"]))
-            rows[key] = {"name": ROW_NAMES[key].format(**names), "chars": int(chars), "seconds": sec, "times": times,
-                         "chars_per_s": chars / sec}
-            log(f"  {rows[key]['name']}: {chars / sec / 1e6:,.1f}M chars/s ({sec * 1e3:,.1f} ms)")
-            if profile:
-                profiles[key] = host_profile(fn)
-    import torch
-
+    threads = torch.get_num_threads()
+    if device == "cpu":
+        torch.set_num_threads(CPU_TORCH_THREADS)
+    try:
+        with null_device() as patched:
+            rows, profiles = time_rows(inp, sz, new_api, profile, log)
+        used = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(threads)
     eng = inp.engine
     out = {"api": "packed" if new_api else "lists", "isan": str(Path(isan.__file__).resolve().parent),
            "revision": revision(Path(isan.__file__).resolve().parent), "machine": machine(),
            "model": {"source": str(model or default_model_path()), "params_sha256": eng.params_sha256, "d": eng.d,
                      "V": len(eng.alphabet)},
-           "engine": eng.describe(), "torch": {"version": torch.__version__, "threads": torch.get_num_threads()},
+           "engine": eng.describe(), "torch": {"version": torch.__version__, "threads": used},
            "null_device": patched, "sizes": sz, "rows": rows}
     if profile:
         out["profiles"] = profiles
     return out
+
+
+def time_rows(inp: Inputs, sz: dict, new_api: bool, profile: bool, log) -> tuple[dict, dict]:
+    """({row key: row}, {row key: cProfile's table} where ``profile``): each row's median of
+    ``sz["repeats"]`` timings after one untimed run (first-call costs: the weights to the device)."""
+    from isan.bench.common import median_time
+
+    names = {"docs": sz["docs"], "doc_chars": sz["doc_chars"], "batches": sz["batches"], "long": len(inp.long_ids)}
+    rows, profiles = {}, {}
+    for key, (chars, fn) in row_calls(inp, int(sz["batches"]), new_api).items():
+        fn()
+        sec, times = median_time(fn, int(sz["repeats"]))
+        rows[key] = {"name": ROW_NAMES[key].format(**names), "chars": int(chars), "seconds": sec, "times": times,
+                     "chars_per_s": chars / sec}
+        log(f"  {rows[key]['name']}: {chars / sec / 1e6:,.1f}M chars/s ({sec * 1e3:,.1f} ms)")
+        if profile:
+            profiles[key] = host_profile(fn)
+    return rows, profiles
 
 
 def host_profile(fn, rows: int = 25) -> str:
