@@ -18,7 +18,8 @@ Rows (medians over ``repeats`` timings after one untimed run each), on the torch
 ``device`` in float32 (on the CPU device with one torch thread, :data:`CPU_TORCH_THREADS`):
 
 * one call of ``docs`` documents x ``doc_chars`` characters (text8, its ids repeated end to end and
-  cut into documents), each document's total only: chars/s and ms a batch;
+  cut into documents; uint8 ids for both APIs), each document's total only (and, where
+  ``score_batches`` takes ``finals``, the final states left on the device): chars/s and ms a batch;
 * ``batches`` such batches through :func:`isan.engine.batches.score_batches` (overlapped on a GPU);
 * the long text (the whole text8 head, chunk-parallel, ``Engine.score``), given as ids and as a str;
 * the corpus scoring process: ``DocScorer(engine).score_prepared`` of the same documents prepared
@@ -197,10 +198,11 @@ def row_calls(inp: Inputs, n_batches: int, new_api: bool) -> dict:
     from isan.engine.batches import score_batches
 
     eng = inp.engine
-    if new_api:
-        one = lambda: list(score_batches(eng, [(inp.packed, None)], want="totals", chunks="none"))  # noqa: E731
+    if new_api:  # each document's total only: the final states left on the device where the API allows
+        kw = {"finals": False} if "finals" in inspect.signature(score_batches).parameters else {}
+        one = lambda: list(score_batches(eng, [(inp.packed, None)], want="totals", chunks="none", **kw))  # noqa: E731
         many = lambda: list(score_batches(eng, [(inp.packed, None)] * n_batches, want="totals",  # noqa: E731
-                                          chunks="none"))
+                                          chunks="none", **kw))
     else:
         one = lambda: eng.score_ids(inp.docs, inp.hs, chunks="none", want_bits="totals")  # noqa: E731
         many = lambda: list(score_batches(eng, [(inp.docs, inp.hs)] * n_batches, want="totals"))  # noqa: E731
