@@ -2,7 +2,7 @@
 process (a GPU, or float64 on the torch backend: :attr:`Backend.one_process`).
 
 In one process the device waits while the host reads, decompresses, parses JSON, normalises and
-maps each part's text to ids (about 9M characters a second a core, where an H200 scores 55M). Here
+maps each part's text to ids (about 50M characters a second a core, where an H200 scores 55M). Here
 ``readers`` processes (``concurrent.futures.ProcessPoolExecutor``, started with ``spawn``) each take
 whole input files: a reader cuts its file into the job's parts exactly as one process does
 (:class:`~isan.engine.corpus.parts.FileParts`), prepares each part
