@@ -103,3 +103,23 @@ def test_before_needs_an_isan_package(tmp_path, text8_path):
 
     with pytest.raises(IsanError, match="no isan package"):
         host.run_before(tmp_path, None, text8_path, "cpu", dict(host.QUICK_SIZES), log=lambda m: None)
+
+
+def test_the_gpu_guide_quotes_the_committed_run():
+    """docs/guide/gpu.md's "What the host sustains" and bench_results/host_epyc.md quote
+    bench_results/host_epyc.json: every row's rate before and after (M chars/s, one decimal) and
+    its ratio, and the commits it compared."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    r = json.loads((root / "bench_results" / "host_epyc.json").read_text(encoding="utf-8"))
+    guide = (root / "docs" / "guide" / "gpu.md").read_text(encoding="utf-8")
+    section = guide[guide.index("## What the host sustains"):]
+    table = (root / "bench_results" / "host_epyc.md").read_text(encoding="utf-8")
+    assert r["before"] is not None and [x["key"] for x in r["lines"]] == list(host.ROWS)
+    for x in r["lines"]:
+        for quoted in (f"{x['before_chars_per_s'] / 1e6:,.1f}M chars/s", f"{x['after_chars_per_s'] / 1e6:,.1f}M chars/s",
+                       f"{x['ratio']:.2f}x"):
+            assert quoted in section and quoted in table, (x["key"], quoted)
+    for run in (r["before"], r["after"]):
+        assert f"commit {run['revision']}" in section and f"commit {run['revision']}" in table
