@@ -452,10 +452,10 @@ def bench_readers(data_dir: str | Path, mb: float = 50.0, files: int = 16, reade
                   in_process: bool = True, log=print, work_dir: str | Path | None = None, repeats: int = 1,
                   before: str | None = None) -> dict:
     """The reading side of a one-process (GPU) job alone (see the module docstring): for each count
-    of readers (0: in this process, as ``readers=0``), the best of ``repeats`` runs (:func:`_readers_run`),
-    each run's files checked equal to the first's; one reader's work in this process
-    (:func:`_reader_alone`); with ``before`` (an older isan's ``site-packages``), its same command and
-    this one's, each run in a fresh process, in turns (``result["before"]``, with the ratio of the rates)."""
+    of readers (0: in this process) the best of ``repeats`` runs (:func:`_readers_run`), each run's
+    files checked equal to the first's, and one reader's work (:func:`_reader_alone`); with
+    ``before`` (an older isan's ``site-packages``) both isans, each run in a fresh process, in turns
+    (``result["before"]``, with the ratios of the rates)."""
     from isan.engine.corpus.parts import JobConfig, load_corpus_engine
 
     corpus = make_corpus(Path(data_dir), mb, files)
@@ -466,12 +466,14 @@ def bench_readers(data_dir: str | Path, mb: float = 50.0, files: int = 16, reade
         f"{zbytes / 1e6:.1f} MB zstd ({zst})")
     cfg = JobConfig(params_sha256=(engine := load_corpus_engine(None)).params_sha256)
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="isan-bench-readers-"))
-    counts, old, runs = ([0] if in_process else []) + list(readers or [1, 2]), [], []
+    site = str(Path(__file__).resolve().parents[2])  # where this isan imports from
+    counts, runs, old, alone = ([0] if in_process else []) + list(readers or [1, 2]), [], [], {site: [], before: []}
     try:
         for _ in range(max(1, repeats)):
+            for s in ([before] if before else []) + [site]:
+                alone[s].append(_reader_alone(s, paths, work))
             if before:  # the two in fresh processes, in turns
                 old.append(_bench_process(before, data_dir, mb, files, readers or [1, 2], in_process, work))
-                site = str(Path(__file__).resolve().parents[2])  # where this isan imports from
                 runs += _bench_process(site, data_dir, mb, files, readers or [1, 2], in_process, work)["rows"]
             else:
                 runs += [_readers_run(engine, cfg, paths, work, n) for n in counts]
@@ -479,17 +481,18 @@ def bench_readers(data_dir: str | Path, mb: float = 50.0, files: int = 16, reade
         for r in rows:
             r["identical"] = r.pop("files") == first if first is not None else r["identical"]
             log(f"  readers {r['readers']}: {r['seconds']:.2f} s, {r['chars_per_s']:,.0f} chars/s")
-        alone = _reader_alone(engine, cfg, paths, work)
     finally:
         if not work_dir:
             shutil.rmtree(work, ignore_errors=True)
+    fastest = {s: min(a, key=lambda x: x["seconds"]) for s, a in alone.items() if a}
     out = {"benchmark": "corpus-readers", "machine": machine(), "command": " ".join(["python -m isan.bench.corpus"]
            + sys.argv[1:]), "corpus": {"path": str(zst), **meta, "files": files, "zstd_bytes": zbytes}, "rows": rows,
-           "reader_alone": alone, "repeats": max(1, repeats), "model": engine.params_sha256}
+           "reader_alone": fastest[site], "repeats": max(1, repeats), "model": engine.params_sha256}
     if old:
         b = _best([r for run in old for r in run["rows"]])
-        out["before"] = {"site": before, "rows": b, "ratio": {
-            r["readers"]: r["chars_per_s"] / o["chars_per_s"] for r in rows for o in b if o["readers"] == r["readers"]}}
+        ratio = {r["readers"]: r["chars_per_s"] / o["chars_per_s"] for r in rows for o in b if o["readers"] == r["readers"]}
+        out["before"] = {"site": before, "rows": b, "ratio": ratio, "reader_alone": fastest[before],
+                         "reader_alone_ratio": fastest[site]["chars_per_s"] / fastest[before]["chars_per_s"]}
     return out
 
 
@@ -520,20 +523,15 @@ def _readers_run(engine, cfg, paths: list[str], work: Path, n: int) -> dict:
             "files": {q.name: q.read_bytes() for q in sorted(shards.iterdir())}}
 
 
-def _reader_alone(engine, cfg, paths: list[str], work: Path) -> dict:
-    """A reader's work in this process (each file's parts cut, prepared, put in shared memory): its rate."""
-    from isan.engine.corpus import shared_parts
-    from isan.engine.corpus.parts import FileParts
-    from isan.engine.corpus.prepared import TextPreparer, prepare_docs
+def _reader_alone(site: str, paths: list[str], work: Path) -> dict:
+    """One reader's work on ``paths`` (:func:`~isan.engine.corpus.reader_timing.time_reader`, its file
+    run by path) by the isan that ``site`` holds, in a fresh process."""
+    from isan.engine.corpus import reader_timing
 
-    preparer, prefix, chars, t = TextPreparer.of(engine), shared_parts.job_prefix(), 0, time.perf_counter()
-    for i, p in enumerate(paths):
-        for part, docs, file_error in FileParts(cfg, p, work).cut():
-            prepared = prepare_docs(preparer, docs, cfg.normalize, cfg.unknown, cfg.replacement, cfg.row_max_chars)
-            shared_parts.put((str(part), prepared, file_error), f"{prefix}{i}")
-            shared_parts.remove(f"{prefix}{i}")
-            chars += sum(d.size for d in docs)
-    return {"seconds": (dt := time.perf_counter() - t), "chars": chars, "chars_per_s": chars / dt}
+    got = subprocess.run([sys.executable, "-c", "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__')",
+                          reader_timing.__file__, json.dumps(paths), str(work)], cwd=work, check=True,
+                         env={**os.environ, "PYTHONPATH": site}, capture_output=True, text=True)
+    return json.loads(got.stdout.splitlines()[-1])
 
 
 def _bench_process(site: str, data_dir, mb: float, files: int, readers: list[int], in_process: bool, work: Path) -> dict:
@@ -547,7 +545,7 @@ def _bench_process(site: str, data_dir, mb: float, files: int, readers: list[int
 
 
 def readers_markdown(result: dict) -> str:
-    m, c = result["machine"], result["corpus"]
+    m, c, a = result["machine"], result["corpus"], result["reader_alone"]
     lines = [f"Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}",
              f"Command: `{result['command']}`  (the best of {result.get('repeats', 1)} run(s) of each; the device "
              "takes no time: the reading side alone)",
@@ -561,12 +559,14 @@ def readers_markdown(result: dict) -> str:
                      f"{r['chars_per_s_per_reader']:,.0f} | {'-' if fp is None else f'{fp:.2f} s'} | "
                      f"{'-' if w is None else f'{w:.2f} s'} | {f'{rc:,.0f} chars/s' if rc else '-'} | "
                      f"{'yes' if r['identical'] else 'NO'} |")
-    a, b = result["reader_alone"], result.get("before", {"rows": []})
     lines += ["", f"One reader's work in one process (read, decompress, parse, prepare, hand over): "
-                  f"{a['chars_per_s']:,.0f} chars/s ({a['seconds']:.2f} s)"] + ([
-        "", f"The older isan ({b['site']}), the same command:", ""] if b["rows"] else []) + [
-        f"- readers {r['readers']}: {r['chars_per_s']:,.0f} chars/s ({r['seconds']:.2f} s); this one "
-        f"{b['ratio'][r['readers']]:.2f}x" for r in b["rows"] if r["readers"] in b["ratio"]]
+                  f"{a['chars_per_s']:,.0f} chars/s ({a['seconds']:.2f} s)"]
+    if b := result.get("before"):
+        lines += ["", f"The older isan ({b['site']}), the same command:", "",
+                  f"- one reader's work: {b['reader_alone']['chars_per_s']:,.0f} chars/s; this one "
+                  f"{b['reader_alone_ratio']:.2f}x"] + [
+            f"- readers {r['readers']}: {r['chars_per_s']:,.0f} chars/s ({r['seconds']:.2f} s); this one "
+            f"{b['ratio'][r['readers']]:.2f}x" for r in b["rows"] if r["readers"] in b["ratio"]]
     return "\n".join(lines)
 
 
