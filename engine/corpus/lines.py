@@ -75,11 +75,15 @@ class LineSplitter:
         buf = self._buf
         offset = look = len(buf)  # buf[:look] was scanned: no line break in it (nor a non-blank byte, unless _content)
         buf += data
-        flags = data.translate(_NONBLANK_FLAGS)  # flags[i] is buf[offset + i]'s
+        flags = None  # data.translate(_NONBLANK_FLAGS), made at the first blank byte that starts a line
         pos, content = 0, self._content
         while True:
             if not content:
-                i = flags.find(1, look - offset)
+                if look < len(buf) and _NONBLANK_FLAGS[buf[look]]:  # the usual line: it starts at once
+                    i = look - offset
+                else:
+                    flags = flags if flags is not None else data.translate(_NONBLANK_FLAGS)  # flags[i]: buf[offset + i]'s
+                    i = flags.find(1, look - offset)
                 end = i + offset if i >= 0 else len(buf)
                 nl = buf.rfind(b"\n", look, end)
                 if nl >= 0:  # blank lines before the next non-blank byte
