@@ -6,8 +6,11 @@ host's (its ids joined and staged, the rows' tables made, the results handed bac
 bounds the rate. This benchmark measures that side alone: inside :func:`null_device` the torch
 path's steps and readout (:class:`~isan.engine.kernels.torch.streams.StepBlock`, run per block, and
 the range check ``max_abs``) are replaced by :class:`NullStepBlock` and :func:`null_max_abs`, which
-do no arithmetic and report "no row left the range": every other part of a call (preparation,
-copies in and out, the bookkeeping between blocks, the results) runs as it does. The figures are
+do no arithmetic and report "no row left the range", and so are the pipeline's two other pieces of
+device work where the isan measured has them (the state rows filled on the device,
+``state_rows``; the rows' stopping steps reduced there, ``first_stops``): every other part of a
+call (preparation, copies in and out, the launches and bookkeeping between blocks, the results)
+runs as it does. What an older isan did on the host (its state rows filled there) stays counted. The figures are
 rates of capacity: characters a second the host could feed a device that took no time.
 
 The null device is a benchmark double and nothing else: the values a call returns under it are not
@@ -99,10 +102,26 @@ def null_max_abs(x, dim: int):
     return x.select(dim, -1).abs()
 
 
-#: The torch path's device work, by module: replaced inside :func:`null_device` where present.
+def null_state_rows(h_d, B: int):
+    """``state_rows``'s stand-in: (B, d + 1) rows allocated, not filled (a fill on the device)."""
+    import torch
+
+    return torch.empty((B, h_d.shape[1] + 1), dtype=h_d.dtype, device=h_d.device)
+
+
+def null_first_stops(stops, ends, Hall, lens_d, limit):
+    """``first_stops``' stand-in: no row left the range (reductions on the device)."""
+    import torch
+
+    return torch.full((Hall.shape[0],), -1, dtype=torch.int64, device=Hall.device)
+
+
+#: The torch path's device work, by module: replaced inside :func:`null_device` where present (an
+#: older isan has some of these names only: the rows it fills on the host are the host's work).
 NULL_PATCHES = {
     "isan.engine.kernels.torch.streams": {"StepBlock": NullStepBlock, "max_abs": null_max_abs},
-    "isan.engine.kernels.torch.pipeline": {"StepBlock": NullStepBlock, "max_abs": null_max_abs},
+    "isan.engine.kernels.torch.pipeline": {"StepBlock": NullStepBlock, "max_abs": null_max_abs,
+                                           "state_rows": null_state_rows, "first_stops": null_first_stops},
 }
 
 

@@ -130,9 +130,7 @@ def submit(runner: TorchStreams, model: StreamModel, packed: "Packed | Sequence[
     start = packed.start - lo
     with runner.ieee(), torch.no_grad():
         ids_d, start_d, lens_d, h_d = runner.upload(dm, packed.ids[lo:hi], start, packed.length, hs.reshape(-1, d))
-        Hall = torch.empty((B, d + 1), dtype=h_d.dtype, device=dev)
-        Hall[:, :d] = h_d
-        Hall[:, d] = 1.0
+        Hall = state_rows(h_d, B)
         out = ReadoutBuffers.on(dev, chars=hi - lo if want == "bits" else None, rows=B if want == "totals" else None)
         div = _run_blocks(runner, dm, Hall, ids_d, start_d, lens_d, int(packed.length.max()), B, out, limit)
         pending = Pending(packed, start, hs, d, want, None, _pinned(Hall) if finals else None, _pinned(div), report)
@@ -148,10 +146,33 @@ def submit(runner: TorchStreams, model: StreamModel, packed: "Packed | Sequence[
     return pending
 
 
+def state_rows(h_d: torch.Tensor, B: int) -> torch.Tensor:
+    """(B, d + 1) the state rows ``[h, 1]`` on ``h_d``'s device, from (B, d) or (1, d) states
+    (device work: a fill there)."""
+    d = h_d.shape[1]
+    Hall = torch.empty((B, d + 1), dtype=h_d.dtype, device=h_d.device)
+    Hall[:, :d] = h_d
+    Hall[:, d] = 1.0
+    return Hall
+
+
+def first_stops(stops: list, ends: list, Hall: torch.Tensor, lens_d: torch.Tensor, limit: float) -> torch.Tensor:
+    """(B,) where each row left the range, or -1, from each block's (B,) stopping steps ``stops``
+    (a row stopped in a block where its step is before the block's end ``ends``) and the final
+    states' range (the kernel's final check); device work."""
+    d = Hall.shape[1] - 1
+    at = torch.stack(stops)  # (blocks, B)
+    stopped = at < torch.tensor(ends, device=Hall.device)[:, None]
+    first = stopped.to(torch.int8).argmax(0)  # the first block it stopped in
+    div = torch.where(stopped.any(0), at.gather(0, first[None])[0], -1)
+    m = max_abs(Hall[:, :d], 1)
+    return torch.where((div < 0) & ~(m <= limit), lens_d, div)
+
+
 def _run_blocks(runner, dm, Hall, ids_d, start_d, lens_d, longest: int, B: int, out, limit: float) -> torch.Tensor:
     """Every row through every block of steps (none dropped, nothing waits); (B,) the step at which
     each row left the range, or -1."""
-    dev, d = Hall.device, dm.d
+    dev = Hall.device
     act = torch.arange(B, device=dev)
     blk = runner._block_steps(B, longest)
     stops, ends = [], []  # each block's stopping steps (from the text's start), and its end
@@ -160,9 +181,4 @@ def _run_blocks(runner, dm, Hall, ids_d, start_d, lens_d, longest: int, B: int, 
         block = StepBlock(runner, dm, Hall, act, 0, ids_d, start_d, lens_d, t0, blk, limit, n_steps=n_steps)
         stops.append(block.run(out) + t0)
         ends.append(t0 + block.n_steps)
-    at = torch.stack(stops)  # (blocks, B): a row stopped in a block where its step is before the block's end
-    stopped = at < torch.tensor(ends, device=dev)[:, None]
-    first = stopped.to(torch.int8).argmax(0)  # the first block it stopped in
-    div = torch.where(stopped.any(0), at.gather(0, first[None])[0], -1)
-    m = max_abs(Hall[:, :d], 1)  # the final states' range (the kernel's final check)
-    return torch.where((div < 0) & ~(m <= limit), lens_d, div)
+    return first_stops(stops, ends, Hall, lens_d, limit)
