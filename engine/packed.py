@@ -50,6 +50,8 @@ class Packed:
         lens = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
         if not len(texts):
             ids = np.zeros(0, np.uint8)
+        elif len(texts) == 1:  # one text: its own array (narrowed where it needs to be), not a copy of it
+            ids = narrow_ids(np.ascontiguousarray(texts[0]))
         else:
             ids = narrow_ids(np.concatenate([np.asarray(t) for t in texts]))
         return cls.from_lengths(ids, lens)

@@ -282,8 +282,10 @@ def score_texts_chunked(plan: "Plan", texts: "Packed | Sequence[np.ndarray]", h_
     if want_bits not in (True, False, "totals"):
         raise ValueError(f"want_bits must be True, False or 'totals'; got {want_bits!r}")
     d = plan.model.d
-    if _writes_bits(plan, want_bits) or packed.ids.dtype != np.int32:
-        packed = packed.dense(np.int32)  # the runners' ids; each character's bits go to the ids' own places
+    reads = getattr(plan.runner, "ids_dtypes", (np.int32,))  # the ids the runner reads (compiled kernels: int32)
+    if _writes_bits(plan, want_bits) or packed.ids.dtype not in reads:
+        # each character's bits go to the ids' own places; ids the runner reads
+        packed = packed.dense(packed.ids.dtype if packed.ids.dtype in reads else reads[0])
     rows = ChunkRows.cut(packed, plan.chunks)
     h_init = np.broadcast_to(np.asarray(h_init), (B, d))  # read in its own dtype where it is copied
     g = np.asarray(guess if guess is not None else h_init[0], dtype=np.float64).reshape(d)

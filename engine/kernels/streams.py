@@ -149,10 +149,13 @@ class StreamsResult:
             self.jumps = self.total_steps
 
 
-def check_rows_arguments(model: StreamModel, ids, start, length, H, bits, pairs, state_dtype=np.float32):
-    """The number of rows P of a streams call, after checking its arrays' dtypes and shapes (TypeError, ValueError)."""
-    if ids.dtype != np.int32 or start.dtype != np.int64 or length.dtype != np.int64:
-        raise TypeError("ids must be int32, start and length int64")
+def check_rows_arguments(model: StreamModel, ids, start, length, H, bits, pairs, state_dtype=np.float32,
+                         ids_dtypes: tuple = (np.int32,)):
+    """The number of rows P of a streams call, after checking its arrays' dtypes and shapes (TypeError,
+    ValueError); ``ids_dtypes``: the dtypes of ids the runner reads (the compiled kernels: int32)."""
+    if ids.dtype not in ids_dtypes or start.dtype != np.int64 or length.dtype != np.int64:
+        names = " or ".join(np.dtype(t).name for t in ids_dtypes)
+        raise TypeError(f"ids must be {names}, start and length int64")
     if H.dtype != state_dtype or H.ndim != 2 or H.shape[1] != model.dp or not H.flags.c_contiguous:
         raise TypeError(f"H must be a C-contiguous {np.dtype(state_dtype).name} array (rows, {model.dp})")
     P = len(start)

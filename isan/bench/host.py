@@ -88,9 +88,14 @@ class NullStepBlock:
         self.kept = torch.zeros((), dtype=torch.int64, device=self.device)
 
     def run(self, out):
-        """(A,) int64 ``n_steps`` each: no row left the range."""
+        """(A,) int64 ``n_steps`` each: no row left the range; every character's bits marked
+        written, once a call (a real run writes them all, so the results come back in one copy)."""
         import torch
 
+        written = getattr(out, "written", None)
+        if written is not None and not getattr(out, "null_written", False):
+            written.fill_(True)
+            out.null_written = True
         return torch.full((self.A,), self.n_steps, dtype=torch.int64, device=self.device)
 
 

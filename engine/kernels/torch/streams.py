@@ -208,6 +208,9 @@ class TorchStreams:
     def state_dtype(self):
         return np.float64 if self.dtype == "float64" else np.float32
 
+    #: the ids it reads (uint8 where the alphabet allows travels as it is; int32 otherwise)
+    ids_dtypes = (np.int32, np.uint8)
+
     def device_model(self, model: StreamModel) -> _DeviceModel:
         """The weights of ``model`` on this runner's device and in its dtype (copied once, then kept)."""
         key = (id(model), model.WT.ctypes.data, model.RoT.ctypes.data)
@@ -239,7 +242,7 @@ class TorchStreams:
 
         Args:
             model: the weights (:meth:`StreamModel.from_params`).
-            ids: (N,) int32 symbol ids; start, length: (P,) int64.
+            ids: (N,) int32 or uint8 symbol ids; start, length: (P,) int64.
             H: (P, dp) (2P with ``pairs``) state rows, float32 or float64 (the arithmetic is the
                 runner's ``dtype`` whatever H's), updated in place to the final states.
             bits: (N,) float64 or None: where the bits of each character are written.
@@ -255,7 +258,7 @@ class TorchStreams:
             TypeError, ValueError: arrays of the wrong dtype, shape or range.
         """
         P = check_rows_arguments(model, ids, start, length, H, bits, pairs,
-                                 np.float64 if H.dtype == np.float64 else np.float32)
+                                 np.float64 if H.dtype == np.float64 else np.float32, ids_dtypes=self.ids_dtypes)
         check_frac(frac)
         if P and (start.min() < 0 or length.min() < 0 or int((start + length).max()) > len(ids)):
             raise ValueError("every row must read inside ids: 0 <= start and start + length <= len(ids)")
@@ -353,7 +356,7 @@ class TorchStreams:
         div_d = torch.where((div_d < 0) & ~(m <= limit), steps_d, div_d)
         H[:, : d + 1] = _to_host(Hall)
         if bits is not None:  # where every character of the span was written (the rule), no masked copy
-            if bool(out.written[: hi - lo].all()):
+            if all_written(out, hi - lo):
                 _copy_to_host(out.bits[: hi - lo], bits[lo:hi])
             else:
                 np.copyto(bits[lo:hi], _to_host(out.bits[: hi - lo]), where=_to_host(out.written[: hi - lo]))
@@ -363,6 +366,12 @@ class TorchStreams:
         residual[:] = _to_host(res_d)
         diverged[:] = _to_host(div_d)
         return int(total)
+
+
+def all_written(out: "ReadoutBuffers", n: int) -> bool:
+    """Whether every one of the first ``n`` characters' bits was written (a reduction on the
+    device, and a synchronisation): then they come back in one copy, else masked."""
+    return bool(out.written[:n].all())
 
 
 def _import_triton_step():
