@@ -23,7 +23,10 @@ def narrow_ids(ids: np.ndarray) -> np.ndarray:
     ids = np.asarray(ids)
     if ids.dtype in (np.uint8, np.int32):
         return ids
-    if ids.size == 0 or (int(ids.min()) >= 0 and int(ids.max()) <= 255):
+    if ids.size == 0:
+        return ids.astype(np.uint8)
+    # one pass: every id is in [0, 255] where no bit above the eighth is set in any (a negative sets them)
+    if ids.dtype.kind in "iu" and int(np.bitwise_or.reduce(ids, axis=None)) & ~0xFF == 0:
         return ids.astype(np.uint8)
     return ids.astype(np.int32)
 

@@ -357,9 +357,10 @@ class TorchStreams:
         H[:, : d + 1] = _to_host(Hall)
         if bits is not None:  # where every character of the span was written (the rule), no masked copy
             if all_written(out, hi - lo):
-                _copy_to_host(out.bits[: hi - lo], bits[lo:hi])
-            else:
-                np.copyto(bits[lo:hi], _to_host(out.bits[: hi - lo]), where=_to_host(out.written[: hi - lo]))
+                copy_to_host(out.bits[: hi - lo], bits[lo:hi])
+            else:  # a correction pass: the few characters it rewrote, and where they are
+                at = torch.nonzero(out.written[: hi - lo]).squeeze(1)
+                bits[lo + _to_host(at)] = _to_host(out.bits[at])
         if totals is not None:
             totals[:] = _to_host(out.totals)
         steps_done[:] = _to_host(steps_d)
@@ -417,7 +418,7 @@ class ReadoutBuffers:
         return self.bits is not None or self.totals is not None
 
 
-def _copy_to_host(t: torch.Tensor, dst: np.ndarray) -> None:
+def copy_to_host(t: torch.Tensor, dst: np.ndarray) -> None:
     """``dst[...] = t``: one direct copy where ``dst`` is page-locked (:meth:`TorchStreams.empty_bits`),
     else through a page-locked staging buffer (:func:`_to_host`)."""
     if t.device.type != "cpu":
