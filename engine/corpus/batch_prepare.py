@@ -9,14 +9,14 @@ the texts are joined and encoded one byte a character (``latin-1``; a character 
 ``?``: text8 makes both a space), mapped by ``bytes.translate`` (A-Z lower-cased, every other
 character but a-z and the digits a space), the digits spelled out by ``bytes.replace``, the runs of
 spaces squeezed (each text starts afresh, as ``prepare`` with ``context=""``) and the characters
-mapped to ids by ``bytes.translate`` again. Where the offsets in the input do not step by one (a
+mapped to ids (by arithmetic for text8's own alphabet, else by ``bytes.translate``). Where the offsets in the input do not step by one (a
 squeezed space, a spelled-out digit) and what each text's report counts are worked out from the
 few positions that changed, never from an index array as long as the text.
 
 The ids, the offsets in the input and the reports are those of ``prepare`` to the last bit
 (``tests/test_corpus_batch_prepare.py`` checks them against it); a text this module does not take
 (empty, a byte-order mark at its start, a character outside the alphabet, an alphabet that is not
-of characters or holds over 256 symbols) is left to ``prepare``.
+of characters or holds over 255 symbols) is left to ``prepare``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ MAX_TEXT_CHARS = 1 << 21
 #: arrays of a pass stay in the processor's cache, and the memory of one pass serves the next)
 PASS_CHARS = 1 << 19
 
-_BYTES = bytes(range(256))
 #: text8's mapping of a byte (a character up to U+00FF): a-z and 0-9 kept, A-Z lower-cased, else a space
 _TEXT8_MAP = bytes(c if 97 <= c <= 122 or 48 <= c <= 57 else c + 32 if 65 <= c <= 90 else 32 for c in range(256))
 _DIGITS = b"0123456789"
@@ -135,7 +134,6 @@ class _Words:
         """Characters the words of the digits before each input position (``pos``) add."""
         k = np.searchsorted(self.digits, pos, side="left")
         return np.where(k > 0, self.extra[np.maximum(k - 1, 0)], 0)
-
 
 
 def _spell_digits(mapped: bytes) -> tuple[bytes, _Words | None]:
