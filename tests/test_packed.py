@@ -105,3 +105,22 @@ def test_the_corpus_batches_equal_cutting_one_document_at_a_time(lengths, batch_
     scorer.batch_chars = batch_chars
     got = [b.tolist() for b in scorer._batches(np.array(lengths, dtype=np.int64))]
     assert got == batches_one_at_a_time(lengths, batch_chars)
+
+
+def test_rows_made_from_columns_equal_fill_row(default_engine, text8_test):
+    """A part's rows, made from columns of report counts, are the rows fill_row makes of each
+    document's report: the same keys in the same order, the same values and types."""
+    from isan.engine.corpus.prepared import empty_row, fill_row
+    from isan.engine.corpus.readers import Doc
+
+    texts = ["The Cat sat, in 1984!", "  plain text8 here ", "Ελλάδα café\tx", text8_test[:3000], "é" * 40,
+             "A" + text8_test[5000:7100]]
+    docs = [Doc(i, f"d{i}", t) for i, t in enumerate(texts)]
+    scorer = DocScorer(default_engine)
+    p = scorer.prepare(docs)
+    rows = scorer.score_prepared(p)
+    for j, k in enumerate(p.short):
+        want = fill_row(empty_row(p.docs[k]), p.reports[j], rows[k]["chars_scored"], rows[k]["bits"])
+        assert list(rows[k].items()) == list(want.items())
+        assert all(type(rows[k][x]) is type(want[x]) for x in want)
+    assert len(p.short) == len(texts)

@@ -188,6 +188,18 @@ class Reports(Sequence):
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "_made"}
 
+    def columns(self) -> np.ndarray:
+        """(n, 5) int64: each report's counts (:data:`ROW_COUNTS`), from the columns of counts
+        (no report made) and the reports kept whole."""
+        out = np.zeros((len(self.rows), 5), dtype=np.int64)
+        for j, r in self.kept.items():
+            out[j] = [int(r.get(k, 0)) for k in ROW_COUNTS]
+        mine = self.rows >= 0
+        if self.counts is not None and mine.any():
+            c = self.counts[self.rows[mine]]  # chars_read, chars_scored, changed, dropped
+            out[mine, 0], out[mine, 1], out[mine, 2] = c[:, 0], c[:, 2], c[:, 3]
+        return out
+
     def _make(self) -> list[dict]:
         """Every report, made at once (a Python list from each column, then a dict a report)."""
         rows = self.rows.tolist()
@@ -203,6 +215,18 @@ class Reports(Sequence):
                 made[j] = {"normalizer": norm, "chars_read": read, "chars_scored": scored, "changed": ch, "dropped": dr,
                            "skipped": 0, "replaced": 0, "most_changed": changed[b], "most_dropped": dropped[b]}
         return made
+
+
+#: the counts of a report a row carries, in the order of :func:`count_columns`
+ROW_COUNTS = ("chars_read", "changed", "dropped", "skipped", "replaced")
+
+
+def count_columns(reports) -> np.ndarray:
+    """(n, 5) int64 each report's counts (:data:`ROW_COUNTS`; 0 where absent): a :class:`Reports`'s
+    from its columns, a list of report dicts' read one by one."""
+    if isinstance(reports, Reports):
+        return reports.columns()
+    return np.array([[int(r.get(k, 0)) for k in ROW_COUNTS] for r in reports], dtype=np.int64).reshape(-1, 5)
 
 
 def _lists(top: tuple, n: int) -> list[list[dict]]:

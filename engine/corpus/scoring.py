@@ -43,7 +43,7 @@ from isan.engine.results import in_input_terms
 from isan.errors import EmptyTextError, IsanError, StateDivergedError
 from isan.engine.corpus.readers import Doc
 # the rows' helpers live with the preparation (a reader process makes the rows of documents that cannot be scored)
-from isan.engine.corpus.prepared import PreparedDocs, empty_row, error_message, fill_row, prepare_docs
+from isan.engine.corpus.prepared import PreparedDocs, count_columns, empty_row, error_message, fill_row, prepare_docs
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,13 @@ class RowGroup:
     where: list
     reports: list
     prepared: Callable
+
+    def columns(self) -> np.ndarray:
+        """(n, 5) int64 each document's report counts (:func:`~isan.engine.corpus.prepared.count_columns`), made once."""
+        cols = self.__dict__.get("_columns")
+        if cols is None:
+            cols = self._columns = count_columns(self.reports)
+        return cols
 
 
 class DocScorer:
@@ -236,19 +243,28 @@ class DocScorer:
         return out
 
     def _fill(self, g: "RowGroup", js: np.ndarray, values, docs: list, rows: list) -> None:
-        """The rows of a batch's documents from its values (totals, or each character's bits)."""
-        o = self.opt
-        lens = g.packed.length[js].tolist()
-        for b, (j, n) in enumerate(zip(js.tolist(), lens)):
-            k = g.where[j]
-            if self.want == "bits":
-                bits = values[b]
-                row = fill_row(empty_row(docs[k]), g.reports[j], n, float(bits.sum()))
-                if n <= o.per_char_max:
-                    row["per_char_bits"] = np.asarray(bits, dtype=np.float64)
-            else:
-                row = fill_row(empty_row(docs[k]), g.reports[j], n, float(values[b]))
-            rows[k] = row
+        """The rows of a batch's documents from its values (totals, or each character's bits):
+        :func:`~isan.engine.corpus.prepared.fill_row`'s rows, made from columns (a row a dict literal)."""
+        n = g.packed.length[js]
+        if self.want == "bits":
+            totals = [float(values[b].sum()) for b in range(len(js))]
+        else:
+            totals = np.asarray(values, dtype=np.float64).tolist()
+        c = g.columns()[js]
+        read = c[:, 0]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frac = np.minimum(1.0, c[:, 1:].sum(axis=1) / read)
+        fracs = [f if r > 0 else None for f, r in zip(frac.tolist(), read.tolist())]
+        where = g.where
+        for j, n_j, t, r, ch, dr, sk, rp, f in zip(js.tolist(), n.tolist(), totals, *c.T.tolist(), fracs):
+            doc = docs[where[j]]
+            rows[where[j]] = {"id": doc.id, "index": doc.index, "chars_read": r, "chars_scored": n_j, "bits": t,
+                              "bpc": t / n_j, "changed": ch, "dropped": dr, "skipped": sk, "replaced": rp,
+                              "changed_fraction": f, "error": doc.error, "per_char_bits": None}
+        if self.want == "bits":
+            for b, (j, n_j) in enumerate(zip(js.tolist(), n.tolist())):
+                if n_j <= self.opt.per_char_max:
+                    rows[where[j]]["per_char_bits"] = np.asarray(values[b], dtype=np.float64)
 
     @staticmethod
     def _fail(g: "RowGroup", js: np.ndarray, docs: list, rows: list, message: str) -> None:

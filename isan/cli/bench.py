@@ -116,7 +116,7 @@ def bench_gpu_cmd(model, data, device, repeats, docs, doc_chars, quick, steps, p
     _report(markdown(result), result, out)
 
 
-@bench.command("host", short_help="The torch path's host side, with a device that takes no time; before and after.")
+@bench.command("host", short_help="The torch path's host side, its device work left out.")
 @click.option("--model", default=None, help="Bundle directory (default: the shipped text8 model).")
 @click.option("--data", default=DEFAULT_TEXT8, show_default=True,
               help="A text8 file: the long text (all of it), and the documents (its ids end to end, cut).")
