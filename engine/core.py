@@ -31,6 +31,7 @@ from isan.tokens import alphabet_label
 from isan.engine.bundle import load_isan_bundle
 from isan.engine.guard import MAX_STATE_ABS, check_bits, check_states, raise_diverged
 from isan.engine.normalize import Normalizer, Prepared, from_manifest, prepare, resolve
+from isan.engine.packed import Packed
 import isan.engine.exact as exact
 from isan.engine.exact import ReferencePath
 from isan.engine.reference import LOG2E, log_softmax
@@ -327,7 +328,8 @@ class Engine:
             return empty
         ids = prep.ids
         try:
-            bits, h, scoring = self._run(self.route(len(ids), path), ids, state.h, threads, want_bits=True)
+            bits, h, scoring = self._run(self.route(len(ids), path), ids, state.h, threads, want_bits=True,
+                                         checked=True)
         except StateDivergedError as e:
             raise in_input_terms(e, prep, self.alphabet.symbols) from None
         total = float(bits.sum())
@@ -343,12 +345,14 @@ class Engine:
         return self.routes.for_text(n, path)
 
     def _run(self, route: Route, ids: np.ndarray, h: np.ndarray, threads: int | None, want_bits: bool,
-             block: int = 4096) -> tuple[np.ndarray | None, np.ndarray, dict]:
+             block: int = 4096, checked: bool = False) -> tuple[np.ndarray | None, np.ndarray, dict]:
         """One text along ``route``: (bits (T,) float64 or None without ``want_bits``, final state (d,)
-        float64, scoring report); ``block``: the reference path's characters a block. Raises
-        StateDivergedError."""
+        float64, scoring report); ``block``: the reference path's characters a block; ``checked``:
+        the ids were prepared here (:meth:`prepare`: each in the alphabet), so they are packed for
+        the kernels without a second look. Raises StateDivergedError."""
         if route.way is Way.CHUNK_PARALLEL:
-            bits, finals, rep = self.score_ids([ids], h[None], chunks=route.chunks, want_bits=want_bits,
+            batch = Packed.of([ids], below=len(self.alphabet) if checked else None)
+            bits, finals, rep = self.score_ids(batch, h[None], chunks=route.chunks, want_bits=want_bits,
                                                threads=threads, kernel=route.kernel)
             return (bits[0] if want_bits else None), finals[0].astype(np.float64), self._planner.report(rep)
         if route.way is Way.COMPOSED:

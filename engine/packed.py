@@ -46,17 +46,21 @@ class Packed:
     length: np.ndarray
 
     @classmethod
-    def of(cls, texts: "Sequence[np.ndarray] | Packed") -> "Packed":
-        """``texts`` (B int arrays or lists of ids) joined once, in order (a Packed as it is)."""
+    def of(cls, texts: "Sequence[np.ndarray] | Packed", below: int | None = None) -> "Packed":
+        """``texts`` (B int arrays or lists of ids) joined once, in order (a Packed as it is);
+        ``below``: every id is known to be in ``[0, below)`` (ids a preparation checked), so they
+        are narrowed without a look (uint8 where ``below <= 256``)."""
         if isinstance(texts, Packed):
             return texts
         lens = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
         if not len(texts):
-            ids = np.zeros(0, np.uint8)
-        elif len(texts) == 1:  # one text: its own array (narrowed where it needs to be), not a copy of it
-            ids = narrow_ids(np.ascontiguousarray(texts[0]))
+            return cls.from_lengths(np.zeros(0, np.uint8), lens)
+        # one text: its own array (narrowed where it needs to be), not a copy of it
+        ids = np.ascontiguousarray(texts[0]) if len(texts) == 1 else np.concatenate([np.asarray(t) for t in texts])
+        if below is not None and below <= 256:
+            ids = ids.astype(np.uint8, copy=False)
         else:
-            ids = narrow_ids(np.concatenate([np.asarray(t) for t in texts]))
+            ids = narrow_ids(ids)
         return cls.from_lengths(ids, lens)
 
     @classmethod

@@ -257,7 +257,8 @@ def long_preparation(eng, ids: np.ndarray, new_api: bool):
     if new_api:
         from isan.engine.packed import Packed
 
-        return Packed.of([prep.ids])
+        checked = "below" in inspect.signature(Packed.of).parameters  # as Engine.score packs them
+        return Packed.of([prep.ids], below=len(eng.alphabet)) if checked else Packed.of([prep.ids])
     from isan.engine.kernels.chunked import concat_ids  # an older isan's join
 
     return concat_ids([prep.ids])
