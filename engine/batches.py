@@ -74,7 +74,8 @@ def score_batches(engine, batches: Iterable, want: str = "totals", *,
         packed = Packed.of(texts)
         hs = engine.params.h0 if hs is None else np.asarray(hs)
         counts = _chunks(engine, packed, chunks)
-        plan = engine.plan(packed.length, threads, cut=chunks == "auto", kernel=kernel, chunks=counts)
+        plan = engine.plan(packed.length, threads, cut=isinstance(chunks, str) and chunks == "auto", kernel=kernel,
+                           chunks=counts)
         nxt = (k, packed, plan, engine.kernels.submit(plan, packed, hs, want, threads=threads, finals=finals))
         if in_flight is not None:
             yield _collected(engine, in_flight, where)

@@ -188,6 +188,8 @@ class Runner(Protocol):
     Attributes:
         state_dtype: the dtype of the state rows ``H`` it advances (the CPU kernels and their twins:
             float32; the torch runner: its dtype, float32 or float64).
+        ids_dtypes: optional, the dtypes of ``ids`` it reads (without it: int32, as the compiled
+            kernels; the torch runner also reads uint8 as it is).
     """
 
     state_dtype: np.dtype
