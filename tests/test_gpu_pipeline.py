@@ -294,3 +294,30 @@ def test_bench_gpu_quick_run_on_the_cpu_device(text8_path):
     md = markdown(r)
     assert md.startswith("Machine:") and "docs float64 step mm: max rel vs the float64 reference" in md
     assert md.count("\n| ") >= 14
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="no CUDA GPU")
+def test_queueing_a_batch_waits_for_nothing_on_the_gpu(default_engine, docs):
+    """On CUDA with the fused Triton step, queueing a packed batch (``pipeline.submit``) makes no
+    call that waits for the device (torch's sync debug mode "error" raises on one), so the host
+    builds batch k + 1 while the device runs batch k; its totals equal those of a batch collected
+    at once."""
+    import torch
+
+    from isan.engine.kernels.torch import pipeline
+    from isan.engine.packed import Packed
+
+    eng = Engine.load(default_engine.source, progress_bar=False, device="cuda", kernels="torch")
+    runner, model, packed = eng.kernels.streams, eng.stream_model(), Packed.of(docs)
+    if runner.step != "triton":
+        pytest.skip("the mm step reads each block's group sizes on the host")
+    want = pipeline.submit(runner, model, packed, eng.params.h0).result()  # the weights on the device first
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        pending = pipeline.submit(runner, model, packed, eng.params.h0, finals=False)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    got = pending.result()
+    np.testing.assert_array_equal(got.values, want.values)
+    assert got.finals is None and got.divergence is None

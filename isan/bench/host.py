@@ -123,7 +123,7 @@ def null_state_rows(h_d, B: int):
     return torch.empty((B, h_d.shape[1] + 1), dtype=h_d.dtype, device=h_d.device)
 
 
-def null_first_stops(stops, ends, Hall, lens_d, limit):
+def null_first_stops(stops, stopped, Hall, lens_d, limit):
     """``first_stops``' stand-in: no row left the range (reductions on the device)."""
     import torch
 

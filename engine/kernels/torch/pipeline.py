@@ -27,6 +27,7 @@ immediate, and the results equal the single call's (tests/test_gpu_pipeline.py).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -80,6 +81,12 @@ class Pending:
         return BatchResult(values, finals, divergence, self.report)
 
 
+def on_device(dev: torch.device):
+    """``dev`` made the current CUDA device for a block of work (its kernels, its stream and the
+    event after the batch go to ``dev``, whichever device is current); nothing elsewhere."""
+    return torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
+
+
 def _pinned(t: torch.Tensor) -> torch.Tensor:
     """A host copy of ``t`` on its way: page-locked and asynchronous from a GPU, at once on the CPU."""
     if t.device.type == "cpu":
@@ -128,7 +135,7 @@ def submit(runner: TorchStreams, model: StreamModel, packed: "Packed | Sequence[
     B, d, dev = len(packed), dm.d, runner.device
     lo, hi = int(packed.start.min()), int((packed.start + packed.length).max())  # the span the rows read
     start = packed.start - lo
-    with runner.ieee(), torch.no_grad():
+    with runner.ieee(), torch.no_grad(), on_device(dev):
         ids_d, start_d, lens_d, h_d = runner.upload(dm, packed.ids[lo:hi], start, packed.length, hs.reshape(-1, d))
         Hall = state_rows(h_d, B)
         out = ReadoutBuffers.on(dev, chars=hi - lo if want == "bits" else None, rows=B if want == "totals" else None)
@@ -156,13 +163,14 @@ def state_rows(h_d: torch.Tensor, B: int) -> torch.Tensor:
     return Hall
 
 
-def first_stops(stops: list, ends: list, Hall: torch.Tensor, lens_d: torch.Tensor, limit: float) -> torch.Tensor:
+def first_stops(stops: list, stopped: list, Hall: torch.Tensor, lens_d: torch.Tensor, limit: float) -> torch.Tensor:
     """(B,) where each row left the range, or -1, from each block's (B,) stopping steps ``stops``
-    (a row stopped in a block where its step is before the block's end ``ends``) and the final
-    states' range (the kernel's final check); device work."""
+    (counted from the text's start) and whether the row stopped in that block (``stopped``), and
+    the final states' range (the kernel's final check); device work, nothing copied from the host
+    (a copy from pageable host memory would wait for the device's queue)."""
     d = Hall.shape[1] - 1
     at = torch.stack(stops)  # (blocks, B)
-    stopped = at < torch.tensor(ends, device=Hall.device)[:, None]
+    stopped = torch.stack(stopped)
     first = stopped.to(torch.int8).argmax(0)  # the first block it stopped in
     div = torch.where(stopped.any(0), at.gather(0, first[None])[0], -1)
     m = max_abs(Hall[:, :d], 1)
@@ -175,10 +183,11 @@ def _run_blocks(runner, dm, Hall, ids_d, start_d, lens_d, longest: int, B: int, 
     dev = Hall.device
     act = torch.arange(B, device=dev)
     blk = runner._block_steps(B, longest)
-    stops, ends = [], []  # each block's stopping steps (from the text's start), and its end
+    stops, stopped = [], []  # each block's stopping steps (from the text's start), and whether a row stopped in it
     for t0 in range(0, longest, blk):
         n_steps = min(blk, longest - t0)
         block = StepBlock(runner, dm, Hall, act, 0, ids_d, start_d, lens_d, t0, blk, limit, n_steps=n_steps)
-        stops.append(block.run(out) + t0)
-        ends.append(t0 + block.n_steps)
-    return first_stops(stops, ends, Hall, lens_d, limit)
+        at = block.run(out)
+        stops.append(at + t0)
+        stopped.append(at < block.n_steps)
+    return first_stops(stops, stopped, Hall, lens_d, limit)
