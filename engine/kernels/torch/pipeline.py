@@ -27,7 +27,6 @@ immediate, and the results equal the single call's (tests/test_gpu_pipeline.py).
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -37,7 +36,7 @@ import torch
 from isan.engine.guard import MAX_STATE_ABS
 from isan.engine.kernels.chunked import WANTS, BatchResult, ChunkedReport
 from isan.engine.kernels.streams import StreamModel
-from isan.engine.kernels.torch.streams import ReadoutBuffers, StepBlock, TorchStreams, max_abs
+from isan.engine.kernels.torch.streams import ReadoutBuffers, StepBlock, TorchStreams, max_abs, on_device
 from isan.engine.packed import Packed, PackedBits
 
 
@@ -79,12 +78,6 @@ class Pending:
             divergence = (i, 0, np.asarray(h, dtype=np.float64), int(diverged[i]))
         finals = self.finals.numpy()[:, : self.d] if self.finals is not None else None
         return BatchResult(values, finals, divergence, self.report)
-
-
-def on_device(dev: torch.device):
-    """``dev`` made the current CUDA device for a block of work (its kernels, its stream and the
-    event after the batch go to ``dev``, whichever device is current); nothing elsewhere."""
-    return torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
 
 
 def _pinned(t: torch.Tensor) -> torch.Tensor:

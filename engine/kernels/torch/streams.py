@@ -274,7 +274,7 @@ class TorchStreams:
             return StreamsResult(0, steps_done, residual, diverged)
         # float32 means float32 (TF32 would err by ~1e-3): torch's GEMMs on CUDA read a process-wide
         # setting, held at IEEE for the call by a lock shared with the other calls (precision.py)
-        with self.ieee(), torch.no_grad():
+        with self.ieee(), torch.no_grad(), on_device(self.device):
             total = self._run(model, ids, start, length, H, bits, pairs, float(stop_ratio), check_every,
                               float(limit), steps_done, residual, diverged, totals)
         return StreamsResult(int(total), steps_done, residual, diverged)
@@ -367,6 +367,12 @@ class TorchStreams:
         residual[:] = _to_host(res_d)
         diverged[:] = _to_host(div_d)
         return int(total)
+
+
+def on_device(dev: torch.device) -> contextlib.AbstractContextManager:
+    """``dev`` made the current CUDA device for a block of work (its kernels, its stream and any
+    event recorded go to ``dev``, whichever device is current); nothing elsewhere."""
+    return torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
 
 
 def all_written(out: "ReadoutBuffers", n: int) -> bool:
