@@ -26,7 +26,7 @@ import numpy as np
 from isan.engine.guard import raise_diverged
 from isan.engine.kernels.plan import Kernel
 from isan.engine.packed import Packed
-from isan.errors import StateDivergedError
+from isan.errors import IsanError, StateDivergedError
 
 if TYPE_CHECKING:
     from isan.engine.kernels.chunked import BatchResult
@@ -66,6 +66,7 @@ def score_batches(engine, batches: Iterable, want: str = "totals", *,
         StateDivergedError: a text's state leaves the range: located exactly by the float64
             reference, naming the offset in its text, with ``text_index`` the text in its batch
             and ``batch_index`` the batch.
+        IsanError: a batch that cannot be planned or scored, with ``batch_index`` the batch.
         ValueError: an empty text or batch, ids out of range, states of the wrong shape.
     """
     threads = threads or engine.threads
@@ -73,10 +74,14 @@ def score_batches(engine, batches: Iterable, want: str = "totals", *,
     for k, (texts, hs) in enumerate(batches):
         packed = Packed.of(texts)
         hs = engine.params.h0 if hs is None else np.asarray(hs)
-        counts = _chunks(engine, packed, chunks)
-        plan = engine.plan(packed.length, threads, cut=isinstance(chunks, str) and chunks == "auto", kernel=kernel,
-                           chunks=counts)
-        nxt = (k, packed, plan, engine.kernels.submit(plan, packed, hs, want, threads=threads, finals=finals))
+        try:
+            counts = _chunks(engine, packed, chunks)
+            plan = engine.plan(packed.length, threads, cut=isinstance(chunks, str) and chunks == "auto",
+                               kernel=kernel, chunks=counts)
+            nxt = (k, packed, plan, engine.kernels.submit(plan, packed, hs, want, threads=threads, finals=finals))
+        except IsanError as e:  # named by its batch (batch k - 1 may be in flight still, uncollected)
+            e.batch_index = k
+            raise
         if in_flight is not None:
             yield _collected(engine, in_flight, where)
         in_flight = nxt

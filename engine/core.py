@@ -418,6 +418,8 @@ class Engine:
         """
         from isan.engine.batches import score_batches
 
+        if want_bits not in (True, False, "totals"):
+            raise ValueError(f"want_bits must be True, False or 'totals'; got {want_bits!r}")
         want = "totals" if want_bits == "totals" else "bits" if want_bits else "none"
         how = chunks if isinstance(chunks, str) else np.asarray(chunks, dtype=np.int64)
         (res,) = score_batches(self, [(ids_list, np.asarray(hs))], want, chunks=how, kernel=kernel, threads=threads,

@@ -2,7 +2,7 @@
 
 Whoever reads the texts (a corpus reader, the server's scheduler, :meth:`Engine.score_batch
 <isan.engine.Engine.score_batch>`) makes the batch once: every text's symbol ids in one contiguous
-array (uint8 where the alphabet has at most 256 symbols, else int32) and where each text starts
+array (uint8 where every id fits, as it does for an alphabet of at most 256 symbols, else int32) and where each text starts
 and how long it is. The kernels read the rows straight from it (a row of a kernel is
 ``ids[start : start + length]``), so no one joins a list of arrays on the way, and a selection of
 the texts (a corpus's batch, its documents longest first) is a new pair of offset arrays over the
@@ -52,6 +52,8 @@ class Packed:
         are narrowed without a look (uint8 where ``below <= 256``)."""
         if isinstance(texts, Packed):
             return texts
+        if not isinstance(texts, (Sequence, np.ndarray)):
+            texts = list(texts)
         lens = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
         if not len(texts):
             return cls.from_lengths(np.zeros(0, np.uint8), lens)
@@ -119,10 +121,12 @@ class Packed:
         where = np.repeat(self.start - out.start, self.length) + np.arange(self.chars, dtype=np.int64)
         return Packed(self.ids[where].astype(dtype, copy=False), out.start, out.length)
 
-    def check_ids(self, K: int) -> None:
-        """Raise ValueError unless every id its texts read is in ``[0, K)`` (the whole ``ids``
-        is checked: a text selection's ids were checked as one array where they were made)."""
+    def check_ids(self, K: int, span: bool = False) -> None:
+        """Raise ValueError unless every id is in ``[0, K)``: of the whole ``ids``, or with
+        ``span`` of the span its texts read (from the first start to the last end)."""
         ids = self.ids
+        if span and len(self):
+            ids = ids[int(self.start.min()) : int((self.start + self.length).max())]
         if ids.size == 0:
             return
         if ids.dtype == np.uint8 and K >= 256:

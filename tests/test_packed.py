@@ -14,6 +14,7 @@ from isan.engine.batches import score_batches
 from isan.engine.corpus.scoring import DocScorer
 from isan.engine.kernels.chunked import ChunkRows, score_texts_chunked
 from isan.engine.packed import Packed, PackedBits, narrow_ids
+from tolerances import default_model_tolerance as tol
 
 
 def linspace_cuts(lens, chunks):
@@ -124,3 +125,47 @@ def test_rows_made_from_columns_equal_fill_row(default_engine, text8_test):
         assert list(rows[k].items()) == list(want.items())
         assert all(type(rows[k][x]) is type(want[x]) for x in want)
     assert len(p.short) == len(texts)
+
+
+def test_overlapping_texts_each_get_their_own_bits(default_engine, text8_test):
+    """Texts of one batch that share characters (overlapping windows of one array, one text twice
+    from two states) each get their own bits, as each scored alone: the same bytes on the CPU
+    kernels (a row's arithmetic is its own), within twice the derived float32 tolerance on the torch
+    pipeline (its products are grouped by symbol over the batch's rows, two float32 computations)."""
+    ids = default_engine.encode(text8_test[:400]).astype(np.uint8)
+    win = Packed(ids, np.array([0, 50, 50]), np.array([300, 300, 120]))
+    h = np.stack([default_engine.params.h0] * 2 + [default_engine.params.h0 * 0.5])
+    torch_eng = pytest.importorskip("torch") and type(default_engine).load(
+        default_engine.source, progress_bar=False, kernels="torch", step="mm")
+    for eng in (default_engine, torch_eng):
+        (res,) = score_batches(eng, [(win, h)], "bits")
+        atol = 0 if eng is default_engine else tol().twice().bits
+        for i in range(3):
+            alone, _, _ = eng.score_ids([win.text(i)], h[i][None], chunks="none")
+            np.testing.assert_allclose(res.values[i], alone[0], rtol=0, atol=atol)
+
+
+def test_a_corpus_total_is_engine_scores_with_or_without_per_character_bits(default_engine, text8_test):
+    """A document under two chunks scores in a corpus exactly as Engine.score on the corpus path
+    scores it (numpy's sum of its bits), whether its per-character bits are kept or not."""
+    from isan.engine.corpus.readers import Doc
+    from isan.engine.corpus.scoring import ScoreOptions, corpus_path
+
+    texts = [text8_test[s : s + n] for s, n in ((0, 700), (900, 1500), (3000, 40), (5000, 2000))]
+    docs = [Doc(i, f"d{i}", t) for i, t in enumerate(texts)]
+    plain = DocScorer(default_engine)
+    kept = DocScorer(default_engine, ScoreOptions(per_char_max=10_000))
+    a, b = plain.score(docs), kept.score(docs)
+    for t, ra, rb in zip(texts, a, b):
+        want = default_engine.score(t, path=corpus_path(default_engine)).bits
+        assert ra["bits"] == rb["bits"] == want
+
+
+def test_bad_arguments_are_clear_errors(default_engine):
+    ids = [default_engine.encode("the cat "), default_engine.encode("sat ")]
+    with pytest.raises(ValueError, match="want_bits"):
+        default_engine.score_ids(ids, np.tile(default_engine.params.h0, (2, 1)), want_bits="x")
+    with pytest.raises(ValueError, match=r"hs must be \(2, 216\) or \(216,\)"):
+        default_engine.score_ids(ids, np.tile(default_engine.params.h0, (1, 1)))
+    (res,) = score_batches(default_engine, [((t for t in ids), None)])  # texts as any iterable
+    assert res.values.shape == (2,)

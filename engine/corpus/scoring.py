@@ -12,8 +12,8 @@ numbers to the last bit:
   (:func:`isan.engine.kernels.chunked.score_texts_chunked`); the kernel is fixed by the model
   (:func:`corpus_path`: composed jumps when it has a trie table), and a row's arithmetic does not
   depend on the other rows, so a document under ``2 c`` characters is one row and equals
-  ``Engine.score(text, path=corpus_path(engine))`` exactly; each document's total is summed where
-  its bits are made (by the kernel for a row, in order over its characters otherwise);
+  ``Engine.score(text, path=corpus_path(engine))`` exactly (its total is numpy's sum of its bits, as
+  there, whether its per-character bits are kept or not);
 - on a device's pipeline (the torch backend) a document of at most ``row_max_chars`` scored
   characters is one row, batches queued one ahead of the host (their totals reduced on the device),
   and a longer one is cut by its own length as on the CPU;
@@ -208,13 +208,17 @@ class DocScorer:
         todo = deque(self._batches(g.packed.length))
         while todo:
             batches = ((g.packed.take(js), None) for js in list(todo))
+            done = 0  # batches of this run collected (each one's rows filled)
             try:
                 for res in score_batches(self.engine, batches, self.want, chunks=chunks, kernel=self.kernel,
                                          threads=self.threads, finals=False):
                     self._fill(g, todo.popleft(), res.values, docs, rows)
-            except StateDivergedError as e:  # that document is recorded; the others are scored again
-                js = todo.popleft()
-                i = getattr(e, "text_index", None)
+                    done += 1
+            except IsanError as e:  # the failing batch: the error names it (the next may fail before)
+                at = min(max(getattr(e, "batch_index", done) - done, 0), len(todo) - 1)
+                js = todo[at]
+                del todo[at]
+                i = getattr(e, "text_index", None) if isinstance(e, StateDivergedError) else None
                 if i is None or not 0 <= i < len(js):
                     self._fail(g, js, docs, rows, error_message(e))
                     continue
@@ -225,9 +229,7 @@ class DocScorer:
                 rows[k] = fill_row(empty_row(docs[k], f"StateDivergedError: {msg}"), prep.report, 0, 0.0)
                 rows[k]["bpc"] = None
                 if len(js) > 1:
-                    todo.appendleft(np.delete(js, i))
-            except IsanError as e:
-                self._fail(g, todo.popleft(), docs, rows, error_message(e))
+                    todo.insert(at, np.delete(js, i))
 
     def _batches(self, lengths: np.ndarray) -> list[np.ndarray]:
         """The group's documents longest first (ties in order), cut into batches that each end at

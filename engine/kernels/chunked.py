@@ -67,7 +67,8 @@ class BatchResult:
         values: (B,) float64 each text's total bits (``"totals"``), a
             :class:`~isan.engine.packed.PackedBits` of each character's bits (``"bits"``), or None
             (``"none"``).
-        finals: (B, d) each text's final state (the runner's state dtype).
+        finals: (B, d) each text's final state (the runner's state dtype), or None where the caller
+            left them on the device (``finals=False`` on a device's pipeline).
         divergence: None, or ``(text index, offset in the text, start state (d,), step)``: a
             state left the range at that step after that start (the values are then not
             meaningful); the caller locates it exactly with :func:`isan.engine.guard.raise_diverged`.
@@ -289,7 +290,10 @@ def score_texts_chunked(plan: "Plan", texts: "Packed | Sequence[np.ndarray]", h_
         # each character's bits go to the ids' own places; ids the runner reads
         packed = packed.dense(packed.ids.dtype if packed.ids.dtype in reads else reads[0])
     rows = ChunkRows.cut(packed, plan.chunks)
-    h_init = np.broadcast_to(np.asarray(h_init), (B, d))  # read in its own dtype where it is copied
+    h_init = np.asarray(h_init)
+    if h_init.shape != (B, d) and h_init.shape != (d,):
+        raise ValueError(f"hs must be ({B}, {d}) or ({d},); got {h_init.shape}")
+    h_init = np.broadcast_to(h_init, (B, d))  # read in its own dtype where it is copied
     g = np.asarray(guess if guess is not None else h_init[0], dtype=np.float64).reshape(d)
     batch = _Batch(plan, packed.ids, rows, g, threads, limit,
                    ChunkedReport(chunks=len(rows), chars=packed.chars, rtol=plan.rtol, margin=plan.margin,
@@ -299,11 +303,19 @@ def score_texts_chunked(plan: "Plan", texts: "Packed | Sequence[np.ndarray]", h_
     converged, div2 = batch.correction_pass(F, bits)
     finals, divergences = batch.settle_in_order(F, h_init, div1, div2, converged, bits)
     if want_bits == "totals":
-        sums = totals if totals is not None else np.add.reduceat(bits, packed.start) if B else np.zeros(0)
+        sums = totals if totals is not None else text_sums(bits, packed)
         return sums, finals, batch.report, divergences
     if not want_bits:
         return PackedBits(np.zeros(0), np.zeros(B, np.int64), np.zeros(B, np.int64)), finals, batch.report, divergences
     return PackedBits(bits, packed.start, packed.length), finals, batch.report, divergences
+
+
+def text_sums(bits: np.ndarray, packed: Packed) -> np.ndarray:
+    """(B,) float64 each text's bits summed as ``Engine.score`` sums them (numpy's sum of the
+    text's array), so that a text's total is the same bytes whether its characters' bits are asked
+    for or not."""
+    return np.array([bits[a : a + n].sum() for a, n in zip(packed.start.tolist(), packed.length.tolist())],
+                    dtype=np.float64)
 
 
 def _writes_bits(plan: "Plan", want_bits) -> bool:

@@ -9,8 +9,8 @@ readout and copies out queued on the device, nothing waited for) and its results
 later (:meth:`Pending.result`, which waits for the batch's event alone).
 :func:`isan.engine.batches.score_batches` keeps one batch in flight: the host builds and submits
 batch k + 1 while the device works on batch k, then collects k. A batch is a
-:class:`~isan.engine.packed.Packed`: only the span of its ids that its texts read travels, in its
-own dtype (uint8 for a text alphabet), with no join on the host; with ``hs`` one state (the model's
+:class:`~isan.engine.packed.Packed`: only the span of its ids that its texts read travels (from
+the first start to the last end, gaps between a selection's texts included), in its own dtype (uint8 for a text alphabet), with no join on the host; with ``hs`` one state (the model's
 ``h0``) the state rows are made on the device. The states and weights never leave the device
 between the steps of a batch, and its results come back to page-locked memory, each document's
 total reduced on the device unless each character's bits are asked for (the final states only
@@ -100,7 +100,9 @@ def _checked(runner: TorchStreams, dm, packed, hs, want: str) -> tuple[Packed, n
     hs = np.asarray(hs)
     if hs.shape != (B, dm.d) and hs.shape != (dm.d,):
         raise ValueError(f"hs must be ({B}, {dm.d}) or ({dm.d},); got {hs.shape}")
-    packed.check_ids(dm.K)
+    if want == "bits" and not packed.is_dense():  # each character's bits at its own place: texts apart
+        packed = packed.dense()
+    packed.check_ids(dm.K, span=True)
     return packed, hs
 
 
