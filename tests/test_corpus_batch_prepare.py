@@ -177,12 +177,12 @@ def test_orjson_reads_lines_as_the_standard_library(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
     got = list(readers.read_jsonl(str(path)))
-    orjson, readers._orjson = readers._orjson, None  # the standard library alone
+    fast, readers.orjson = readers.orjson, None  # the standard library alone
     try:
         want = list(readers.read_jsonl(str(path)))
     finally:
-        readers._orjson = orjson
-    assert orjson is not None and got == want
+        readers.orjson = fast
+    assert fast is not None and got == want
     assert [d.id for d in got[:5]] == ["1", "123456789012345678901234567890", "-9223372036854775809",
                                        "18446744073709551615", "1e+20"]
     assert json.loads(lines[0])["text"] == got[0].text

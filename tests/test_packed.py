@@ -104,7 +104,7 @@ def batches_one_at_a_time(lengths, batch_chars):
 def test_the_corpus_batches_equal_cutting_one_document_at_a_time(lengths, batch_chars):
     scorer = DocScorer.__new__(DocScorer)
     scorer.batch_chars = batch_chars
-    got = [b.tolist() for b in scorer._batches(np.array(lengths, dtype=np.int64))]
+    got = [b.tolist() for b in scorer.batches_of(np.array(lengths, dtype=np.int64))]
     assert got == batches_one_at_a_time(lengths, batch_chars)
 
 

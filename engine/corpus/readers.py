@@ -36,10 +36,10 @@ from isan.engine.corpus.frames import open_input as _open_raw
 from isan.engine.corpus.lines import MAX_LINE_BYTES, checked_lines
 from isan.errors import IsanError, install_hint
 
-try:  # a JSON reader several times faster than the standard library's (a dependency of isan's)
-    import orjson as _orjson
+try:  # a JSON reader several times faster than the standard library's (a dependency of isan's);
+    import orjson  # None where it cannot be imported: the standard library reads every line
 except ImportError:  # pragma: no cover
-    _orjson = None
+    orjson = None
 
 FORMATS = ("auto", "jsonl", "parquet", "text")
 _JSONL_EXT = (".jsonl", ".json", ".ndjson")
@@ -223,10 +223,10 @@ def _loads(raw: bytes):
     """The JSON value of a line: orjson's where it reads the line as the standard library does
     (every valid UTF-8 JSON line but those with integers past 64 bits); else the standard
     library's, which raises UnicodeDecodeError or ValueError with the messages the rows give."""
-    if _orjson is not None:
+    if orjson is not None:
         try:
-            obj = _orjson.loads(raw)
-        except _orjson.JSONDecodeError:  # not UTF-8, not JSON, NaN, lone surrogates, past the float range...
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:  # not UTF-8, not JSON, NaN, lone surrogates, past the float range...
             pass
         else:
             if _exact(obj):

@@ -205,7 +205,7 @@ class DocScorer:
     def _score_group(self, g: "RowGroup", docs: list, rows: list, chunks: str) -> None:
         """Score a group's documents into ``rows`` by the one pipeline, batch by batch; a document
         whose state leaves the range gets its error and the rest of its batch is scored again."""
-        todo = deque(self._batches(g.packed.length))
+        todo = deque(self.batches_of(g.packed.length))
         while todo:
             batches = ((g.packed.take(js), None) for js in list(todo))
             done = 0  # batches of this run collected (each one's rows filled)
@@ -231,9 +231,10 @@ class DocScorer:
                 if len(js) > 1:
                     todo.insert(at, np.delete(js, i))
 
-    def _batches(self, lengths: np.ndarray) -> list[np.ndarray]:
-        """The group's documents longest first (ties in order), cut into batches that each end at
-        the first document that brings them to ``batch_chars`` characters."""
+    def batches_of(self, lengths: np.ndarray) -> list[np.ndarray]:
+        """Documents of these ``lengths`` (int64 (n,)) longest first (ties in order), cut into
+        batches that each end at the first document that brings them to ``batch_chars``
+        characters: each batch the documents' positions, int64."""
         order = np.argsort(-lengths, kind="stable")
         ends = np.cumsum(lengths[order])
         out, i, base = [], 0, 0

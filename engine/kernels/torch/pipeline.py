@@ -177,7 +177,7 @@ def _run_blocks(runner, dm, Hall, ids_d, start_d, lens_d, longest: int, B: int, 
     each row left the range, or -1."""
     dev = Hall.device
     act = torch.arange(B, device=dev)
-    blk = runner._block_steps(B, longest)
+    blk = runner.block_steps(B, longest)
     stops, stopped = [], []  # each block's stopping steps (from the text's start), and whether a row stopped in it
     for t0 in range(0, longest, blk):
         n_steps = min(blk, longest - t0)

@@ -279,7 +279,7 @@ class TorchStreams:
                               float(limit), steps_done, residual, diverged, totals)
         return StreamsResult(int(total), steps_done, residual, diverged)
 
-    def _block_steps(self, rows: int, longest: int) -> int:
+    def block_steps(self, rows: int, longest: int) -> int:
         """Steps a block runs without pairs: ``block`` if given; on the CPU device
         :data:`BLOCK_STEPS`; on a GPU the longest row's, as far as :data:`BLOCK_BYTES` allows."""
         if self.block is not None:
@@ -316,7 +316,7 @@ class TorchStreams:
         dm = self.device_model(model)
         d = dm.d
         P = len(start)
-        blk = check_every if pairs else self._block_steps(P, int(length.max()))
+        blk = check_every if pairs else self.block_steps(P, int(length.max()))
         lo, hi = int(start.min()), int((start + length).max())  # the span the rows read: only it travels
         ids_d, start_d, length_d, Hall = self.upload(dm, ids[lo:hi], start - lo, length, H[:, : d + 1])
         out = ReadoutBuffers.on(dev, chars=hi - lo if bits is not None else None, rows=P if totals is not None else None)
