@@ -121,11 +121,11 @@ class Packed:
         where = np.repeat(self.start - out.start, self.length) + np.arange(self.chars, dtype=np.int64)
         return Packed(self.ids[where].astype(dtype, copy=False), out.start, out.length)
 
-    def check_ids(self, K: int, span: bool = False) -> None:
-        """Raise ValueError unless every id is in ``[0, K)``: of the whole ``ids``, or with
-        ``span`` of the span its texts read (from the first start to the last end)."""
+    def check_ids(self, K: int) -> None:
+        """Raise ValueError unless every id of the span its texts read (from the first start to
+        the last end) is in ``[0, K)``."""
         ids = self.ids
-        if span and len(self):
+        if len(self):
             ids = ids[int(self.start.min()) : int((self.start + self.length).max())]
         if ids.size == 0:
             return
@@ -159,5 +159,8 @@ class PackedBits(Sequence):
         return self.bits[a : a + int(self.length[i])]
 
     def totals(self) -> np.ndarray:
-        """(B,) float64 each text's bits summed (each a float64 sum of its characters' bits)."""
-        return np.array([float(self[i].sum()) for i in range(len(self))], dtype=np.float64)
+        """(B,) float64 each text's bits summed as ``Engine.score`` sums them (numpy's sum of the
+        text's array), so that a text's total is the same bytes whether its characters' bits are
+        kept or not."""
+        return np.array([self.bits[a : a + n].sum() for a, n in zip(self.start.tolist(), self.length.tolist())],
+                        dtype=np.float64)

@@ -250,7 +250,7 @@ class DocScorer:
         :func:`~isan.engine.corpus.prepared.fill_row`'s rows, made from columns (a row a dict literal)."""
         n = g.packed.length[js]
         if self.want == "bits":
-            totals = [float(values[b].sum()) for b in range(len(js))]
+            totals = values.totals().tolist()
         else:
             totals = np.asarray(values, dtype=np.float64).tolist()
         c = g.columns()[js]

@@ -303,19 +303,11 @@ def score_texts_chunked(plan: "Plan", texts: "Packed | Sequence[np.ndarray]", h_
     converged, div2 = batch.correction_pass(F, bits)
     finals, divergences = batch.settle_in_order(F, h_init, div1, div2, converged, bits)
     if want_bits == "totals":
-        sums = totals if totals is not None else text_sums(bits, packed)
+        sums = totals if totals is not None else PackedBits(bits, packed.start, packed.length).totals()
         return sums, finals, batch.report, divergences
     if not want_bits:
         return PackedBits(np.zeros(0), np.zeros(B, np.int64), np.zeros(B, np.int64)), finals, batch.report, divergences
     return PackedBits(bits, packed.start, packed.length), finals, batch.report, divergences
-
-
-def text_sums(bits: np.ndarray, packed: Packed) -> np.ndarray:
-    """(B,) float64 each text's bits summed as ``Engine.score`` sums them (numpy's sum of the
-    text's array), so that a text's total is the same bytes whether its characters' bits are asked
-    for or not."""
-    return np.array([bits[a : a + n].sum() for a, n in zip(packed.start.tolist(), packed.length.tolist())],
-                    dtype=np.float64)
 
 
 def _writes_bits(plan: "Plan", want_bits) -> bool:

@@ -102,7 +102,7 @@ def _checked(runner: TorchStreams, dm, packed, hs, want: str) -> tuple[Packed, n
         raise ValueError(f"hs must be ({B}, {dm.d}) or ({dm.d},); got {hs.shape}")
     if want == "bits" and not packed.is_dense():  # each character's bits at its own place: texts apart
         packed = packed.dense()
-    packed.check_ids(dm.K, span=True)
+    packed.check_ids(dm.K)
     return packed, hs
 
 

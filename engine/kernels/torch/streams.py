@@ -356,7 +356,7 @@ class TorchStreams:
         div_d = torch.where((div_d < 0) & ~(m <= limit), steps_d, div_d)
         H[:, : d + 1] = _to_host(Hall)
         if bits is not None:  # where every character of the span was written (the rule), no masked copy
-            if all_written(out, hi - lo):
+            if bool(out.written[: hi - lo].all()):
                 copy_to_host(out.bits[: hi - lo], bits[lo:hi])
             else:  # a correction pass: the few characters it rewrote, and where they are
                 at = torch.nonzero(out.written[: hi - lo]).squeeze(1)
@@ -373,12 +373,6 @@ def on_device(dev: torch.device) -> contextlib.AbstractContextManager:
     """``dev`` made the current CUDA device for a block of work (its kernels, its stream and any
     event recorded go to ``dev``, whichever device is current); nothing elsewhere."""
     return torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
-
-
-def all_written(out: "ReadoutBuffers", n: int) -> bool:
-    """Whether every one of the first ``n`` characters' bits was written (a reduction on the
-    device, and a synchronisation): then they come back in one copy, else masked."""
-    return bool(out.written[:n].all())
 
 
 def _import_triton_step():
