@@ -65,7 +65,7 @@ def fill_row(row: dict, report: dict | None, chars: int, bits: float) -> dict:
     row["bits"] = bits
     row["bpc"] = bits / chars if chars else None
     row["changed"], row["dropped"], row["skipped"], row["replaced"] = changed, dropped, skipped, replaced
-    row["changed_fraction"] = min(1.0, (changed + dropped + skipped + replaced) / read) if read > 0 else None
+    row["changed_fraction"] = changed_fraction(report or {})
     return row
 
 
@@ -218,7 +218,7 @@ class Reports(Sequence):
 
 
 #: the counts of a report a row carries, in the order of :func:`count_columns`
-ROW_COUNTS = ("chars_read", "changed", "dropped", "skipped", "replaced")
+ROW_COUNTS = ("chars_read", *COUNT_KEYS)
 
 
 def count_columns(reports) -> np.ndarray:
